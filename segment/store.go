@@ -1,0 +1,104 @@
+package segment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors returned by the allocator and by stores. Stores wrap them with %w so
+// that callers can test with errors.Is.
+var (
+	// ErrUnknownTag means the tag does not exist in the store.
+	ErrUnknownTag = errors.New("segment: unknown tag")
+	// ErrTagExists means a tag could not be created because it already exists.
+	ErrTagExists = errors.New("segment: tag already exists")
+	// ErrInvalidTag means a tag name is not a valid single NATS subject token
+	// of 1 to 128 characters from [A-Za-z0-9_-].
+	ErrInvalidTag = errors.New("segment: invalid tag")
+	// ErrInvalidStep means a step is not in 1..MaxStepLimit.
+	ErrInvalidStep = errors.New("segment: invalid step")
+	// ErrInvalidCount means a request asked for fewer than one ID.
+	ErrInvalidCount = errors.New("segment: invalid count")
+	// ErrUnavailable means no segment could be had within the wait: the store
+	// is slow or down and both buffers are empty.
+	ErrUnavailable = errors.New("segment: no segment available")
+	// ErrClosed means the allocator is shutting down.
+	ErrClosed = errors.New("segment: allocator closed")
+)
+
+// MaxStepLimit is the largest step a tag may have: leaf_alloc.step is a
+// Postgres int.
+const MaxStepLimit = 1<<31 - 1
+
+// Tag is one row of the store: a business key and its sequence state.
+type Tag struct {
+	Name        string
+	MaxID       int64 // the next segment starts here
+	Step        int64 // configured step; the dynamic step never goes below it
+	Description string
+	UpdateTime  time.Time
+}
+
+// Allocation is a segment fetched from the store: the IDs Start..End-1 now
+// belong to the caller and to nobody else.
+type Allocation struct {
+	Start int64
+	End   int64 // exclusive; equals the tag's max_id after the fetch
+	// TagStep is the tag's configured step as stored at the time of the fetch.
+	TagStep int64
+}
+
+// Store is the durable home of the tags' sequences. Implementations must be
+// safe for concurrent use by many allocators in many processes: two Fetch
+// calls, wherever they run, never return overlapping allocations.
+type Store interface {
+	// Fetch atomically advances the tag's max_id by step and returns the
+	// segment [old max_id, new max_id). A step <= 0 means the tag's own
+	// configured step. An unknown tag yields ErrUnknownTag.
+	Fetch(ctx context.Context, tag string, step int64) (Allocation, error)
+	// Tags lists the names of all tags.
+	Tags(ctx context.Context) ([]string, error)
+	// Tag looks up one tag; an unknown tag yields ErrUnknownTag.
+	Tag(ctx context.Context, name string) (Tag, error)
+	// GiveBack sets the tag's max_id to firstUnissued, but only if max_id is
+	// still end (nobody fetched after us). It reports whether it did.
+	GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error)
+}
+
+// Admin is implemented by stores that can create and change tags.
+type Admin interface {
+	// CreateTag adds a tag whose first ID is start (>= 1). An existing tag
+	// yields ErrTagExists and changes nothing.
+	CreateTag(ctx context.Context, name string, step, start int64, description string) error
+	// UpdateTag changes a tag's step and/or description; nil leaves a field
+	// as it is. An unknown tag yields ErrUnknownTag.
+	UpdateTag(ctx context.Context, name string, step *int64, description *string) error
+}
+
+// ValidTag reports whether name is a valid tag: 1 to 128 characters from
+// [A-Za-z0-9_-], so that it is always a single NATS subject token.
+func ValidTag(name string) bool {
+	if len(name) == 0 || len(name) > 128 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// CheckTag returns nil for a valid tag and an error wrapping ErrInvalidTag
+// otherwise.
+func CheckTag(name string) error {
+	if !ValidTag(name) {
+		return fmt.Errorf("%w %q: want 1-128 characters of [A-Za-z0-9_-]", ErrInvalidTag, name)
+	}
+	return nil
+}
