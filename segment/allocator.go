@@ -1,0 +1,722 @@
+// Package segment hands out per-tag ID sequences in the style of Meituan's
+// Leaf-segment: each tag's range is taken from a Store one segment at a time,
+// and two in-memory segments per tag (a double buffer) let the next segment
+// arrive in the background while the current one is spent.
+package segment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+)
+
+// Settings configures an Allocator. Zero values mean the documented defaults.
+type Settings struct {
+	// Store holds the tags' sequences. Required.
+	Store Store
+	// PrefetchRatio is the fraction of the current segment that may be used
+	// before the next segment is fetched in the background. Default 0.1, as
+	// in Leaf; it must be in (0, 1].
+	PrefetchRatio float64
+	// MaxWait bounds how long a request waits for a segment when both
+	// buffers are empty before it fails with ErrUnavailable. Default 100 ms.
+	MaxWait time.Duration
+	// FetchTimeout bounds one store call. Default 2 s.
+	FetchTimeout time.Duration
+	// RetryMin and RetryMax bound the backoff between failed fetches of one
+	// tag. Defaults 10 ms and 1 s.
+	RetryMin, RetryMax time.Duration
+	// RefreshInterval is how often the tag list is reloaded. Default 60 s.
+	RefreshInterval time.Duration
+	// NegativeTTL is how long an unknown tag is remembered as unknown before
+	// the store is asked again. Default 2 s.
+	NegativeTTL time.Duration
+	// MaxStep caps the dynamic step. Default 1,000,000. The step never goes
+	// below a tag's configured step, so a MaxStep below it pins the step.
+	MaxStep int64
+	// Now returns the current time; it measures how long segments last for
+	// the dynamic step and ages the negative cache. Default time.Now.
+	Now func() time.Time
+	// Logger receives fetch failures. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Dynamic step thresholds, as in Leaf: a segment that lasted less than
+// stepGrowBelow doubles the next step; one that lasted longer than
+// stepShrinkAbove halves it.
+const (
+	stepGrowBelow   = 15 * time.Minute
+	stepShrinkAbove = 30 * time.Minute
+)
+
+// negativeCacheMax bounds the negative cache so that requests for random tag
+// names cannot grow it without limit.
+const negativeCacheMax = 10000
+
+// Run is a contiguous run of IDs, First through Last inclusive.
+type Run struct {
+	First, Last int64
+}
+
+// Len returns the number of IDs in r.
+func (r Run) Len() int64 { return r.Last - r.First + 1 }
+
+// Allocator hands out IDs of many tags from double-buffered segments. It is
+// safe for concurrent use. Background work (prefetches, tag refreshes) runs
+// on a context the Allocator owns and stops on Close.
+type Allocator struct {
+	store           Store
+	ratio           float64
+	maxWait         time.Duration
+	fetchTimeout    time.Duration
+	retryMin        time.Duration
+	retryMax        time.Duration
+	refreshInterval time.Duration
+	negativeTTL     time.Duration
+	maxStep         int64
+	now             func() time.Time
+	log             *slog.Logger
+
+	ctx    context.Context // canceled by Close; parent of all store calls
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // background goroutines
+	lookup singleflight.Group
+	ready  atomic.Bool // the tag list has been loaded once
+
+	// tags maps tag names to buffers. Readers load it without locking; writers
+	// hold mu and store a modified copy.
+	tags atomic.Pointer[map[string]*buffer]
+
+	mu sync.Mutex // protects the fields below and writes to tags
+	// negative holds tags the store did not know, and when that expires.
+	negative map[string]time.Time
+	closed   bool
+}
+
+// New validates s and returns a running Allocator. It does no I/O itself:
+// the tag list is loaded in the background right away and every
+// RefreshInterval after that; until it is, tags are looked up one by one.
+func New(s Settings) (*Allocator, error) {
+	if s.Store == nil {
+		return nil, errors.New("segment: Settings.Store is required")
+	}
+	if s.PrefetchRatio == 0 {
+		s.PrefetchRatio = 0.1
+	}
+	if !(s.PrefetchRatio > 0 && s.PrefetchRatio <= 1) {
+		return nil, fmt.Errorf("segment: PrefetchRatio %v: want (0, 1]", s.PrefetchRatio)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&s.MaxWait, 100*time.Millisecond)
+	def(&s.FetchTimeout, 2*time.Second)
+	def(&s.RetryMin, 10*time.Millisecond)
+	def(&s.RetryMax, time.Second)
+	def(&s.RefreshInterval, time.Minute)
+	def(&s.NegativeTTL, 2*time.Second)
+	for name, d := range map[string]time.Duration{
+		"MaxWait": s.MaxWait, "FetchTimeout": s.FetchTimeout, "RetryMin": s.RetryMin,
+		"RetryMax": s.RetryMax, "RefreshInterval": s.RefreshInterval, "NegativeTTL": s.NegativeTTL,
+	} {
+		if d < 0 {
+			return nil, fmt.Errorf("segment: %s %v: must not be negative", name, d)
+		}
+	}
+	if s.RetryMax < s.RetryMin {
+		return nil, fmt.Errorf("segment: RetryMax %v is below RetryMin %v", s.RetryMax, s.RetryMin)
+	}
+	if s.MaxStep == 0 {
+		s.MaxStep = 1_000_000
+	}
+	if s.MaxStep < 1 || s.MaxStep > MaxStepLimit {
+		return nil, fmt.Errorf("%w: MaxStep %d: want 1..%d", ErrInvalidStep, s.MaxStep, MaxStepLimit)
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	a := &Allocator{
+		store:           s.Store,
+		ratio:           s.PrefetchRatio,
+		maxWait:         s.MaxWait,
+		fetchTimeout:    s.FetchTimeout,
+		retryMin:        s.RetryMin,
+		retryMax:        s.RetryMax,
+		refreshInterval: s.RefreshInterval,
+		negativeTTL:     s.NegativeTTL,
+		maxStep:         s.MaxStep,
+		now:             s.Now,
+		log:             s.Logger,
+		negative:        make(map[string]time.Time),
+	}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.tags.Store(&map[string]*buffer{})
+	a.wg.Add(1)
+	go a.refreshLoop()
+	return a, nil
+}
+
+// Take returns n IDs of tag as one or more runs appended to dst. It returns
+// at once when the IDs are in memory; otherwise it waits for a segment at
+// most MaxWait (or until ctx ends) and then fails with ErrUnavailable.
+// Errors: ErrInvalidCount, ErrInvalidTag, ErrUnknownTag, ErrUnavailable,
+// ErrClosed, or ctx's error.
+//
+// When Take fails after part of the IDs were taken (the wait for a second
+// segment expired), those IDs are skipped: never handed out again, so never
+// duplicated.
+func (a *Allocator) Take(ctx context.Context, tag string, n int, dst []Run) ([]Run, error) {
+	if n < 1 {
+		return dst, fmt.Errorf("%w: %d", ErrInvalidCount, n)
+	}
+	b := (*a.tags.Load())[tag]
+	if b != nil {
+		var rest int
+		if dst, rest = b.take(n, dst); rest == 0 {
+			return dst, nil
+		}
+		return a.wait(ctx, b, rest, dst)
+	}
+	return a.takeSlow(ctx, tag, n, dst)
+}
+
+// TakeAsync is Take for callers that must never block, such as a NATS
+// handler serving every tag from one subscription. When the IDs are in
+// memory it calls done before returning, on the caller's goroutine;
+// otherwise it parks the request on a new goroutine and calls done from
+// there once a segment arrived or the wait expired. The runs passed to done
+// are valid only during the call.
+func (a *Allocator) TakeAsync(tag string, n int, done func([]Run, error)) {
+	if n < 1 {
+		done(nil, fmt.Errorf("%w: %d", ErrInvalidCount, n))
+		return
+	}
+	var arr [2]Run
+	runs := arr[:0]
+	b := (*a.tags.Load())[tag]
+	rest := n
+	if b != nil {
+		if runs, rest = b.take(n, runs); rest == 0 {
+			done(runs, nil)
+			return
+		}
+	}
+	go func() {
+		var err error
+		if b != nil {
+			runs, err = a.wait(context.Background(), b, rest, runs)
+		} else {
+			runs, err = a.takeSlow(context.Background(), tag, n, runs)
+		}
+		done(runs, err)
+	}()
+}
+
+// takeSlow serves a tag that is not in the map: it looks the tag up in the
+// store (once for all concurrent callers), remembering unknown tags for
+// NegativeTTL.
+func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run) ([]Run, error) {
+	if err := CheckTag(tag); err != nil {
+		return dst, err
+	}
+	b, err := a.buffer(ctx, tag)
+	if err != nil {
+		return dst, err
+	}
+	dst, rest := b.take(n, dst)
+	if rest == 0 {
+		return dst, nil
+	}
+	return a.wait(ctx, b, rest, dst)
+}
+
+// buffer returns the tag's buffer, asking the store about a tag not yet known.
+func (a *Allocator) buffer(ctx context.Context, tag string) (*buffer, error) {
+	if b := (*a.tags.Load())[tag]; b != nil {
+		return b, nil
+	}
+	a.mu.Lock()
+	closed := a.closed
+	exp, neg := a.negative[tag]
+	a.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if neg && a.now().Before(exp) {
+		return nil, fmt.Errorf("%w %q", ErrUnknownTag, tag)
+	}
+	ch := a.lookup.DoChan(tag, func() (any, error) {
+		lctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
+		defer cancel()
+		_, err := a.store.Tag(lctx, tag)
+		if errors.Is(err, ErrUnknownTag) {
+			a.mu.Lock()
+			if len(a.negative) >= negativeCacheMax {
+				clear(a.negative)
+			}
+			a.negative[tag] = a.now().Add(a.negativeTTL)
+			a.mu.Unlock()
+			return nil, fmt.Errorf("%w %q", ErrUnknownTag, tag)
+		}
+		if err != nil {
+			if a.ctx.Err() != nil {
+				return nil, ErrClosed
+			}
+			return nil, fmt.Errorf("%w: looking up tag %q: %w", ErrUnavailable, tag, err)
+		}
+		return a.addTag(tag), nil
+	})
+	timer := time.NewTimer(a.maxWait)
+	defer timer.Stop()
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*buffer), nil
+	case <-timer.C:
+		return nil, fmt.Errorf("%w: looking up tag %q took longer than %v", ErrUnavailable, tag, a.maxWait)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// addTag returns the buffer of tag, adding an empty one if there is none.
+func (a *Allocator) addTag(tag string) *buffer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := *a.tags.Load()
+	if b := old[tag]; b != nil {
+		return b
+	}
+	m := make(map[string]*buffer, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	b := newBuffer(a, tag)
+	m[tag] = b
+	a.tags.Store(&m)
+	delete(a.negative, tag)
+	return b
+}
+
+// removeTag stops serving tag, if b is still its buffer.
+func (a *Allocator) removeTag(tag string, b *buffer) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := *a.tags.Load()
+	if old[tag] != b {
+		return
+	}
+	m := make(map[string]*buffer, len(old))
+	for k, v := range old {
+		if k != tag {
+			m[k] = v
+		}
+	}
+	a.tags.Store(&m)
+}
+
+// wait takes the remaining n IDs of b, waiting for segments at most MaxWait.
+func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run) ([]Run, error) {
+	b.waits.Add(1)
+	timer := time.NewTimer(a.maxWait)
+	defer timer.Stop()
+	for {
+		// Take the channel before trying, so that a load finishing in
+		// between is not missed.
+		b.mu.Lock()
+		wake, removed, lastErr := b.wake, b.removed, b.lastErr
+		b.mu.Unlock()
+		if removed {
+			return dst, fmt.Errorf("%w %q", ErrUnknownTag, b.tag)
+		}
+		if dst, n = b.take(n, dst); n == 0 {
+			return dst, nil
+		}
+		if a.ctx.Err() != nil {
+			return dst, ErrClosed
+		}
+		select {
+		case <-wake:
+		case <-timer.C:
+			b.timeouts.Add(1)
+			if lastErr != nil {
+				return dst, fmt.Errorf("%w for tag %q within %v: %w", ErrUnavailable, b.tag, a.maxWait, lastErr)
+			}
+			return dst, fmt.Errorf("%w for tag %q within %v", ErrUnavailable, b.tag, a.maxWait)
+		case <-ctx.Done():
+			return dst, ctx.Err()
+		case <-a.ctx.Done():
+			return dst, ErrClosed
+		}
+	}
+}
+
+// refreshLoop loads the tag list now and every RefreshInterval, retrying
+// failures with backoff, until Close.
+func (a *Allocator) refreshLoop() {
+	defer a.wg.Done()
+	backoff := a.retryMin
+	for {
+		next := a.refreshInterval
+		if err := a.Refresh(a.ctx); err != nil {
+			if a.ctx.Err() != nil {
+				return
+			}
+			a.log.Warn("segment: loading tag list failed", "err", err, "retry_in", backoff)
+			next = backoff
+			backoff = min(backoff*2, a.retryMax, a.refreshInterval)
+		} else {
+			backoff = a.retryMin
+		}
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-time.After(next):
+		}
+	}
+}
+
+// Refresh reloads the tag list from the store now: new tags are served,
+// removed tags are no longer served. It normally runs in the background.
+func (a *Allocator) Refresh(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, a.fetchTimeout)
+	defer cancel()
+	names, err := a.store.Tags(ctx)
+	if err != nil {
+		return fmt.Errorf("segment: listing tags: %w", err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := *a.tags.Load()
+	m := make(map[string]*buffer, len(names))
+	for _, name := range names {
+		if b := old[name]; b != nil {
+			m[name] = b
+		} else {
+			m[name] = newBuffer(a, name)
+		}
+		delete(a.negative, name)
+	}
+	for name, b := range old {
+		if m[name] == nil {
+			b.remove()
+		}
+	}
+	a.tags.Store(&m)
+	a.ready.Store(true)
+	return nil
+}
+
+// Ready reports whether the tag list has been loaded at least once.
+func (a *Allocator) Ready() bool { return a.ready.Load() }
+
+// startLoad starts b's loader unless the allocator is closed. The caller has
+// set b.loading.
+func (a *Allocator) startLoad(b *buffer) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		b.loading.Store(false)
+		return
+	}
+	a.wg.Add(1)
+	go b.load()
+}
+
+// Close stops handing out IDs, stops background work and gives the unissued
+// rest of each tag's last segment back to the store where nobody fetched
+// after us, so that a restart wastes fewer IDs. ctx bounds the give-back.
+func (a *Allocator) Close(ctx context.Context) error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil
+	}
+	a.closed = true
+	a.mu.Unlock()
+	a.cancel()
+	a.wg.Wait()
+
+	tags := *a.tags.Load()
+	work := make(chan *buffer)
+	errs := make(chan error, len(tags))
+	var wg sync.WaitGroup
+	for range min(8, len(tags)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range work {
+				if err := b.giveBack(ctx); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for _, b := range tags {
+		work <- b
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
+// frozen is stored into a segment's cursor on Close: every later take finds
+// the segment spent.
+const frozen = math.MaxInt64 / 2
+
+// segment is one range of IDs, start through end-1, taken from the store.
+type segment struct {
+	cursor    atomic.Int64 // next ID to hand out; runs past end when spent
+	start     int64
+	end       int64
+	threshold int64 // when cursor passes it, the next segment is fetched
+	step      int64
+	fetchedAt time.Time
+}
+
+// buffer is the double buffer of one tag. cur is taken from without locks;
+// next holds the segment that takes over when cur is spent.
+type buffer struct {
+	a   *Allocator
+	tag string
+
+	cur      atomic.Pointer[segment] // nil until the first fetch
+	next     atomic.Pointer[segment] // a ready, untouched segment, or nil
+	loading  atomic.Bool             // a loader runs; at most one per tag
+	waits    atomic.Int64            // requests that had to wait
+	timeouts atomic.Int64            // waits that expired
+
+	mu sync.Mutex // protects the fields below
+	// wake is closed and replaced whenever a fetch ends, well or not.
+	wake        chan struct{}
+	step        int64 // step of the last fetch; 0 before the first
+	minStep     int64 // the tag's configured step, as of the last fetch
+	lastFetch   time.Time
+	fetches     int64
+	lastLatency time.Duration
+	lastErr     error
+	removed     bool
+}
+
+func newBuffer(a *Allocator, tag string) *buffer {
+	return &buffer{a: a, tag: tag, wake: make(chan struct{})}
+}
+
+// take takes up to n IDs without waiting, appending them to dst, and returns
+// how many are still missing. It switches to the next segment when the
+// current one is spent and starts fetches as needed.
+func (b *buffer) take(n int, dst []Run) ([]Run, int) {
+	for n > 0 {
+		seg := b.cur.Load()
+		if seg == nil {
+			b.prefetch()
+			return dst, n
+		}
+		k := int64(n)
+		first := seg.cursor.Add(k) - k
+		if last := first + k; last <= seg.end {
+			dst = append(dst, Run{first, last - 1})
+			if last > seg.threshold {
+				b.prefetch()
+			}
+			return dst, 0
+		}
+		if first < seg.end {
+			dst = append(dst, Run{first, seg.end - 1})
+			n -= int(seg.end - first)
+		}
+		nxt := b.next.Load()
+		if nxt == nil || nxt == seg {
+			b.prefetch()
+			return dst, n
+		}
+		if b.cur.CompareAndSwap(seg, nxt) {
+			b.next.CompareAndSwap(nxt, nil)
+		}
+	}
+	return dst, 0
+}
+
+// prefetch starts a background fetch unless one runs or the next segment is
+// ready. At most one loader runs per tag.
+func (b *buffer) prefetch() {
+	if b.loading.Load() || !b.wantsLoad() || !b.loading.CompareAndSwap(false, true) {
+		return
+	}
+	// A loader may have published between the check and the swap.
+	if !b.wantsLoad() {
+		b.loading.Store(false)
+		return
+	}
+	b.a.startLoad(b)
+}
+
+// wantsLoad reports whether there is no current segment or no ready next one.
+// (next may briefly equal cur while a switch completes.)
+func (b *buffer) wantsLoad() bool {
+	cur := b.cur.Load()
+	if cur == nil {
+		return true
+	}
+	nxt := b.next.Load()
+	return nxt == nil || nxt == cur
+}
+
+// load fetches one segment, retrying with backoff until it succeeds, the tag
+// turns out to be gone, or the allocator closes. Only a fetched segment is
+// ever published.
+func (b *buffer) load() {
+	a := b.a
+	defer a.wg.Done()
+	backoff := a.retryMin
+	for {
+		b.mu.Lock()
+		step := b.nextStep(a.now())
+		b.mu.Unlock()
+		ctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
+		start := time.Now()
+		alloc, err := a.store.Fetch(ctx, b.tag, step)
+		latency := time.Since(start)
+		cancel()
+		if err == nil && (alloc.End <= alloc.Start || alloc.TagStep < 1) {
+			err = fmt.Errorf("segment: store returned a bad allocation %+v for tag %q", alloc, b.tag)
+		}
+		if err == nil {
+			b.publish(alloc, latency)
+			return
+		}
+		gone := errors.Is(err, ErrUnknownTag)
+		b.mu.Lock()
+		b.lastErr = err
+		b.lastLatency = latency
+		if gone {
+			b.removed = true
+		}
+		close(b.wake)
+		b.wake = make(chan struct{})
+		b.mu.Unlock()
+		if gone {
+			a.removeTag(b.tag, b)
+			b.loading.Store(false)
+			return
+		}
+		if a.ctx.Err() != nil {
+			b.loading.Store(false)
+			return
+		}
+		a.log.Warn("segment: fetch failed", "tag", b.tag, "err", err, "retry_in", backoff)
+		select {
+		case <-a.ctx.Done():
+			b.loading.Store(false)
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, a.retryMax)
+	}
+}
+
+// nextStep returns the step of the next fetch (0: the tag's own step), as
+// Leaf does: double it when the last segment lasted under 15 minutes, halve
+// it when over 30, within [the tag's step, MaxStep]. b.mu must be held.
+func (b *buffer) nextStep(now time.Time) int64 {
+	if b.step == 0 {
+		return 0
+	}
+	step := b.step
+	switch d := now.Sub(b.lastFetch); {
+	case d < stepGrowBelow:
+		if step*2 <= b.a.maxStep {
+			step *= 2
+		}
+	case d < stepShrinkAbove:
+	default:
+		step /= 2
+	}
+	return max(step, b.minStep)
+}
+
+// publish makes a fetched allocation the next (or first) segment and wakes
+// the waiters.
+func (b *buffer) publish(alloc Allocation, latency time.Duration) {
+	size := alloc.End - alloc.Start
+	seg := &segment{
+		start:     alloc.Start,
+		end:       alloc.End,
+		threshold: alloc.Start + int64(math.Ceil(float64(size)*b.a.ratio)),
+		step:      size,
+		fetchedAt: b.a.now(),
+	}
+	seg.cursor.Store(alloc.Start)
+	b.mu.Lock()
+	b.step = size
+	b.minStep = alloc.TagStep
+	b.lastFetch = seg.fetchedAt
+	b.fetches++
+	b.lastLatency = latency
+	b.lastErr = nil
+	if !b.cur.CompareAndSwap(nil, seg) {
+		b.next.Store(seg)
+	}
+	b.loading.Store(false)
+	close(b.wake)
+	b.wake = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// remove marks the tag as no longer served and wakes its waiters.
+func (b *buffer) remove() {
+	b.mu.Lock()
+	b.removed = true
+	close(b.wake)
+	b.wake = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// giveBack freezes b's segments and returns the unissued rest of the last
+// one to the store. It runs on Close, after all loaders have stopped.
+func (b *buffer) giveBack(ctx context.Context) error {
+	cur, nxt := b.cur.Load(), b.next.Load()
+	if cur == nil {
+		return nil
+	}
+	if nxt == cur {
+		nxt = nil
+	}
+	curCursor := min(cur.cursor.Swap(frozen), cur.end)
+	last, first := cur, curCursor
+	if nxt != nil {
+		last = nxt
+		first = min(nxt.cursor.Swap(frozen), nxt.end)
+		if first == nxt.start && cur.end == nxt.start {
+			first = curCursor // contiguous: give back the rest of both
+		}
+	}
+	if first >= last.end {
+		return nil
+	}
+	ok, err := b.a.store.GiveBack(ctx, b.tag, last.end, first)
+	if err != nil {
+		return fmt.Errorf("segment: giving back %d..%d of tag %q: %w", first, last.end-1, b.tag, err)
+	}
+	b.a.log.Debug("segment: give back", "tag", b.tag, "first", first, "end", last.end, "done", ok)
+	return nil
+}
