@@ -194,13 +194,13 @@ func (a *Allocator) Take(ctx context.Context, tag string, n int, dst []Run) ([]R
 
 // TakeAsync is Take for callers that must never block, such as a NATS
 // handler serving every tag from one subscription. When the IDs are in
-// memory it calls done before returning, on the caller's goroutine;
-// otherwise it parks the request on a new goroutine and calls done from
-// there once a segment arrived or the wait expired. The runs passed to done
-// are valid only during the call.
-func (a *Allocator) TakeAsync(tag string, n int, done func([]Run, error)) {
+// memory it calls done before returning, on the caller's goroutine, with
+// parked false; otherwise it parks the request on a new goroutine and calls
+// done from there, with parked true, once a segment arrived or the wait
+// expired. The runs passed to done are valid only during the call.
+func (a *Allocator) TakeAsync(tag string, n int, done func(runs []Run, parked bool, err error)) {
 	if n < 1 {
-		done(nil, fmt.Errorf("%w: %d", ErrInvalidCount, n))
+		done(nil, false, fmt.Errorf("%w: %d", ErrInvalidCount, n))
 		return
 	}
 	var arr [2]Run
@@ -209,7 +209,7 @@ func (a *Allocator) TakeAsync(tag string, n int, done func([]Run, error)) {
 	rest := n
 	if b != nil {
 		if runs, rest = b.take(n, runs); rest == 0 {
-			done(runs, nil)
+			done(runs, false, nil)
 			return
 		}
 	}
@@ -220,7 +220,7 @@ func (a *Allocator) TakeAsync(tag string, n int, done func([]Run, error)) {
 		} else {
 			runs, err = a.takeSlow(context.Background(), tag, n, runs)
 		}
-		done(runs, err)
+		done(runs, true, err)
 	}()
 }
 

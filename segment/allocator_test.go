@@ -490,11 +490,11 @@ func TestSlowTagDoesNotDelayOthers(t *testing.T) {
 	gate := make(chan struct{})
 	st.set(func(s *memStore) { s.gate = gate })
 	slowDone := make(chan error, 1)
-	a.TakeAsync("slow", 1, func(_ []Run, err error) { slowDone <- err })
+	a.TakeAsync("slow", 1, func(_ []Run, parked bool, err error) { slowDone <- err })
 	// TakeAsync returned while slow's fetch is blocked; fast is still served
 	// inline, on this goroutine.
 	inline := false
-	a.TakeAsync("fast", 1, func(runs []Run, err error) { inline = err == nil && runs[0].First == 2 })
+	a.TakeAsync("fast", 1, func(runs []Run, parked bool, err error) { inline = !parked && err == nil && runs[0].First == 2 })
 	if !inline {
 		t.Fatal("fast tag was not served inline while the slow tag's fetch was blocked")
 	}

@@ -1,0 +1,142 @@
+package dispenser
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// Errors of request parsing; all of them are answered with code 400.
+var (
+	// ErrBadCount means the body is not a decimal count in 1..MaxBatch.
+	ErrBadCount = errors.New("dispenser: bad count")
+	// ErrBadHeader means a header the service reads has a value it does not
+	// understand.
+	ErrBadHeader = errors.New("dispenser: bad header")
+	// ErrBadSubject means the subject does not name a valid tag.
+	ErrBadSubject = errors.New("dispenser: bad subject")
+)
+
+// FormatHeader is the request header that selects the reply format.
+const FormatHeader = "Id-Format"
+
+// Format is the reply format of a request.
+type Format uint8
+
+const (
+	// FormatList replies with the IDs in decimal, one per line.
+	FormatList Format = iota
+	// FormatRange replies with one "first-last" line per contiguous run.
+	FormatRange
+)
+
+// maxBodyDigits bounds a count's digits before it is parsed, so that no
+// body can overflow the parser or make it work long.
+const maxBodyDigits = 9
+
+// ParseCount parses a request body: empty means 1, otherwise a decimal
+// number in 1..max, optionally surrounded by ASCII white space (so that
+// `echo 10 | nats req ...` works).
+func ParseCount(body []byte, max int) (int, error) {
+	s := strings.Trim(string(body), " \t\r\n")
+	if s == "" {
+		return 1, nil
+	}
+	if len(s) > maxBodyDigits {
+		if len(s) > 32 {
+			return 0, fmt.Errorf("%w: body of %d bytes is not a count in 1..%d", ErrBadCount, len(body), max)
+		}
+		return 0, fmt.Errorf("%w %q: want a decimal count in 1..%d", ErrBadCount, s, max)
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("%w %q: want a decimal count in 1..%d", ErrBadCount, s, max)
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n < 1 || n > max {
+		return 0, fmt.Errorf("%w %d: want 1..%d", ErrBadCount, n, max)
+	}
+	return n, nil
+}
+
+// ParseFormat reads the Id-Format header values: none, "list" or "range"
+// (case-insensitive).
+func ParseFormat(values []string) (Format, error) {
+	switch len(values) {
+	case 0:
+		return FormatList, nil
+	case 1:
+	default:
+		return 0, fmt.Errorf("%w: %s given %d times", ErrBadHeader, FormatHeader, len(values))
+	}
+	switch v := strings.TrimSpace(values[0]); {
+	case v == "" || strings.EqualFold(v, "list"):
+		return FormatList, nil
+	case strings.EqualFold(v, "range"):
+		return FormatRange, nil
+	default:
+		return 0, fmt.Errorf("%w: %s %q: want list or range", ErrBadHeader, FormatHeader, truncate(v, 64))
+	}
+}
+
+// ParseTag returns the tag of a segment subject: its token after prefix.
+func ParseTag(subject, prefix string) (string, error) {
+	tag, ok := strings.CutPrefix(subject, prefix)
+	if !ok || !segment.ValidTag(tag) {
+		return "", fmt.Errorf("%w %q: want %s<tag>, tag 1-128 characters of [A-Za-z0-9_-]", ErrBadSubject, truncate(subject, 200), prefix)
+	}
+	return tag, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// AppendList appends the IDs of runs in decimal, one per line.
+func AppendList(dst []byte, runs []segment.Run) []byte {
+	sep := false
+	for _, r := range runs {
+		for id := r.First; id <= r.Last; id++ {
+			if sep {
+				dst = append(dst, '\n')
+			}
+			sep = true
+			dst = strconv.AppendInt(dst, id, 10)
+		}
+	}
+	return dst
+}
+
+// AppendRanges appends one "first-last" line per run.
+func AppendRanges(dst []byte, runs []segment.Run) []byte {
+	for i, r := range runs {
+		if i > 0 {
+			dst = append(dst, '\n')
+		}
+		dst = strconv.AppendInt(dst, r.First, 10)
+		dst = append(dst, '-')
+		dst = strconv.AppendInt(dst, r.Last, 10)
+	}
+	return dst
+}
+
+// Runs groups ids into runs of consecutive values, appending them to dst.
+func Runs(dst []segment.Run, ids []int64) []segment.Run {
+	for _, id := range ids {
+		if n := len(dst); n > 0 && dst[n-1].Last+1 == id {
+			dst[n-1].Last = id
+			continue
+		}
+		dst = append(dst, segment.Run{First: id, Last: id})
+	}
+	return dst
+}

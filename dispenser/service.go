@@ -1,0 +1,340 @@
+// Package dispenser serves unique IDs over NATS as a micro service named
+// "dispenser": segment IDs on <prefix>.segment.<tag> and snowflake IDs on
+// <prefix>.snowflake, in a queue group so that many workers share the load.
+package dispenser
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// Error codes of replies, in the micro error headers.
+const (
+	CodeBadRequest  = "400"
+	CodeNotFound    = "404"
+	CodeUnavailable = "503"
+	CodeInternal    = "500"
+)
+
+// Snowflake issues snowflake IDs; *snowflake.Worker implements it.
+type Snowflake interface {
+	// AppendIDs appends n IDs to dst. Errors for which Unavailable reports
+	// true are answered with 503, others with 500.
+	AppendIDs(dst []int64, n int) ([]int64, error)
+	// Unavailable reports whether err means "try again later".
+	Unavailable(err error) bool
+	// Decode returns the parts of an ID as a JSON-marshalable value.
+	Decode(id int64) any
+	// Stats returns the lease and generator state for micro stats.
+	Stats() any
+}
+
+// Config configures a Service. Zero values mean the documented defaults.
+type Config struct {
+	// Conn is the NATS connection to serve on. Required. Use a connection of
+	// its own: Stop waits until all of its subscriptions are drained.
+	Conn *nats.Conn
+	// Segments serves <prefix>.segment.<tag>; nil leaves the endpoint out.
+	Segments *segment.Allocator
+	// Snowflake serves <prefix>.snowflake and <prefix>.snowflake.decode;
+	// nil leaves them out.
+	Snowflake Snowflake
+	// Prefix is the first subject token. Default "id".
+	Prefix string
+	// QueueGroup is the endpoints' queue group. Default "dispenser".
+	QueueGroup string
+	// MaxBatch is the most IDs one request may ask for. Default 10000.
+	MaxBatch int
+	// Version is the service version reported by micro. Default "0.1.0".
+	Version string
+	// Logger receives unexpected errors. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Service is a running dispenser micro service. It is safe for concurrent use.
+type Service struct {
+	cfg     Config
+	svc     micro.Service
+	baseSub int            // subscriptions on Conn before the service
+	parked  sync.WaitGroup // requests waiting for a segment
+	bufs    sync.Pool      // *[]byte reply buffers
+}
+
+// Name is the micro service name.
+const Name = "dispenser"
+
+// New validates cfg, registers the micro service and starts serving.
+func New(cfg Config) (*Service, error) {
+	if cfg.Conn == nil {
+		return nil, errors.New("dispenser: Config.Conn is required")
+	}
+	if cfg.Segments == nil && cfg.Snowflake == nil {
+		return nil, errors.New("dispenser: nothing to serve: set Segments or Snowflake")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "id"
+	}
+	if cfg.QueueGroup == "" {
+		cfg.QueueGroup = "dispenser"
+	}
+	if cfg.MaxBatch == 0 {
+		cfg.MaxBatch = 10000
+	}
+	if cfg.Version == "" {
+		cfg.Version = "0.1.0"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if !validSubjectPrefix(cfg.Prefix) {
+		return nil, fmt.Errorf("dispenser: subject prefix %q: want dot-separated tokens without wildcards or spaces", cfg.Prefix)
+	}
+	// A decimal list of MaxBatch IDs must fit in one message.
+	if limit := cfg.Conn.MaxPayload() / 20; cfg.MaxBatch < 1 || int64(cfg.MaxBatch) > limit || cfg.MaxBatch > 1e9 {
+		return nil, fmt.Errorf("dispenser: MaxBatch %d: want 1..%d (the server's max payload / 20 bytes)", cfg.MaxBatch, limit)
+	}
+	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions()}
+	s.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
+
+	svc, err := micro.AddService(cfg.Conn, micro.Config{
+		Name:         Name,
+		Version:      cfg.Version,
+		Description:  "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
+		QueueGroup:   cfg.QueueGroup,
+		StatsHandler: s.stats,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dispenser: adding micro service: %w", err)
+	}
+	s.svc = svc
+	g := svc.AddGroup(cfg.Prefix)
+	if cfg.Segments != nil {
+		err = g.AddEndpoint("segment", micro.HandlerFunc(s.handleSegment),
+			micro.WithEndpointSubject("segment.*"),
+			micro.WithEndpointMetadata(map[string]string{
+				"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range",
+			}))
+	}
+	if err == nil && cfg.Snowflake != nil {
+		err = g.AddEndpoint("snowflake", micro.HandlerFunc(s.handleSnowflake),
+			micro.WithEndpointMetadata(map[string]string{
+				"description": "snowflake IDs: body empty or a count N; header Id-Format: list|range",
+			}))
+		if err == nil {
+			err = g.AddEndpoint("snowflake_decode", micro.HandlerFunc(s.handleDecode),
+				micro.WithEndpointSubject("snowflake.decode"),
+				micro.WithEndpointMetadata(map[string]string{
+					"description": "body a snowflake ID; replies JSON with time, worker and sequence",
+				}))
+		}
+	}
+	if err != nil {
+		svc.Stop()
+		return nil, fmt.Errorf("dispenser: adding endpoint: %w", err)
+	}
+	return s, nil
+}
+
+func validSubjectPrefix(p string) bool {
+	for _, tok := range strings.Split(p, ".") {
+		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
+			return false
+		}
+	}
+	return true
+}
+
+// Info returns the micro service's identity and endpoints.
+func (s *Service) Info() micro.Info { return s.svc.Info() }
+
+// Stop stops taking requests and waits, at most until ctx ends, until the
+// requests already received have been answered. It does not close the
+// allocator or the snowflake worker: their owner does that after Stop.
+func (s *Service) Stop(ctx context.Context) error {
+	if err := s.svc.Stop(); err != nil {
+		return fmt.Errorf("dispenser: stopping: %w", err)
+	}
+	// micro drains the subscriptions: messages already received are still
+	// handled. Wait for the drains to finish, then for parked requests.
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for s.cfg.Conn.NumSubscriptions() > s.baseSub && !s.cfg.Conn.IsClosed() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("dispenser: draining requests: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+	done := make(chan struct{})
+	go func() { s.parked.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("dispenser: waiting for parked requests: %w", ctx.Err())
+	}
+}
+
+func (s *Service) stats(e *micro.Endpoint) any {
+	switch e.Name {
+	case "segment":
+		return map[string]any{"tags": s.cfg.Segments.Stats()}
+	case "snowflake":
+		return s.cfg.Snowflake.Stats()
+	}
+	return nil
+}
+
+// replier answers one request. Inline answers go through micro (so that its
+// stats count them); answers from a parked request's goroutine are published
+// directly, because micro's request may not be touched after the handler
+// returned.
+type replier struct {
+	s      *Service
+	req    micro.Request
+	inline bool
+}
+
+func (r replier) respond(data []byte) {
+	var err error
+	if r.inline {
+		err = r.req.Respond(data)
+	} else {
+		err = r.s.cfg.Conn.Publish(r.req.Reply(), data)
+	}
+	if err != nil {
+		r.s.cfg.Logger.Warn("dispenser: reply failed", "subject", r.req.Subject(), "err", err)
+	}
+}
+
+func (r replier) fail(err error) {
+	code, desc := r.s.classify(err)
+	var perr error
+	if r.inline {
+		perr = r.req.Error(code, desc, nil)
+	} else {
+		msg := nats.NewMsg(r.req.Reply())
+		msg.Header.Set(micro.ErrorHeader, desc)
+		msg.Header.Set(micro.ErrorCodeHeader, code)
+		perr = r.s.cfg.Conn.PublishMsg(msg)
+	}
+	if perr != nil {
+		r.s.cfg.Logger.Warn("dispenser: error reply failed", "subject", r.req.Subject(), "err", perr)
+	}
+}
+
+// classify maps an error to a reply code and description.
+func (s *Service) classify(err error) (code, desc string) {
+	desc = err.Error()
+	switch {
+	case errors.Is(err, ErrBadCount), errors.Is(err, ErrBadHeader), errors.Is(err, ErrBadSubject),
+		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount):
+		return CodeBadRequest, desc
+	case errors.Is(err, segment.ErrUnknownTag):
+		return CodeNotFound, desc
+	case errors.Is(err, segment.ErrUnavailable), errors.Is(err, segment.ErrClosed):
+		return CodeUnavailable, desc
+	case s.cfg.Snowflake != nil && s.cfg.Snowflake.Unavailable(err):
+		return CodeUnavailable, desc
+	}
+	s.cfg.Logger.Error("dispenser: unexpected error", "err", err)
+	return CodeInternal, "internal error: " + desc
+}
+
+// parse reads the count and format of a request.
+func (s *Service) parse(req micro.Request) (int, Format, error) {
+	format, err := ParseFormat(req.Headers().Values(FormatHeader))
+	if err != nil {
+		return 0, 0, err
+	}
+	n, err := ParseCount(req.Data(), s.cfg.MaxBatch)
+	return n, format, err
+}
+
+func (s *Service) handleSegment(req micro.Request) {
+	r := replier{s: s, req: req, inline: true}
+	tag, err := ParseTag(req.Subject(), s.cfg.Prefix+".segment.")
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	n, format, err := s.parse(req)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	s.parked.Add(1)
+	s.cfg.Segments.TakeAsync(tag, n, func(runs []segment.Run, parked bool, err error) {
+		defer s.parked.Done()
+		r.inline = !parked
+		if err != nil {
+			r.fail(err)
+			return
+		}
+		s.reply(r, format, runs)
+	})
+}
+
+func (s *Service) reply(r replier, format Format, runs []segment.Run) {
+	bp := s.bufs.Get().(*[]byte)
+	buf := (*bp)[:0]
+	if format == FormatRange {
+		buf = AppendRanges(buf, runs)
+	} else {
+		buf = AppendList(buf, runs)
+	}
+	r.respond(buf)
+	if cap(buf) <= 1<<16 { // keep big batch buffers out of the pool
+		*bp = buf
+		s.bufs.Put(bp)
+	}
+}
+
+func (s *Service) handleSnowflake(req micro.Request) {
+	r := replier{s: s, req: req, inline: true}
+	n, format, err := s.parse(req)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	var arr [1]int64
+	ids, err := s.cfg.Snowflake.AppendIDs(arr[:0], n)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	var runArr [1]segment.Run
+	runs := runArr[:0]
+	if format == FormatRange {
+		runs = Runs(runs, ids)
+	} else {
+		for _, id := range ids {
+			runs = append(runs, segment.Run{First: id, Last: id})
+		}
+	}
+	s.reply(r, format, runs)
+}
+
+func (s *Service) handleDecode(req micro.Request) {
+	r := replier{s: s, req: req, inline: true}
+	body := strings.TrimSpace(string(req.Data()))
+	id, err := strconv.ParseInt(body, 10, 64)
+	if err != nil || id < 0 {
+		r.fail(fmt.Errorf("%w: %q is not a snowflake ID (a non-negative decimal int64)", ErrBadCount, truncate(body, 64)))
+		return
+	}
+	if err := req.RespondJSON(s.cfg.Snowflake.Decode(id)); err != nil {
+		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject(), "err", err)
+	}
+}
