@@ -1,0 +1,115 @@
+// Package schema holds dispenser's PostgreSQL schema as embedded SQL
+// migrations and applies them.
+package schema
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// VersionTable is the table that records applied migrations.
+const VersionTable = "dispenser_schema_migrations"
+
+// lockKey is the pg_advisory_xact_lock key that serializes migrations across
+// processes ("dispensr" in ASCII).
+const lockKey int64 = 0x64697370656e7372
+
+// Versions lists the embedded migrations in the order they apply: their file
+// names without ".sql".
+func Versions() []string {
+	names, err := fs.Glob(files, "*.sql")
+	if err != nil {
+		panic(err) // the pattern is valid
+	}
+	sort.Strings(names)
+	for i, n := range names {
+		names[i] = strings.TrimSuffix(n, ".sql")
+	}
+	return names
+}
+
+// Migrate applies the embedded migrations that db does not have yet, in the
+// order of Versions, and returns the versions it applied. Each migration runs
+// in its own transaction together with its row in VersionTable, so a failed
+// one leaves no trace. Migrate is idempotent and safe to run from several
+// processes at once: each transaction holds an advisory lock and re-checks
+// the version under it.
+func Migrate(ctx context.Context, db *pgxpool.Pool) (applied []string, err error) {
+	if err := migrate(ctx, db, "", "CREATE TABLE IF NOT EXISTS "+VersionTable+` (
+		version    text        PRIMARY KEY,
+		applied_at timestamptz NOT NULL DEFAULT now()
+	)`); err != nil {
+		return nil, err
+	}
+	for _, v := range Versions() {
+		sql, err := files.ReadFile(v + ".sql")
+		if err != nil {
+			return applied, fmt.Errorf("schema: %w", err)
+		}
+		switch err := migrate(ctx, db, v, string(sql)); {
+		case errors.Is(err, errApplied):
+		case err != nil:
+			return applied, err
+		default:
+			applied = append(applied, v)
+		}
+	}
+	return applied, nil
+}
+
+// errApplied means another process applied the migration first.
+var errApplied = errors.New("schema: already applied")
+
+// migrate runs sql in a transaction under the migration lock and records
+// version, unless version is "" or already recorded (errApplied).
+func migrate(ctx context.Context, db *pgxpool.Pool, version, sql string) (err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("schema: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey); err != nil {
+		return fmt.Errorf("schema: lock: %w", err)
+	}
+	if version != "" {
+		var done bool
+		err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+VersionTable+" WHERE version = $1)", version).Scan(&done)
+		if err != nil {
+			return fmt.Errorf("schema: look up version %s: %w", version, err)
+		}
+		if done {
+			return errApplied
+		}
+	}
+	// Without arguments pgx uses the simple protocol, which allows several
+	// statements in one string.
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		if version == "" {
+			return fmt.Errorf("schema: create %s: %w", VersionTable, err)
+		}
+		return fmt.Errorf("schema: apply %s: %w", version, err)
+	}
+	if version != "" {
+		if _, err := tx.Exec(ctx, "INSERT INTO "+VersionTable+" (version) VALUES ($1)", version); err != nil {
+			return fmt.Errorf("schema: record %s: %w", version, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("schema: commit %s: %w", version, err)
+	}
+	return nil
+}
