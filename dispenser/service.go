@@ -143,6 +143,11 @@ func New(cfg Config) (*Service, error) {
 		svc.Stop()
 		return nil, fmt.Errorf("dispenser: adding endpoint: %w", err)
 	}
+	// Make sure the server knows our subscriptions before we say we serve.
+	if err := cfg.Conn.FlushTimeout(5 * time.Second); err != nil {
+		svc.Stop()
+		return nil, fmt.Errorf("dispenser: flushing subscriptions: %w", err)
+	}
 	return s, nil
 }
 

@@ -1,0 +1,83 @@
+// Command dispenser serves unique 64-bit IDs over NATS and administers
+// its store. Run `dispenser help` for the commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dispenser:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `dispenser hands out unique 64-bit IDs over NATS.
+
+usage:
+  dispenser [serve] [flags]          run a worker (the default command)
+  dispenser migrate [flags]          apply the database migrations
+  dispenser tags list [flags]        list tags
+  dispenser tags create TAG --step N [--start M] [--description D]
+  dispenser tags update TAG [--step N] [--description D]
+  dispenser help [command]           show a command's flags
+
+Every flag can also be set with an environment variable: --nats-url is
+DISPENSER_NATS_URL. Run "dispenser COMMAND --help" for a command's flags.
+`
+
+// run runs the command line args.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, args, stderr)
+	case "migrate":
+		return migrate(ctx, args, stdout, stderr)
+	case "tags":
+		return tags(ctx, args, stdout, stderr)
+	case "help", "-h", "--help":
+		if len(args) > 0 {
+			return run(ctx, []string{args[0], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("unknown command %q", cmd)
+	}
+}
+
+// newLogger returns the process logger for --log-level and --log-format.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/postgres"
+)
+
+// serveConfig holds the flags of `dispenser serve`.
+type serveConfig struct {
+	NATSURL    string
+	NATSListen string
+	DataDir    string
+	Instance   string
+
+	PostgresURL string
+	Migrate     bool
+
+	Prefix     string
+	QueueGroup string
+	MaxBatch   int
+
+	Segment segment.Settings
+
+	ShutdownTimeout time.Duration
+}
+
+// Server runs one dispenser worker: an optional embedded nats-server, the
+// segment allocator and the micro service.
+type Server struct {
+	cfg serveConfig
+	log *slog.Logger
+
+	ns    *server.Server
+	nc    *nats.Conn // serves requests; drained on shutdown
+	pool  *pgxpool.Pool
+	alloc *segment.Allocator
+	svc   *dispenser.Service
+}
+
+// NewServer returns a Server for cfg; Run starts it.
+func NewServer(cfg serveConfig, log *slog.Logger) *Server {
+	return &Server{cfg: cfg, log: log}
+}
+
+// Run starts the worker and serves until ctx ends, then shuts down
+// gracefully: it stops taking requests, answers those in flight, gives
+// unissued segment IDs back and returns.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.start(ctx); err != nil {
+		s.Close()
+		return err
+	}
+	<-ctx.Done()
+	s.log.Info("shutting down")
+	return s.Close()
+}
+
+func (s *Server) start(ctx context.Context) error {
+	url := s.cfg.NATSURL
+	if url == "" {
+		ns, err := startEmbeddedNATS(s.cfg.NATSListen, s.cfg.DataDir)
+		if err != nil {
+			return err
+		}
+		s.ns = ns
+		url = ns.ClientURL()
+		s.log.Info("embedded nats-server started", "listen", url, "store", filepath.Join(s.cfg.DataDir, "jetstream"))
+	}
+	nc, err := s.connect(url)
+	if err != nil {
+		return err
+	}
+	s.nc = nc
+
+	if s.cfg.PostgresURL == "" {
+		return errors.New("no segment store: set --postgres-url (env DISPENSER_POSTGRES_URL)")
+	}
+	pool, err := pgxpool.New(ctx, s.cfg.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	s.pool = pool
+	if s.cfg.Migrate {
+		applied, err := schema.Migrate(ctx, pool)
+		if err != nil {
+			return err
+		}
+		s.log.Info("migrations applied", "versions", applied)
+	}
+	st := s.cfg.Segment
+	st.Store = postgres.New(pool)
+	st.Logger = s.log
+	s.alloc, err = segment.New(st)
+	if err != nil {
+		return err
+	}
+
+	s.svc, err = dispenser.New(dispenser.Config{
+		Conn:       nc,
+		Segments:   s.alloc,
+		Prefix:     s.cfg.Prefix,
+		QueueGroup: s.cfg.QueueGroup,
+		MaxBatch:   s.cfg.MaxBatch,
+		Logger:     s.log,
+	})
+	if err != nil {
+		return err
+	}
+	info := s.svc.Info()
+	s.log.Info("serving", "service", info.Name, "id", info.ID, "nats", url, "prefix", s.cfg.Prefix, "queue_group", s.cfg.QueueGroup)
+	return nil
+}
+
+func (s *Server) connect(url string) (*nats.Conn, error) {
+	log := s.log
+	nc, err := nats.Connect(url,
+		nats.Name(s.cfg.Instance),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectJitter(250*time.Millisecond, time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("nats disconnected", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			log.Error("nats error", "subject", subject, "err", err)
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to nats at %s: %w", url, err)
+	}
+	return nc, nil
+}
+
+// Close shuts the worker down in order: the service (answering requests in
+// flight), the allocator (giving segments back), then the connections.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	var errs []error
+	if s.svc != nil {
+		errs = append(errs, s.svc.Stop(ctx))
+	}
+	if s.alloc != nil {
+		errs = append(errs, s.alloc.Close(ctx))
+	}
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	if s.ns != nil {
+		s.ns.Shutdown()
+		s.ns.WaitForShutdown()
+	}
+	return errors.Join(errs...)
+}
+
+// startEmbeddedNATS starts a nats-server with JetStream listening on listen
+// and storing under dataDir.
+func startEmbeddedNATS(listen, dataDir string) (*server.Server, error) {
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen %q: bad port: %w", listen, err)
+	}
+	ns, err := server.NewServer(&server.Options{
+		ServerName: "dispenser",
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   filepath.Join(dataDir, "jetstream"),
+		NoSigs:     true,
+		NoLog:      true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats-server: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("embedded nats-server did not start listening on %s", listen)
+	}
+	return ns, nil
+}

@@ -1,0 +1,462 @@
+package dispenser_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// stack is one NATS server and one migrated PostgreSQL database.
+type stack struct {
+	ns    *server.Server
+	pool  *pgxpool.Pool
+	store *postgres.Store
+}
+
+func newStack(tb testing.TB, tags map[string]int64) *stack {
+	tb.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.Postgres(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		tb.Fatal(err)
+	}
+	st := &stack{ns: testenv.NATS(tb), pool: pool, store: postgres.New(pool)}
+	for name, step := range tags {
+		if err := st.store.CreateTag(ctx, name, step, 1, ""); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return st
+}
+
+// recorder wraps the real store and remembers the segments one worker got.
+type recorder struct {
+	segment.Store
+	mu     sync.Mutex // protects allocs
+	allocs map[string][]segment.Allocation
+}
+
+func (r *recorder) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+	a, err := r.Store.Fetch(ctx, tag, step)
+	if err == nil {
+		r.mu.Lock()
+		r.allocs[tag] = append(r.allocs[tag], a)
+		r.mu.Unlock()
+	}
+	return a, err
+}
+
+// owns reports whether the worker fetched the segment holding id.
+func (r *recorder) owns(tag string, id int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, a := range r.allocs[tag] {
+		if a.Start <= id && id < a.End {
+			return true
+		}
+	}
+	return false
+}
+
+// worker is one dispenser instance with its own connection and allocator.
+type worker struct {
+	rec   *recorder
+	alloc *segment.Allocator
+	svc   *dispenser.Service
+}
+
+func (st *stack) worker(tb testing.TB, s segment.Settings) *worker {
+	tb.Helper()
+	rec := &recorder{Store: st.store, allocs: map[string][]segment.Allocation{}}
+	s.Store = rec
+	s.Logger = quiet
+	alloc, err := segment.New(s)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	nc := testenv.Connect(tb, st.ns)
+	svc, err := dispenser.New(dispenser.Config{Conn: nc, Segments: alloc, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w := &worker{rec: rec, alloc: alloc, svc: svc}
+	tb.Cleanup(func() { w.stop(tb) })
+	return w
+}
+
+func (w *worker) stop(tb testing.TB) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.svc.Stop(ctx); err != nil {
+		tb.Errorf("Stop: %v", err)
+	}
+	if err := w.alloc.Close(ctx); err != nil {
+		tb.Errorf("Close: %v", err)
+	}
+}
+
+// request sends one request and returns the reply body and error code.
+func request(tb testing.TB, nc *nats.Conn, subject, body string, hdr nats.Header) (string, string) {
+	tb.Helper()
+	msg := &nats.Msg{Subject: subject, Data: []byte(body), Header: hdr}
+	resp, err := nc.RequestMsg(msg, 10*time.Second)
+	if err != nil {
+		tb.Fatalf("request %s %q: %v", subject, body, err)
+	}
+	return string(resp.Data), resp.Header.Get(micro.ErrorCodeHeader)
+}
+
+func parseIDs(tb testing.TB, body string) []int64 {
+	tb.Helper()
+	var ids []int64
+	for _, line := range strings.Split(body, "\n") {
+		if first, last, ok := strings.Cut(line, "-"); ok {
+			f, err1 := strconv.ParseInt(first, 10, 64)
+			l, err2 := strconv.ParseInt(last, 10, 64)
+			if err1 != nil || err2 != nil || l < f {
+				tb.Fatalf("bad range line %q", line)
+			}
+			for id := f; id <= l; id++ {
+				ids = append(ids, id)
+			}
+			continue
+		}
+		id, err := strconv.ParseInt(line, 10, 64)
+		if err != nil {
+			tb.Fatalf("bad ID line %q in %q", line, body)
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func TestProtocol(t *testing.T) {
+	st := newStack(t, map[string]int64{"orders": 100})
+	st.worker(t, segment.Settings{})
+	nc := testenv.Connect(t, st.ns)
+	rangeHdr := nats.Header{dispenser.FormatHeader: []string{"range"}}
+
+	tests := []struct {
+		name    string
+		subject string
+		body    string
+		hdr     nats.Header
+		want    string // reply body when code is ""
+		code    string
+	}{
+		{"empty body gives one ID", "id.segment.orders", "", nil, "1", ""},
+		{"a count gives a list", "id.segment.orders", "3", nil, "2\n3\n4", ""},
+		{"range format", "id.segment.orders", "5", rangeHdr, "5-9", ""},
+		{"list format by name", "id.segment.orders", "1", nats.Header{dispenser.FormatHeader: []string{"list"}}, "10", ""},
+		{"unknown headers are ignored", "id.segment.orders", "", nats.Header{"X-Trace": []string{"1"}}, "11", ""},
+		{"zero", "id.segment.orders", "0", nil, "", "400"},
+		{"negative", "id.segment.orders", "-5", nil, "", "400"},
+		{"not a number", "id.segment.orders", "many", nil, "", "400"},
+		{"over the maximum", "id.segment.orders", "10001", nil, "", "400"},
+		{"binary garbage", "id.segment.orders", "\x00\x01\xff", nil, "", "400"},
+		{"megabyte body", "id.segment.orders", strings.Repeat("7", 1<<20-1024), nil, "", "400"},
+		{"bad format header", "id.segment.orders", "", nats.Header{dispenser.FormatHeader: []string{"csv"}}, "", "400"},
+		{"bad tag token", "id.segment.a$b", "", nil, "", "400"},
+		{"sql in tag", "id.segment.x';DROP", "", nil, "", "400"},
+		{"129-character tag", "id.segment." + strings.Repeat("t", 129), "", nil, "", "400"},
+		{"unknown tag", "id.segment.payments", "", nil, "", "404"},
+		{"after all that, nothing was consumed", "id.segment.orders", "", nil, "12", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body, code := request(t, nc, tt.subject, tt.body, tt.hdr)
+			if code != tt.code {
+				t.Fatalf("code = %q (%q), want %q", code, body, tt.code)
+			}
+			if tt.code == "" && body != tt.want {
+				t.Fatalf("body = %q, want %q", body, tt.want)
+			}
+		})
+	}
+	tag, err := st.store.Tag(context.Background(), "payments")
+	if !errors.Is(err, segment.ErrUnknownTag) {
+		t.Errorf("unknown tag was created in the store: %+v, %v", tag, err)
+	}
+}
+
+func TestBatchAcrossSegmentBoundary(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 10})
+	w := st.worker(t, segment.Settings{MaxStep: 10, PrefetchRatio: 1})
+	nc := testenv.Connect(t, st.ns)
+	request(t, nc, "id.segment.a", "8", nil) // 1..8
+	// Another worker fetches 11..20, so our next segment is 21..30.
+	if _, err := st.store.Fetch(context.Background(), "a", 0); err != nil {
+		t.Fatal(err)
+	}
+	hdr := nats.Header{dispenser.FormatHeader: []string{"range"}}
+	body, code := request(t, nc, "id.segment.a", "5", hdr)
+	if code != "" || body != "9-10\n21-23" {
+		t.Fatalf("got %q (code %q), want two runs 9-10 and 21-23", body, code)
+	}
+	if !w.rec.owns("a", 23) || w.rec.owns("a", 15) {
+		t.Fatal("worker's recorded segments do not match the reply")
+	}
+}
+
+// lockTag holds tag's row locked, so that every fetch of it blocks, until
+// the returned func is called.
+func lockTag(tb testing.TB, pool *pgxpool.Pool, tag string) (release func()) {
+	tb.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM leaf_alloc WHERE biz_tag = $1 FOR UPDATE", tag); err != nil {
+		tb.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { tx.Rollback(ctx) }) }
+	tb.Cleanup(release)
+	return release
+}
+
+func TestUnavailableWhenStoreBlocks(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 10})
+	st.worker(t, segment.Settings{MaxWait: 50 * time.Millisecond})
+	nc := testenv.Connect(t, st.ns)
+	release := lockTag(t, st.pool, "a")
+	if body, code := request(t, nc, "id.segment.a", "", nil); code != "503" {
+		t.Fatalf("with the row locked: code %q (%q), want 503", code, body)
+	}
+	release()
+	var body, code string
+	for range 100 { // the parked fetch completes once the lock is gone
+		if body, code = request(t, nc, "id.segment.a", "", nil); code == "" {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code != "" || body != "1" {
+		t.Fatalf("after release: %q (code %q), want 1", body, code)
+	}
+}
+
+func TestSlowTagDoesNotDelayOthers(t *testing.T) {
+	st := newStack(t, map[string]int64{"slow": 10, "fast": 10})
+	st.worker(t, segment.Settings{MaxWait: time.Minute})
+	nc := testenv.Connect(t, st.ns)
+	release := lockTag(t, st.pool, "slow")
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest("id.segment.slow", inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	// While slow's fetch is blocked in Postgres, fast is served.
+	for i := range 20 {
+		body, code := request(t, nc, "id.segment.fast", "", nil)
+		if code != "" || body != strconv.Itoa(i+1) {
+			t.Fatalf("fast request %d: %q (code %q)", i, body, code)
+		}
+	}
+	if msg, err := sub.NextMsg(10 * time.Millisecond); err == nil {
+		t.Fatalf("slow tag answered %q while its row is locked", msg.Data)
+	}
+	release()
+	msg, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("slow tag after release: %v", err)
+	}
+	if string(msg.Data) != "1" {
+		t.Fatalf("slow tag: %q, want 1", msg.Data)
+	}
+}
+
+// TestThreeWorkersNoDuplicates runs three workers in one queue group with
+// step 100 (a segment switch every 100 IDs) under 16 concurrent clients.
+func TestThreeWorkersNoDuplicates(t *testing.T) {
+	if testing.Short() {
+		t.Log("short mode: fewer IDs")
+	}
+	tags := []string{"a", "b", "c"}
+	st := newStack(t, map[string]int64{"a": 100, "b": 100, "c": 100})
+	workers := []*worker{
+		st.worker(t, segment.Settings{MaxStep: 100}),
+		st.worker(t, segment.Settings{MaxStep: 100}),
+		st.worker(t, segment.Settings{MaxStep: 100}),
+	}
+	total := 200_000
+	if testing.Short() {
+		total = 30_000
+	}
+	const clients = 16
+	type got struct {
+		tag string
+		ids []int64 // in the order this client received them
+	}
+	results := make(chan got, clients*len(tags))
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nc := testenv.Connect(t, st.ns)
+			mine := map[string][]int64{}
+			n := 0
+			for i := 0; n < total/clients; i++ {
+				tag := tags[(c+i)%len(tags)]
+				count := 1 + (i*7+c)%9
+				var hdr nats.Header
+				if i%4 == 0 {
+					hdr = nats.Header{dispenser.FormatHeader: []string{"range"}}
+				}
+				resp, err := nc.RequestMsg(&nats.Msg{Subject: "id.segment." + tag, Data: []byte(strconv.Itoa(count)), Header: hdr}, 10*time.Second)
+				if err != nil {
+					t.Errorf("client %d: %v", c, err)
+					return
+				}
+				if code := resp.Header.Get(micro.ErrorCodeHeader); code != "" {
+					t.Errorf("client %d: error %s: %s", c, code, resp.Header.Get(micro.ErrorHeader))
+					return
+				}
+				ids := parseIDs(t, string(resp.Data))
+				if len(ids) != count {
+					t.Errorf("client %d: asked for %d IDs, got %d", c, count, len(ids))
+					return
+				}
+				mine[tag] = append(mine[tag], ids...)
+				n += count
+			}
+			for tag, ids := range mine {
+				results <- got{tag, ids}
+			}
+		}()
+	}
+	wg.Wait()
+	close(results)
+
+	seen := map[string]map[int64]bool{}
+	n := 0
+	for r := range results {
+		if seen[r.tag] == nil {
+			seen[r.tag] = map[int64]bool{}
+		}
+		// Per worker, the IDs one client got must increase: a worker issues
+		// in increasing order, and this client waited for each reply.
+		last := make([]int64, len(workers))
+		for _, id := range r.ids {
+			if seen[r.tag][id] {
+				t.Fatalf("tag %s: duplicate ID %d", r.tag, id)
+			}
+			seen[r.tag][id] = true
+			n++
+			owner := -1
+			for i, w := range workers {
+				if w.rec.owns(r.tag, id) {
+					if owner >= 0 {
+						t.Fatalf("tag %s: ID %d in segments of workers %d and %d", r.tag, id, owner, i)
+					}
+					owner = i
+				}
+			}
+			if owner < 0 {
+				t.Fatalf("tag %s: ID %d is in no worker's segment", r.tag, id)
+			}
+			if id <= last[owner] {
+				t.Fatalf("tag %s: worker %d issued %d after %d", r.tag, owner, id, last[owner])
+			}
+			last[owner] = id
+		}
+	}
+	if n < total {
+		t.Fatalf("collected %d IDs, want at least %d", n, total)
+	}
+	fetches := 0
+	for i, w := range workers {
+		k := 0
+		for _, tag := range tags {
+			k += len(w.rec.allocs[tag])
+		}
+		if k == 0 {
+			t.Errorf("worker %d fetched nothing: the queue group did not spread the load", i)
+		}
+		fetches += k
+	}
+	if fetches < total/100 {
+		t.Errorf("%d segment fetches for %d IDs with step 100, want at least %d", fetches, n, total/100)
+	}
+	t.Logf("%d IDs over %d tags, %d segment fetches, no duplicates", n, len(tags), fetches)
+}
+
+func TestGracefulShutdownGivesBack(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 1000})
+	w := st.worker(t, segment.Settings{})
+	nc := testenv.Connect(t, st.ns)
+	if body, _ := request(t, nc, "id.segment.a", "10", nil); !strings.HasSuffix(body, "\n10") {
+		t.Fatalf("got %q, want 1..10", body)
+	}
+	w.stop(t)
+	tag, err := st.store.Tag(context.Background(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tag.MaxID != 11 {
+		t.Fatalf("max_id after give-back = %d, want 11", tag.MaxID)
+	}
+	st.worker(t, segment.Settings{})
+	if body, code := request(t, nc, "id.segment.a", "", nil); body != "11" {
+		t.Fatalf("next worker: %q (code %q), want 11", body, code)
+	}
+}
+
+func TestMicroDiscovery(t *testing.T) {
+	st := newStack(t, map[string]int64{"orders": 100})
+	st.worker(t, segment.Settings{})
+	nc := testenv.Connect(t, st.ns)
+	request(t, nc, "id.segment.orders", "", nil)
+
+	resp, err := nc.Request("$SRV.INFO.dispenser", nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := string(resp.Data)
+	for _, want := range []string{`"name":"dispenser"`, `"subject":"id.segment.*"`, `"queue_group":"dispenser"`} {
+		if !strings.Contains(info, want) {
+			t.Errorf("info %s lacks %s", info, want)
+		}
+	}
+	resp, err = nc.Request("$SRV.STATS.dispenser", nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats := string(resp.Data)
+	for _, want := range []string{`"tag":"orders"`, `"next_ready"`, `"fetches":1`, `"last_fetch_latency_ms"`} {
+		if !strings.Contains(stats, want) {
+			t.Errorf("stats %s lacks %s", stats, want)
+		}
+	}
+}
