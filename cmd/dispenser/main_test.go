@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// runCmd runs the command line and returns its output.
+func runCmd(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := run(context.Background(), args, &out, &out)
+	return out.String(), err
+}
+
+func TestAdminCommands(t *testing.T) {
+	t.Setenv("DISPENSER_POSTGRES_URL", testenv.Postgres(t))
+	steps := []struct {
+		name    string
+		args    []string
+		wantErr bool
+		want    string
+	}{
+		{"migrate", []string{"migrate"}, false, "applied 001"},
+		{"migrate again changes nothing", []string{"migrate"}, false, "up to date"},
+		{"create", []string{"tags", "create", "orders", "--step", "1000", "--description", "order numbers"}, false, "created tag orders"},
+		{"create with flags first", []string{"tags", "create", "--step", "10", "--start", "500", "payments"}, false, "first ID 500"},
+		{"create existing fails", []string{"tags", "create", "orders", "--step", "5"}, true, "already exists"},
+		{"create needs a step", []string{"tags", "create", "users"}, true, "--step is required"},
+		{"create rejects a bad tag", []string{"tags", "create", "a.b", "--step", "5"}, true, "invalid tag"},
+		{"create rejects a bad step", []string{"tags", "create", "users", "--step", "0"}, true, "step"},
+		{"update", []string{"tags", "update", "payments", "--step", "20"}, false, "updated tag payments"},
+		{"update unknown fails", []string{"tags", "update", "nope", "--step", "20"}, true, "unknown tag"},
+		{"update needs a change", []string{"tags", "update", "payments"}, true, "nothing to change"},
+		{"list", []string{"tags", "list"}, false, "orders"},
+		{"unknown subcommand", []string{"tags", "delete", "orders"}, true, "unknown subcommand"},
+	}
+	for _, s := range steps {
+		out, err := runCmd(t, s.args...)
+		if (err != nil) != s.wantErr {
+			t.Fatalf("%s: err = %v, want error %v; output %q", s.name, err, s.wantErr, out)
+		}
+		text := out
+		if err != nil {
+			text += err.Error()
+		}
+		if !strings.Contains(text, s.want) {
+			t.Fatalf("%s: output %q, want it to contain %q", s.name, text, s.want)
+		}
+	}
+	out, _ := runCmd(t, "tags", "list")
+	for _, want := range []string{"order numbers", "1000", "payments  500", "20"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list %q lacks %q", out, want)
+		}
+	}
+	if strings.Contains(out, "users") {
+		t.Errorf("list %q shows a tag whose creation failed", out)
+	}
+}
+
+func TestHelpListsEnvironment(t *testing.T) {
+	out, err := runCmd(t, "serve", "--help")
+	if err == nil {
+		t.Fatal("--help: want flag.ErrHelp")
+	}
+	for _, want := range []string{"--nats-url", "DISPENSER_NATS_URL", "--postgres-url", "DISPENSER_POSTGRES_URL", "--max-wait", "--queue-group"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("help lacks %s", want)
+		}
+	}
+	if _, err := runCmd(t, "frobnicate"); err == nil {
+		t.Error("unknown command: want an error")
+	}
+	if _, err := runCmd(t, "serve", "--max-batch", "many"); err == nil {
+		t.Error("bad flag value: want an error")
+	}
+}
+
+func TestServeAndShutDown(t *testing.T) {
+	url := testenv.Postgres(t)
+	ns := testenv.NATS(t)
+	if _, err := runCmd(t, "migrate", "--postgres-url", url); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runCmd(t, "tags", "create", "orders", "--step", "100", "--postgres-url", url); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	var logs bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{"--nats-url", ns.ClientURL(), "--postgres-url", url, "--instance", "w1"}, &logs, &logs)
+	}()
+	nc := testenv.Connect(t, ns)
+	var body string
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := nc.Request("id.segment.orders", []byte("3"), time.Second)
+		if err == nil && resp.Header.Get(micro.ErrorCodeHeader) == "" {
+			body = string(resp.Data)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if body != "1\n2\n3" {
+		t.Fatalf("got %q, want 1..3; logs:\n%s", body, logs.String())
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v after shutdown", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	if _, err := nc.Request("id.segment.orders", nil, 200*time.Millisecond); err != nats.ErrNoResponders && err != nats.ErrTimeout {
+		t.Fatalf("after shutdown: err = %v, want no responders", err)
+	}
+	// The unissued rest of the segment was given back: the next ID is 4.
+	out, err := runCmd(t, "tags", "list", "--postgres-url", url)
+	if err != nil || !strings.Contains(out, "orders  4 ") {
+		t.Fatalf("after give-back: %q, %v; want next ID 4", out, err)
+	}
+}
