@@ -1,0 +1,245 @@
+// Package postgres keeps dispenser's tags in PostgreSQL, in the
+// leaf_alloc table of Meituan Leaf's segment mode (see package schema).
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Errors of this store besides those of package segment; they are wrapped
+// with %w.
+var (
+	// ErrExhausted means a fetch would push a tag's max_id past the largest
+	// bigint, 2^63-1: the tag has run out of IDs.
+	ErrExhausted = errors.New("postgres: tag exhausted: max_id would overflow bigint")
+	// ErrInvalidArgument means a start, description or give-back range is
+	// out of bounds.
+	ErrInvalidArgument = errors.New("postgres: invalid argument")
+)
+
+// MaxDescription is the most characters a tag's description may have.
+const MaxDescription = 256
+
+// Store implements segment.Store and segment.Admin over the leaf_alloc
+// table. Every operation is a single statement, so a Store is safe for
+// concurrent use, and any number of Stores in any number of processes may
+// share one database: two fetches never return overlapping allocations.
+type Store struct {
+	pool  *pgxpool.Pool
+	owned bool // Close closes pool
+}
+
+var (
+	_ segment.Store = (*Store)(nil)
+	_ segment.Admin = (*Store)(nil)
+)
+
+// New returns a Store over pool, whose database must have the schema
+// (schema.Migrate). The caller keeps ownership of pool.
+func New(pool *pgxpool.Pool) *Store {
+	return &Store{pool: pool}
+}
+
+// Open connects to the database at url (a PostgreSQL URL or key=value
+// connection string), checks that it answers and returns a Store that owns
+// the connection pool. It does not migrate the schema.
+func Open(ctx context.Context, url string) (*Store, error) {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: open: %w", err)
+	}
+	s := &Store{pool: pool, owned: true}
+	if err := s.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the connection pool if the Store was made by Open; for a
+// Store from New it does nothing.
+func (s *Store) Close() {
+	if s.owned {
+		s.pool.Close()
+	}
+}
+
+// Pool returns the Store's connection pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: ping: %w", err)
+	}
+	return nil
+}
+
+// fetchSQL advances max_id by $2 if positive, else by the tag's own step, in
+// one statement, so that the row lock orders concurrent fetches. A tag step
+// that is not positive (possible in a table inherited from Leaf) makes the
+// sum NULL, which the NOT NULL column rejects (23502) before anything
+// changes; a sum past 2^63-1 fails with 22003 instead of wrapping.
+const fetchSQL = `UPDATE leaf_alloc
+SET max_id = max_id + CASE WHEN $2::bigint > 0 THEN $2::bigint WHEN step > 0 THEN step END,
+    update_time = now()
+WHERE biz_tag = $1
+RETURNING max_id, step`
+
+// Fetch atomically advances the tag's max_id by step (the tag's own step if
+// step <= 0) and returns the IDs in between. Errors: segment.ErrInvalidTag,
+// segment.ErrInvalidStep (step above segment.MaxStepLimit, or the stored
+// step is not positive), segment.ErrUnknownTag, ErrExhausted.
+func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+	if err := segment.CheckTag(tag); err != nil {
+		return segment.Allocation{}, fmt.Errorf("postgres: fetch: %w", err)
+	}
+	if step > segment.MaxStepLimit {
+		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
+	}
+	step = max(step, 0)
+	var end, tagStep int64
+	err := s.pool.QueryRow(ctx, fetchSQL, tag, step).Scan(&end, &tagStep)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w", tag, segment.ErrUnknownTag)
+	case errors.As(err, &pgErr) && pgErr.Code == "22003": // numeric_value_out_of_range
+		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w", tag, ErrExhausted)
+	case errors.As(err, &pgErr) && pgErr.Code == "23502": // not_null_violation
+		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w: the tag's stored step is not positive", tag, segment.ErrInvalidStep)
+	case err != nil:
+		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w", tag, err)
+	}
+	if step == 0 {
+		step = tagStep
+	}
+	return segment.Allocation{Start: end - step, End: end, TagStep: tagStep}, nil
+}
+
+// GiveBack sets the tag's max_id back to firstUnissued if it is still end,
+// that is if nobody fetched since the fetch that ended at end, and reports
+// whether it did. An unknown tag reports false. firstUnissued must be in
+// 1..end (ErrInvalidArgument).
+func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
+	if err := segment.CheckTag(tag); err != nil {
+		return false, fmt.Errorf("postgres: give back: %w", err)
+	}
+	if firstUnissued < 1 || firstUnissued > end {
+		return false, fmt.Errorf("postgres: give back %q: %w: first unissued ID %d not in 1..%d", tag, ErrInvalidArgument, firstUnissued, end)
+	}
+	ct, err := s.pool.Exec(ctx, "UPDATE leaf_alloc SET max_id = $2, update_time = now() WHERE biz_tag = $1 AND max_id = $3", tag, firstUnissued, end)
+	if err != nil {
+		return false, fmt.Errorf("postgres: give back %q: %w", tag, err)
+	}
+	return ct.RowsAffected() == 1, nil
+}
+
+// Tags lists the names of all tags in byte order. Rows whose biz_tag is not
+// a valid tag name (possible in a table inherited from Leaf) are left out,
+// since no operation of this Store accepts them.
+func (s *Store) Tags(ctx context.Context) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT biz_tag FROM leaf_alloc ORDER BY biz_tag COLLATE "C"`)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: list tags: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("postgres: list tags: %w", err)
+	}
+	valid := names[:0]
+	for _, n := range names {
+		if segment.ValidTag(n) {
+			valid = append(valid, n)
+		}
+	}
+	return valid, nil
+}
+
+// Tag looks up one tag. A NULL description reads as "". Errors:
+// segment.ErrInvalidTag, segment.ErrUnknownTag.
+func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
+	if err := segment.CheckTag(name); err != nil {
+		return segment.Tag{}, fmt.Errorf("postgres: tag: %w", err)
+	}
+	t := segment.Tag{Name: name}
+	err := s.pool.QueryRow(ctx, "SELECT max_id, step, coalesce(description, ''), update_time FROM leaf_alloc WHERE biz_tag = $1", name).
+		Scan(&t.MaxID, &t.Step, &t.Description, &t.UpdateTime)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return segment.Tag{}, fmt.Errorf("postgres: tag %q: %w", name, segment.ErrUnknownTag)
+	}
+	if err != nil {
+		return segment.Tag{}, fmt.Errorf("postgres: tag %q: %w", name, err)
+	}
+	return t, nil
+}
+
+// CreateTag adds a tag with the given step whose first ID is start.
+// Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step not in
+// 1..segment.MaxStepLimit), ErrInvalidArgument (start < 1, description over
+// MaxDescription characters or not UTF-8 without NUL), segment.ErrTagExists (nothing
+// changes).
+func (s *Store) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
+	if err := validate(name, &step, &description); err != nil {
+		return fmt.Errorf("postgres: create tag: %w", err)
+	}
+	if start < 1 {
+		return fmt.Errorf("postgres: create tag %q: %w: start %d, want at least 1", name, ErrInvalidArgument, start)
+	}
+	ct, err := s.pool.Exec(ctx, `INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ($1, $2, $3, $4)
+ON CONFLICT (biz_tag) DO NOTHING`, name, start, step, description)
+	if err != nil {
+		return fmt.Errorf("postgres: create tag %q: %w", name, err)
+	}
+	if ct.RowsAffected() == 0 {
+		return fmt.Errorf("postgres: create tag %q: %w", name, segment.ErrTagExists)
+	}
+	return nil
+}
+
+// UpdateTag sets the tag's step and/or description; nil leaves a field as
+// it is. It does not move max_id. Errors: as for CreateTag, and
+// segment.ErrUnknownTag.
+func (s *Store) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
+	if err := validate(name, step, description); err != nil {
+		return fmt.Errorf("postgres: update tag: %w", err)
+	}
+	ct, err := s.pool.Exec(ctx, `UPDATE leaf_alloc
+SET step = coalesce($2::integer, step), description = coalesce($3::text, description), update_time = now()
+WHERE biz_tag = $1`, name, step, description)
+	if err != nil {
+		return fmt.Errorf("postgres: update tag %q: %w", name, err)
+	}
+	if ct.RowsAffected() == 0 {
+		return fmt.Errorf("postgres: update tag %q: %w", name, segment.ErrUnknownTag)
+	}
+	return nil
+}
+
+// validate checks a tag's name, step and description; nil ones pass.
+func validate(name string, step *int64, description *string) error {
+	if err := segment.CheckTag(name); err != nil {
+		return err
+	}
+	if step != nil && (*step < 1 || *step > segment.MaxStepLimit) {
+		return fmt.Errorf("%q: %w %d: want 1..%d", name, segment.ErrInvalidStep, *step, segment.MaxStepLimit)
+	}
+	if description != nil {
+		if !utf8.ValidString(*description) || strings.ContainsRune(*description, 0) {
+			return fmt.Errorf("%q: %w: description is not UTF-8 text without NUL", name, ErrInvalidArgument)
+		}
+		if n := utf8.RuneCountInString(*description); n > MaxDescription {
+			return fmt.Errorf("%q: %w: description has %d characters, want at most %d", name, ErrInvalidArgument, n, MaxDescription)
+		}
+	}
+	return nil
+}
