@@ -1,0 +1,330 @@
+// Package client is a small Go client of the dispenser ID service. It
+// depends only on nats.go.
+//
+//	c, err := client.New(nc)
+//	id, err := c.Segment(ctx, "orders")
+//
+// A Client is safe for concurrent use.
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Errors mapped from the service's error codes. Errors returned by a Client
+// wrap one of them (test with errors.Is) or a NATS error such as
+// nats.ErrNoResponders or context.DeadlineExceeded.
+var (
+	// ErrBadRequest is code 400: a malformed count or an invalid tag.
+	ErrBadRequest = errors.New("client: bad request")
+	// ErrUnknownTag is code 404: the tag does not exist.
+	ErrUnknownTag = errors.New("client: unknown tag")
+	// ErrUnavailable is code 503: try again later (store down and buffers
+	// empty, snowflake lease not held, clock moved back, shutting down).
+	ErrUnavailable = errors.New("client: service unavailable")
+	// ErrInternal is code 500 or any other code.
+	ErrInternal = errors.New("client: internal service error")
+	// ErrBadReply means the reply could not be parsed.
+	ErrBadReply = errors.New("client: bad reply")
+	// ErrClosed means the Client was closed.
+	ErrClosed = errors.New("client: closed")
+)
+
+// Error is an error reply of the service.
+type Error struct {
+	Code        string // "400", "404", "503", "500"
+	Description string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("dispenser: %s %s", e.Code, e.Description)
+}
+
+// Is maps the reply code to the package's sentinel errors.
+func (e *Error) Is(target error) bool {
+	switch e.Code {
+	case "400":
+		return target == ErrBadRequest
+	case "404":
+		return target == ErrUnknownTag
+	case "503":
+		return target == ErrUnavailable
+	}
+	return target == ErrInternal
+}
+
+// Option configures a Client.
+type Option func(*Client) error
+
+// WithPrefix sets the subject prefix of the service (default "id").
+func WithPrefix(prefix string) Option {
+	return func(c *Client) error {
+		if prefix == "" {
+			return errors.New("client: empty prefix")
+		}
+		c.prefix = prefix
+		return nil
+	}
+}
+
+// WithTimeout bounds requests whose context has no deadline (default 2 s).
+func WithTimeout(d time.Duration) Option {
+	return func(c *Client) error {
+		if d <= 0 {
+			return fmt.Errorf("client: timeout %v: must be positive", d)
+		}
+		c.timeout = d
+		return nil
+	}
+}
+
+// WithPrefetch turns on client-side prefetch of segment IDs: per tag, the
+// client keeps a local range of up to batch IDs fetched with
+// "Id-Format: range" and refills it in the background when less than half
+// is left, so most Segment calls never touch the network.
+//
+// Off by default, because it gives up ordering: IDs of one tag still never
+// repeat, but a client hands them out in the order its ranges arrived, not
+// in the order the workers issued them, and the unused rest of the local
+// range is lost when the process exits (a gap, never a duplicate).
+func WithPrefetch(batch int) Option {
+	return func(c *Client) error {
+		if batch < 2 {
+			return fmt.Errorf("client: prefetch batch %d: want at least 2", batch)
+		}
+		c.prefetch = batch
+		return nil
+	}
+}
+
+// Client requests IDs from dispenser workers.
+type Client struct {
+	nc       *nats.Conn
+	prefix   string
+	timeout  time.Duration
+	prefetch int
+
+	ctx    context.Context // background refills; canceled by Close
+	cancel context.CancelFunc
+
+	mu    sync.Mutex // protects pools
+	pools map[string]*pool
+}
+
+// New returns a Client that sends requests on nc.
+func New(nc *nats.Conn, opts ...Option) (*Client, error) {
+	if nc == nil {
+		return nil, errors.New("client: nil connection")
+	}
+	c := &Client{nc: nc, prefix: "id", timeout: 2 * time.Second, pools: map[string]*pool{}}
+	for _, o := range opts {
+		if err := o(c); err != nil {
+			return nil, err
+		}
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// Close stops background refills. Prefetched IDs not yet taken are lost.
+func (c *Client) Close() { c.cancel() }
+
+// Segment returns one ID of tag.
+func (c *Client) Segment(ctx context.Context, tag string) (int64, error) {
+	if c.prefetch > 0 {
+		return c.pool(tag).take(ctx)
+	}
+	ids, err := c.request(ctx, c.prefix+".segment."+tag, 1, false)
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// SegmentN returns n IDs of tag, in increasing order. Prefetch does not
+// apply: the batch comes from the service in one request.
+func (c *Client) SegmentN(ctx context.Context, tag string, n int) ([]int64, error) {
+	return c.request(ctx, c.prefix+".segment."+tag, n, true)
+}
+
+// Snowflake returns one snowflake ID.
+func (c *Client) Snowflake(ctx context.Context) (int64, error) {
+	ids, err := c.request(ctx, c.prefix+".snowflake", 1, false)
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// SnowflakeN returns n snowflake IDs, in increasing order.
+func (c *Client) SnowflakeN(ctx context.Context, n int) ([]int64, error) {
+	return c.request(ctx, c.prefix+".snowflake", n, true)
+}
+
+// request asks subject for n IDs and returns them; ranges asks for the
+// compact "first-last" reply format.
+func (c *Client) request(ctx context.Context, subject string, n int, ranges bool) ([]int64, error) {
+	runs, err := c.requestRuns(ctx, subject, n, ranges)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]int64, 0, n)
+	for _, r := range runs {
+		for id := r.first; id <= r.last; id++ {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) != n {
+		return nil, fmt.Errorf("%w: asked for %d IDs, got %d", ErrBadReply, n, len(ids))
+	}
+	return ids, nil
+}
+
+type run struct{ first, last int64 }
+
+func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges bool) ([]run, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("%w: count %d", ErrBadRequest, n)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	msg := nats.NewMsg(subject)
+	if n > 1 {
+		msg.Data = strconv.AppendInt(nil, int64(n), 10)
+	}
+	if ranges {
+		msg.Header.Set("Id-Format", "range")
+	}
+	resp, err := c.nc.RequestMsgWithContext(ctx, msg)
+	if err != nil {
+		return nil, fmt.Errorf("client: %s: %w", subject, err)
+	}
+	if code := resp.Header.Get("Nats-Service-Error-Code"); code != "" {
+		return nil, &Error{Code: code, Description: resp.Header.Get("Nats-Service-Error")}
+	}
+	return parseRuns(resp.Data)
+}
+
+// parseRuns parses a reply: lines of "id" or "first-last".
+func parseRuns(body []byte) ([]run, error) {
+	var runs []run
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			body = nil
+		}
+		first, last := line, line
+		if i := bytes.IndexByte(line, '-'); i > 0 {
+			first, last = line[:i], line[i+1:]
+		}
+		f, err1 := strconv.ParseInt(string(first), 10, 64)
+		l, err2 := strconv.ParseInt(string(last), 10, 64)
+		if err1 != nil || err2 != nil || l < f {
+			return nil, fmt.Errorf("%w: line %q", ErrBadReply, line)
+		}
+		runs = append(runs, run{f, l})
+	}
+	if len(runs) == 0 {
+		return nil, fmt.Errorf("%w: empty", ErrBadReply)
+	}
+	return runs, nil
+}
+
+func (c *Client) pool(tag string) *pool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pools[tag]
+	if p == nil {
+		p = &pool{c: c, tag: tag, ready: make(chan struct{})}
+		c.pools[tag] = p
+	}
+	return p
+}
+
+// pool is the local range of one tag's prefetched IDs.
+type pool struct {
+	c   *Client
+	tag string
+
+	mu sync.Mutex // protects the fields below
+	// runs are the IDs at hand, in increasing order; runs[0].first is next.
+	runs    []run
+	left    int           // IDs in runs
+	filling bool          // a refill request is in flight
+	ready   chan struct{} // closed and replaced when a refill ends
+	err     error         // the last refill's error
+}
+
+// take returns the next prefetched ID, waiting for a refill when none is at
+// hand.
+func (p *pool) take(ctx context.Context) (int64, error) {
+	for {
+		p.mu.Lock()
+		if p.left > 0 {
+			r := &p.runs[0]
+			id := r.first
+			if r.first == r.last {
+				p.runs = p.runs[1:]
+			} else {
+				r.first++
+			}
+			p.left--
+			if p.left < p.c.prefetch/2 {
+				p.refillLocked()
+			}
+			p.mu.Unlock()
+			return id, nil
+		}
+		p.refillLocked()
+		ready, err := p.ready, p.err
+		p.mu.Unlock()
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-p.c.ctx.Done():
+			return 0, ErrClosed
+		}
+		p.mu.Lock()
+		err = p.err
+		empty := p.left == 0
+		p.mu.Unlock()
+		if empty && err != nil {
+			return 0, err
+		}
+	}
+}
+
+// refillLocked starts a background refill unless one is in flight.
+func (p *pool) refillLocked() {
+	if p.filling || p.c.ctx.Err() != nil {
+		return
+	}
+	p.filling = true
+	go func() {
+		runs, err := p.c.requestRuns(p.c.ctx, p.c.prefix+".segment."+p.tag, p.c.prefetch, true)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.filling = false
+		p.err = err
+		for _, r := range runs {
+			p.runs = append(p.runs, r)
+			p.left += int(r.last - r.first + 1)
+		}
+		close(p.ready)
+		p.ready = make(chan struct{})
+	}()
+}

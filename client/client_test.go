@@ -1,0 +1,205 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// serve starts a dispenser worker on a fresh NATS server and database with
+// the given tags, and returns a client connection.
+func serve(tb testing.TB, tags map[string]int64) (*nats.Conn, *server.Server) {
+	tb.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.Postgres(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		tb.Fatal(err)
+	}
+	store := postgres.New(pool)
+	for name, step := range tags {
+		if err := store.CreateTag(ctx, name, step, 1, ""); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	ns := testenv.NATS(tb)
+	quiet := slog.New(slog.DiscardHandler)
+	alloc, err := segment.New(segment.Settings{Store: store, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(tb, ns), Segments: alloc, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		svc.Stop(context.Background())
+		alloc.Close(context.Background())
+	})
+	return testenv.Connect(tb, ns), ns
+}
+
+func newClient(tb testing.TB, nc *nats.Conn, opts ...client.Option) *client.Client {
+	tb.Helper()
+	c, err := client.New(nc, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+func TestSegment(t *testing.T) {
+	nc, _ := serve(t, map[string]int64{"orders": 100})
+	c := newClient(t, nc)
+	ctx := context.Background()
+	id, err := c.Segment(ctx, "orders")
+	if err != nil || id != 1 {
+		t.Fatalf("Segment = %d, %v; want 1", id, err)
+	}
+	ids, err := c.SegmentN(ctx, "orders", 250)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 250 || ids[0] != 2 || ids[249] != 251 {
+		t.Fatalf("SegmentN: %d IDs from %d to %d, want 250 from 2 to 251", len(ids), ids[0], ids[len(ids)-1])
+	}
+}
+
+func TestErrors(t *testing.T) {
+	nc, _ := serve(t, map[string]int64{"orders": 100})
+	c := newClient(t, nc)
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		call func() error
+		want error
+		code string
+	}{
+		{"unknown tag", func() error { _, err := c.Segment(ctx, "nope"); return err }, client.ErrUnknownTag, "404"},
+		{"invalid tag", func() error { _, err := c.Segment(ctx, "a$b"); return err }, client.ErrBadRequest, "400"},
+		{"batch too big", func() error { _, err := c.SegmentN(ctx, "orders", 10001); return err }, client.ErrBadRequest, "400"},
+		{"count below one", func() error { _, err := c.SegmentN(ctx, "orders", 0); return err }, client.ErrBadRequest, ""},
+		{"no snowflake endpoint", func() error { _, err := c.Snowflake(ctx); return err }, nats.ErrNoResponders, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.call()
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("err = %v, want %v", err, tt.want)
+			}
+			var e *client.Error
+			if tt.code != "" && (!errors.As(err, &e) || e.Code != tt.code) {
+				t.Fatalf("err = %v, want a *client.Error with code %s", err, tt.code)
+			}
+		})
+	}
+}
+
+func TestPrefetchUniqueUnderConcurrency(t *testing.T) {
+	nc, _ := serve(t, map[string]int64{"orders": 1000})
+	c := newClient(t, nc, client.WithPrefetch(500))
+	plain := newClient(t, nc)
+	const goroutines, per = 8, 3000
+	var mu sync.Mutex
+	seen := map[int64]bool{}
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			for i := range per {
+				var id int64
+				var err error
+				if g == 0 && i%10 == 0 {
+					id, err = plain.Segment(ctx, "orders") // a client without prefetch alongside
+				} else {
+					id, err = c.Segment(ctx, "orders")
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if seen[id] {
+					t.Errorf("duplicate ID %d", id)
+				}
+				seen[id] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(seen) != goroutines*per {
+		t.Fatalf("%d distinct IDs, want %d", len(seen), goroutines*per)
+	}
+}
+
+func TestPrefetchUnknownTagFails(t *testing.T) {
+	nc, _ := serve(t, map[string]int64{"orders": 100})
+	c := newClient(t, nc, client.WithPrefetch(100))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Segment(ctx, "nope"); !errors.Is(err, client.ErrUnknownTag) {
+		t.Fatalf("err = %v, want ErrUnknownTag", err)
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	nc, _ := serve(t, nil)
+	tests := []struct {
+		name string
+		opt  client.Option
+	}{
+		{"empty prefix", client.WithPrefix("")},
+		{"zero timeout", client.WithTimeout(0)},
+		{"prefetch of one", client.WithPrefetch(1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := client.New(nc, tt.opt); err == nil {
+				t.Fatal("New accepted a bad option")
+			}
+		})
+	}
+	if _, err := client.New(nil); err == nil {
+		t.Fatal("New accepted a nil connection")
+	}
+}
+
+func BenchmarkSegmentPrefetch(b *testing.B) {
+	nc, _ := serve(b, map[string]int64{"orders": 1_000_000})
+	c := newClient(b, nc, client.WithPrefetch(10000))
+	ctx := context.Background()
+	if _, err := c.Segment(ctx, "orders"); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := c.Segment(ctx, "orders"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
