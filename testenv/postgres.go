@@ -378,19 +378,37 @@ func reapStaleClusters() {
 			continue
 		}
 		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+		if err != nil || pid <= 0 || !processGone(pid) {
 			continue
 		}
-		// postmaster.pid's first line is the server's pid.
-		b, err = os.ReadFile(filepath.Join(dir, "data", "postmaster.pid"))
+		// postmaster.pid's first line is the server's pid; a server still
+		// running works in its data directory.
+		data := filepath.Join(dir, "data")
+		b, err = os.ReadFile(filepath.Join(data, "postmaster.pid"))
 		if err == nil {
 			first, _, _ := strings.Cut(string(b), "\n")
-			if spid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && spid > 0 {
+			spid, err := strconv.Atoi(strings.TrimSpace(first))
+			if cwd, _ := os.Readlink(fmt.Sprintf("/proc/%d/cwd", spid)); err == nil && spid > 0 && cwd == data {
 				syscall.Kill(spid, syscall.SIGQUIT) // immediate shutdown
 			}
 		}
 		os.RemoveAll(dir)
 	}
+}
+
+// processGone reports whether process pid has exited: it does not exist or
+// is a zombie that nobody has reaped yet.
+func processGone(pid int) bool {
+	if syscall.Kill(pid, 0) == syscall.ESRCH {
+		return true
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesized command name.
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && bytes.HasPrefix(stat[i+1:], []byte(" Z"))
 }
 
 // createDatabase creates a database with a unique name on the server that

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -255,5 +257,68 @@ func TestFindPostgresBinaries(t *testing.T) {
 				t.Errorf("got %s, %s, want them in %s", initdb, pgCtl, want)
 			}
 		})
+	}
+}
+
+// exitedPid returns the pid of a process that has exited and been reaped.
+func exitedPid(tb testing.TB) int {
+	tb.Helper()
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		tb.Fatal(err)
+	}
+	return cmd.Process.Pid
+}
+
+func TestProcessGone(t *testing.T) {
+	if processGone(os.Getpid()) {
+		t.Error("processGone(own pid) = true")
+	}
+	if pid := exitedPid(t); !processGone(pid) {
+		t.Errorf("processGone(%d) = false for an exited, reaped process", pid)
+	}
+	// A zombie (exited, not yet waited for) is gone too.
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for !processGone(cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("processGone(%d) still false for an exited process", cmd.Process.Pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestReapStaleClusters(t *testing.T) {
+	mk := func(owner int) string {
+		dir, err := os.MkdirTemp("", tempClusterPrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if err := os.MkdirAll(filepath.Join(dir, "data"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		// A postmaster.pid naming this test process, which must not be
+		// signalled: its working directory is not the data directory.
+		pidFile := filepath.Join(dir, "data", "postmaster.pid")
+		if err := os.WriteFile(pidFile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(owner)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	stale, live := mk(exitedPid(t)), mk(os.Getpid())
+	reapStaleClusters()
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("cluster dir of a dead process: stat error %v, want not exist", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("cluster dir of a live process was removed: %v", err)
 	}
 }
