@@ -98,6 +98,10 @@ func StartPostgresCluster(dir string) (*PostgresCluster, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("testenv: %w", err)
 		}
+		// Close removes dir, so it must hold nothing else.
+		if entries, err := os.ReadDir(dir); err != nil || len(entries) > 0 {
+			return nil, fmt.Errorf("testenv: cluster directory %s is not empty (%v)", dir, err)
+		}
 	}
 	c.dir = dir
 	if err := c.create(); err != nil {

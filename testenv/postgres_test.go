@@ -322,3 +322,19 @@ func TestReapStaleClusters(t *testing.T) {
 		t.Errorf("cluster dir of a live process was removed: %v", err)
 	}
 }
+
+func TestStartPostgresClusterNeedsEmptyDir(t *testing.T) {
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "precious")
+	if err := os.WriteFile(keep, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := StartPostgresCluster(dir)
+	if err == nil {
+		c.Close()
+		t.Fatal("StartPostgresCluster in a non-empty directory succeeded")
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Errorf("file in the directory after the failed start: %v", err)
+	}
+}
