@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/segment"
 )
@@ -60,6 +61,8 @@ type Config struct {
 	Version string
 	// Logger receives unexpected errors. Default slog.Default().
 	Logger *slog.Logger
+	// Registerer, if set, receives the service's Prometheus metrics.
+	Registerer prometheus.Registerer
 }
 
 // Service is a running dispenser micro service. It is safe for concurrent use.
@@ -69,6 +72,7 @@ type Service struct {
 	baseSub int            // subscriptions on Conn before the service
 	parked  sync.WaitGroup // requests waiting for a segment
 	bufs    sync.Pool      // *[]byte reply buffers
+	metrics *metrics       // nil without Config.Registerer
 }
 
 // Name is the micro service name.
@@ -106,6 +110,11 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions()}
 	s.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
+	m, err := newMetrics(cfg.Registerer, s)
+	if err != nil {
+		return nil, fmt.Errorf("dispenser: registering metrics: %w", err)
+	}
+	s.metrics = m
 
 	svc, err := micro.AddService(cfg.Conn, micro.Config{
 		Name:         Name,
@@ -206,12 +215,23 @@ func (s *Service) stats(e *micro.Endpoint) any {
 // directly, because micro's request may not be touched after the handler
 // returned.
 type replier struct {
-	s      *Service
-	req    micro.Request
-	inline bool
+	s        *Service
+	req      micro.Request
+	inline   bool
+	endpoint string
+	tag      string    // metrics label
+	start    time.Time // zero without metrics
 }
 
-func (r replier) respond(data []byte) {
+func (s *Service) newReplier(req micro.Request, endpoint string) replier {
+	r := replier{s: s, req: req, inline: true, endpoint: endpoint}
+	if s.metrics != nil {
+		r.start = time.Now()
+	}
+	return r
+}
+
+func (r replier) respond(data []byte, ids int) {
 	var err error
 	if r.inline {
 		err = r.req.Respond(data)
@@ -221,10 +241,15 @@ func (r replier) respond(data []byte) {
 	if err != nil {
 		r.s.cfg.Logger.Warn("dispenser: reply failed", "subject", r.req.Subject(), "err", err)
 	}
+	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
 }
 
 func (r replier) fail(err error) {
 	code, desc := r.s.classify(err)
+	if code == CodeBadRequest || code == CodeNotFound {
+		r.tag = "" // keep unknown names out of the label set
+	}
+	r.s.metrics.observe(r.endpoint, r.tag, code, 0, r.start)
 	var perr error
 	if r.inline {
 		perr = r.req.Error(code, desc, nil)
@@ -268,12 +293,13 @@ func (s *Service) parse(req micro.Request) (int, Format, error) {
 }
 
 func (s *Service) handleSegment(req micro.Request) {
-	r := replier{s: s, req: req, inline: true}
+	r := s.newReplier(req, "segment")
 	tag, err := ParseTag(req.Subject(), s.cfg.Prefix+".segment.")
 	if err != nil {
 		r.fail(err)
 		return
 	}
+	r.tag = tag
 	n, format, err := s.parse(req)
 	if err != nil {
 		r.fail(err)
@@ -287,11 +313,11 @@ func (s *Service) handleSegment(req micro.Request) {
 			r.fail(err)
 			return
 		}
-		s.reply(r, format, runs)
+		s.reply(r, format, runs, n)
 	})
 }
 
-func (s *Service) reply(r replier, format Format, runs []segment.Run) {
+func (s *Service) reply(r replier, format Format, runs []segment.Run, n int) {
 	bp := s.bufs.Get().(*[]byte)
 	buf := (*bp)[:0]
 	if format == FormatRange {
@@ -299,7 +325,7 @@ func (s *Service) reply(r replier, format Format, runs []segment.Run) {
 	} else {
 		buf = AppendList(buf, runs)
 	}
-	r.respond(buf)
+	r.respond(buf, n)
 	if cap(buf) <= 1<<16 { // keep big batch buffers out of the pool
 		*bp = buf
 		s.bufs.Put(bp)
@@ -307,7 +333,7 @@ func (s *Service) reply(r replier, format Format, runs []segment.Run) {
 }
 
 func (s *Service) handleSnowflake(req micro.Request) {
-	r := replier{s: s, req: req, inline: true}
+	r := s.newReplier(req, "snowflake")
 	n, format, err := s.parse(req)
 	if err != nil {
 		r.fail(err)
@@ -328,11 +354,11 @@ func (s *Service) handleSnowflake(req micro.Request) {
 			runs = append(runs, segment.Run{First: id, Last: id})
 		}
 	}
-	s.reply(r, format, runs)
+	s.reply(r, format, runs, n)
 }
 
 func (s *Service) handleDecode(req micro.Request) {
-	r := replier{s: s, req: req, inline: true}
+	r := s.newReplier(req, "snowflake_decode")
 	body := strings.TrimSpace(string(req.Data()))
 	id, err := strconv.ParseInt(body, 10, 64)
 	if err != nil || id < 0 {

@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/schema"
@@ -459,4 +461,80 @@ func TestMicroDiscovery(t *testing.T) {
 			t.Errorf("stats %s lacks %s", stats, want)
 		}
 	}
+}
+
+func TestMetrics(t *testing.T) {
+	st := newStack(t, map[string]int64{"orders": 100})
+	alloc, err := segment.New(segment.Settings{Store: st.store, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, st.ns), Segments: alloc, Logger: quiet, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()); alloc.Close(context.Background()) })
+	nc := testenv.Connect(t, st.ns)
+	request(t, nc, "id.segment.orders", "5", nil)
+	request(t, nc, "id.segment.orders", "", nil)
+	request(t, nc, "id.segment.nope", "", nil)
+	request(t, nc, "id.segment.orders", "zero", nil)
+
+	tests := []struct {
+		name   string
+		metric string
+		labels map[string]string
+		want   float64
+	}{
+		{"IDs issued", "dispenser_ids_total", map[string]string{"endpoint": "segment", "tag": "orders"}, 6},
+		{"good requests", "dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "orders", "code": "200"}, 2},
+		{"unknown tag", "dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "", "code": "404"}, 1},
+		{"bad count", "dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "", "code": "400"}, 1},
+		{"fetches", "dispenser_segment_fetches_total", map[string]string{"tag": "orders"}, 1},
+		{"step", "dispenser_segment_step", map[string]string{"tag": "orders"}, 100},
+		{"latency samples", "dispenser_request_duration_seconds", map[string]string{"endpoint": "segment"}, 4},
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := metricValue(families, tt.metric, tt.labels)
+			if !ok || got != tt.want {
+				t.Fatalf("%s%v = %v (found %v), want %v", tt.metric, tt.labels, got, ok, tt.want)
+			}
+		})
+	}
+}
+
+// metricValue finds one sample: a counter's or gauge's value, a histogram's
+// sample count.
+func metricValue(families []*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue(), true
+			case m.Gauge != nil:
+				return m.Gauge.GetValue(), true
+			case m.Histogram != nil:
+				return float64(m.Histogram.GetSampleCount()), true
+			}
+		}
+	}
+	return 0, false
 }

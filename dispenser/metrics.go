@@ -1,0 +1,111 @@
+package dispenser
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// metrics are the service's Prometheus metrics. A nil *metrics records
+// nothing.
+type metrics struct {
+	requests *prometheus.CounterVec   // endpoint, tag, code
+	ids      *prometheus.CounterVec   // endpoint, tag
+	latency  *prometheus.HistogramVec // endpoint
+}
+
+func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispenser_requests_total",
+			Help: "Requests answered, by endpoint, tag and reply code (200 for IDs).",
+		}, []string{"endpoint", "tag", "code"}),
+		ids: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dispenser_ids_total",
+			Help: "IDs handed out, by endpoint and tag.",
+		}, []string{"endpoint", "tag"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dispenser_request_duration_seconds",
+			Help:    "Time from receiving a request to publishing its reply, including any wait for a segment.",
+			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1},
+		}, []string{"endpoint"}),
+	}
+	cs := []prometheus.Collector{m.requests, m.ids, m.latency}
+	if s.cfg.Segments != nil {
+		cs = append(cs, segmentCollector{s.cfg.Segments})
+	}
+	if c, ok := s.cfg.Snowflake.(prometheus.Collector); ok {
+		cs = append(cs, c)
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// observe records one answered request. tag is "" for requests without a
+// valid, known tag, so that random tag names cannot blow up the label set.
+func (m *metrics) observe(endpoint, tag, code string, ids int, start time.Time) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(endpoint, tag, code).Inc()
+	if ids > 0 {
+		m.ids.WithLabelValues(endpoint, tag).Add(float64(ids))
+	}
+	m.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+}
+
+var (
+	segFetches = prometheus.NewDesc("dispenser_segment_fetches_total",
+		"Segments fetched from the store, by tag.", []string{"tag"}, nil)
+	segLastFetch = prometheus.NewDesc("dispenser_segment_last_fetch_duration_seconds",
+		"Latency of the tag's last segment fetch.", []string{"tag"}, nil)
+	segStep = prometheus.NewDesc("dispenser_segment_step",
+		"Current dynamic step of the tag.", []string{"tag"}, nil)
+	segNextReady = prometheus.NewDesc("dispenser_segment_next_ready",
+		"1 when the tag's next segment is in memory.", []string{"tag"}, nil)
+	segRemaining = prometheus.NewDesc("dispenser_segment_remaining_ids",
+		"IDs left in memory for the tag (both segments).", []string{"tag"}, nil)
+	segWaits = prometheus.NewDesc("dispenser_segment_waits_total",
+		"Requests that waited for a segment because both buffers were empty.", []string{"tag"}, nil)
+	segTimeouts = prometheus.NewDesc("dispenser_segment_wait_timeouts_total",
+		"Waits for a segment that expired (answered 503).", []string{"tag"}, nil)
+)
+
+// segmentCollector exports the allocator's per-tag state at scrape time, so
+// that the hot path pays nothing for it.
+type segmentCollector struct{ a *segment.Allocator }
+
+func (c segmentCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{segFetches, segLastFetch, segStep, segNextReady, segRemaining, segWaits, segTimeouts} {
+		ch <- d
+	}
+}
+
+func (c segmentCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, t := range c.a.Stats() {
+		ready, left := 0.0, int64(0)
+		if t.NextReady {
+			ready = 1
+			left += t.Next.End - t.Next.Cursor
+		}
+		if t.Current != nil {
+			left += t.Current.End - t.Current.Cursor
+		}
+		ch <- prometheus.MustNewConstMetric(segFetches, prometheus.CounterValue, float64(t.Fetches), t.Tag)
+		ch <- prometheus.MustNewConstMetric(segLastFetch, prometheus.GaugeValue, t.LastFetchLatencyMS/1000, t.Tag)
+		ch <- prometheus.MustNewConstMetric(segStep, prometheus.GaugeValue, float64(t.Step), t.Tag)
+		ch <- prometheus.MustNewConstMetric(segNextReady, prometheus.GaugeValue, ready, t.Tag)
+		ch <- prometheus.MustNewConstMetric(segRemaining, prometheus.GaugeValue, float64(left), t.Tag)
+		ch <- prometheus.MustNewConstMetric(segWaits, prometheus.CounterValue, float64(t.Waits), t.Tag)
+		ch <- prometheus.MustNewConstMetric(segTimeouts, prometheus.CounterValue, float64(t.WaitTimeouts), t.Tag)
+	}
+}
