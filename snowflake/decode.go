@@ -1,0 +1,88 @@
+package snowflake
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// TimeLayout is how Parts renders its time in JSON: RFC 3339 in UTC with
+// exactly three fractional digits.
+const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// Parts are the fields of an ID. The zero value is ID 0 at an unknown epoch.
+// Parts marshals to JSON as
+//
+//	{"id":"4398046511104","time":"2026-01-01T00:00:01.024Z","timestamp":1024,"worker":0,"sequence":0}
+//
+// with the ID as a string (it does not fit in a JavaScript number) and the
+// time in TimeLayout.
+type Parts struct {
+	ID int64 `json:"id,string"`
+	// Time is the epoch plus Timestamp milliseconds, in UTC.
+	Time time.Time `json:"time"`
+	// Timestamp is the milliseconds since the epoch.
+	Timestamp int64 `json:"timestamp"`
+	Worker    int64 `json:"worker"`
+	Sequence  int64 `json:"sequence"`
+}
+
+// Decode splits id into its fields for the given epoch (zero means
+// DefaultEpoch). IDs are never negative; for a negative id the sign bit is
+// ignored.
+func Decode(id int64, epoch time.Time) Parts {
+	if epoch.IsZero() {
+		epoch = DefaultEpoch
+	}
+	ms := id >> timeShift & MaxTimestamp
+	return Parts{
+		ID:        id,
+		Time:      epoch.Add(time.Duration(ms) * time.Millisecond).UTC(),
+		Timestamp: ms,
+		Worker:    id >> workerShift & MaxWorkerID,
+		Sequence:  id & MaxSequence,
+	}
+}
+
+// compose builds an ID from its fields.
+func compose(ms, worker, seq int64) int64 {
+	return ms<<timeShift | worker<<workerShift | seq
+}
+
+type partsJSON struct {
+	ID        string `json:"id"`
+	Time      string `json:"time"`
+	Timestamp int64  `json:"timestamp"`
+	Worker    int64  `json:"worker"`
+	Sequence  int64  `json:"sequence"`
+}
+
+// MarshalJSON renders p with the time in TimeLayout.
+func (p Parts) MarshalJSON() ([]byte, error) {
+	return json.Marshal(partsJSON{
+		ID:        strconv.FormatInt(p.ID, 10),
+		Time:      p.Time.UTC().Format(TimeLayout),
+		Timestamp: p.Timestamp,
+		Worker:    p.Worker,
+		Sequence:  p.Sequence,
+	})
+}
+
+// UnmarshalJSON parses what MarshalJSON renders.
+func (p *Parts) UnmarshalJSON(b []byte) error {
+	var j partsJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	id, err := strconv.ParseInt(j.ID, 10, 64)
+	if err != nil {
+		return fmt.Errorf("snowflake: parts: id: %w", err)
+	}
+	t, err := time.Parse(time.RFC3339Nano, j.Time)
+	if err != nil {
+		return fmt.Errorf("snowflake: parts: time: %w", err)
+	}
+	*p = Parts{ID: id, Time: t.UTC(), Timestamp: j.Timestamp, Worker: j.Worker, Sequence: j.Sequence}
+	return nil
+}

@@ -1,0 +1,78 @@
+package snowflake
+
+import "errors"
+
+// Errors returned by this package. Calls wrap them with %w where they add
+// detail, so test with errors.Is.
+//
+// How a service maps them:
+//   - 503 (retry later, maybe on another instance): every error for which
+//     errors.Is(err, ErrUnavailable) is true, that is ErrClockBackwards,
+//     ErrFenced, ErrOverloaded, ErrClosed and ErrNoWorkerID.
+//   - 400: ErrInvalidCount.
+//   - 500 / refuse to start: ErrInvalidSettings, ErrInvalidWorkerID,
+//     ErrEpochInFuture, ErrEpochMismatch, ErrOverTimeLimit, and any error
+//     from NATS that wraps none of the above.
+var (
+	// ErrUnavailable is the umbrella for all "cannot issue right now"
+	// conditions: errors.Is(err, ErrUnavailable) means 503.
+	ErrUnavailable = errors.New("snowflake: unavailable")
+
+	// ErrClockBackwards means the wall clock is more than MaxBackwards
+	// behind the latest clock reading already used, or behind the highest
+	// timestamp recorded for a reclaimed worker ID. Issuing resumes by
+	// itself once the clock has caught up. Is ErrUnavailable.
+	ErrClockBackwards error = &unavailableError{"snowflake: clock moved backwards"}
+
+	// ErrFenced means the worker holds no valid lease right now: no
+	// heartbeat has succeeded within the lease, the lease's timestamp bound
+	// is reached, the worker ID was lost to another holder and a new one is
+	// being claimed, or none has been claimed yet. Is ErrUnavailable.
+	ErrFenced error = &unavailableError{"snowflake: no valid worker lease"}
+
+	// ErrOverloaded means the sequence space is used up further than
+	// MaxBorrow ahead of the clock and the clock did not catch up in a few
+	// short waits (demand above 4096 IDs per millisecond, or a stalled
+	// clock). Is ErrUnavailable.
+	ErrOverloaded error = &unavailableError{"snowflake: sequence space exhausted"}
+
+	// ErrClosed means the worker has been closed. Is ErrUnavailable.
+	ErrClosed error = &unavailableError{"snowflake: worker closed"}
+
+	// ErrNoWorkerID means all 1024 worker IDs are held by live leases.
+	// Is ErrUnavailable: leases of dead workers expire.
+	ErrNoWorkerID error = &unavailableError{"snowflake: all worker IDs are taken"}
+
+	// ErrInvalidCount means a batch asked for fewer than 1 or more than
+	// MaxCount IDs.
+	ErrInvalidCount = errors.New("snowflake: invalid count")
+
+	// ErrInvalidSettings means a Settings or WorkerSettings field is out of
+	// range; the message names the field.
+	ErrInvalidSettings = errors.New("snowflake: invalid settings")
+
+	// ErrInvalidWorkerID means a worker ID outside 0..MaxWorkerID.
+	ErrInvalidWorkerID = errors.New("snowflake: invalid worker ID")
+
+	// ErrEpochInFuture means the epoch is after the current time.
+	ErrEpochInFuture = errors.New("snowflake: epoch is in the future")
+
+	// ErrOverTimeLimit means the time since the epoch no longer fits in 41
+	// bits of milliseconds (about 69 years).
+	ErrOverTimeLimit = errors.New("snowflake: time since epoch exceeds 41 bits")
+
+	// ErrEpochMismatch means the epoch stored in the lease bucket differs
+	// from the configured one; mixing epochs would let IDs collide.
+	ErrEpochMismatch = errors.New("snowflake: epoch differs from the lease bucket's")
+)
+
+// unavailableError is a sentinel that also matches ErrUnavailable.
+type unavailableError struct{ msg string }
+
+func (e *unavailableError) Error() string { return e.msg }
+
+func (e *unavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// Unavailable reports whether err means "cannot issue right now, retry
+// later" (HTTP 503): errors.Is(err, ErrUnavailable).
+func Unavailable(err error) bool { return errors.Is(err, ErrUnavailable) }

@@ -1,0 +1,445 @@
+// Package snowflake issues time-ordered, unique 64-bit IDs.
+//
+// An ID is laid out, from the most significant bit, as
+//
+//	1 bit   sign, always 0
+//	41 bits milliseconds since the epoch (about 69 years)
+//	10 bits worker ID (0..1023)
+//	12 bits sequence within the millisecond (0..4095)
+//
+// A Generator issues IDs for one fixed worker ID. A Worker claims its worker
+// ID from a JetStream key-value bucket under a lease and issues IDs through
+// a Generator that is bounded by that lease, so that no two live workers
+// share a worker ID and no worker repeats a timestamp used by itself or by
+// an earlier holder of its worker ID, whatever the clocks do.
+//
+// # Guarantees
+//
+// Within one Generator, IDs strictly increase: the timestamp never goes below
+// the last one used and no (timestamp, sequence) pair is used twice. A full
+// millisecond borrows the next one, at most MaxBorrow ahead of the clock. A
+// clock that goes back by at most MaxBackwards is waited out; further back,
+// issuing fails with ErrClockBackwards until the clock has caught up.
+//
+// Between holders of a worker ID (see Worker), uniqueness rests on the value
+// stored under the worker ID's key: every holder records, before it may issue
+// them, an upper bound on the timestamps it will use; a successor only takes
+// the key by compare-and-set on the revision it read and starts above the
+// recorded bound. That holds whatever the clocks, pauses and network do. The
+// lease timing (expiry, self-fencing) additionally keeps two live workers from
+// holding the same worker ID at once, as long as clocks run at about the same
+// rate and disagree by less than a lease.
+package snowflake
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Bit layout.
+const (
+	TimeBits     = 41
+	WorkerBits   = 10
+	SequenceBits = 12
+
+	// MaxWorkerID is the largest worker ID.
+	MaxWorkerID = 1<<WorkerBits - 1
+	// MaxSequence is the largest sequence number within a millisecond.
+	MaxSequence = 1<<SequenceBits - 1
+	// MaxTimestamp is the largest number of milliseconds since the epoch.
+	MaxTimestamp = 1<<TimeBits - 1
+
+	// MaxCount is the largest batch one call can ask for (16 ms of
+	// sequence space for one worker).
+	MaxCount = 1 << 16
+
+	// DefaultMaxBackwards is how far the clock may go back before issuing
+	// fails instead of waiting.
+	DefaultMaxBackwards = 5 * time.Millisecond
+	// DefaultMaxBorrow is how far ahead of the clock timestamps may run when
+	// milliseconds fill up.
+	DefaultMaxBorrow = 100 * time.Millisecond
+
+	// RandomSequenceSpan bounds the random first sequence number of a
+	// millisecond when Settings.RandomSequence is set: 0..RandomSequenceSpan-1.
+	RandomSequenceSpan = 256
+
+	workerShift = SequenceBits
+	timeShift   = SequenceBits + WorkerBits
+
+	// maxAttempts bounds how often one call waits for the clock.
+	maxAttempts = 3
+	// maxWait bounds one wait for the clock.
+	maxWait = 100 * time.Millisecond
+)
+
+// DefaultEpoch is the epoch used when none is configured:
+// 2026-01-01T00:00:00Z. IDs run out 2^41 ms later, in September 2095.
+var DefaultEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Settings configure a Generator. The zero value of every field means its
+// documented default. Settings are read once, by New.
+type Settings struct {
+	// Epoch is the time of timestamp 0. It must be a whole millisecond, not
+	// in the future and less than 2^41 ms in the past. Zero means
+	// DefaultEpoch.
+	Epoch time.Time
+	// WorkerID is the worker ID put into every ID, 0..MaxWorkerID. A
+	// Worker picks it from its lease instead.
+	WorkerID int
+	// RandomSequence starts each new millisecond's sequence at a random
+	// number in 0..RandomSequenceSpan-1 instead of 0, so that id%n spreads
+	// evenly at low rates (Leaf does the same). Off by default. Borrowed
+	// milliseconds always start at 0.
+	RandomSequence bool
+	// MaxBackwards is how far the clock may go back and be waited out. A
+	// larger step makes issuing fail with ErrClockBackwards until the clock
+	// has caught up. Zero means DefaultMaxBackwards; negative means never
+	// wait.
+	MaxBackwards time.Duration
+	// MaxBorrow is how far ahead of the clock timestamps may run when
+	// milliseconds fill up; beyond it a call waits for the clock. Zero means
+	// DefaultMaxBorrow; negative means no borrowing.
+	MaxBorrow time.Duration
+	// Now returns the wall-clock time. Nil means time.Now.
+	Now func() time.Time
+	// Logger receives clock and lease events. Nil means slog.Default().
+	Logger *slog.Logger
+
+	// mono returns monotonic time for lease fencing; nil means the
+	// monotonic clock. Tests inject it.
+	mono func() time.Duration
+	// sleep waits for the clock; nil means time.Sleep. Tests inject it.
+	sleep func(time.Duration)
+}
+
+// Generator issues IDs for one worker ID. It is safe for concurrent use.
+type Generator struct {
+	epoch       time.Time
+	epochMs     int64
+	now         func() time.Time
+	realClock   bool // now is time.Now: one reading gives wall and monotonic time
+	monoBase    time.Time
+	mono        func() time.Duration
+	sleep       func(time.Duration)
+	log         *slog.Logger
+	randomSeq   bool
+	maxBackMs   int64
+	maxBorrowMs int64
+	leased      bool  // issuing is bounded by a lease (Worker)
+	stall       func()
+
+	// mu protects the issuing state below.
+	mu          sync.Mutex
+	worker      int64         // worker ID << workerShift
+	lastMs      int64         // timestamp of the last ID issued (or the floor); -1: none
+	seq         int64         // sequence of the last ID issued at lastMs
+	clockMs     int64         // highest clock reading used, ms since epoch
+	boundMs     int64         // leased: no timestamp above this
+	validUntil  time.Duration // leased: monotonic time the lease is trusted until
+	refusal     error         // non-nil: refuse with it (ErrFenced while unclaimed, ErrClosed)
+	backwards   bool          // in a clock-backwards episode
+	fenced      bool          // in a fenced episode (lease timed out or bound reached)
+	issued      uint64
+	backEvents  uint64
+	backWaits   uint64
+	fenceEvents uint64
+}
+
+// New validates s and returns a Generator for s.WorkerID.
+func New(s Settings) (*Generator, error) {
+	if s.WorkerID < 0 || s.WorkerID > MaxWorkerID {
+		return nil, fmt.Errorf("%w: %d not in 0..%d", ErrInvalidWorkerID, s.WorkerID, MaxWorkerID)
+	}
+	g, err := newGenerator(s, false)
+	if err != nil {
+		return nil, err
+	}
+	g.worker = int64(s.WorkerID) << workerShift
+	return g, nil
+}
+
+// newGenerator validates s. A leased generator refuses with ErrFenced until
+// assign installs a lease.
+func newGenerator(s Settings, leased bool) (*Generator, error) {
+	if s.Epoch.IsZero() {
+		s.Epoch = DefaultEpoch
+	}
+	if s.Epoch.Nanosecond()%int(time.Millisecond) != 0 {
+		return nil, fmt.Errorf("%w: Epoch %s is not a whole millisecond", ErrInvalidSettings, s.Epoch.Format(time.RFC3339Nano))
+	}
+	g := &Generator{
+		epoch:     s.Epoch.UTC(),
+		epochMs:   s.Epoch.UnixMilli(),
+		now:       s.Now,
+		mono:      s.mono,
+		sleep:     s.sleep,
+		log:       s.Logger,
+		randomSeq: s.RandomSequence,
+		leased:    leased,
+		lastMs:    -1,
+		seq:       MaxSequence,
+	}
+	if g.now == nil {
+		g.now = time.Now
+		g.realClock = s.mono == nil
+	}
+	g.monoBase = time.Now()
+	if g.sleep == nil {
+		g.sleep = time.Sleep
+	}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	switch {
+	case s.MaxBackwards == 0:
+		g.maxBackMs = DefaultMaxBackwards.Milliseconds()
+	case s.MaxBackwards > 0:
+		g.maxBackMs = s.MaxBackwards.Milliseconds()
+	}
+	switch {
+	case s.MaxBorrow == 0:
+		g.maxBorrowMs = DefaultMaxBorrow.Milliseconds()
+	case s.MaxBorrow > 0:
+		g.maxBorrowMs = s.MaxBorrow.Milliseconds()
+	}
+	nowMs := g.now().UnixMilli() - g.epochMs
+	if nowMs < 0 {
+		return nil, fmt.Errorf("%w: epoch %s", ErrEpochInFuture, g.epoch.Format(time.RFC3339))
+	}
+	if nowMs > MaxTimestamp {
+		return nil, fmt.Errorf("%w: epoch %s", ErrOverTimeLimit, g.epoch.Format(time.RFC3339))
+	}
+	g.clockMs = nowMs
+	if leased {
+		g.refusal = ErrFenced
+	} else {
+		g.boundMs = MaxTimestamp
+	}
+	return g, nil
+}
+
+// Epoch returns the time of timestamp 0.
+func (g *Generator) Epoch() time.Time { return g.epoch }
+
+// WorkerID returns the worker ID the generator issues for.
+func (g *Generator) WorkerID() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return int(g.worker >> workerShift)
+}
+
+// Next returns one ID.
+func (g *Generator) Next() (int64, error) {
+	var buf [1]int64
+	ids, err := g.AppendIDs(buf[:0], 1)
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// NextN returns n new IDs in increasing order, n in 1..MaxCount.
+func (g *Generator) NextN(n int) ([]int64, error) {
+	if n < 1 || n > MaxCount {
+		return nil, fmt.Errorf("%w: %d not in 1..%d", ErrInvalidCount, n, MaxCount)
+	}
+	return g.AppendIDs(make([]int64, 0, n), n)
+}
+
+// AppendIDs appends n new IDs in increasing order to dst, n in 1..MaxCount,
+// and returns the extended slice. It issues all n or none; on error dst is
+// returned unchanged. It allocates only if dst lacks capacity for n more.
+func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
+	if n < 1 || n > MaxCount {
+		return dst, fmt.Errorf("%w: %d not in 1..%d", ErrInvalidCount, n, MaxCount)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for attempt := 1; ; attempt++ {
+		if g.refusal != nil {
+			return dst, g.refusal
+		}
+		nowMs, mono := g.readLocked()
+		if g.leased && mono >= g.validUntil {
+			g.fenceLocked("no successful heartbeat within the lease")
+			return dst, ErrFenced
+		}
+		if nowMs < g.clockMs {
+			back := g.clockMs - nowMs
+			if back > g.maxBackMs {
+				if !g.backwards {
+					g.backwards = true
+					g.backEvents++
+					g.log.Error("snowflake: clock is behind the last timestamp used; refusing to issue IDs until it catches up",
+						"worker", g.worker>>workerShift, "behind", time.Duration(back)*time.Millisecond,
+						"last", g.msTime(g.clockMs), "now", g.msTime(nowMs))
+				}
+				return dst, ErrClockBackwards
+			}
+			if attempt < maxAttempts {
+				g.backWaits++
+				g.sleep(time.Duration(back) * time.Millisecond)
+				continue
+			}
+			// The clock stalls short of the last reading: go on from
+			// the last reading, which never repeats a timestamp.
+			nowMs = g.clockMs
+		}
+		if g.backwards {
+			g.backwards = false
+			g.log.Info("snowflake: clock caught up; issuing IDs again", "worker", g.worker>>workerShift)
+		}
+		g.clockMs = nowMs
+
+		ts, seq := g.lastMs, g.seq
+		if nowMs > ts {
+			ts, seq = nowMs, -1
+			if g.randomSeq {
+				seq = int64(rand.IntN(RandomSequenceSpan)) - 1
+			}
+		}
+		// IDs go to linear positions seq+1..last of ts's sequence space;
+		// position p is timestamp ts+p>>SequenceBits, sequence p&MaxSequence.
+		last := seq + int64(n)
+		endMs := ts + last>>SequenceBits
+		if endMs > MaxTimestamp {
+			return dst, fmt.Errorf("%w: %s", ErrOverTimeLimit, g.msTime(endMs).Format(time.RFC3339))
+		}
+		if endMs > g.boundMs {
+			g.fenceLocked("timestamp bound of the lease reached")
+			return dst, ErrFenced
+		}
+		if endMs > nowMs+g.maxBorrowMs {
+			wait := time.Duration(endMs-nowMs-g.maxBorrowMs) * time.Millisecond
+			if attempt < maxAttempts && wait <= maxWait {
+				g.sleep(wait)
+				continue
+			}
+			return dst, ErrOverloaded
+		}
+
+		dst = slices.Grow(dst, n)
+		out := dst[len(dst) : len(dst)+n]
+		hi := ts<<timeShift | g.worker
+		for i, p := 0, seq+1; p <= last; i, p = i+1, p+1 {
+			out[i] = hi + (p>>SequenceBits)<<timeShift | p&MaxSequence
+		}
+		g.lastMs, g.seq = endMs, last&MaxSequence
+		g.issued += uint64(n)
+		return dst[:len(dst)+n], nil
+	}
+}
+
+// readLocked reads the clocks: wall time in ms since the epoch and, for a
+// leased generator, monotonic time.
+func (g *Generator) readLocked() (nowMs int64, mono time.Duration) {
+	if g.realClock {
+		t := time.Now()
+		return t.UnixMilli() - g.epochMs, t.Sub(g.monoBase)
+	}
+	nowMs = g.now().UnixMilli() - g.epochMs
+	if g.leased {
+		mono = g.monoNow()
+	}
+	return nowMs, mono
+}
+
+// monoNow returns monotonic time.
+func (g *Generator) monoNow() time.Duration {
+	if g.mono != nil {
+		return g.mono()
+	}
+	return time.Since(g.monoBase)
+}
+
+// fenceLocked starts a fenced episode: log once and ask for a heartbeat.
+func (g *Generator) fenceLocked(why string) {
+	if g.stall != nil {
+		g.stall()
+	}
+	if g.fenced {
+		return
+	}
+	g.fenced = true
+	g.fenceEvents++
+	g.log.Warn("snowflake: worker fenced; refusing to issue IDs until the lease is renewed",
+		"worker", g.worker>>workerShift, "reason", why, "bound", g.msTime(g.boundMs))
+}
+
+// msTime converts ms since the epoch to a time.
+func (g *Generator) msTime(ms int64) time.Time {
+	return g.epoch.Add(time.Duration(ms) * time.Millisecond)
+}
+
+// assign installs a freshly claimed lease: worker ID, the floor (the
+// highest timestamp a previous holder may have used, -1 for none), the
+// recorded bound and the monotonic time the lease is valid until.
+func (g *Generator) assign(worker int, floorMs, boundMs int64, validUntil time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	w := int64(worker) << workerShift
+	if w != g.worker {
+		g.lastMs, g.seq = -1, MaxSequence
+	}
+	g.worker = w
+	if floorMs >= g.lastMs {
+		g.lastMs, g.seq = floorMs, MaxSequence
+	}
+	// A floor ahead of our clock counts as the clock being behind.
+	g.clockMs = max(g.clockMs, floorMs)
+	g.boundMs = boundMs
+	g.validUntil = validUntil
+	g.refusal = nil
+	g.fenced = false
+}
+
+// renew raises the bound and the validity after a successful heartbeat.
+func (g *Generator) renew(boundMs int64, validUntil time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.boundMs = max(g.boundMs, boundMs)
+	g.validUntil = max(g.validUntil, validUntil)
+	if g.fenced && g.refusal == nil && g.monoNow() < g.validUntil {
+		g.fenced = false
+		g.log.Info("snowflake: lease renewed; issuing IDs again", "worker", g.worker>>workerShift)
+	}
+}
+
+// revoke stops issuing with err and returns the last timestamp used.
+func (g *Generator) revoke(err error) (lastMs int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.refusal != ErrClosed {
+		g.refusal = err
+	}
+	return g.lastMs
+}
+
+// genStats is a snapshot of the generator state.
+type genStats struct {
+	lastMs, boundMs              int64
+	fenced, backwards            bool
+	issued, backEvents, backWaits uint64
+	fenceEvents                  uint64
+}
+
+func (g *Generator) stats() genStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	fenced := g.fenced || g.refusal != nil
+	if g.leased && g.refusal == nil {
+		_, mono := g.readLocked()
+		fenced = fenced || mono >= g.validUntil
+	}
+	return genStats{
+		lastMs: g.lastMs, boundMs: g.boundMs,
+		fenced: fenced, backwards: g.backwards,
+		issued: g.issued, backEvents: g.backEvents, backWaits: g.backWaits,
+		fenceEvents: g.fenceEvents,
+	}
+}
