@@ -3,7 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"os"
+	"sync"
 	"strings"
 	"testing"
 	"time"
@@ -100,7 +104,7 @@ func TestServeAndShutDown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	var logs bytes.Buffer
+	var logs syncBuffer
 	go func() {
 		done <- run(ctx, []string{"--nats-url", ns.ClientURL(), "--postgres-url", url, "--instance", "w1"}, &logs, &logs)
 	}()
@@ -135,4 +139,90 @@ func TestServeAndShutDown(t *testing.T) {
 	if err != nil || !strings.Contains(out, "orders  4 ") {
 		t.Fatalf("after give-back: %q, %v; want next ID 4", out, err)
 	}
+}
+
+// freeAddr returns a loopback address with a port that was free just now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func TestMetricsAndHealth(t *testing.T) {
+	url := testenv.Postgres(t)
+	ns := testenv.NATS(t)
+	runCmd(t, "migrate", "--postgres-url", url)
+	runCmd(t, "tags", "create", "orders", "--step", "100", "--postgres-url", url)
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var logs syncBuffer
+	go func() {
+		done <- run(ctx, []string{"--nats-url", ns.ClientURL(), "--postgres-url", url, "--metrics-addr", addr}, &logs, &logs)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	nc := testenv.Connect(t, ns)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if resp, err := nc.Request("id.segment.orders", []byte("7"), time.Second); err == nil && resp.Header.Get(micro.ErrorCodeHeader) == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("service did not answer; logs:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, body := httpGet(t, "http://"+addr+"/healthz"); code != 200 {
+		t.Fatalf("/healthz: %d %s", code, body)
+	}
+	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != 200 {
+		t.Fatalf("/readyz: %d %s", code, body)
+	}
+	code, body := httpGet(t, "http://"+addr+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	for _, want := range []string{
+		`dispenser_ids_total{endpoint="segment",tag="orders"} 7`,
+		`dispenser_segment_fetches_total{tag="orders"} 1`,
+		"dispenser_request_duration_seconds_bucket",
+		"go_goroutines",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex // protects b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

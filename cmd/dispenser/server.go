@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
@@ -26,6 +30,14 @@ type serveConfig struct {
 	NATSListen string
 	DataDir    string
 	Instance   string
+
+	NATSCreds   string
+	NATSNKey    string
+	NATSTLSCA   string
+	NATSTLSCert string
+	NATSTLSKey  string
+
+	MetricsAddr string
 
 	PostgresURL string
 	Migrate     bool
@@ -48,8 +60,10 @@ type Server struct {
 	ns    *server.Server
 	nc    *nats.Conn // serves requests; drained on shutdown
 	pool  *pgxpool.Pool
+	store segment.Store
 	alloc *segment.Allocator
 	svc   *dispenser.Service
+	http  *http.Server // metrics and health; nil without --metrics-addr
 }
 
 // NewServer returns a Server for cfg; Run starts it.
@@ -103,32 +117,77 @@ func (s *Server) start(ctx context.Context) error {
 		s.log.Info("migrations applied", "versions", applied)
 	}
 	st := s.cfg.Segment
-	st.Store = postgres.New(pool)
+	s.store = postgres.New(pool)
+	st.Store = s.store
 	st.Logger = s.log
 	s.alloc, err = segment.New(st)
 	if err != nil {
 		return err
 	}
 
-	s.svc, err = dispenser.New(dispenser.Config{
+	var reg *prometheus.Registry
+	if s.cfg.MetricsAddr != "" {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	cfg := dispenser.Config{
 		Conn:       nc,
 		Segments:   s.alloc,
 		Prefix:     s.cfg.Prefix,
 		QueueGroup: s.cfg.QueueGroup,
 		MaxBatch:   s.cfg.MaxBatch,
 		Logger:     s.log,
-	})
+	}
+	if reg != nil {
+		cfg.Registerer = reg
+	}
+	s.svc, err = dispenser.New(cfg)
 	if err != nil {
 		return err
+	}
+	if reg != nil {
+		if err := s.serveHTTP(reg); err != nil {
+			return err
+		}
 	}
 	info := s.svc.Info()
 	s.log.Info("serving", "service", info.Name, "id", info.ID, "nats", url, "prefix", s.cfg.Prefix, "queue_group", s.cfg.QueueGroup)
 	return nil
 }
 
+// natsOptions returns the connection options for --nats-creds, --nats-nkey
+// and the TLS flags. User, password and token go in the URL.
+func (c serveConfig) natsOptions() ([]nats.Option, error) {
+	var opts []nats.Option
+	if c.NATSCreds != "" {
+		opts = append(opts, nats.UserCredentials(c.NATSCreds))
+	}
+	if c.NATSNKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(c.NATSNKey)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-nkey %s: %w", c.NATSNKey, err)
+		}
+		opts = append(opts, opt)
+	}
+	if c.NATSTLSCA != "" {
+		opts = append(opts, nats.RootCAs(c.NATSTLSCA))
+	}
+	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
+		return nil, errors.New("--nats-tls-cert and --nats-tls-key go together")
+	}
+	if c.NATSTLSCert != "" {
+		opts = append(opts, nats.ClientCert(c.NATSTLSCert, c.NATSTLSKey))
+	}
+	return opts, nil
+}
+
 func (s *Server) connect(url string) (*nats.Conn, error) {
 	log := s.log
-	nc, err := nats.Connect(url,
+	opts, err := s.cfg.natsOptions()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, append(opts,
 		nats.Name(s.cfg.Instance),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -146,7 +205,7 @@ func (s *Server) connect(url string) (*nats.Conn, error) {
 			}
 			log.Error("nats error", "subject", subject, "err", err)
 		}),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to nats at %s: %w", url, err)
 	}
@@ -159,6 +218,9 @@ func (s *Server) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var errs []error
+	if s.http != nil {
+		errs = append(errs, s.http.Shutdown(ctx))
+	}
 	if s.svc != nil {
 		errs = append(errs, s.svc.Stop(ctx))
 	}
@@ -207,4 +269,59 @@ func startEmbeddedNATS(listen, dataDir string) (*server.Server, error) {
 		return nil, fmt.Errorf("embedded nats-server did not start listening on %s", listen)
 	}
 	return ns, nil
+}
+
+// serveHTTP serves /metrics, /healthz and /readyz on --metrics-addr.
+func (s *Server) serveHTTP(reg *prometheus.Registry) error {
+	ln, err := net.Listen("tcp", s.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.ready(r.Context()); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("metrics server", "err", err)
+		}
+	}()
+	s.log.Info("metrics and health", "addr", ln.Addr().String())
+	return nil
+}
+
+// ready reports why the worker cannot serve, or nil: it must be connected
+// to NATS, and its store must answer or its buffers hold IDs.
+func (s *Server) ready(ctx context.Context) error {
+	if !s.nc.IsConnected() {
+		return fmt.Errorf("nats: %s", s.nc.Status())
+	}
+	if s.alloc == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	pinger, ok := s.store.(interface{ Ping(context.Context) error })
+	if !ok {
+		return nil
+	}
+	err := pinger.Ping(ctx)
+	if err == nil {
+		return nil
+	}
+	for _, t := range s.alloc.Stats() {
+		if t.Current != nil && t.Current.Cursor < t.Current.End {
+			return nil // warm buffers keep serving while the store is away
+		}
+	}
+	return fmt.Errorf("store unreachable and no warm buffers: %w", err)
 }
