@@ -7,8 +7,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
