@@ -75,7 +75,7 @@ func NewServer(cfg serveConfig, log *slog.Logger) *Server {
 // gracefully: it stops taking requests, answers those in flight, gives
 // unissued segment IDs back and returns.
 func (s *Server) Run(ctx context.Context) error {
-	if err := s.start(ctx); err != nil {
+	if err := s.Start(ctx); err != nil {
 		s.Close()
 		return err
 	}
@@ -84,7 +84,8 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Close()
 }
 
-func (s *Server) start(ctx context.Context) error {
+// Start starts the worker and returns once it serves. Close stops it.
+func (s *Server) Start(ctx context.Context) error {
 	url := s.cfg.NATSURL
 	if url == "" {
 		ns, err := startEmbeddedNATS(s.cfg.NATSListen, s.cfg.DataDir)
@@ -179,6 +180,14 @@ func (c serveConfig) natsOptions() ([]nats.Option, error) {
 		opts = append(opts, nats.ClientCert(c.NATSTLSCert, c.NATSTLSKey))
 	}
 	return opts, nil
+}
+
+// NATSURL returns the URL of the NATS server the worker uses.
+func (s *Server) NATSURL() string {
+	if s.nc == nil {
+		return ""
+	}
+	return s.nc.ConnectedUrl()
 }
 
 func (s *Server) connect(url string) (*nats.Conn, error) {
