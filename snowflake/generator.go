@@ -130,7 +130,7 @@ type Generator struct {
 	randomSeq   bool
 	maxBackMs   int64
 	maxBorrowMs int64
-	leased      bool  // issuing is bounded by a lease (Worker)
+	leased      bool // issuing is bounded by a lease (Worker)
 	stall       func()
 
 	// mu protects the issuing state below.
@@ -422,10 +422,10 @@ func (g *Generator) revoke(err error) (lastMs int64) {
 
 // genStats is a snapshot of the generator state.
 type genStats struct {
-	lastMs, boundMs              int64
-	fenced, backwards            bool
+	lastMs, boundMs               int64
+	fenced, backwards             bool
 	issued, backEvents, backWaits uint64
-	fenceEvents                  uint64
+	fenceEvents                   uint64
 }
 
 func (g *Generator) stats() genStats {

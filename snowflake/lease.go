@@ -1,0 +1,340 @@
+package snowflake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Keys in the lease bucket.
+const (
+	// configKey holds the bucket's epoch (configRecord).
+	configKey = "config"
+	// workerKeyPrefix + the worker ID in four digits holds its lease
+	// (leaseRecord), e.g. "worker.0042".
+	workerKeyPrefix = "worker."
+
+	recordVersion = 1
+)
+
+// leaseRecord is the JSON value under a worker ID's key. Times are UTC.
+//
+//	{"version":1,"worker":42,"instance":"api-7f-x3k9qa","session":"...",
+//	 "epoch":"2026-01-01T00:00:00Z","lease_ms":10000,
+//	 "heartbeat":"2026-03-01T12:00:00.123Z","expires":"2026-03-01T12:00:10.123Z",
+//	 "bound":"2026-03-01T12:00:10.123Z","released":false}
+type leaseRecord struct {
+	Version int `json:"version"`
+	// Worker is the worker ID, the same as in the key.
+	Worker int `json:"worker"`
+	// Instance names the holder (WorkerSettings.Instance).
+	Instance string `json:"instance"`
+	// Session is random per Worker value: it tells a restarted instance
+	// from its previous run and from a namesake.
+	Session string `json:"session"`
+	// Epoch is the holder's epoch.
+	Epoch time.Time `json:"epoch"`
+	// LeaseMS is the holder's lease in milliseconds.
+	LeaseMS int64 `json:"lease_ms"`
+	// Heartbeat is the holder's wall clock when it wrote the value.
+	Heartbeat time.Time `json:"heartbeat"`
+	// Expires is Heartbeat plus the lease: after it, by the claimant's
+	// clock, the lease is dead.
+	Expires time.Time `json:"expires"`
+	// Bound is the highest ID timestamp the holder may use (before its next
+	// heartbeat), at millisecond precision; on release, the highest it did
+	// use. A successor starts above it.
+	Bound time.Time `json:"bound"`
+	// Released marks a gracefully released lease: a successor may take it
+	// at once.
+	Released bool `json:"released"`
+}
+
+// configRecord is the JSON value under configKey.
+type configRecord struct {
+	Version int       `json:"version"`
+	Epoch   time.Time `json:"epoch"`
+}
+
+func workerKey(id int) string { return fmt.Sprintf("%s%04d", workerKeyPrefix, id) }
+
+// parseWorkerKey returns the worker ID of a worker key.
+func parseWorkerKey(key string) (int, bool) {
+	s, ok := strings.CutPrefix(key, workerKeyPrefix)
+	if !ok {
+		return 0, false
+	}
+	id, err := strconv.Atoi(s)
+	if err != nil || id < 0 || id > MaxWorkerID {
+		return 0, false
+	}
+	return id, true
+}
+
+// lease returns the recorded lease duration.
+func (r *leaseRecord) lease() time.Duration { return time.Duration(r.LeaseMS) * time.Millisecond }
+
+// claimableAt returns when, by a claimant's clock, the lease may be taken
+// over: at once if released; else once it has expired and the clock is
+// past the recorded bound plus the lease.
+func (r *leaseRecord) claimableAt() time.Time {
+	if r.Released {
+		return time.Time{}
+	}
+	return later(r.Expires, r.Bound.Add(r.lease()))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// openBucket creates the lease bucket or opens an existing one.
+func openBucket(ctx context.Context, js jetstream.JetStream, s *WorkerSettings) (jetstream.KeyValue, error) {
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      s.Bucket,
+		Description: "dispenser snowflake worker ID leases",
+		History:     1,
+		Replicas:    s.Replicas,
+		Storage:     jetstream.FileStorage,
+	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		// Exists with another configuration (e.g. replicas): use it.
+		kv, err = js.KeyValue(ctx, s.Bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", s.Bucket, err)
+	}
+	if st, err := kv.Status(ctx); err == nil && st.TTL() > 0 {
+		s.Logger.Warn("snowflake: lease bucket has a TTL; expired values lose the timestamp bounds that keep successors safe",
+			"bucket", s.Bucket, "ttl", st.TTL())
+	}
+	return kv, nil
+}
+
+// checkEpoch stores the epoch in the bucket if none is, and fails with
+// ErrEpochMismatch if a different one is.
+func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time) error {
+	data, err := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch})
+	if err != nil {
+		return err
+	}
+	_, err = kv.Create(ctx, configKey, data)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("snowflake: store epoch: %w", err)
+	}
+	e, err := kv.Get(ctx, configKey)
+	if err != nil {
+		return fmt.Errorf("snowflake: read epoch: %w", err)
+	}
+	var c configRecord
+	if err := json.Unmarshal(e.Value(), &c); err != nil {
+		return fmt.Errorf("%w: bucket %q key %q: %v", ErrEpochMismatch, kv.Bucket(), configKey, err)
+	}
+	if !c.Epoch.Equal(epoch) {
+		return fmt.Errorf("%w: bucket %q has %s, configured %s", ErrEpochMismatch, kv.Bucket(),
+			c.Epoch.Format(time.RFC3339Nano), epoch.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// slot is one worker key as read.
+type slot struct {
+	rev uint64
+	rec leaseRecord
+	bad bool // value is not a lease record: leave alone
+}
+
+// snapshot reads all worker keys. Missing and deleted keys are absent.
+func snapshot(ctx context.Context, kv jetstream.KeyValue) (map[int]slot, error) {
+	wt, err := kv.Watch(ctx, workerKeyPrefix+"*")
+	if err != nil {
+		return nil, fmt.Errorf("snowflake: read leases: %w", err)
+	}
+	defer wt.Stop()
+	slots := make(map[int]slot)
+	for {
+		select {
+		case e, ok := <-wt.Updates():
+			if !ok {
+				return nil, errors.New("snowflake: read leases: watcher closed")
+			}
+			if e == nil {
+				return slots, nil
+			}
+			id, ok := parseWorkerKey(e.Key())
+			if !ok {
+				continue
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				delete(slots, id)
+				continue
+			}
+			s := slot{rev: e.Revision()}
+			if err := json.Unmarshal(e.Value(), &s.rec); err != nil || s.rec.Version != recordVersion || s.rec.Worker != id {
+				s.bad = true
+			}
+			slots[id] = s
+		case <-ctx.Done():
+			return nil, fmt.Errorf("snowflake: read leases: %w", ctx.Err())
+		}
+	}
+}
+
+// claim is a won claim.
+type claim struct {
+	id      int
+	rev     uint64
+	rec     leaseRecord
+	floorMs int64 // highest timestamp a previous holder may have used; -1: none
+	mono    time.Duration
+}
+
+// candidate is a worker ID worth trying.
+type candidate struct {
+	id   int
+	rev  uint64 // 0: free, Create
+	prev *leaseRecord
+}
+
+// claimPasses bounds how often claim reads the bucket again after losing
+// races (keys written while it read them may be missing from its snapshot).
+const claimPasses = 3
+
+// claim takes a worker ID: first a claimable one last held by our instance
+// name, then a never used one, then a released one, then an expired one.
+// Races are settled by Create and by Update on the revision read; a lost race
+// moves on to the next candidate.
+func (w *Worker) claim(ctx context.Context) (claim, error) {
+	for pass := 1; ; pass++ {
+		c, lost, err := w.claimPass(ctx)
+		if err == nil || lost == 0 || pass == claimPasses || !errors.Is(err, ErrNoWorkerID) {
+			return c, err
+		}
+	}
+}
+
+// claimPass is one pass of claim over a snapshot of the bucket. It reports
+// how many races it lost.
+func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
+	slots, err := snapshot(ctx, w.kv)
+	if err != nil {
+		return claim{}, 0, err
+	}
+	now := w.cfg.Now()
+	var own, free, released, expired []candidate
+	var live int
+	var soonest time.Time
+	for id := range MaxWorkerID + 1 {
+		s, ok := slots[id]
+		switch {
+		case !ok:
+			free = append(free, candidate{id: id})
+			continue
+		case s.bad:
+			w.log.Warn("snowflake: skipping worker ID with an unreadable lease value", "worker", id, "bucket", w.cfg.Bucket)
+			live++
+			continue
+		case !s.rec.Epoch.Equal(w.cfg.Epoch):
+			w.log.Error("snowflake: skipping worker ID whose lease has another epoch", "worker", id,
+				"epoch", s.rec.Epoch, "bucket", w.cfg.Bucket)
+			live++
+			continue
+		}
+		if at := s.rec.claimableAt(); !now.After(at) {
+			live++
+			if soonest.IsZero() || at.Before(soonest) {
+				soonest = at
+			}
+			continue
+		}
+		c := candidate{id: id, rev: s.rev, prev: &s.rec}
+		switch {
+		case s.rec.Instance == w.cfg.Instance:
+			own = append(own, c)
+		case s.rec.Released:
+			released = append(released, c)
+		default:
+			expired = append(expired, c)
+		}
+	}
+	// Spread concurrent claimants over the IDs.
+	for _, cs := range [][]candidate{free, released, expired} {
+		rand.Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
+	}
+	for _, c := range slices.Concat(own, free, released, expired) {
+		cl, err := w.try(ctx, c)
+		if err == nil {
+			return cl, lost, nil
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			w.log.Debug("snowflake: lost a race for a worker ID", "worker", c.id, "error", err)
+			lost++
+			continue
+		}
+		return claim{}, lost, fmt.Errorf("snowflake: claim worker ID %d: %w", c.id, err)
+	}
+	return claim{}, lost, fmt.Errorf("%w: %d live leases in bucket %q, %d lost races%s", ErrNoWorkerID, live, w.cfg.Bucket, lost, suffix(soonest))
+}
+
+func suffix(soonest time.Time) string {
+	if soonest.IsZero() {
+		return ""
+	}
+	return "; the first may be taken over after " + soonest.Format(TimeLayout)
+}
+
+// try claims one candidate.
+func (w *Worker) try(ctx context.Context, c candidate) (claim, error) {
+	mono := w.gen.monoNow()
+	now := w.cfg.Now()
+	floorMs := int64(-1)
+	if c.prev != nil {
+		floorMs = c.prev.Bound.UnixMilli() - w.gen.epochMs
+	}
+	nowMs := now.UnixMilli() - w.gen.epochMs
+	rec := w.newRecord(c.id, now, max(nowMs, floorMs)+w.cfg.Lease.Milliseconds())
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return claim{}, err
+	}
+	var rev uint64
+	if c.rev == 0 {
+		rev, err = w.kv.Create(ctx, workerKey(c.id), data)
+	} else {
+		rev, err = w.kv.Update(ctx, workerKey(c.id), data, c.rev)
+	}
+	if err != nil {
+		return claim{}, err
+	}
+	return claim{id: c.id, rev: rev, rec: rec, floorMs: floorMs, mono: mono}, nil
+}
+
+// newRecord returns our lease value written at now with the given bound.
+func (w *Worker) newRecord(id int, now time.Time, boundMs int64) leaseRecord {
+	now = now.UTC().Round(0)
+	return leaseRecord{
+		Version:   recordVersion,
+		Worker:    id,
+		Instance:  w.cfg.Instance,
+		Session:   w.session,
+		Epoch:     w.cfg.Epoch,
+		LeaseMS:   w.cfg.Lease.Milliseconds(),
+		Heartbeat: now,
+		Expires:   now.Add(w.cfg.Lease),
+		Bound:     w.gen.msTime(boundMs),
+	}
+}

@@ -1,0 +1,499 @@
+package snowflake
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Worker defaults.
+const (
+	DefaultBucket    = "dispenser_workers"
+	DefaultLease     = 10 * time.Second
+	DefaultHeartbeat = 3 * time.Second
+)
+
+// WorkerSettings configure a Worker. The zero value of every field means its
+// documented default. They are read once, by StartWorker.
+type WorkerSettings struct {
+	// Bucket is the JetStream key-value bucket holding the leases, created
+	// if missing. Default DefaultBucket.
+	Bucket string
+	// Replicas of the bucket when it is created. Default 1.
+	Replicas int
+	// Instance names this process in the leases; a restart with the same
+	// name prefers its previous worker ID. Default: host name, "-", and
+	// six random characters (so a restart does not find its old ID).
+	Instance string
+	// Lease is how long a lease lives without a heartbeat. Default
+	// DefaultLease.
+	Lease time.Duration
+	// Heartbeat is the interval between lease renewals; it must be shorter
+	// than Lease. Default DefaultHeartbeat, or Lease/3 if that is shorter.
+	Heartbeat time.Duration
+	// Epoch, RandomSequence, MaxBackwards, MaxBorrow, Now and Logger are as
+	// in Settings.
+	Epoch          time.Time
+	RandomSequence bool
+	MaxBackwards   time.Duration
+	MaxBorrow      time.Duration
+	Now            func() time.Time
+	Logger         *slog.Logger
+
+	// mono and sleep are as in Settings; tests inject them.
+	mono  func() time.Duration
+	sleep func(time.Duration)
+}
+
+// normalize fills in defaults and validates.
+func (s WorkerSettings) normalize() (WorkerSettings, error) {
+	if s.Bucket == "" {
+		s.Bucket = DefaultBucket
+	}
+	if s.Replicas == 0 {
+		s.Replicas = 1
+	}
+	if s.Replicas < 1 || s.Replicas > 5 {
+		return s, fmt.Errorf("%w: Replicas %d not in 1..5", ErrInvalidSettings, s.Replicas)
+	}
+	if s.Instance == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "snowflake"
+		}
+		s.Instance = host + "-" + strings.ToLower(rand.Text()[:6])
+	}
+	if s.Lease == 0 {
+		s.Lease = DefaultLease
+	}
+	if s.Lease < 10*time.Millisecond {
+		return s, fmt.Errorf("%w: Lease %v shorter than 10ms", ErrInvalidSettings, s.Lease)
+	}
+	if s.Heartbeat == 0 {
+		s.Heartbeat = min(DefaultHeartbeat, s.Lease/3)
+	}
+	if s.Heartbeat < 0 || s.Heartbeat >= s.Lease {
+		return s, fmt.Errorf("%w: Heartbeat %v not in (0, Lease %v)", ErrInvalidSettings, s.Heartbeat, s.Lease)
+	}
+	if s.Epoch.IsZero() {
+		s.Epoch = DefaultEpoch
+	}
+	s.Epoch = s.Epoch.UTC()
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	return s, nil
+}
+
+// Worker issues IDs under a worker ID leased from a JetStream key-value
+// bucket, and keeps the lease alive in the background. It is safe for
+// concurrent use.
+//
+// A Worker issues IDs only while it holds a lease it has renewed within the
+// lease duration (by the monotonic clock), and never with a timestamp above
+// the bound recorded in its lease value. If it loses its worker ID to
+// another holder it stops issuing and claims a new one in the background;
+// meanwhile AppendIDs returns ErrFenced.
+type Worker struct {
+	gen     *Generator
+	kv      jetstream.KeyValue
+	cfg     WorkerSettings
+	log     *slog.Logger
+	session string
+
+	// ctx is owned by the Worker and canceled by Close; background work
+	// runs on it, never on a caller's context.
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the background loop has exited
+	kick   chan struct{} // asks the loop for a heartbeat or claim now
+
+	paused    atomic.Bool // tests: skip heartbeats as if partitioned
+	closeOnce sync.Once
+	closeErr  error
+
+	// mu protects the lease bookkeeping below. Lock order: mu, then gen.mu.
+	mu            sync.Mutex
+	id            int         // held worker ID; -1: none
+	rev           uint64      // revision of our last write to the key
+	rec           leaseRecord // our last write to the key
+	closed        bool
+	heartbeats    uint64
+	hbFailures    uint64
+	hbFailStreak  uint64
+	losses        uint64
+	claims        uint64
+	claimFailures uint64
+}
+
+// StartWorker opens (or creates) the lease bucket, checks the epoch stored
+// in it, claims a worker ID and starts heartbeats. ctx bounds start-up only;
+// heartbeats run until Close.
+//
+// It returns an error wrapping ErrEpochMismatch if the bucket has another
+// epoch, ErrNoWorkerID if all worker IDs are held by live leases, and
+// ErrInvalidSettings, ErrEpochInFuture or ErrOverTimeLimit for bad settings.
+//
+// If the clock is behind the highest timestamp recorded for the claimed
+// worker ID (a predecessor released it with a clock ahead of ours), it logs
+// an error and returns a Worker whose AppendIDs fails with ErrClockBackwards
+// until the clock has caught up.
+func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) (*Worker, error) {
+	cfg, err := s.normalize()
+	if err != nil {
+		return nil, err
+	}
+	gen, err := newGenerator(Settings{
+		Epoch:          cfg.Epoch,
+		RandomSequence: cfg.RandomSequence,
+		MaxBackwards:   cfg.MaxBackwards,
+		MaxBorrow:      cfg.MaxBorrow,
+		Now:            s.Now, // nil keeps the single-reading fast path
+		Logger:         cfg.Logger,
+		mono:           cfg.mono,
+		sleep:          cfg.sleep,
+	}, true)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := openBucket(ctx, js, &cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkEpoch(ctx, kv, cfg.Epoch); err != nil {
+		return nil, err
+	}
+	w := &Worker{
+		gen:     gen,
+		kv:      kv,
+		cfg:     cfg,
+		log:     cfg.Logger.With("instance", cfg.Instance, "bucket", cfg.Bucket),
+		session: rand.Text(),
+		done:    make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+		id:      -1,
+	}
+	gen.log = w.log
+	gen.stall = w.poke
+	c, err := w.claim(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w.install(c)
+	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	go w.run()
+	return w, nil
+}
+
+// poke asks the loop for a heartbeat or claim now. It never blocks.
+func (w *Worker) poke() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// install makes a won claim the current lease.
+func (w *Worker) install(c claim) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.id, w.rev, w.rec = c.id, c.rev, c.rec
+	w.claims++
+	boundMs := c.rec.Bound.UnixMilli() - w.gen.epochMs
+	w.gen.assign(c.id, c.floorMs, boundMs, c.mono+w.cfg.Lease)
+	nowMs := c.rec.Heartbeat.UnixMilli() - w.gen.epochMs
+	w.log.Info("snowflake: claimed worker ID", "worker", c.id, "lease_expires", c.rec.Expires,
+		"bound", c.rec.Bound, "previous_bound", w.gen.msTime(c.floorMs))
+	if c.floorMs-nowMs > w.gen.maxBackMs {
+		w.log.Error("snowflake: clock is behind the highest timestamp recorded for the claimed worker ID; "+
+			"refusing to issue IDs until it catches up",
+			"worker", c.id, "clock", c.rec.Heartbeat, "recorded", w.gen.msTime(c.floorMs),
+			"behind", time.Duration(c.floorMs-nowMs)*time.Millisecond)
+	}
+}
+
+// run renews the lease every Heartbeat, and claims a new worker ID when the
+// old one is lost, until Close cancels w.ctx.
+func (w *Worker) run() {
+	defer close(w.done)
+	t := time.NewTicker(w.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-t.C:
+		case <-w.kick:
+		}
+		if w.paused.Load() {
+			continue
+		}
+		w.mu.Lock()
+		held := w.id >= 0
+		w.mu.Unlock()
+		if held {
+			w.heartbeat()
+		} else {
+			w.reclaim()
+		}
+	}
+}
+
+// heartbeat renews the lease: a CAS write of the current time and a bound
+// at least a lease ahead. Only after the write succeeded may the generator
+// use the new bound, so the recorded bound always covers what was issued.
+func (w *Worker) heartbeat() {
+	mono := w.gen.monoNow()
+	now := w.cfg.Now()
+	w.mu.Lock()
+	id, rev := w.id, w.rev
+	oldBoundMs := w.rec.Bound.UnixMilli() - w.gen.epochMs
+	w.mu.Unlock()
+	nowMs := now.UnixMilli() - w.gen.epochMs
+	rec := w.newRecord(id, now, max(oldBoundMs, nowMs+w.cfg.Lease.Milliseconds()))
+	data, err := json.Marshal(rec)
+	if err != nil {
+		w.log.Error("snowflake: encode lease", "error", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, w.cfg.Lease)
+	defer cancel()
+	newRev, err := w.kv.Update(ctx, workerKey(id), data, rev)
+	if err == nil {
+		w.mu.Lock()
+		w.rev, w.rec = newRev, rec
+		w.heartbeats++
+		w.hbFailStreak = 0
+		w.gen.renew(rec.Bound.UnixMilli()-w.gen.epochMs, mono+w.cfg.Lease)
+		w.mu.Unlock()
+		return
+	}
+	if w.ctx.Err() != nil {
+		return // closing
+	}
+	if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+		w.mu.Lock()
+		w.hbFailures++
+		w.hbFailStreak++
+		streak := w.hbFailStreak
+		w.mu.Unlock()
+		if streak == 1 || streak%100 == 0 {
+			w.log.Warn("snowflake: heartbeat failed", "worker", id, "error", err, "consecutive_failures", streak)
+		}
+		return
+	}
+	// The key changed under us. If our own earlier write landed after all
+	// (its reply was lost), adopt its revision; else we lost the key.
+	e, gerr := w.kv.Get(ctx, workerKey(id))
+	if gerr == nil {
+		var cur leaseRecord
+		if json.Unmarshal(e.Value(), &cur) == nil && cur.Session == w.session && !cur.Released {
+			w.mu.Lock()
+			w.rev, w.rec = e.Revision(), cur
+			w.mu.Unlock()
+			w.poke()
+			return
+		}
+	} else if !errors.Is(gerr, jetstream.ErrKeyNotFound) {
+		w.mu.Lock()
+		w.hbFailures++
+		w.mu.Unlock()
+		w.log.Warn("snowflake: heartbeat: read lease", "worker", id, "error", gerr)
+		return
+	}
+	w.gen.revoke(ErrFenced)
+	w.mu.Lock()
+	w.id = -1
+	w.losses++
+	w.mu.Unlock()
+	holder := ""
+	if gerr == nil {
+		var cur leaseRecord
+		_ = json.Unmarshal(e.Value(), &cur)
+		holder = cur.Instance
+	}
+	w.log.Warn("snowflake: lost worker ID to another holder; claiming a new one", "worker", id, "holder", holder)
+	w.poke()
+}
+
+// reclaim claims a worker ID after the old one was lost.
+func (w *Worker) reclaim() {
+	ctx, cancel := context.WithTimeout(w.ctx, max(w.cfg.Lease, 5*time.Second))
+	defer cancel()
+	c, err := w.claim(ctx)
+	if err != nil {
+		if w.ctx.Err() != nil {
+			return
+		}
+		w.mu.Lock()
+		w.claimFailures++
+		first := w.claimFailures == 1
+		w.mu.Unlock()
+		if first || !errors.Is(err, ErrNoWorkerID) {
+			w.log.Warn("snowflake: claiming a worker ID failed; will retry", "error", err)
+		}
+		return
+	}
+	w.mu.Lock()
+	w.claimFailures = 0
+	w.mu.Unlock()
+	w.install(c)
+}
+
+// AppendIDs appends n new IDs in increasing order to dst, n in 1..MaxCount.
+// It issues all n or none. Errors: ErrInvalidCount (400); ErrFenced,
+// ErrClockBackwards, ErrOverloaded, ErrClosed (all errors.Is ErrUnavailable:
+// 503); ErrOverTimeLimit (500).
+func (w *Worker) AppendIDs(dst []int64, n int) ([]int64, error) {
+	return w.gen.AppendIDs(dst, n)
+}
+
+// Next returns one new ID; errors as for AppendIDs.
+func (w *Worker) Next() (int64, error) { return w.gen.Next() }
+
+// Unavailable reports whether err means "cannot issue right now" (HTTP 503),
+// that is errors.Is(err, ErrUnavailable).
+func (w *Worker) Unavailable(err error) bool { return Unavailable(err) }
+
+// WorkerID returns the worker ID held; ok is false while none is (lost and
+// re-claiming, or closed).
+func (w *Worker) WorkerID() (id int, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.id, w.id >= 0
+}
+
+// Instance returns the instance name used in the leases.
+func (w *Worker) Instance() string { return w.cfg.Instance }
+
+// Epoch returns the time of timestamp 0.
+func (w *Worker) Epoch() time.Time { return w.cfg.Epoch }
+
+// WorkerStats is the lease state reported by Stats.
+type WorkerStats struct {
+	WorkerID int    `json:"worker_id"` // -1: none held
+	Held     bool   `json:"held"`
+	Instance string `json:"instance"`
+	Bucket   string `json:"bucket"`
+	// Epoch is the time of timestamp 0.
+	Epoch time.Time `json:"epoch"`
+	// LastHeartbeat is the wall time written by the last successful lease
+	// write; LeaseExpires is it plus the lease.
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	LeaseExpires  time.Time `json:"lease_expires"`
+	// Bound is the highest timestamp the worker may use under its lease.
+	Bound time.Time `json:"bound"`
+	// LastTimestamp is the timestamp of the last ID issued (or the floor
+	// inherited from the previous holder).
+	LastTimestamp time.Time `json:"last_timestamp"`
+	// Fenced is true while issuing is refused for want of a valid lease.
+	Fenced bool `json:"fenced"`
+	// ClockBehind is true while issuing is refused because the clock is
+	// behind.
+	ClockBehind bool `json:"clock_behind"`
+	Closed      bool `json:"closed"`
+	// Issued counts IDs issued.
+	Issued uint64 `json:"issued"`
+	// ClockBackwards counts episodes of refusing because the clock was
+	// more than MaxBackwards behind; ClockBackwardsWaits counts smaller
+	// steps waited out.
+	ClockBackwards      uint64 `json:"clock_backwards"`
+	ClockBackwardsWaits uint64 `json:"clock_backwards_waits"`
+	// FencedEpisodes counts episodes of refusing for want of a valid lease.
+	FencedEpisodes uint64 `json:"fenced_episodes"`
+	Heartbeats     uint64 `json:"heartbeats"`
+	// HeartbeatFailures counts heartbeat writes that failed for other
+	// reasons than losing the key.
+	HeartbeatFailures uint64 `json:"heartbeat_failures"`
+	// Claims counts worker IDs claimed; LostLeases counts worker IDs lost to
+	// another holder.
+	Claims     uint64 `json:"claims"`
+	LostLeases uint64 `json:"lost_leases"`
+}
+
+// Stats returns the lease state as a WorkerStats (JSON-marshalable).
+func (w *Worker) Stats() any { return w.stats() }
+
+func (w *Worker) stats() WorkerStats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	g := w.gen.stats()
+	st := WorkerStats{
+		WorkerID:            w.id,
+		Held:                w.id >= 0,
+		Instance:            w.cfg.Instance,
+		Bucket:              w.cfg.Bucket,
+		Epoch:               w.cfg.Epoch,
+		LastHeartbeat:       w.rec.Heartbeat,
+		LeaseExpires:        w.rec.Expires,
+		Bound:               w.rec.Bound,
+		Fenced:              g.fenced && !w.closed,
+		ClockBehind:         g.backwards,
+		Closed:              w.closed,
+		Issued:              g.issued,
+		ClockBackwards:      g.backEvents,
+		ClockBackwardsWaits: g.backWaits,
+		FencedEpisodes:      g.fenceEvents,
+		Heartbeats:          w.heartbeats,
+		HeartbeatFailures:   w.hbFailures,
+		Claims:              w.claims,
+		LostLeases:          w.losses,
+	}
+	if g.lastMs >= 0 {
+		st.LastTimestamp = w.gen.msTime(g.lastMs)
+	}
+	return st
+}
+
+// Close stops issuing and heartbeats and releases the lease, recording the
+// last timestamp used so that a successor may take the worker ID at once
+// (and start above it). ctx bounds the release write. Close waits for the
+// background loop to exit. Later calls return the first call's result.
+func (w *Worker) Close(ctx context.Context) error {
+	w.closeOnce.Do(func() { w.closeErr = w.close(ctx) })
+	return w.closeErr
+}
+
+func (w *Worker) close(ctx context.Context) error {
+	w.cancel()
+	<-w.done // the loop's KV calls run on w.ctx and return promptly
+	lastMs := w.gen.revoke(ErrClosed)
+	w.mu.Lock()
+	id, rev, rec := w.id, w.rev, w.rec
+	w.id = -1
+	w.closed = true
+	w.mu.Unlock()
+	if id < 0 {
+		return nil
+	}
+	now := w.cfg.Now().UTC().Round(0)
+	rec.Heartbeat, rec.Expires = now, now
+	rec.Bound = w.gen.msTime(max(lastMs, 0))
+	rec.Released = true
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := w.kv.Update(ctx, workerKey(id), data, rev); err != nil {
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+			w.log.Warn("snowflake: worker ID was taken over before release", "worker", id)
+			return nil
+		}
+		return fmt.Errorf("snowflake: release worker ID %d: %w", id, err)
+	}
+	w.log.Info("snowflake: released worker ID", "worker", id, "last_timestamp", rec.Bound)
+	return nil
+}
