@@ -1,34 +1,3 @@
-// Package snowflake issues time-ordered, unique 64-bit IDs.
-//
-// An ID is laid out, from the most significant bit, as
-//
-//	1 bit   sign, always 0
-//	41 bits milliseconds since the epoch (about 69 years)
-//	10 bits worker ID (0..1023)
-//	12 bits sequence within the millisecond (0..4095)
-//
-// A Generator issues IDs for one fixed worker ID. A Worker claims its worker
-// ID from a JetStream key-value bucket under a lease and issues IDs through
-// a Generator that is bounded by that lease, so that no two live workers
-// share a worker ID and no worker repeats a timestamp used by itself or by
-// an earlier holder of its worker ID, whatever the clocks do.
-//
-// # Guarantees
-//
-// Within one Generator, IDs strictly increase: the timestamp never goes below
-// the last one used and no (timestamp, sequence) pair is used twice. A full
-// millisecond borrows the next one, at most MaxBorrow ahead of the clock. A
-// clock that goes back by at most MaxBackwards is waited out; further back,
-// issuing fails with ErrClockBackwards until the clock has caught up.
-//
-// Between holders of a worker ID (see Worker), uniqueness rests on the value
-// stored under the worker ID's key: every holder records, before it may issue
-// them, an upper bound on the timestamps it will use; a successor only takes
-// the key by compare-and-set on the revision it read and starts above the
-// recorded bound. That holds whatever the clocks, pauses and network do. The
-// lease timing (expiry, self-fencing) additionally keeps two live workers from
-// holding the same worker ID at once, as long as clocks run at about the same
-// rate and disagree by less than a lease.
 package snowflake
 
 import (

@@ -215,8 +215,11 @@ func (w *Worker) install(c claim) {
 	boundMs := c.rec.Bound.UnixMilli() - w.gen.epochMs
 	w.gen.assign(c.id, c.floorMs, boundMs, c.mono+w.cfg.Lease)
 	nowMs := c.rec.Heartbeat.UnixMilli() - w.gen.epochMs
-	w.log.Info("snowflake: claimed worker ID", "worker", c.id, "lease_expires", c.rec.Expires,
-		"bound", c.rec.Bound, "previous_bound", w.gen.msTime(c.floorMs))
+	attrs := []any{"worker", c.id, "lease_expires", c.rec.Expires, "bound", c.rec.Bound}
+	if c.floorMs >= 0 {
+		attrs = append(attrs, "previous_bound", w.gen.msTime(c.floorMs))
+	}
+	w.log.Info("snowflake: claimed worker ID", attrs...)
 	if c.floorMs-nowMs > w.gen.maxBackMs {
 		w.log.Error("snowflake: clock is behind the highest timestamp recorded for the claimed worker ID; "+
 			"refusing to issue IDs until it catches up",
@@ -231,16 +234,28 @@ func (w *Worker) run() {
 	defer close(w.done)
 	t := time.NewTicker(w.cfg.Heartbeat)
 	defer t.Stop()
+	// Kicks come from refused requests; space the attempts they cause so
+	// that a storm of refusals does not hammer NATS.
+	spacing := w.cfg.Heartbeat / 4
+	var last time.Time
 	for {
 		select {
 		case <-w.ctx.Done():
 			return
 		case <-t.C:
 		case <-w.kick:
+			if wait := spacing - time.Since(last); wait > 0 {
+				select {
+				case <-w.ctx.Done():
+					return
+				case <-time.After(wait):
+				}
+			}
 		}
 		if w.paused.Load() {
 			continue
 		}
+		last = time.Now()
 		w.mu.Lock()
 		held := w.id >= 0
 		w.mu.Unlock()
