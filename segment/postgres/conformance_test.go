@@ -1,0 +1,47 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/segment/storetest"
+)
+
+// deletable adds the DeleteTag that the conformance suite needs; the Store
+// itself has none.
+type deletable struct{ *postgres.Store }
+
+func (s deletable) DeleteTag(ctx context.Context, name string) error {
+	if err := segment.CheckTag(name); err != nil {
+		return fmt.Errorf("postgres: delete tag: %w", err)
+	}
+	ct, err := s.Pool().Exec(ctx, "DELETE FROM leaf_alloc WHERE biz_tag = $1", name)
+	if err != nil {
+		return fmt.Errorf("postgres: delete tag %q: %w", name, err)
+	}
+	if ct.RowsAffected() == 0 {
+		return fmt.Errorf("postgres: delete tag %q: %w", name, segment.ErrUnknownTag)
+	}
+	return nil
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, storetest.Config{
+		NewBackend: func(tb testing.TB) func(testing.TB) storetest.Store {
+			tb.Helper()
+			url := newDB(tb)
+			// Each Store has a pool of its own, as another process would.
+			return func(tb testing.TB) storetest.Store {
+				tb.Helper()
+				return deletable{postgres.New(newPool(tb, url))}
+			}
+		},
+		Prefix:             "postgres: ",
+		ErrExhausted:       postgres.ErrExhausted,
+		ErrInvalidArgument: postgres.ErrInvalidArgument,
+		MaxDescription:     postgres.MaxDescription,
+	})
+}

@@ -1,0 +1,770 @@
+// Package storetest is a conformance suite for implementations of
+// segment.Store and segment.Admin: every store must pass it unchanged.
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, storetest.Config{NewBackend: ..., Prefix: "mystore: ", ...})
+//	}
+package storetest
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// Store is what the suite tests: a segment store with administration and a
+// way to delete tags.
+type Store interface {
+	segment.Store
+	segment.Admin
+	// DeleteTag removes a tag, which then is unknown to every operation and
+	// may be created again. An unknown tag yields segment.ErrUnknownTag.
+	DeleteTag(ctx context.Context, name string) error
+}
+
+// Config describes the store under test.
+type Config struct {
+	// NewBackend sets up a new, empty backend (a database, a bucket) for one
+	// test, removed in tb's Cleanup, and returns a function that opens a
+	// Store on it. Each Store that open returns must have connections of its
+	// own, as if it were in another process, and be closed in tb's Cleanup.
+	NewBackend func(tb testing.TB) (open func(tb testing.TB) Store)
+	// Prefix starts the message of every error of the store, e.g. "kv: ".
+	Prefix string
+	// ErrExhausted is the store's error for a fetch that would push max_id
+	// past 2^63-1.
+	ErrExhausted error
+	// ErrInvalidArgument is the store's error for a start below 1, a
+	// description that is too long or not text, and a give-back range out
+	// of bounds.
+	ErrInvalidArgument error
+	// MaxDescription is the most characters a description may have.
+	MaxDescription int
+}
+
+// Run runs the suite, each test as a subtest of t on a backend of its own.
+func Run(t *testing.T, c Config) {
+	if c.NewBackend == nil || c.Prefix == "" || c.ErrExhausted == nil || c.ErrInvalidArgument == nil || c.MaxDescription < 1 {
+		t.Fatalf("storetest: incomplete Config %+v", c)
+	}
+	tests := []struct {
+		name string
+		test func(t *testing.T, c Config)
+	}{
+		{"ConcurrentFetchesNeverOverlap", testConcurrentFetches},
+		{"ConcurrentGiveBacksNeverOverlap", testConcurrentGiveBacks},
+		{"ConcurrentUpdatesNotLost", testConcurrentUpdates},
+		{"FetchStep", testFetchStep},
+		{"NewTagStartsAtStart", testNewTagStartsAtStart},
+		{"FetchErrorsChangeNothing", testFetchErrors},
+		{"FetchExhausted", testFetchExhausted},
+		{"GiveBack", testGiveBack},
+		{"GiveBackInvalid", testGiveBackInvalid},
+		{"CreateTag", testCreateTag},
+		{"CreateTagInvalid", testCreateTagInvalid},
+		{"UpdateTag", testUpdateTag},
+		{"UpdateTagInvalid", testUpdateTagInvalid},
+		{"Tags", testTags},
+		{"Tag", testTag},
+		{"DeleteTag", testDeleteTag},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { tt.test(t, c) })
+	}
+}
+
+// newStore returns one Store on a new backend.
+func newStore(tb testing.TB, c Config) Store {
+	tb.Helper()
+	return c.NewBackend(tb)(tb)
+}
+
+// ctx bounds every store call of the suite, so that a hung store fails the
+// test instead of stalling it.
+func ctx(tb testing.TB) context.Context {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
+// createTag creates a tag and fails the test on error.
+func createTag(tb testing.TB, s Store, name string, step, start int64) {
+	tb.Helper()
+	if err := s.CreateTag(ctx(tb), name, step, start, "test tag "+name); err != nil {
+		tb.Fatalf("CreateTag(%q, %d, %d): %v", name, step, start, err)
+	}
+}
+
+// tag looks up a tag and fails the test on error.
+func tag(tb testing.TB, s Store, name string) segment.Tag {
+	tb.Helper()
+	t, err := s.Tag(ctx(tb), name)
+	if err != nil {
+		tb.Fatalf("Tag(%q): %v", name, err)
+	}
+	return t
+}
+
+// fetch fetches a segment and fails the test on error.
+func fetch(tb testing.TB, s Store, name string, step int64) segment.Allocation {
+	tb.Helper()
+	a, err := s.Fetch(ctx(tb), name, step)
+	if err != nil {
+		tb.Fatalf("Fetch(%q, %d): %v", name, step, err)
+	}
+	return a
+}
+
+// snapshot returns every tag the store lists, every field, as text, so that
+// tests can check that an operation changed nothing.
+func snapshot(tb testing.TB, s Store) string {
+	tb.Helper()
+	names, err := s.Tags(ctx(tb))
+	if err != nil {
+		tb.Fatalf("snapshot: Tags: %v", err)
+	}
+	var b strings.Builder
+	for _, n := range names {
+		t := tag(tb, s, n)
+		fmt.Fprintf(&b, "%s|%d|%d|%q|%s\n", t.Name, t.MaxID, t.Step, t.Description, t.UpdateTime.UTC().Format(time.RFC3339Nano))
+	}
+	return b.String()
+}
+
+// checkUnchanged fails the test if the store's snapshot is not before.
+func checkUnchanged(tb testing.TB, s Store, before, what string) {
+	tb.Helper()
+	if after := snapshot(tb, s); after != before {
+		tb.Errorf("%s changed the store:\nbefore:\n%s\nafter:\n%s", what, before, after)
+	}
+}
+
+// checkErr fails the test unless err wraps want and reads as a store error.
+func checkErr(tb testing.TB, c Config, err, want error) {
+	tb.Helper()
+	if !errors.Is(err, want) {
+		tb.Fatalf("got error %v, want %v", err, want)
+	}
+	if !strings.HasPrefix(err.Error(), c.Prefix) {
+		tb.Errorf("error %q lacks the %q prefix", err, c.Prefix)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// checkTiling fails the test unless the non-empty segments, sorted, cover
+// start..end-1 exactly: no overlap, no gap.
+func checkTiling(tb testing.TB, segs []segment.Allocation, start, end int64) {
+	tb.Helper()
+	segs = slices.DeleteFunc(slices.Clone(segs), func(a segment.Allocation) bool { return a.Start == a.End })
+	sort.Slice(segs, func(i, j int) bool { return segs[i].Start < segs[j].Start })
+	next := start
+	for _, a := range segs {
+		switch {
+		case a.End < a.Start:
+			tb.Fatalf("segment [%d, %d) ends before it starts", a.Start, a.End)
+		case a.Start < next:
+			tb.Fatalf("segment [%d, %d) overlaps the IDs below %d", a.Start, a.End, next)
+		case a.Start > next:
+			tb.Fatalf("gap: IDs %d..%d are in no segment", next, a.Start-1)
+		}
+		next = a.End
+	}
+	if next != end {
+		tb.Fatalf("segments end at %d, want %d, the tag's max_id", next, end)
+	}
+}
+
+// Four Stores, as four processes, with eight goroutines each.
+const (
+	stores     = 4
+	goroutines = 8
+	fetches    = 20
+)
+
+// openStores opens n Stores on one new backend.
+func openStores(tb testing.TB, c Config, n int) []Store {
+	tb.Helper()
+	open := c.NewBackend(tb)
+	ss := make([]Store, n)
+	for i := range ss {
+		ss[i] = open(tb)
+	}
+	return ss
+}
+
+func testConcurrentFetches(t *testing.T, c Config) {
+	ss := openStores(t, c, stores)
+	const tagStep = 10
+	createTag(t, ss[0], "orders", tagStep, 1)
+
+	ctx := ctx(t)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		allocs []segment.Allocation
+		errs   []error
+	)
+	for g := range stores * goroutines {
+		wg.Go(func() {
+			s := ss[g%len(ss)]
+			for i := range fetches {
+				step := int64(0) // the tag's own step, or an explicit one
+				if i%3 != 0 {
+					step = int64(1 + (g*7+i)%50)
+				}
+				length := cmp.Or(step, tagStep)
+				a, err := s.Fetch(ctx, "orders", step)
+				if err == nil && (a.End-a.Start != length || a.TagStep != tagStep) {
+					err = fmt.Errorf("Fetch(orders, %d) = %+v, want %d IDs and TagStep %d", step, a, length, tagStep)
+				}
+				mu.Lock()
+				allocs = append(allocs, a)
+				if err != nil {
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	if got, want := len(allocs), stores*goroutines*fetches; got != want {
+		t.Errorf("got %d segments, want %d", got, want)
+	}
+	checkTiling(t, allocs, 1, tag(t, ss[1], "orders").MaxID)
+}
+
+// Every fetch is followed by an attempt to give part of the segment back.
+// A give-back that succeeds issues only the IDs below firstUnissued, one
+// that fails the whole segment; either way the issued IDs must tile the
+// range, whatever the interleaving.
+func testConcurrentGiveBacks(t *testing.T, c Config) {
+	ss := openStores(t, c, stores)
+	const tagStep = 10
+	createTag(t, ss[0], "orders", tagStep, 1)
+
+	ctx := ctx(t)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		issued []segment.Allocation
+		errs   []error
+		given  int
+	)
+	for g := range stores * goroutines {
+		wg.Go(func() {
+			s := ss[g%len(ss)]
+			for i := range fetches {
+				a, err := s.Fetch(ctx, "orders", 0)
+				ok := false
+				if err == nil {
+					keep := int64(g+i) % tagStep // 0: give everything back
+					ok, err = s.GiveBack(ctx, "orders", a.End, a.Start+keep)
+					if ok {
+						a.End = a.Start + keep
+					}
+				}
+				mu.Lock()
+				issued = append(issued, a)
+				if ok {
+					given++
+				}
+				if err != nil {
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	checkTiling(t, issued, 1, tag(t, ss[1], "orders").MaxID)
+	t.Logf("%d of %d give-backs succeeded", given, len(issued))
+}
+
+// Fetches with the tag's own step race with updates of that step: each
+// fetch must take exactly the step it reports, and no fetch may write back
+// a step it read before an update.
+func testConcurrentUpdates(t *testing.T, c Config) {
+	ss := openStores(t, c, stores)
+	ctx := ctx(t)
+	createTag(t, ss[0], "orders", 1, 1)
+	const updates = 30
+
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		allocs []segment.Allocation
+		errs   []error
+	)
+	wg.Go(func() {
+		for i := range updates {
+			step, desc := int64(i+2), fmt.Sprintf("version %d", i+2)
+			if err := ss[i%len(ss)].UpdateTag(ctx, "orders", &step, &desc); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}
+	})
+	for g := range stores * 2 {
+		wg.Go(func() {
+			s := ss[g%len(ss)]
+			for range fetches {
+				a, err := s.Fetch(ctx, "orders", 0)
+				if err == nil && (a.End-a.Start != a.TagStep || a.TagStep < 1 || a.TagStep > updates+1) {
+					err = fmt.Errorf("Fetch(orders, 0) = %+v, want TagStep IDs, TagStep in 1..%d", a, updates+1)
+				}
+				mu.Lock()
+				allocs = append(allocs, a)
+				if err != nil {
+					errs = append(errs, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	got := tag(t, ss[1], "orders")
+	if got.Step != updates+1 || got.Description != fmt.Sprintf("version %d", updates+1) {
+		t.Errorf("after the updates: %+v, want step %d and description \"version %d\", the last update", got, updates+1, updates+1)
+	}
+	checkTiling(t, allocs, 1, got.MaxID)
+}
+
+func testFetchStep(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "orders", 10, 1)
+	tests := []struct {
+		name   string
+		step   int64
+		length int64
+	}{
+		{name: "zero means the tag's step", step: 0, length: 10},
+		{name: "negative means the tag's step", step: -7, length: 10},
+		{name: "explicit larger step", step: 25, length: 25},
+		{name: "explicit smaller step", step: 1, length: 1},
+		{name: "largest step", step: segment.MaxStepLimit, length: segment.MaxStepLimit},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := tag(t, s, "orders")
+			got := fetch(t, s, "orders", tt.step)
+			want := segment.Allocation{Start: before.MaxID, End: before.MaxID + tt.length, TagStep: 10}
+			if got != want {
+				t.Errorf("Fetch(orders, %d) = %+v, want %+v", tt.step, got, want)
+			}
+			after := tag(t, s, "orders")
+			if after.MaxID != want.End || after.Step != 10 || after.Description != before.Description {
+				t.Errorf("after fetch: %+v, want max_id %d, step 10, description %q", after, want.End, before.Description)
+			}
+		})
+	}
+}
+
+func testNewTagStartsAtStart(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "one", 1000, 1)
+	createTag(t, s, "later", 50, 5000)
+	if got, want := fetch(t, s, "one", 0), (segment.Allocation{Start: 1, End: 1001, TagStep: 1000}); got != want {
+		t.Errorf("first fetch of a tag created at 1 = %+v, want %+v", got, want)
+	}
+	if got, want := fetch(t, s, "later", 0), (segment.Allocation{Start: 5000, End: 5050, TagStep: 50}); got != want {
+		t.Errorf("first fetch of a tag created at 5000 = %+v, want %+v", got, want)
+	}
+	if got, want := fetch(t, s, "one", 0), (segment.Allocation{Start: 1001, End: 2001, TagStep: 1000}); got != want {
+		t.Errorf("second fetch of a tag created at 1 = %+v, want %+v", got, want)
+	}
+}
+
+func testFetchErrors(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "orders", 10, 1)
+	fetch(t, s, "orders", 0)
+	tests := []struct {
+		name string
+		tag  string
+		step int64
+		want error
+	}{
+		{name: "unknown tag", tag: "nosuch", want: segment.ErrUnknownTag},
+		{name: "unknown tag explicit step", tag: "nosuch", step: 5, want: segment.ErrUnknownTag},
+		{name: "unknown tag differing in case", tag: "Orders", want: segment.ErrUnknownTag},
+		{name: "empty tag", tag: "", want: segment.ErrInvalidTag},
+		{name: "dot in tag", tag: "orders.eu", want: segment.ErrInvalidTag},
+		{name: "wildcard tag", tag: "*", want: segment.ErrInvalidTag},
+		{name: "full wildcard tag", tag: ">", want: segment.ErrInvalidTag},
+		{name: "non-ASCII tag", tag: "bestellungen-ü", want: segment.ErrInvalidTag},
+		{name: "tag too long", tag: strings.Repeat("a", 129), want: segment.ErrInvalidTag},
+		{name: "step too large", tag: "orders", step: segment.MaxStepLimit + 1, want: segment.ErrInvalidStep},
+		{name: "step far too large", tag: "orders", step: math.MaxInt64, want: segment.ErrInvalidStep},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := snapshot(t, s)
+			a, err := s.Fetch(ctx(t), tt.tag, tt.step)
+			checkErr(t, c, err, tt.want)
+			if a != (segment.Allocation{}) {
+				t.Errorf("Fetch returned %+v with the error, want zero", a)
+			}
+			checkUnchanged(t, s, before, "failed Fetch")
+		})
+	}
+}
+
+func testFetchExhausted(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "big", 10, math.MaxInt64-10)
+	// The last full segment ends exactly at the largest int64.
+	if got, want := fetch(t, s, "big", 0), (segment.Allocation{Start: math.MaxInt64 - 10, End: math.MaxInt64, TagStep: 10}); got != want {
+		t.Fatalf("last fetch = %+v, want %+v", got, want)
+	}
+	for _, step := range []int64{0, 1, segment.MaxStepLimit} {
+		before := snapshot(t, s)
+		a, err := s.Fetch(ctx(t), "big", step)
+		checkErr(t, c, err, c.ErrExhausted)
+		if a != (segment.Allocation{}) {
+			t.Errorf("Fetch(big, %d) returned %+v with the error, want zero", step, a)
+		}
+		checkUnchanged(t, s, before, fmt.Sprintf("exhausted Fetch(big, %d)", step))
+	}
+}
+
+func testGiveBack(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "orders", 100, 1)
+	giveBack := func(end, firstUnissued int64) bool {
+		t.Helper()
+		ok, err := s.GiveBack(ctx(t), "orders", end, firstUnissued)
+		if err != nil {
+			t.Fatalf("GiveBack(orders, %d, %d): %v", end, firstUnissued, err)
+		}
+		return ok
+	}
+
+	// We fetched last: the unissued rest goes back.
+	a := fetch(t, s, "orders", 0)
+	if !giveBack(a.End, a.Start+3) {
+		t.Fatal("GiveBack after our own fetch = false, want true")
+	}
+	if got, want := tag(t, s, "orders").MaxID, a.Start+3; got != want {
+		t.Errorf("max_id after give-back = %d, want %d", got, want)
+	}
+	if got := fetch(t, s, "orders", 0); got.Start != a.Start+3 {
+		t.Errorf("fetch after give-back = %+v, want it to start at %d", got, a.Start+3)
+	}
+
+	// Somebody fetched after us: nothing goes back.
+	a = fetch(t, s, "orders", 0)
+	b := fetch(t, s, "orders", 0)
+	before := snapshot(t, s)
+	if giveBack(a.End, a.Start) {
+		t.Fatal("GiveBack after a later fetch = true, want false")
+	}
+	checkUnchanged(t, s, before, "refused give-back")
+
+	// Giving back nothing is allowed and keeps max_id.
+	if !giveBack(b.End, b.End) {
+		t.Error("GiveBack of nothing = false, want true")
+	}
+	if got := tag(t, s, "orders").MaxID; got != b.End {
+		t.Errorf("max_id after empty give-back = %d, want %d", got, b.End)
+	}
+
+	// Giving back everything, down to the tag's very first ID.
+	if !giveBack(b.End, 1) {
+		t.Error("GiveBack to 1 = false, want true")
+	}
+	if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 1, End: 101, TagStep: 100}); got != want {
+		t.Errorf("fetch after giving back everything = %+v, want %+v", got, want)
+	}
+
+	// An unknown tag has nothing to give back to.
+	before = snapshot(t, s)
+	ok, err := s.GiveBack(ctx(t), "nosuch", 10, 5)
+	if err != nil || ok {
+		t.Errorf("GiveBack of an unknown tag = %v, %v, want false, nil", ok, err)
+	}
+	checkUnchanged(t, s, before, "give-back to an unknown tag")
+}
+
+func testGiveBackInvalid(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "orders", 100, 1)
+	a := fetch(t, s, "orders", 0)
+	tests := []struct {
+		name          string
+		tag           string
+		end, unissued int64
+		want          error
+	}{
+		{name: "first unissued past end", tag: "orders", end: a.End, unissued: a.End + 1, want: c.ErrInvalidArgument},
+		{name: "first unissued zero", tag: "orders", end: a.End, unissued: 0, want: c.ErrInvalidArgument},
+		{name: "first unissued negative", tag: "orders", end: a.End, unissued: -5, want: c.ErrInvalidArgument},
+		{name: "end below one", tag: "orders", end: 0, unissued: 0, want: c.ErrInvalidArgument},
+		{name: "invalid tag", tag: "orders>", end: a.End, unissued: a.Start, want: segment.ErrInvalidTag},
+		{name: "invalid tag, invalid range", tag: "", end: 1, unissued: 2, want: segment.ErrInvalidTag},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := snapshot(t, s)
+			ok, err := s.GiveBack(ctx(t), tt.tag, tt.end, tt.unissued)
+			checkErr(t, c, err, tt.want)
+			if ok {
+				t.Error("GiveBack reported true with an error")
+			}
+			checkUnchanged(t, s, before, "failed GiveBack")
+		})
+	}
+}
+
+func testCreateTag(t *testing.T, c Config) {
+	s := newStore(t, c)
+	if err := s.CreateTag(ctx(t), "orders", 1000, 42, "order numbers"); err != nil {
+		t.Fatal(err)
+	}
+	got := tag(t, s, "orders")
+	if got.Name != "orders" || got.MaxID != 42 || got.Step != 1000 || got.Description != "order numbers" || got.UpdateTime.IsZero() {
+		t.Errorf("Tag(orders) = %+v, want max_id 42, step 1000, description \"order numbers\", an update time", got)
+	}
+
+	// Boundary values are accepted and come back unchanged.
+	longest := strings.Repeat("é", c.MaxDescription) // characters, not bytes
+	tests := []struct {
+		name        string
+		tag         string
+		step, start int64
+		description string
+	}{
+		{name: "largest values", tag: "edges", step: segment.MaxStepLimit, start: math.MaxInt64, description: longest},
+		{name: "smallest values", tag: "x", step: 1, start: 1, description: ""},
+		{name: "longest name", tag: strings.Repeat("Z", 128), step: 7, start: 3, description: `quotes " and \ and <html> & tabs	`},
+		{name: "all name characters", tag: "aZ09_-", step: 7, start: 3, description: "中文 ✓"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := s.CreateTag(ctx(t), tt.tag, tt.step, tt.start, tt.description); err != nil {
+				t.Fatalf("CreateTag: %v", err)
+			}
+			got := tag(t, s, tt.tag)
+			if got.Name != tt.tag || got.MaxID != tt.start || got.Step != tt.step || got.Description != tt.description {
+				t.Errorf("Tag(%q) = %+v, want max_id %d, step %d, description %q", tt.tag, got, tt.start, tt.step, tt.description)
+			}
+		})
+	}
+}
+
+func testCreateTagInvalid(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "orders", 10, 1)
+	fetch(t, s, "orders", 0)
+	tests := []struct {
+		name        string
+		tag         string
+		step, start int64
+		description string
+		want        error
+	}{
+		{name: "existing tag", tag: "orders", step: 99, start: 500, description: "again", want: segment.ErrTagExists},
+		{name: "existing tag, same values", tag: "orders", step: 10, start: 1, description: "test tag orders", want: segment.ErrTagExists},
+		{name: "empty name", tag: "", step: 10, start: 1, want: segment.ErrInvalidTag},
+		{name: "space in name", tag: "new orders", step: 10, start: 1, want: segment.ErrInvalidTag},
+		{name: "dot in name", tag: "new.orders", step: 10, start: 1, want: segment.ErrInvalidTag},
+		{name: "name too long", tag: strings.Repeat("x", 129), step: 10, start: 1, want: segment.ErrInvalidTag},
+		{name: "zero step", tag: "new", step: 0, start: 1, want: segment.ErrInvalidStep},
+		{name: "negative step", tag: "new", step: -1, start: 1, want: segment.ErrInvalidStep},
+		{name: "step too large", tag: "new", step: segment.MaxStepLimit + 1, start: 1, want: segment.ErrInvalidStep},
+		{name: "zero start", tag: "new", step: 10, start: 0, want: c.ErrInvalidArgument},
+		{name: "negative start", tag: "new", step: 10, start: -100, want: c.ErrInvalidArgument},
+		{name: "description too long", tag: "new", step: 10, start: 1, description: strings.Repeat("d", c.MaxDescription+1), want: c.ErrInvalidArgument},
+		{name: "description not UTF-8", tag: "new", step: 10, start: 1, description: "\xff", want: c.ErrInvalidArgument},
+		{name: "description with NUL", tag: "new", step: 10, start: 1, description: "a\x00b", want: c.ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := snapshot(t, s)
+			checkErr(t, c, s.CreateTag(ctx(t), tt.tag, tt.step, tt.start, tt.description), tt.want)
+			checkUnchanged(t, s, before, "failed CreateTag")
+		})
+	}
+}
+
+func testUpdateTag(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "orders", 10, 1)
+	fetch(t, s, "orders", 0)
+	tests := []struct {
+		name        string
+		step        *int64
+		description *string
+		wantStep    int64
+		wantDesc    string
+	}{
+		{name: "neither", wantStep: 10, wantDesc: "test tag orders"},
+		{name: "step only", step: ptr[int64](20), wantStep: 20, wantDesc: "test tag orders"},
+		{name: "description only", description: ptr("orders of the shop"), wantStep: 20, wantDesc: "orders of the shop"},
+		{name: "both", step: ptr[int64](segment.MaxStepLimit), description: ptr(""), wantStep: segment.MaxStepLimit, wantDesc: ""},
+		{name: "step 1", step: ptr[int64](1), wantStep: 1, wantDesc: ""},
+		{name: "longest description", description: ptr(strings.Repeat("ß", c.MaxDescription)), wantStep: 1, wantDesc: strings.Repeat("ß", c.MaxDescription)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := s.UpdateTag(ctx(t), "orders", tt.step, tt.description); err != nil {
+				t.Fatal(err)
+			}
+			got := tag(t, s, "orders")
+			if got.Step != tt.wantStep || got.Description != tt.wantDesc || got.MaxID != 11 {
+				t.Errorf("after UpdateTag: %+v, want step %d, description %q, max_id 11", got, tt.wantStep, tt.wantDesc)
+			}
+		})
+	}
+	// The new step is the default of the next fetch.
+	if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 11, End: 12, TagStep: 1}); got != want {
+		t.Errorf("fetch after update = %+v, want %+v", got, want)
+	}
+}
+
+func testUpdateTagInvalid(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "orders", 10, 1)
+	tests := []struct {
+		name        string
+		tag         string
+		step        *int64
+		description *string
+		want        error
+	}{
+		{name: "unknown tag", tag: "nosuch", step: ptr[int64](5), want: segment.ErrUnknownTag},
+		{name: "unknown tag, no change", tag: "nosuch", want: segment.ErrUnknownTag},
+		{name: "invalid name", tag: "a/b", step: ptr[int64](5), want: segment.ErrInvalidTag},
+		{name: "zero step", tag: "orders", step: ptr[int64](0), description: ptr("x"), want: segment.ErrInvalidStep},
+		{name: "negative step", tag: "orders", step: ptr[int64](-10), want: segment.ErrInvalidStep},
+		{name: "step too large", tag: "orders", step: ptr[int64](segment.MaxStepLimit + 1), want: segment.ErrInvalidStep},
+		{name: "description too long", tag: "orders", step: ptr[int64](5), description: ptr(strings.Repeat("d", c.MaxDescription+1)), want: c.ErrInvalidArgument},
+		{name: "description not UTF-8", tag: "orders", description: ptr("ok\xc3"), want: c.ErrInvalidArgument},
+		{name: "description with NUL", tag: "orders", description: ptr("\x00"), want: c.ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := snapshot(t, s)
+			checkErr(t, c, s.UpdateTag(ctx(t), tt.tag, tt.step, tt.description), tt.want)
+			checkUnchanged(t, s, before, "failed UpdateTag")
+		})
+	}
+}
+
+func testTags(t *testing.T, c Config) {
+	s := newStore(t, c)
+	got, err := s.Tags(ctx(t))
+	if err != nil || len(got) != 0 {
+		t.Fatalf("Tags of an empty store = %q, %v, want none", got, err)
+	}
+	want := []string{"b", "B", "a-1", "a_1", "_z", "Z9", "-"}
+	for _, name := range want {
+		createTag(t, s, name, 10, 1)
+	}
+	fetch(t, s, "b", 0) // changed tags are listed once
+	sort.Strings(want)  // byte order
+	got, err = s.Tags(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("Tags() = %q, want %q", got, want)
+	}
+}
+
+func testTag(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "orders", 10, 77)
+	if got := tag(t, s, "orders"); got.Name != "orders" || got.MaxID != 77 || got.Step != 10 || got.Description != "test tag orders" {
+		t.Errorf("Tag(orders) = %+v, want max_id 77, step 10, description %q", got, "test tag orders")
+	}
+	tests := []struct {
+		name string
+		tag  string
+		want error
+	}{
+		{name: "unknown", tag: "nosuch", want: segment.ErrUnknownTag},
+		{name: "prefix of a tag", tag: "order", want: segment.ErrUnknownTag},
+		{name: "invalid", tag: "no such", want: segment.ErrInvalidTag},
+		{name: "wildcard", tag: "orders.>", want: segment.ErrInvalidTag},
+		{name: "empty", tag: "", want: segment.ErrInvalidTag},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := s.Tag(ctx(t), tt.tag)
+			checkErr(t, c, err, tt.want)
+			if got != (segment.Tag{}) {
+				t.Errorf("Tag returned %+v with the error, want zero", got)
+			}
+		})
+	}
+}
+
+func testDeleteTag(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createTag(t, s, "orders", 10, 1)
+	createTag(t, s, "keep", 10, 1)
+	a := fetch(t, s, "orders", 0)
+	if err := s.DeleteTag(ctx(t), "orders"); err != nil {
+		t.Fatalf("DeleteTag(orders): %v", err)
+	}
+
+	// A deleted tag is no longer served.
+	if names, err := s.Tags(ctx(t)); err != nil || !slices.Equal(names, []string{"keep"}) {
+		t.Errorf("Tags() after delete = %q, %v, want [keep]", names, err)
+	}
+	before := snapshot(t, s)
+	_, err := s.Fetch(ctx(t), "orders", 0)
+	checkErr(t, c, err, segment.ErrUnknownTag)
+	_, err = s.Tag(ctx(t), "orders")
+	checkErr(t, c, err, segment.ErrUnknownTag)
+	checkErr(t, c, s.UpdateTag(ctx(t), "orders", ptr[int64](5), nil), segment.ErrUnknownTag)
+	if ok, err := s.GiveBack(ctx(t), "orders", a.End, a.Start); ok || err != nil {
+		t.Errorf("GiveBack to a deleted tag = %v, %v, want false, nil", ok, err)
+	}
+	checkErr(t, c, s.DeleteTag(ctx(t), "orders"), segment.ErrUnknownTag)
+	checkErr(t, c, s.DeleteTag(ctx(t), "nosuch"), segment.ErrUnknownTag)
+	checkErr(t, c, s.DeleteTag(ctx(t), "no.such"), segment.ErrInvalidTag)
+	checkUnchanged(t, s, before, "operations on a deleted tag")
+
+	// It can be created again, afresh.
+	if err := s.CreateTag(ctx(t), "orders", 5, 1000, "again"); err != nil {
+		t.Fatalf("CreateTag of a deleted tag: %v", err)
+	}
+	if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 1000, End: 1005, TagStep: 5}); got != want {
+		t.Errorf("first fetch of the tag created again = %+v, want %+v", got, want)
+	}
+	if got := tag(t, s, "keep"); got.MaxID != 1 {
+		t.Errorf("Tag(keep) = %+v, want it untouched at max_id 1", got)
+	}
+}
