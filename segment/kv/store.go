@@ -1,0 +1,368 @@
+// Package kv keeps dispenser's tags in a NATS JetStream key-value bucket,
+// for deployments that run NATS and no database. Data lives as long as the
+// bucket does: with file storage (the default) it survives restarts of the
+// NATS server, embedded or not.
+//
+// Each tag is one key, named after the tag, whose value is JSON:
+//
+//	{"max_id":1001,"step":1000,"description":"order numbers","update_time":"2025-01-02T03:04:05.123456789Z"}
+//
+// Every change is a compare-and-swap on the key's revision, so any number of
+// Stores in any number of processes may share one bucket.
+package kv
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors of this store besides those of package segment; they are wrapped
+// with %w.
+var (
+	// ErrExhausted means a fetch would push a tag's max_id past 2^63-1: the
+	// tag has run out of IDs.
+	ErrExhausted = errors.New("kv: tag exhausted: max_id would overflow int64")
+	// ErrInvalidArgument means a start, description or give-back range is
+	// out of bounds.
+	ErrInvalidArgument = errors.New("kv: invalid argument")
+	// ErrBucketTTL means the bucket has a TTL (max age): tags would expire
+	// and, created again, hand out their IDs a second time.
+	ErrBucketTTL = errors.New("kv: bucket has a TTL")
+)
+
+// DefaultBucket is the bucket that New uses when Settings.Bucket is empty.
+const DefaultBucket = "dispenser_segments"
+
+// MaxDescription is the most characters a tag's description may have.
+const MaxDescription = 256
+
+// Settings configures New. Zero values mean the documented defaults.
+type Settings struct {
+	// Bucket names the key-value bucket. Default DefaultBucket.
+	Bucket string
+	// Replicas is the number of replicas of a new bucket. Default 1.
+	Replicas int
+	// Storage is the storage of a new bucket. Default (the zero value)
+	// jetstream.FileStorage.
+	Storage jetstream.StorageType
+}
+
+// Store implements segment.Store and segment.Admin over a JetStream
+// key-value bucket. It is safe for concurrent use, and any number of Stores
+// in any number of processes may share one bucket: every change is a
+// compare-and-swap on the tag's key, retried on conflict, so two fetches
+// never return overlapping allocations.
+type Store struct {
+	kv jetstream.KeyValue
+}
+
+var (
+	_ segment.Store = (*Store)(nil)
+	_ segment.Admin = (*Store)(nil)
+)
+
+// New returns a Store over the bucket that s names, creating the bucket
+// with s's replicas and storage if it does not exist. An existing bucket is
+// used as it is, its data and configuration untouched, so s's replicas and
+// storage then do not apply; a bucket with a TTL is refused (ErrBucketTTL).
+func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error) {
+	cfg := jetstream.KeyValueConfig{
+		Bucket:      cmp.Or(s.Bucket, DefaultBucket),
+		Description: "dispenser segment store",
+		Replicas:    cmp.Or(s.Replicas, 1),
+		Storage:     s.Storage,
+	}
+	// CreateKeyValue succeeds on an existing bucket of the same configuration
+	// and never changes one of another configuration.
+	kv, err := js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, cfg.Bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kv: open bucket %q: %w", cfg.Bucket, err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kv: open bucket %q: %w", cfg.Bucket, err)
+	}
+	if st.TTL() > 0 {
+		return nil, fmt.Errorf("kv: open bucket %q: %w of %v", cfg.Bucket, ErrBucketTTL, st.TTL())
+	}
+	return &Store{kv: kv}, nil
+}
+
+// value is the JSON value of a tag's key.
+type value struct {
+	MaxID       int64     `json:"max_id"`
+	Step        int64     `json:"step"`
+	Description string    `json:"description"`
+	UpdateTime  time.Time `json:"update_time"` // RFC 3339 with nanoseconds
+}
+
+// errNoChange makes modify return without writing.
+var errNoChange = errors.New("no change")
+
+// read returns the tag's value and revision; an unknown or deleted tag
+// yields segment.ErrUnknownTag.
+func (s *Store) read(ctx context.Context, tag string) (value, uint64, error) {
+	e, err := s.kv.Get(ctx, tag)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return value{}, 0, segment.ErrUnknownTag
+	}
+	if err != nil {
+		return value{}, 0, err
+	}
+	var v value
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		return value{}, 0, fmt.Errorf("malformed value at revision %d: %w", e.Revision(), err)
+	}
+	return v, e.Revision(), nil
+}
+
+// modify reads the tag, lets change alter the value and writes it back if
+// the key has not changed since the read, else starts over after a short
+// random pause. change may run several times; errNoChange from it ends
+// modify with errNoChange and writes nothing.
+func (s *Store) modify(ctx context.Context, tag string, change func(*value) error) error {
+	for attempt := 0; ; attempt++ {
+		v, rev, err := s.read(ctx, tag)
+		if err != nil {
+			return err
+		}
+		if err := change(&v); err != nil {
+			return err
+		}
+		v.UpdateTime = time.Now().UTC()
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = s.kv.Update(ctx, tag, b, rev)
+		if !conflict(err) {
+			return err
+		}
+		if err := pause(ctx, attempt); err != nil {
+			return err
+		}
+	}
+}
+
+// conflict reports whether err says that a key's revision was not the
+// expected one: 10071, or 10164 from a replicated bucket.
+func conflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) ||
+		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// pause waits a random time up to 1 ms doubled attempt times, at most
+// 64 ms, or until ctx ends.
+func pause(ctx context.Context, attempt int) error {
+	t := time.NewTimer(rand.N(time.Millisecond<<min(attempt, 6) + 1))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Fetch atomically advances the tag's max_id by step (the tag's own step if
+// step <= 0) and returns the IDs in between. Errors: segment.ErrInvalidTag,
+// segment.ErrInvalidStep (step above segment.MaxStepLimit, or the stored
+// step is not positive), segment.ErrUnknownTag, ErrExhausted.
+func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+	if err := segment.CheckTag(tag); err != nil {
+		return segment.Allocation{}, fmt.Errorf("kv: fetch: %w", err)
+	}
+	if step > segment.MaxStepLimit {
+		return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
+	}
+	var a segment.Allocation
+	err := s.modify(ctx, tag, func(v *value) error {
+		n := step
+		if n <= 0 {
+			n = v.Step
+		}
+		if n <= 0 {
+			return fmt.Errorf("%w: the tag's stored step %d is not positive", segment.ErrInvalidStep, v.Step)
+		}
+		if v.MaxID > math.MaxInt64-n {
+			return ErrExhausted
+		}
+		a = segment.Allocation{Start: v.MaxID, End: v.MaxID + n, TagStep: v.Step}
+		v.MaxID = a.End
+		return nil
+	})
+	if err != nil {
+		return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w", tag, err)
+	}
+	return a, nil
+}
+
+// GiveBack sets the tag's max_id back to firstUnissued if it is still end,
+// that is if nobody fetched since the fetch that ended at end, and reports
+// whether it did. An unknown tag reports false. firstUnissued must be in
+// 1..end (ErrInvalidArgument).
+func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
+	if err := segment.CheckTag(tag); err != nil {
+		return false, fmt.Errorf("kv: give back: %w", err)
+	}
+	if firstUnissued < 1 || firstUnissued > end {
+		return false, fmt.Errorf("kv: give back %q: %w: first unissued ID %d not in 1..%d", tag, ErrInvalidArgument, firstUnissued, end)
+	}
+	err := s.modify(ctx, tag, func(v *value) error {
+		if v.MaxID != end {
+			return errNoChange
+		}
+		v.MaxID = firstUnissued
+		return nil
+	})
+	switch {
+	case errors.Is(err, errNoChange), errors.Is(err, segment.ErrUnknownTag):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
+	}
+	return true, nil
+}
+
+// Tags lists the names of all tags in byte order. Keys that are not valid
+// tag names (put into the bucket by something else) are left out, since no
+// operation of this Store accepts them.
+func (s *Store) Tags(ctx context.Context) ([]string, error) {
+	// Unlike KeyValue.Keys, this notices a listing cut short.
+	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	if err != nil {
+		return nil, fmt.Errorf("kv: list tags: %w", err)
+	}
+	defer w.Stop()
+	names := []string{}
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return nil, fmt.Errorf("kv: list tags: watcher stopped: %w", cmp.Or(ctx.Err(), errors.New("subscription closed")))
+			case e == nil: // all current keys seen
+				slices.Sort(names)
+				return slices.Compact(names), nil
+			case segment.ValidTag(e.Key()):
+				names = append(names, e.Key())
+			}
+		case <-ctx.Done():
+			return nil, fmt.Errorf("kv: list tags: %w", ctx.Err())
+		}
+	}
+}
+
+// Tag looks up one tag. Errors: segment.ErrInvalidTag,
+// segment.ErrUnknownTag.
+func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
+	if err := segment.CheckTag(name); err != nil {
+		return segment.Tag{}, fmt.Errorf("kv: tag: %w", err)
+	}
+	v, _, err := s.read(ctx, name)
+	if err != nil {
+		return segment.Tag{}, fmt.Errorf("kv: tag %q: %w", name, err)
+	}
+	return segment.Tag{Name: name, MaxID: v.MaxID, Step: v.Step, Description: v.Description, UpdateTime: v.UpdateTime}, nil
+}
+
+// CreateTag adds a tag with the given step whose first ID is start. A
+// deleted tag may be created again; it then starts over at start.
+// Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step not in
+// 1..segment.MaxStepLimit), ErrInvalidArgument (start < 1, description over
+// MaxDescription characters or not UTF-8 without NUL), segment.ErrTagExists
+// (nothing changes).
+func (s *Store) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
+	if err := validate(name, &step, &description); err != nil {
+		return fmt.Errorf("kv: create tag: %w", err)
+	}
+	if start < 1 {
+		return fmt.Errorf("kv: create tag %q: %w: start %d, want at least 1", name, ErrInvalidArgument, start)
+	}
+	b, err := json.Marshal(value{MaxID: start, Step: step, Description: description, UpdateTime: time.Now().UTC()})
+	if err != nil {
+		return fmt.Errorf("kv: create tag %q: %w", name, err)
+	}
+	_, err = s.kv.Create(ctx, name, b)
+	if conflict(err) {
+		return fmt.Errorf("kv: create tag %q: %w", name, segment.ErrTagExists)
+	}
+	if err != nil {
+		return fmt.Errorf("kv: create tag %q: %w", name, err)
+	}
+	return nil
+}
+
+// UpdateTag sets the tag's step and/or description; nil leaves a field as
+// it is. It does not move max_id. Errors: as for CreateTag, and
+// segment.ErrUnknownTag.
+func (s *Store) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
+	if err := validate(name, step, description); err != nil {
+		return fmt.Errorf("kv: update tag: %w", err)
+	}
+	err := s.modify(ctx, name, func(v *value) error {
+		if step != nil {
+			v.Step = *step
+		}
+		if description != nil {
+			v.Description = *description
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("kv: update tag %q: %w", name, err)
+	}
+	return nil
+}
+
+// DeleteTag removes a tag: it is no longer listed or served. Creating it
+// again starts it over, so IDs it handed out may be handed out again.
+// Errors: segment.ErrInvalidTag, segment.ErrUnknownTag.
+func (s *Store) DeleteTag(ctx context.Context, name string) error {
+	if err := segment.CheckTag(name); err != nil {
+		return fmt.Errorf("kv: delete tag: %w", err)
+	}
+	if _, _, err := s.read(ctx, name); err != nil {
+		return fmt.Errorf("kv: delete tag %q: %w", name, err)
+	}
+	if err := s.kv.Delete(ctx, name); err != nil {
+		return fmt.Errorf("kv: delete tag %q: %w", name, err)
+	}
+	return nil
+}
+
+// validate checks a tag's name, step and description; nil ones pass.
+func validate(name string, step *int64, description *string) error {
+	if err := segment.CheckTag(name); err != nil {
+		return err
+	}
+	if step != nil && (*step < 1 || *step > segment.MaxStepLimit) {
+		return fmt.Errorf("%q: %w %d: want 1..%d", name, segment.ErrInvalidStep, *step, segment.MaxStepLimit)
+	}
+	if description != nil {
+		if !utf8.ValidString(*description) || strings.ContainsRune(*description, 0) {
+			return fmt.Errorf("%q: %w: description is not UTF-8 text without NUL", name, ErrInvalidArgument)
+		}
+		if n := utf8.RuneCountInString(*description); n > MaxDescription {
+			return fmt.Errorf("%q: %w: description has %d characters, want at most %d", name, ErrInvalidArgument, n, MaxDescription)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,313 @@
+package kv_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/segment/storetest"
+	"github.com/dispenser-dev/dispenser/testenv"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+var ctx = context.Background()
+
+// newJS connects to srv and returns a JetStream context; the connection is
+// closed in Cleanup.
+func newJS(tb testing.TB, srv *server.Server) jetstream.JetStream {
+	tb.Helper()
+	js, err := jetstream.New(testenv.Connect(tb, srv))
+	if err != nil {
+		tb.Fatalf("jetstream.New: %v", err)
+	}
+	return js
+}
+
+// newStore opens a Store with settings s on srv over a connection of its own.
+func newStore(tb testing.TB, srv *server.Server, s kv.Settings) *kv.Store {
+	tb.Helper()
+	st, err := kv.New(ctx, newJS(tb, srv), s)
+	if err != nil {
+		tb.Fatalf("kv.New(%+v): %v", s, err)
+	}
+	return st
+}
+
+// bucket returns the KeyValue of the bucket named name on srv.
+func bucket(tb testing.TB, srv *server.Server, name string) jetstream.KeyValue {
+	tb.Helper()
+	b, err := newJS(tb, srv).KeyValue(ctx, name)
+	if err != nil {
+		tb.Fatalf("KeyValue(%q): %v", name, err)
+	}
+	return b
+}
+
+// put writes a raw value into the default bucket.
+func put(tb testing.TB, b jetstream.KeyValue, key, value string) {
+	tb.Helper()
+	if _, err := b.PutString(ctx, key, value); err != nil {
+		tb.Fatalf("Put(%q): %v", key, err)
+	}
+}
+
+// rawValue returns the current value of key.
+func rawValue(tb testing.TB, b jetstream.KeyValue, key string) string {
+	tb.Helper()
+	e, err := b.Get(ctx, key)
+	if err != nil {
+		tb.Fatalf("Get(%q): %v", key, err)
+	}
+	return string(e.Value())
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, storetest.Config{
+		NewBackend: func(tb testing.TB) func(testing.TB) storetest.Store {
+			tb.Helper()
+			srv := testenv.NATS(tb)
+			// Each Store has a connection of its own, as another process would.
+			return func(tb testing.TB) storetest.Store {
+				tb.Helper()
+				return newStore(tb, srv, kv.Settings{})
+			}
+		},
+		Prefix:             "kv: ",
+		ErrExhausted:       kv.ErrExhausted,
+		ErrInvalidArgument: kv.ErrInvalidArgument,
+		MaxDescription:     kv.MaxDescription,
+	})
+}
+
+func TestSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	srv := testenv.StartNATS(t, testenv.NATSOptions(dir))
+	s := newStore(t, srv, kv.Settings{})
+	if err := s.CreateTag(ctx, "orders", 100, 1, "order numbers"); err != nil {
+		t.Fatal(err)
+	}
+	var last segment.Allocation
+	for range 3 {
+		a, err := s.Fetch(ctx, "orders", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = a
+	}
+	srv.Shutdown()
+	srv.WaitForShutdown()
+
+	// A new server on the same store directory, on another port.
+	srv = testenv.StartNATS(t, testenv.NATSOptions(dir))
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	s = newStore(t, srv, kv.Settings{})
+	a, err := s.Fetch(ctx, "orders", 0)
+	if err != nil {
+		t.Fatalf("Fetch after restart: %v", err)
+	}
+	if want := (segment.Allocation{Start: last.End, End: last.End + 100, TagStep: 100}); a != want {
+		t.Errorf("Fetch after restart = %+v, want %+v, continuing above %d", a, want, last.End)
+	}
+	if got, err := s.Tag(ctx, "orders"); err != nil || got.Description != "order numbers" || got.MaxID != a.End {
+		t.Errorf("Tag after restart = %+v, %v, want description kept and max_id %d", got, err, a.End)
+	}
+}
+
+func TestNewSettings(t *testing.T) {
+	srv := testenv.NATS(t)
+	tests := []struct {
+		name        string
+		settings    kv.Settings
+		wantBucket  string
+		wantStorage jetstream.StorageType
+	}{
+		{name: "defaults", wantBucket: kv.DefaultBucket, wantStorage: jetstream.FileStorage},
+		{name: "memory", settings: kv.Settings{Bucket: "mem", Storage: jetstream.MemoryStorage, Replicas: 1}, wantBucket: "mem", wantStorage: jetstream.MemoryStorage},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			newStore(t, srv, tt.settings)
+			st, err := bucket(t, srv, tt.wantBucket).Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+			if info.Config.Storage != tt.wantStorage || info.Config.Replicas != 1 || st.History() != 1 || st.TTL() != 0 {
+				t.Errorf("bucket %s: storage %v, replicas %d, history %d, TTL %v; want %v, 1, 1, 0",
+					tt.wantBucket, info.Config.Storage, info.Config.Replicas, st.History(), st.TTL(), tt.wantStorage)
+			}
+		})
+	}
+	if _, err := kv.New(ctx, newJS(t, srv), kv.Settings{Bucket: "no.dots"}); err == nil || !strings.HasPrefix(err.Error(), "kv: ") {
+		t.Errorf("New with an invalid bucket name: got error %v, want a kv: error", err)
+	}
+}
+
+func TestNewKeepsExistingBucket(t *testing.T) {
+	srv := testenv.NATS(t)
+	js := newJS(t, srv)
+	// A bucket made by somebody else, with another configuration.
+	b, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: kv.DefaultBucket, History: 5, Description: "theirs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := newStore(t, srv, kv.Settings{}).CreateTag(ctx, "orders", 10, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	// Another Store, asking for memory storage, must neither change the
+	// bucket nor lose its data.
+	s := newStore(t, srv, kv.Settings{Storage: jetstream.MemoryStorage})
+	if got, err := s.Fetch(ctx, "orders", 0); err != nil || got.Start != 1 {
+		t.Errorf("Fetch on the existing bucket = %+v, %v, want start 1", got, err)
+	}
+	st, err := b.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+	if st.History() != 5 || info.Config.Description != "theirs" || info.Config.Storage != jetstream.FileStorage {
+		t.Errorf("existing bucket after New: history %d, description %q, storage %v; want 5, theirs, file",
+			st.History(), info.Config.Description, info.Config.Storage)
+	}
+}
+
+func TestNewRefusesTTL(t *testing.T) {
+	srv := testenv.NATS(t)
+	js := newJS(t, srv)
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "expiring", TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := kv.New(ctx, js, kv.Settings{Bucket: "expiring"})
+	if !errors.Is(err, kv.ErrBucketTTL) || s != nil {
+		t.Errorf("New on a bucket with a TTL = %v, %v, want nil, ErrBucketTTL", s, err)
+	}
+}
+
+func TestValueFormat(t *testing.T) {
+	srv := testenv.NATS(t)
+	s := newStore(t, srv, kv.Settings{})
+	if err := s.CreateTag(ctx, "orders", 1000, 1, `say "hi"`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Fetch(ctx, "orders", 0); err != nil {
+		t.Fatal(err)
+	}
+	raw := rawValue(t, bucket(t, srv, kv.DefaultBucket), "orders")
+	var m map[string]any
+	if err := json.Unmarshal([]byte(raw), &m); err != nil {
+		t.Fatalf("value %s is not JSON: %v", raw, err)
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if want := []string{"description", "max_id", "step", "update_time"}; !slices.Equal(keys, want) {
+		t.Errorf("value %s has keys %q, want %q", raw, keys, want)
+	}
+	if m["max_id"] != 1001.0 || m["step"] != 1000.0 || m["description"] != `say "hi"` {
+		t.Errorf("value %s: want max_id 1001, step 1000, description %q", raw, `say "hi"`)
+	}
+	ts, _ := m["update_time"].(string)
+	if got, err := time.Parse(time.RFC3339Nano, ts); err != nil || got.IsZero() {
+		t.Errorf("update_time %q is not an RFC 3339 time: %v", ts, err)
+	}
+}
+
+// Values written by something else: the store must neither crash nor
+// change them, nor serve what is no tag.
+func TestForeignValues(t *testing.T) {
+	srv := testenv.NATS(t)
+	s := newStore(t, srv, kv.Settings{})
+	b := bucket(t, srv, kv.DefaultBucket)
+	put(t, b, "zero", `{"max_id":100,"step":0}`)
+	put(t, b, "negative", `{"max_id":100,"step":-5}`)
+	put(t, b, "garbage", `not json`)
+	put(t, b, "leaf.segment", `{"max_id":1,"step":10}`)
+	put(t, b, "gone", `{"max_id":1,"step":10}`)
+	if err := b.Delete(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name string
+		tag  string
+		step int64
+		want error // nil: an error wrapping none of the sentinels
+	}{
+		{name: "zero stored step", tag: "zero", want: segment.ErrInvalidStep},
+		{name: "negative stored step", tag: "negative", want: segment.ErrInvalidStep},
+		{name: "deleted", tag: "gone", want: segment.ErrUnknownTag},
+		{name: "malformed value", tag: "garbage"},
+		{name: "malformed value explicit step", tag: "garbage", step: 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := rawValueOrDeleted(t, b, tt.tag)
+			a, err := s.Fetch(ctx, tt.tag, tt.step)
+			if err == nil || !strings.HasPrefix(err.Error(), "kv: ") {
+				t.Fatalf("Fetch(%q, %d) = %+v, %v, want a kv: error", tt.tag, tt.step, a, err)
+			}
+			if tt.want != nil && !errors.Is(err, tt.want) {
+				t.Errorf("got error %v, want %v", err, tt.want)
+			}
+			if tt.want == nil && (errors.Is(err, segment.ErrUnknownTag) || errors.Is(err, segment.ErrInvalidStep)) {
+				t.Errorf("got error %v, want one that does not claim an unknown tag or a bad step", err)
+			}
+			if after := rawValueOrDeleted(t, b, tt.tag); after != before {
+				t.Errorf("failed Fetch changed the value from %s to %s", before, after)
+			}
+		})
+	}
+
+	// An explicit step still works on a tag with a bad stored step.
+	if a, err := s.Fetch(ctx, "zero", 5); err != nil || a != (segment.Allocation{Start: 100, End: 105, TagStep: 0}) {
+		t.Errorf("Fetch(zero, 5) = %+v, %v, want [100, 105) with TagStep 0", a, err)
+	}
+	// Only valid, live tags are listed.
+	if got, err := s.Tags(ctx); err != nil || !slices.Equal(got, []string{"garbage", "negative", "zero"}) {
+		t.Errorf("Tags() = %q, %v, want [garbage negative zero]", got, err)
+	}
+}
+
+// rawValueOrDeleted returns the value of key, or "<deleted>".
+func rawValueOrDeleted(tb testing.TB, b jetstream.KeyValue, key string) string {
+	tb.Helper()
+	e, err := b.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "<deleted>"
+	}
+	if err != nil {
+		tb.Fatalf("Get(%q): %v", key, err)
+	}
+	return string(e.Value())
+}
+
+func TestCanceledContext(t *testing.T) {
+	srv := testenv.NATS(t)
+	s := newStore(t, srv, kv.Settings{})
+	if err := s.CreateTag(ctx, "orders", 10, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Fetch(canceled, "orders", 0); !errors.Is(err, context.Canceled) {
+		t.Errorf("Fetch with a canceled context: got error %v, want context.Canceled", err)
+	}
+	if _, err := s.Tags(canceled); !errors.Is(err, context.Canceled) {
+		t.Errorf("Tags with a canceled context: got error %v, want context.Canceled", err)
+	}
+	if got, err := s.Tag(ctx, "orders"); err != nil || got.MaxID != 1 {
+		t.Errorf("Tag after canceled calls = %+v, %v, want max_id 1", got, err)
+	}
+}
