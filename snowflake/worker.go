@@ -31,9 +31,11 @@ type WorkerSettings struct {
 	Bucket string
 	// Replicas of the bucket when it is created. Default 1.
 	Replicas int
-	// Instance names this process in the leases; a restart with the same
-	// name prefers its previous worker ID. Default: host name, "-", and
-	// six random characters (so a restart does not find its old ID).
+	// Instance names this process in the leases. A restart with the same
+	// name prefers its previous worker ID once that is claimable: at once
+	// after a graceful Close, about two leases after a crash (meanwhile it
+	// takes another). Default: host name, "-", and six random characters
+	// (so a restart does not find its old ID).
 	Instance string
 	// Lease is how long a lease lives without a heartbeat. Default
 	// DefaultLease.

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/dispenser-dev/dispenser/testenv"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -743,4 +745,79 @@ func TestWorkerChurn(t *testing.T) {
 		t.Fatal("no IDs issued")
 	}
 	requireUnique(t, all)
+}
+
+// TestWorkerAdoptsOwnWrite: a heartbeat whose reply was lost but which
+// landed leaves a newer revision written by the worker itself; the worker
+// must keep its lease rather than think it lost it.
+func TestWorkerAdoptsOwnWrite(t *testing.T) {
+	js := newJetStream(t)
+	c := newFakeClock(t, t0)
+	a := startWorker(t, js, fakeSettings(t, c, "alpha"))
+	aid := workerID(t, a)
+	kv := openKV(t, js)
+	a.paused.Store(true)
+	rec, rev := readLease(t, kv, aid)
+	rec.Bound = rec.Bound.Add(time.Second) // as a later heartbeat of ours would
+	data, _ := json.Marshal(rec)
+	if _, err := kv.Update(context.Background(), workerKey(aid), data, rev); err != nil {
+		t.Fatal(err)
+	}
+	before := a.Stats().(WorkerStats).Heartbeats
+	a.paused.Store(false)
+	waitFor(t, "two more heartbeats", func() bool { return a.Stats().(WorkerStats).Heartbeats >= before+2 })
+	st := a.Stats().(WorkerStats)
+	if st.LostLeases != 0 || st.WorkerID != aid || !st.Held {
+		t.Fatalf("stats: lost %d worker %d held %v, want 0 %d true", st.LostLeases, st.WorkerID, st.Held, aid)
+	}
+	if !st.Bound.Equal(rec.Bound) {
+		t.Errorf("bound %v, want the adopted %v (bounds never go down)", st.Bound, rec.Bound)
+	}
+	issue(t, a, 10)
+}
+
+// TestWorkerRenewsAfterOutage: with NATS gone the worker fences itself; when
+// NATS is back and nobody took the key, it renews the same lease and issues
+// again.
+func TestWorkerRenewsAfterOutage(t *testing.T) {
+	opts := testenv.NATSOptions(t.TempDir())
+	srv := testenv.StartNATS(t, opts)
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	nc := testenv.Connect(t, srv, nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startWorker(t, js, WorkerSettings{Instance: "alpha", Lease: testLease, Heartbeat: testHeartbeat, Logger: testLogger(t)})
+	id := workerID(t, w)
+	ids := issue(t, w, 100)
+
+	opts.Port = srv.Addr().(*net.TCPAddr).Port
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	waitFor(t, "the worker to fence itself", func() bool {
+		_, err := w.AppendIDs(nil, 1)
+		return errors.Is(err, ErrFenced)
+	})
+
+	mu.Lock()
+	srv = testenv.StartNATS(t, opts)
+	mu.Unlock()
+	waitFor(t, "the worker to renew", func() bool {
+		more, err := w.AppendIDs(nil, 100)
+		ids = append(ids, more...)
+		return err == nil
+	})
+	st := w.Stats().(WorkerStats)
+	if st.WorkerID != id || st.LostLeases != 0 || st.Claims != 1 || st.FencedEpisodes == 0 {
+		t.Errorf("stats: worker %d lost %d claims %d fenced episodes %d, want %d 0 1 > 0",
+			st.WorkerID, st.LostLeases, st.Claims, st.FencedEpisodes, id)
+	}
+	requireIncreasing(t, ids)
 }
