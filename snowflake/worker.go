@@ -393,6 +393,10 @@ func (w *Worker) WorkerID() (id int, ok bool) {
 	return w.id, w.id >= 0
 }
 
+// Decode returns Decode(id, w.Epoch()) as a Parts value (for a decode
+// endpoint that wants a JSON-marshalable any).
+func (w *Worker) Decode(id int64) any { return Decode(id, w.cfg.Epoch) }
+
 // Instance returns the instance name used in the leases.
 func (w *Worker) Instance() string { return w.cfg.Instance }
 

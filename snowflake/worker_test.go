@@ -821,3 +821,29 @@ func TestWorkerRenewsAfterOutage(t *testing.T) {
 	}
 	requireIncreasing(t, ids)
 }
+
+// service is the interface the dispenser service expects of a Worker.
+type service interface {
+	AppendIDs(dst []int64, n int) ([]int64, error)
+	Unavailable(err error) bool
+	Decode(id int64) any
+	Stats() any
+}
+
+var _ service = (*Worker)(nil)
+
+func TestWorkerDecode(t *testing.T) {
+	js := newJetStream(t)
+	c := newFakeClock(t, t0)
+	s := fakeSettings(t, c, "alpha")
+	s.Epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	w := startWorker(t, js, s)
+	id := issue(t, w, 1)[0]
+	p, ok := w.Decode(id).(Parts)
+	if !ok {
+		t.Fatalf("Decode returned %T, want Parts", w.Decode(id))
+	}
+	if !p.Time.Equal(t0) || p.Worker != int64(workerID(t, w)) {
+		t.Errorf("Decode(%d) = %+v, want time %v worker %d", id, p, t0, workerID(t, w))
+	}
+}
