@@ -41,6 +41,10 @@ type Settings struct {
 	// MaxStep caps the dynamic step. Default 1,000,000. The step never goes
 	// below a tag's configured step, so a MaxStep below it pins the step.
 	MaxStep int64
+	// AutoCreateStep, when above zero, creates an unknown tag on first use
+	// with this step, starting at 1; the Store must then implement Admin.
+	// Default 0: unknown tags are errors.
+	AutoCreateStep int64
 	// Now returns the current time; it measures how long segments last for
 	// the dynamic step and ages the negative cache. Default time.Now.
 	Now func() time.Time
@@ -81,6 +85,7 @@ type Allocator struct {
 	refreshInterval time.Duration
 	negativeTTL     time.Duration
 	maxStep         int64
+	autoCreateStep  int64
 	now             func() time.Time
 	log             *slog.Logger
 
@@ -141,6 +146,12 @@ func New(s Settings) (*Allocator, error) {
 	if s.MaxStep < 1 || s.MaxStep > MaxStepLimit {
 		return nil, fmt.Errorf("%w: MaxStep %d: want 1..%d", ErrInvalidStep, s.MaxStep, MaxStepLimit)
 	}
+	if s.AutoCreateStep < 0 || s.AutoCreateStep > MaxStepLimit {
+		return nil, fmt.Errorf("%w: AutoCreateStep %d: want 0..%d", ErrInvalidStep, s.AutoCreateStep, MaxStepLimit)
+	}
+	if _, ok := s.Store.(Admin); s.AutoCreateStep > 0 && !ok {
+		return nil, errors.New("segment: AutoCreateStep needs a Store that implements Admin")
+	}
 	if s.Now == nil {
 		s.Now = time.Now
 	}
@@ -157,6 +168,7 @@ func New(s Settings) (*Allocator, error) {
 		refreshInterval: s.RefreshInterval,
 		negativeTTL:     s.NegativeTTL,
 		maxStep:         s.MaxStep,
+		autoCreateStep:  s.AutoCreateStep,
 		now:             s.Now,
 		log:             s.Logger,
 		negative:        make(map[string]time.Time),
@@ -261,6 +273,15 @@ func (a *Allocator) buffer(ctx context.Context, tag string) (*buffer, error) {
 		lctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
 		defer cancel()
 		_, err := a.store.Tag(lctx, tag)
+		if errors.Is(err, ErrUnknownTag) && a.autoCreateStep > 0 {
+			err = a.store.(Admin).CreateTag(lctx, tag, a.autoCreateStep, 1, "created on first use")
+			if errors.Is(err, ErrTagExists) {
+				err = nil // another worker created it first
+			}
+			if err == nil {
+				a.log.Info("segment: created tag on first use", "tag", tag, "step", a.autoCreateStep)
+			}
+		}
 		if errors.Is(err, ErrUnknownTag) {
 			a.mu.Lock()
 			if len(a.negative) >= negativeCacheMax {

@@ -652,3 +652,37 @@ func BenchmarkTakeOneParallel(b *testing.B) {
 		}
 	})
 }
+
+// adminStore is a memStore that can create tags.
+type adminStore struct{ *memStore }
+
+func (s adminStore) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tags[name] != nil {
+		return ErrTagExists
+	}
+	s.tags[name] = &Tag{Name: name, MaxID: start, Step: step, Description: description}
+	return nil
+}
+
+func (s adminStore) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
+	return errors.New("not used")
+}
+
+func TestAutoCreateTags(t *testing.T) {
+	st := adminStore{newMemStore(t)}
+	if _, err := New(Settings{Store: st.memStore, AutoCreateStep: 10}); err == nil {
+		t.Fatal("New accepted AutoCreateStep with a store that cannot create tags")
+	}
+	a := newAllocator(t, Settings{Store: st, AutoCreateStep: 10})
+	if got := take(t, a, "fresh", 3); !slices.Equal(got, []int64{1, 2, 3}) {
+		t.Fatalf("got %v, want [1 2 3]", got)
+	}
+	if got := st.maxID("fresh"); got != 11 {
+		t.Fatalf("max_id = %d, want 11 (one segment of the auto-create step)", got)
+	}
+	if _, err := a.Take(context.Background(), "bad.tag", 1, nil); !errors.Is(err, ErrInvalidTag) {
+		t.Fatalf("invalid tag: err = %v, want ErrInvalidTag", err)
+	}
+}
