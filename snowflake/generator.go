@@ -223,6 +223,12 @@ func (g *Generator) NextN(n int) ([]int64, error) {
 // AppendIDs appends n new IDs in increasing order to dst, n in 1..MaxCount,
 // and returns the extended slice. It issues all n or none; on error dst is
 // returned unchanged. It allocates only if dst lacks capacity for n more.
+//
+// It may wait for the clock, holding the generator's lock: up to
+// MaxBackwards after a small backward step, and when the batch would run
+// more than MaxBorrow ahead of the clock (at most a few short waits, then
+// ErrOverloaded). Errors: ErrInvalidCount, ErrClockBackwards, ErrOverloaded,
+// ErrOverTimeLimit, and for a Worker's generator ErrFenced and ErrClosed.
 func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
 	if n < 1 || n > MaxCount {
 		return dst, fmt.Errorf("%w: %d not in 1..%d", ErrInvalidCount, n, MaxCount)
