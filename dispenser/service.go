@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
 // Error codes of replies, in the micro error headers.
@@ -35,8 +36,8 @@ type Snowflake interface {
 	AppendIDs(dst []int64, n int) ([]int64, error)
 	// Unavailable reports whether err means "try again later".
 	Unavailable(err error) bool
-	// Decode returns the parts of an ID as a JSON-marshalable value.
-	Decode(id int64) any
+	// Epoch is the time of timestamp 0, for decoding IDs.
+	Epoch() time.Time
 	// Stats returns the lease and generator state for micro stats.
 	Stats() any
 }
@@ -365,7 +366,7 @@ func (s *Service) handleDecode(req micro.Request) {
 		r.fail(fmt.Errorf("%w: %q is not a snowflake ID (a non-negative decimal int64)", ErrBadCount, truncate(body, 64)))
 		return
 	}
-	if err := req.RespondJSON(s.cfg.Snowflake.Decode(id)); err != nil {
+	if err := req.RespondJSON(snowflake.Decode(id, s.cfg.Snowflake.Epoch())); err != nil {
 		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject(), "err", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -22,6 +23,7 @@ import (
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -537,4 +539,69 @@ func metricValue(families []*dto.MetricFamily, name string, labels map[string]st
 		}
 	}
 	return 0, false
+}
+
+func TestSnowflakeEndpoints(t *testing.T) {
+	ns := testenv.NATS(t)
+	js, err := jetstream.New(testenv.Connect(t, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := snowflake.StartWorker(context.Background(), js, snowflake.WorkerSettings{Instance: "w1", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, ns), Snowflake: w, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+	nc := testenv.Connect(t, ns)
+	workerID, _ := w.WorkerID()
+
+	one, code := request(t, nc, "id.snowflake", "", nil)
+	if code != "" {
+		t.Fatalf("single: code %s", code)
+	}
+	first := parseIDs(t, one)[0]
+	batch, code := request(t, nc, "id.snowflake", "5000", nil)
+	ids := parseIDs(t, batch)
+	if code != "" || len(ids) != 5000 {
+		t.Fatalf("batch: %d IDs, code %q; want 5000", len(ids), code)
+	}
+	prev := first
+	for _, id := range ids {
+		if id <= prev {
+			t.Fatalf("snowflake IDs not increasing: %d after %d", id, prev)
+		}
+		prev = id
+	}
+	ranges, _ := request(t, nc, "id.snowflake", "100", nats.Header{dispenser.FormatHeader: []string{"range"}})
+	if got := parseIDs(t, ranges); len(got) != 100 || got[0] <= prev {
+		t.Fatalf("range format: %d IDs starting %d, want 100 above %d", len(got), got[0], prev)
+	}
+
+	body, code := request(t, nc, "id.snowflake.decode", strconv.FormatInt(first, 10), nil)
+	want := snowflake.Decode(first, w.Epoch())
+	if code != "" || !strings.Contains(body, `"worker":`+strconv.Itoa(workerID)) || !strings.Contains(body, want.Time.Format(snowflake.TimeLayout)) {
+		t.Fatalf("decode: %s (code %q), want worker %d time %s", body, code, workerID, want.Time.Format(snowflake.TimeLayout))
+	}
+	for _, tt := range []struct{ name, subject, body, code string }{
+		{"zero", "id.snowflake", "0", "400"},
+		{"too many", "id.snowflake", "10001", "400"},
+		{"garbage", "id.snowflake", "\xff", "400"},
+		{"decode garbage", "id.snowflake.decode", "abc", "400"},
+		{"decode negative", "id.snowflake.decode", "-1", "400"},
+	} {
+		if _, code := request(t, nc, tt.subject, tt.body, nil); code != tt.code {
+			t.Errorf("%s: code %q, want %s", tt.name, code, tt.code)
+		}
+	}
+	// A closed worker (lease released) answers 503, never an ID.
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if body, code := request(t, nc, "id.snowflake", "", nil); code != "503" {
+		t.Fatalf("after Close: %q code %q, want 503", body, code)
+	}
 }

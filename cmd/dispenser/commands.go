@@ -4,19 +4,25 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
 func defaultInstance() string {
@@ -43,8 +49,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS TLS")
 	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS TLS")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "address for /metrics, /healthz and /readyz (off when empty), e.g. 127.0.0.1:9090")
-	fs.StringVar(&c.PostgresURL, "postgres-url", "", "PostgreSQL URL of the segment store (table leaf_alloc)")
-	fs.BoolVar(&c.Migrate, "migrate", false, "apply the database migrations before serving")
+	fs.StringVar(&c.PostgresURL, "postgres-url", "", "PostgreSQL URL of the segment store (table leaf_alloc); empty keeps segments in a JetStream KV bucket")
+	fs.BoolVar(&c.Migrate, "migrate", false, "apply the database migrations before serving (PostgreSQL)")
+	fs.StringVar(&c.SegmentBucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store (without --postgres-url)")
+	fs.IntVar(&c.SegmentReplicas, "segment-replicas", 1, "replicas of the segment bucket when it is created")
+	fs.BoolVar(&c.AutoCreateTags, "auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url and no --postgres-url)")
+	fs.Int64Var(&c.AutoCreateStep, "auto-create-step", 1000, "step of tags created on first use")
+	fs.BoolVar(&c.Snowflake, "snowflake", true, "serve snowflake IDs (needs JetStream for worker-ID leases)")
+	fs.StringVar(&c.SnowflakeBucket, "snowflake-bucket", snowflake.DefaultBucket, "JetStream KV bucket of the worker-ID leases")
+	fs.IntVar(&c.SnowflakeSettings.Replicas, "snowflake-replicas", 1, "replicas of the lease bucket when it is created")
+	fs.StringVar(&c.SnowflakeEpoch, "snowflake-epoch", snowflake.DefaultEpoch.Format(time.RFC3339), "epoch of snowflake timestamps (RFC 3339); every worker of a bucket must use the same")
+	fs.DurationVar(&c.SnowflakeSettings.Lease, "snowflake-lease", snowflake.DefaultLease, "worker-ID lease: a worker that could not renew for this long stops issuing")
+	fs.DurationVar(&c.SnowflakeSettings.Heartbeat, "snowflake-heartbeat", snowflake.DefaultHeartbeat, "interval of lease renewals (below --snowflake-lease)")
+	fs.BoolVar(&c.SnowflakeSettings.RandomSequence, "snowflake-random-sequence", false, "start each millisecond's sequence at a small random offset (even id % n sharding)")
 	fs.StringVar(&c.Prefix, "prefix", "id", "subject prefix: endpoints are PREFIX.segment.<tag> and PREFIX.snowflake")
 	fs.StringVar(&c.QueueGroup, "queue-group", "dispenser", "queue group of the endpoints; workers in one group share the load")
 	fs.IntVar(&c.MaxBatch, "max-batch", 10000, "most IDs one request may ask for")
@@ -71,12 +88,76 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if c.Instance == "" {
 		c.Instance = defaultInstance()
 	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if !given["auto-create-tags"] && os.Getenv(envName("auto-create-tags")) == "" {
+		c.AutoCreateTags = c.NATSURL == "" && c.PostgresURL == ""
+	}
+	epoch, err := time.Parse(time.RFC3339, c.SnowflakeEpoch)
+	if err != nil {
+		return fmt.Errorf("--snowflake-epoch %q: %w", c.SnowflakeEpoch, err)
+	}
+	c.SnowflakeSettings.Epoch = epoch
+	c.SnowflakeSettings.Bucket = c.SnowflakeBucket
 	return NewServer(c, log).Run(ctx)
 }
 
-// storeFlags adds the flags that select the store of admin commands.
-func storeFlags(fs *flag.FlagSet) *string {
-	return fs.String("postgres-url", "", "PostgreSQL URL of the segment store")
+// storeFlags are the flags that select the store of admin commands.
+type storeFlags struct {
+	postgresURL string
+	natsURL     string
+	bucket      string
+	conn        serveConfig // NATS security flags
+}
+
+func addStoreFlags(fs *flag.FlagSet) *storeFlags {
+	f := &storeFlags{}
+	fs.StringVar(&f.postgresURL, "postgres-url", "", "PostgreSQL URL of the segment store")
+	fs.StringVar(&f.natsURL, "nats-url", "", "NATS URL, for the JetStream KV segment store (when --postgres-url is empty)")
+	fs.StringVar(&f.bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store")
+	fs.StringVar(&f.conn.NATSCreds, "nats-creds", "", "NATS credentials file")
+	fs.StringVar(&f.conn.NATSNKey, "nats-nkey", "", "NATS NKey seed file")
+	fs.StringVar(&f.conn.NATSTLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
+	fs.StringVar(&f.conn.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS TLS")
+	fs.StringVar(&f.conn.NATSTLSKey, "nats-tls-key", "", "client key file for NATS TLS")
+	return f
+}
+
+// adminStore is a store that tags commands can read and change.
+type adminStore interface {
+	segment.Store
+	segment.Admin
+}
+
+// open opens the selected store; close releases it.
+func (f *storeFlags) open(ctx context.Context) (st adminStore, close func(), err error) {
+	if f.postgresURL != "" {
+		pool, err := openPostgres(ctx, f.postgresURL)
+		if err != nil {
+			return nil, nil, err
+		}
+		return postgres.New(pool), pool.Close, nil
+	}
+	if f.natsURL == "" {
+		return nil, nil, errors.New("set --postgres-url (PostgreSQL store) or --nats-url (JetStream KV store)")
+	}
+	opts, err := f.conn.natsOptions()
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(f.natsURL, append(opts, nats.Name("dispenser-admin"))...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to nats at %s: %w", f.natsURL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err == nil {
+		st, err = kv.New(ctx, js, kv.Settings{Bucket: f.bucket})
+	}
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return st, nc.Close, nil
 }
 
 // openPostgres connects to url and checks that the server answers.
@@ -97,7 +178,7 @@ func openPostgres(ctx context.Context, url string) (*pgxpool.Pool, error) {
 
 func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("migrate", "dispenser migrate [--postgres-url URL]", stderr)
-	url := storeFlags(fs)
+	url := fs.String("postgres-url", "", "PostgreSQL URL of the segment store")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -119,9 +200,10 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return nil
 }
 
-const tagsUsage = `dispenser tags list
-dispenser tags create TAG --step N [--start M] [--description D]
-dispenser tags update TAG [--step N] [--description D]`
+const tagsUsage = `dispenser tags list [store flags]
+dispenser tags create TAG --step N [--start M] [--description D] [store flags]
+dispenser tags update TAG [--step N] [--description D] [store flags]
+store flags: --postgres-url URL, or --nats-url URL [--segment-bucket B] for the JetStream KV store`
 
 func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
@@ -130,7 +212,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlagSet("tags "+sub, tagsUsage, stderr)
-	url := storeFlags(fs)
+	sf := addStoreFlags(fs)
 	var step, start int64
 	var desc string
 	switch sub {
@@ -159,12 +241,11 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	pool, err := openPostgres(ctx, *url)
+	st, closeStore, err := sf.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	st := postgres.New(pool)
+	defer closeStore()
 
 	switch sub {
 	case "list":
@@ -216,4 +297,30 @@ func listTags(ctx context.Context, st segment.Store, stdout io.Writer) error {
 		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\n", t.Name, t.MaxID, t.Step, t.UpdateTime.UTC().Format(time.RFC3339), t.Description)
 	}
 	return w.Flush()
+}
+
+func decode(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("decode", "dispenser decode ID [--snowflake-epoch T]", stderr)
+	epoch := fs.String("snowflake-epoch", snowflake.DefaultEpoch.Format(time.RFC3339), "epoch of snowflake timestamps (RFC 3339)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return errors.New("decode: want one snowflake ID")
+	}
+	e, err := time.Parse(time.RFC3339, *epoch)
+	if err != nil {
+		return fmt.Errorf("--snowflake-epoch %q: %w", *epoch, err)
+	}
+	id, err := strconv.ParseInt(pos[0], 10, 64)
+	if err != nil || id < 0 {
+		return fmt.Errorf("decode: %q is not a snowflake ID (a non-negative decimal int64)", pos[0])
+	}
+	out, err := json.Marshal(snowflake.Decode(id, e))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, string(out))
+	return nil
 }

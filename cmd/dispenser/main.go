@@ -30,11 +30,13 @@ func main() {
 const usage = `dispenser hands out unique 64-bit IDs over NATS.
 
 usage:
-  dispenser [serve] [flags]          run a worker (the default command)
+  dispenser [serve] [flags]          run a worker (the default command); with no
+                                     flags: embedded NATS, segments in JetStream KV
   dispenser migrate [flags]          apply the database migrations
   dispenser tags list [flags]        list tags
   dispenser tags create TAG --step N [--start M] [--description D]
   dispenser tags update TAG [--step N] [--description D]
+  dispenser decode ID                print a snowflake ID's time, worker and sequence
   dispenser help [command]           show a command's flags
 
 Every flag can also be set with an environment variable: --nats-url is
@@ -54,6 +56,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return migrate(ctx, args, stdout, stderr)
 	case "tags":
 		return tags(ctx, args, stdout, stderr)
+	case "decode":
+		return decode(args, stdout, stderr)
 	case "help", "-h", "--help":
 		if len(args) > 0 {
 			return run(ctx, []string{args[0], "--help"}, stdout, stderr)

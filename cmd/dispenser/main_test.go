@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -225,4 +227,64 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+func TestZeroSetup(t *testing.T) {
+	dir := t.TempDir()
+	listen := freeAddr(t)
+	t.Chdir(dir) // the default --data-dir is relative
+	logs := startServe(t, "--nats-listen", listen)
+	nc, err := nats.Connect("nats://"+listen, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect to the embedded server: %v; logs:\n%s", err, logs.String())
+	}
+	t.Cleanup(nc.Close)
+	// Tags are created on first use in zero-setup mode.
+	if got := waitForID(t, nc, "id.segment.demo", logs); got != "1" {
+		t.Fatalf("id.segment.demo: got %q, want 1", got)
+	}
+	sf := waitForID(t, nc, "id.snowflake", logs)
+	resp, err := nc.Request("id.snowflake.decode", []byte(sf), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts struct {
+		ID       string `json:"id"`
+		Time     string `json:"time"`
+		Worker   int    `json:"worker"`
+		Sequence int    `json:"sequence"`
+	}
+	if err := json.Unmarshal(resp.Data, &parts); err != nil || parts.ID != sf {
+		t.Fatalf("decode %s: %s (%v)", sf, resp.Data, err)
+	}
+	if ts, err := time.Parse(time.RFC3339, parts.Time); err != nil || time.Since(ts) > time.Hour || time.Since(ts) < -time.Hour {
+		t.Fatalf("decoded time %q is not about now", parts.Time)
+	}
+	out, err := runCmd(t, "decode", sf)
+	if err != nil || !strings.Contains(out, parts.Time) {
+		t.Fatalf("dispenser decode %s: %q, %v; want time %s", sf, out, err, parts.Time)
+	}
+	// The KV store is administered with --nats-url.
+	url := "nats://" + listen
+	if out, err := runCmd(t, "tags", "create", "orders", "--step", "50", "--start", "1000", "--nats-url", url); err != nil {
+		t.Fatalf("tags create: %v %s", err, out)
+	}
+	out, err = runCmd(t, "tags", "list", "--nats-url", url)
+	if err != nil || !strings.Contains(out, "demo") || !strings.Contains(out, "orders  1000") {
+		t.Fatalf("tags list: %q, %v", out, err)
+	}
+	if got := waitForID(t, nc, "id.segment.orders", logs); got != "1000" {
+		t.Fatalf("orders: got %q, want 1000", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "dispenser-data", "jetstream")); err != nil {
+		t.Fatalf("data directory: %v", err)
+	}
+}
+
+func TestDecodeRejectsBadInput(t *testing.T) {
+	for _, arg := range []string{"abc", "-5", "99999999999999999999"} {
+		if _, err := runCmd(t, "decode", arg); err == nil {
+			t.Errorf("decode %q: want an error", arg)
+		}
+	}
 }

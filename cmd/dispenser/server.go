@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -21,7 +22,9 @@ import (
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
 // serveConfig holds the flags of `dispenser serve`.
@@ -39,8 +42,17 @@ type serveConfig struct {
 
 	MetricsAddr string
 
-	PostgresURL string
-	Migrate     bool
+	PostgresURL     string
+	Migrate         bool
+	SegmentBucket   string
+	SegmentReplicas int
+	AutoCreateTags  bool
+	AutoCreateStep  int64
+
+	Snowflake         bool
+	SnowflakeBucket   string
+	SnowflakeEpoch    string
+	SnowflakeSettings snowflake.WorkerSettings
 
 	Prefix     string
 	QueueGroup string
@@ -57,11 +69,14 @@ type Server struct {
 	cfg serveConfig
 	log *slog.Logger
 
-	ns    *server.Server
-	nc    *nats.Conn // serves requests; drained on shutdown
-	pool  *pgxpool.Pool
-	store segment.Store
-	alloc *segment.Allocator
+	ns        *server.Server
+	nc        *nats.Conn // serves requests; drained on shutdown
+	jsnc      *nats.Conn // JetStream: KV store and leases
+	pool      *pgxpool.Pool
+	store     segment.Store
+	storeName string
+	alloc     *segment.Allocator
+	worker    *snowflake.Worker
 	svc   *dispenser.Service
 	http  *http.Server // metrics and health; nil without --metrics-addr
 }
@@ -86,6 +101,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Start starts the worker and returns once it serves. Close stops it.
 func (s *Server) Start(ctx context.Context) error {
+	t0 := time.Now()
 	url := s.cfg.NATSURL
 	if url == "" {
 		ns, err := startEmbeddedNATS(s.cfg.NATSListen, s.cfg.DataDir)
@@ -96,34 +112,42 @@ func (s *Server) Start(ctx context.Context) error {
 		url = ns.ClientURL()
 		s.log.Info("embedded nats-server started", "listen", url, "store", filepath.Join(s.cfg.DataDir, "jetstream"))
 	}
-	nc, err := s.connect(url)
-	if err != nil {
+	// Two connections: one serves requests and is drained on shutdown, the
+	// other carries JetStream (KV store, leases) until the very end.
+	var err error
+	if s.nc, err = s.connect(url, s.cfg.Instance); err != nil {
 		return err
 	}
-	s.nc = nc
-
-	if s.cfg.PostgresURL == "" {
-		return errors.New("no segment store: set --postgres-url (env DISPENSER_POSTGRES_URL)")
+	if s.jsnc, err = s.connect(url, s.cfg.Instance+"-js"); err != nil {
+		return err
 	}
-	pool, err := pgxpool.New(ctx, s.cfg.PostgresURL)
+	js, err := jetstream.New(s.jsnc)
 	if err != nil {
-		return fmt.Errorf("postgres: %w", err)
+		return fmt.Errorf("jetstream: %w", err)
 	}
-	s.pool = pool
-	if s.cfg.Migrate {
-		applied, err := schema.Migrate(ctx, pool)
-		if err != nil {
-			return err
-		}
-		s.log.Info("migrations applied", "versions", applied)
+	if err := s.openStore(ctx, js); err != nil {
+		return err
 	}
 	st := s.cfg.Segment
-	s.store = postgres.New(pool)
 	st.Store = s.store
 	st.Logger = s.log
-	s.alloc, err = segment.New(st)
-	if err != nil {
+	if s.cfg.AutoCreateTags {
+		st.AutoCreateStep = s.cfg.AutoCreateStep
+	}
+	if s.alloc, err = segment.New(st); err != nil {
 		return err
+	}
+	var sf dispenser.Snowflake
+	if s.cfg.Snowflake {
+		sfs := s.cfg.SnowflakeSettings
+		sfs.Instance = s.cfg.Instance
+		sfs.Logger = s.log
+		if s.worker, err = snowflake.StartWorker(ctx, js, sfs); err != nil {
+			return fmt.Errorf("snowflake: %w", err)
+		}
+		sf = s.worker
+		id, _ := s.worker.WorkerID()
+		s.log.Info("snowflake worker ID leased", "worker_id", id, "bucket", sfs.Bucket)
 	}
 
 	var reg *prometheus.Registry
@@ -132,8 +156,9 @@ func (s *Server) Start(ctx context.Context) error {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	cfg := dispenser.Config{
-		Conn:       nc,
+		Conn:       s.nc,
 		Segments:   s.alloc,
+		Snowflake:  sf,
 		Prefix:     s.cfg.Prefix,
 		QueueGroup: s.cfg.QueueGroup,
 		MaxBatch:   s.cfg.MaxBatch,
@@ -152,7 +177,35 @@ func (s *Server) Start(ctx context.Context) error {
 		}
 	}
 	info := s.svc.Info()
-	s.log.Info("serving", "service", info.Name, "id", info.ID, "nats", url, "prefix", s.cfg.Prefix, "queue_group", s.cfg.QueueGroup)
+	s.log.Info("serving", "service", info.Name, "id", info.ID, "nats", url, "prefix", s.cfg.Prefix,
+		"queue_group", s.cfg.QueueGroup, "store", s.storeName, "startup", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// openStore opens the segment store: PostgreSQL with --postgres-url, else
+// the JetStream KV bucket.
+func (s *Server) openStore(ctx context.Context, js jetstream.JetStream) error {
+	if s.cfg.PostgresURL == "" {
+		st, err := kv.New(ctx, js, kv.Settings{Bucket: s.cfg.SegmentBucket, Replicas: s.cfg.SegmentReplicas})
+		if err != nil {
+			return err
+		}
+		s.store, s.storeName = st, "kv:"+s.cfg.SegmentBucket
+		return nil
+	}
+	pool, err := pgxpool.New(ctx, s.cfg.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	s.pool = pool
+	if s.cfg.Migrate {
+		applied, err := schema.Migrate(ctx, pool)
+		if err != nil {
+			return err
+		}
+		s.log.Info("migrations applied", "versions", applied)
+	}
+	s.store, s.storeName = postgres.New(pool), "postgres"
 	return nil
 }
 
@@ -190,14 +243,14 @@ func (s *Server) NATSURL() string {
 	return s.nc.ConnectedUrl()
 }
 
-func (s *Server) connect(url string) (*nats.Conn, error) {
-	log := s.log
+func (s *Server) connect(url, name string) (*nats.Conn, error) {
+	log := s.log.With("conn", name)
 	opts, err := s.cfg.natsOptions()
 	if err != nil {
 		return nil, err
 	}
 	nc, err := nats.Connect(url, append(opts,
-		nats.Name(s.cfg.Instance),
+		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectJitter(250*time.Millisecond, time.Second),
@@ -236,8 +289,14 @@ func (s *Server) Close() error {
 	if s.alloc != nil {
 		errs = append(errs, s.alloc.Close(ctx))
 	}
+	if s.worker != nil {
+		errs = append(errs, s.worker.Close(ctx))
+	}
 	if s.nc != nil {
 		s.nc.Close()
+	}
+	if s.jsnc != nil {
+		s.jsnc.Close()
 	}
 	if s.pool != nil {
 		s.pool.Close()
@@ -309,10 +368,16 @@ func (s *Server) serveHTTP(reg *prometheus.Registry) error {
 }
 
 // ready reports why the worker cannot serve, or nil: it must be connected
-// to NATS, and its store must answer or its buffers hold IDs.
+// to NATS, hold a snowflake lease, and its store must answer or its buffers
+// hold IDs.
 func (s *Server) ready(ctx context.Context) error {
 	if !s.nc.IsConnected() {
 		return fmt.Errorf("nats: %s", s.nc.Status())
+	}
+	if s.worker != nil {
+		if _, ok := s.worker.WorkerID(); !ok {
+			return errors.New("snowflake: no worker ID lease held")
+		}
 	}
 	if s.alloc == nil {
 		return nil
