@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
 // metrics are the service's Prometheus metrics. A nil *metrics records
@@ -39,8 +40,8 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 	if s.cfg.Segments != nil {
 		cs = append(cs, segmentCollector{s.cfg.Segments})
 	}
-	if c, ok := s.cfg.Snowflake.(prometheus.Collector); ok {
-		cs = append(cs, c)
+	if s.cfg.Snowflake != nil {
+		cs = append(cs, snowflakeCollector{s.cfg.Snowflake})
 	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
@@ -108,4 +109,64 @@ func (c segmentCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(segWaits, prometheus.CounterValue, float64(t.Waits), t.Tag)
 		ch <- prometheus.MustNewConstMetric(segTimeouts, prometheus.CounterValue, float64(t.WaitTimeouts), t.Tag)
 	}
+}
+
+func sfDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc("dispenser_snowflake_"+name, help, nil, nil)
+}
+
+var (
+	sfHeld        = sfDesc("lease_held", "1 while the worker holds a worker-ID lease.")
+	sfWorkerID    = sfDesc("worker_id", "The leased worker ID, -1 when none is held.")
+	sfFenced      = sfDesc("fenced", "1 while issuing is refused for want of a valid lease.")
+	sfClockBehind = sfDesc("clock_behind", "1 while issuing is refused because the clock is behind the last timestamp used.")
+	sfExpires     = sfDesc("lease_expires_timestamp_seconds", "When the lease expires unless renewed (Unix time).")
+	sfIssued      = sfDesc("ids_issued_total", "Snowflake IDs issued.")
+	sfBackwards   = sfDesc("clock_backwards_total", "Episodes of the clock moving back more than the tolerance (answered 503).")
+	sfBackWaits   = sfDesc("clock_backwards_waits_total", "Small clock steps back that were waited out.")
+	sfFencedEp    = sfDesc("fenced_total", "Episodes of refusing for want of a valid lease.")
+	sfBeats       = sfDesc("heartbeats_total", "Successful lease renewals.")
+	sfBeatFails   = sfDesc("heartbeat_failures_total", "Failed lease renewals.")
+	sfLost        = sfDesc("lost_leases_total", "Worker IDs lost to another holder.")
+)
+
+// snowflakeCollector exports the snowflake worker's lease state at scrape
+// time.
+type snowflakeCollector struct{ sf Snowflake }
+
+func (c snowflakeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{sfHeld, sfWorkerID, sfFenced, sfClockBehind, sfExpires, sfIssued, sfBackwards, sfBackWaits, sfFencedEp, sfBeats, sfBeatFails, sfLost} {
+		ch <- d
+	}
+}
+
+func (c snowflakeCollector) Collect(ch chan<- prometheus.Metric) {
+	st, ok := c.sf.Stats().(snowflake.WorkerStats)
+	if !ok {
+		return
+	}
+	b := func(v bool) float64 {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	counter := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	gauge(sfHeld, b(st.Held))
+	gauge(sfWorkerID, float64(st.WorkerID))
+	gauge(sfFenced, b(st.Fenced))
+	gauge(sfClockBehind, b(st.ClockBehind))
+	gauge(sfExpires, float64(st.LeaseExpires.UnixMilli())/1000)
+	counter(sfIssued, st.Issued)
+	counter(sfBackwards, st.ClockBackwards)
+	counter(sfBackWaits, st.ClockBackwardsWaits)
+	counter(sfFencedEp, st.FencedEpisodes)
+	counter(sfBeats, st.Heartbeats)
+	counter(sfBeatFails, st.HeartbeatFailures)
+	counter(sfLost, st.LostLeases)
 }

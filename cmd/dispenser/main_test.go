@@ -203,6 +203,8 @@ func TestMetricsAndHealth(t *testing.T) {
 		`dispenser_ids_total{endpoint="segment",tag="orders"} 7`,
 		`dispenser_segment_fetches_total{tag="orders"} 1`,
 		"dispenser_request_duration_seconds_bucket",
+		"dispenser_snowflake_lease_held 1",
+		"dispenser_snowflake_clock_backwards_total 0",
 		"go_goroutines",
 	} {
 		if !strings.Contains(body, want) {
