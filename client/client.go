@@ -137,8 +137,25 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 // Close stops background refills. Prefetched IDs not yet taken are lost.
 func (c *Client) Close() { c.cancel() }
 
+// checkTag rejects a tag the service would reject (1-128 characters of
+// [A-Za-z0-9_-]) before it becomes a subject.
+func checkTag(tag string) error {
+	ok := len(tag) > 0 && len(tag) <= 128
+	for i := 0; ok && i < len(tag); i++ {
+		c := tag[i]
+		ok = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+	}
+	if !ok {
+		return fmt.Errorf("%w: invalid tag %q: want 1-128 characters of [A-Za-z0-9_-]", ErrBadRequest, tag)
+	}
+	return nil
+}
+
 // Segment returns one ID of tag.
 func (c *Client) Segment(ctx context.Context, tag string) (int64, error) {
+	if err := checkTag(tag); err != nil {
+		return 0, err
+	}
 	if c.prefetch > 0 {
 		return c.pool(tag).take(ctx)
 	}
@@ -152,6 +169,9 @@ func (c *Client) Segment(ctx context.Context, tag string) (int64, error) {
 // SegmentN returns n IDs of tag, in increasing order. Prefetch does not
 // apply: the batch comes from the service in one request.
 func (c *Client) SegmentN(ctx context.Context, tag string, n int) ([]int64, error) {
+	if err := checkTag(tag); err != nil {
+		return nil, err
+	}
 	return c.request(ctx, c.prefix+".segment."+tag, n, true)
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -20,8 +19,6 @@ import (
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
-
-func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 
 // serve starts a dispenser worker on a fresh NATS server and database with
 // the given tags, and returns a client connection.
@@ -97,7 +94,8 @@ func TestErrors(t *testing.T) {
 		code string
 	}{
 		{"unknown tag", func() error { _, err := c.Segment(ctx, "nope"); return err }, client.ErrUnknownTag, "404"},
-		{"invalid tag", func() error { _, err := c.Segment(ctx, "a$b"); return err }, client.ErrBadRequest, "400"},
+		{"invalid tag", func() error { _, err := c.Segment(ctx, "a$b"); return err }, client.ErrBadRequest, ""},
+		{"tag with a space", func() error { _, err := c.SegmentN(ctx, "a b", 2); return err }, client.ErrBadRequest, ""},
 		{"batch too big", func() error { _, err := c.SegmentN(ctx, "orders", 10001); return err }, client.ErrBadRequest, "400"},
 		{"count below one", func() error { _, err := c.SegmentN(ctx, "orders", 0); return err }, client.ErrBadRequest, ""},
 		{"no snowflake endpoint", func() error { _, err := c.Snowflake(ctx); return err }, nats.ErrNoResponders, ""},
