@@ -74,7 +74,16 @@ type Service struct {
 	parked  sync.WaitGroup // requests waiting for a segment
 	bufs    sync.Pool      // *[]byte reply buffers
 	metrics *metrics       // nil without Config.Registerer
+	id      string         // micro service ID: unique per worker process
 }
+
+// WorkerHeader, present in a request (any value), makes a reply carry the
+// same header with the answering worker's micro service ID, which is unique
+// per worker process. Tests and debugging use it to tell who issued an ID.
+const WorkerHeader = "Id-Worker"
+
+// ID returns the micro service ID of this worker.
+func (s *Service) ID() string { return s.id }
 
 // Name is the micro service name.
 const Name = "dispenser"
@@ -128,6 +137,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("dispenser: adding micro service: %w", err)
 	}
 	s.svc = svc
+	s.id = svc.Info().ID
 	g := svc.AddGroup(cfg.Prefix)
 	if cfg.Segments != nil {
 		err = g.AddEndpoint("segment", micro.HandlerFunc(s.handleSegment),
@@ -222,10 +232,14 @@ type replier struct {
 	endpoint string
 	tag      string    // metrics label
 	start    time.Time // zero without metrics
+	worker   bool      // the request asked for WorkerHeader
 }
 
 func (s *Service) newReplier(req micro.Request, endpoint string) replier {
 	r := replier{s: s, req: req, inline: true, endpoint: endpoint}
+	if h := req.Headers(); len(h) > 0 {
+		_, r.worker = h[WorkerHeader]
+	}
 	if s.metrics != nil {
 		r.start = time.Now()
 	}
@@ -234,9 +248,17 @@ func (s *Service) newReplier(req micro.Request, endpoint string) replier {
 
 func (r replier) respond(data []byte, ids int) {
 	var err error
-	if r.inline {
+	switch {
+	case r.worker && r.inline:
+		err = r.req.Respond(data, micro.WithHeaders(micro.Headers{WorkerHeader: []string{r.s.id}}))
+	case r.worker:
+		msg := nats.NewMsg(r.req.Reply())
+		msg.Header.Set(WorkerHeader, r.s.id)
+		msg.Data = data
+		err = r.s.cfg.Conn.PublishMsg(msg)
+	case r.inline:
 		err = r.req.Respond(data)
-	} else {
+	default:
 		err = r.s.cfg.Conn.Publish(r.req.Reply(), data)
 	}
 	if err != nil {

@@ -605,3 +605,24 @@ func TestSnowflakeEndpoints(t *testing.T) {
 		t.Fatalf("after Close: %q code %q, want 503", body, code)
 	}
 }
+
+func TestWorkerHeader(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 10})
+	w := st.worker(t, segment.Settings{})
+	nc := testenv.Connect(t, st.ns)
+	resp, err := nc.RequestMsg(&nats.Msg{Subject: "id.segment.a", Header: nats.Header{dispenser.WorkerHeader: []string{""}}}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Header.Get(dispenser.WorkerHeader); got == "" || got != w.svc.ID() {
+		t.Fatalf("%s = %q, want the worker's ID %q", dispenser.WorkerHeader, got, w.svc.ID())
+	}
+	// Without the request header, the reply has no headers at all.
+	resp, err = nc.Request("id.segment.a", nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Header) != 0 {
+		t.Fatalf("reply headers %v, want none", resp.Header)
+	}
+}
