@@ -148,3 +148,21 @@ func FuzzParseTag(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseFormat(f *testing.F) {
+	for _, s := range []string{"", "list", "range", "RANGE", "json", " range ", "\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		format, err := ParseFormat([]string{v})
+		if err != nil {
+			if !errors.Is(err, ErrBadHeader) {
+				t.Fatalf("ParseFormat(%q): %v is not ErrBadHeader", v, err)
+			}
+			return
+		}
+		if format != FormatList && format != FormatRange {
+			t.Fatalf("ParseFormat(%q) = %v", v, format)
+		}
+	})
+}

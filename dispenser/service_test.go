@@ -2,7 +2,6 @@ package dispenser_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"os"
 	"strconv"
@@ -189,6 +188,13 @@ func TestProtocol(t *testing.T) {
 		{"bad tag token", "id.segment.a$b", "", nil, "", "400"},
 		{"sql in tag", "id.segment.x';DROP", "", nil, "", "400"},
 		{"129-character tag", "id.segment." + strings.Repeat("t", 129), "", nil, "", "400"},
+		{"quotes in tag", `id.segment.'o"rders'`, "", nil, "", "400"},
+		{"unicode tag", "id.segment.zäh", "", nil, "", "400"},
+		{"percent and semicolon", "id.segment.a%;--", "", nil, "", "400"},
+		{"JSON body", "id.segment.orders", `{"count":3}`, nil, "", "400"},
+		{"float count", "id.segment.orders", "2.5", nil, "", "400"},
+		{"huge count", "id.segment.orders", "99999999999999999999", nil, "", "400"},
+		{"format header twice", "id.segment.orders", "", nats.Header{dispenser.FormatHeader: []string{"range", "list"}}, "", "400"},
 		{"unknown tag", "id.segment.payments", "", nil, "", "404"},
 		{"after all that, nothing was consumed", "id.segment.orders", "", nil, "12", ""},
 	}
@@ -203,9 +209,9 @@ func TestProtocol(t *testing.T) {
 			}
 		})
 	}
-	tag, err := st.store.Tag(context.Background(), "payments")
-	if !errors.Is(err, segment.ErrUnknownTag) {
-		t.Errorf("unknown tag was created in the store: %+v, %v", tag, err)
+	names, err := st.store.Tags(context.Background())
+	if err != nil || len(names) != 1 || names[0] != "orders" {
+		t.Errorf("tags after hostile requests: %v, %v; want only orders", names, err)
 	}
 }
 
