@@ -50,6 +50,9 @@ type Settings struct {
 	Now func() time.Time
 	// Logger receives fetch failures. Default slog.Default().
 	Logger *slog.Logger
+	// OnFetch, if set, is called after every store fetch with its latency
+	// and error, from the loader's goroutine (for metrics).
+	OnFetch func(tag string, latency time.Duration, err error)
 }
 
 // Dynamic step thresholds, as in Leaf: a segment that lasted less than
@@ -88,6 +91,7 @@ type Allocator struct {
 	autoCreateStep  int64
 	now             func() time.Time
 	log             *slog.Logger
+	onFetch         func(tag string, latency time.Duration, err error)
 
 	ctx    context.Context // canceled by Close; parent of all store calls
 	cancel context.CancelFunc
@@ -171,6 +175,7 @@ func New(s Settings) (*Allocator, error) {
 		autoCreateStep:  s.AutoCreateStep,
 		now:             s.Now,
 		log:             s.Logger,
+		onFetch:         s.OnFetch,
 		negative:        make(map[string]time.Time),
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
@@ -620,6 +625,9 @@ func (b *buffer) load() {
 		cancel()
 		if err == nil && (alloc.End <= alloc.Start || alloc.TagStep < 1) {
 			err = fmt.Errorf("segment: store returned a bad allocation %+v for tag %q", alloc, b.tag)
+		}
+		if a.onFetch != nil {
+			a.onFetch(b.tag, latency, err)
 		}
 		if err == nil {
 			b.publish(alloc, latency)

@@ -363,6 +363,23 @@ func TestFailedFetchNeverReady(t *testing.T) {
 	}
 }
 
+func TestOnFetch(t *testing.T) {
+	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
+	var mu sync.Mutex
+	var calls []string
+	a := newAllocator(t, Settings{Store: st, OnFetch: func(tag string, d time.Duration, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, fmt.Sprintf("%s:%v", tag, err == nil))
+	}})
+	take(t, a, "a", 1)
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(calls, []string{"a:true"}) {
+		t.Fatalf("OnFetch calls = %v, want [a:true]", calls)
+	}
+}
+
 func TestDynamicStep(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

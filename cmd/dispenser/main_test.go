@@ -204,6 +204,7 @@ func TestMetricsAndHealth(t *testing.T) {
 		`dispenser_segment_fetches_total{tag="orders"} 1`,
 		"dispenser_request_duration_seconds_bucket",
 		"dispenser_snowflake_lease_held 1",
+		`dispenser_segment_fetch_duration_seconds_count{result="ok"} 1`,
 		"dispenser_snowflake_clock_backwards_total 0",
 		"go_goroutines",
 	} {

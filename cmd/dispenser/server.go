@@ -128,9 +128,17 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.openStore(ctx, js); err != nil {
 		return err
 	}
+	var reg *prometheus.Registry
+	if s.cfg.MetricsAddr != "" {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
 	st := s.cfg.Segment
 	st.Store = s.store
 	st.Logger = s.log
+	if reg != nil {
+		st.OnFetch = fetchHistogram(reg)
+	}
 	if s.cfg.AutoCreateTags {
 		st.AutoCreateStep = s.cfg.AutoCreateStep
 	}
@@ -150,11 +158,6 @@ func (s *Server) Start(ctx context.Context) error {
 		s.log.Info("snowflake worker ID leased", "worker_id", id, "bucket", sfs.Bucket)
 	}
 
-	var reg *prometheus.Registry
-	if s.cfg.MetricsAddr != "" {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	}
 	cfg := dispenser.Config{
 		Conn:       s.nc,
 		Segments:   s.alloc,
@@ -398,4 +401,23 @@ func (s *Server) ready(ctx context.Context) error {
 		}
 	}
 	return fmt.Errorf("store unreachable and no warm buffers: %w", err)
+}
+
+// fetchHistogram registers the segment fetch latency histogram and returns
+// the allocator hook that feeds it.
+func fetchHistogram(reg prometheus.Registerer) func(string, time.Duration, error) {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "dispenser_segment_fetch_duration_seconds",
+		Help:    "Latency of segment fetches from the store, by result.",
+		Buckets: prometheus.ExponentialBuckets(250e-6, 2, 14),
+	}, []string{"result"})
+	reg.MustRegister(h)
+	ok, failed := h.WithLabelValues("ok"), h.WithLabelValues("error")
+	return func(_ string, d time.Duration, err error) {
+		if err != nil {
+			failed.Observe(d.Seconds())
+			return
+		}
+		ok.Observe(d.Seconds())
+	}
 }
