@@ -77,8 +77,8 @@ type Server struct {
 	storeName string
 	alloc     *segment.Allocator
 	worker    *snowflake.Worker
-	svc   *dispenser.Service
-	http  *http.Server // metrics and health; nil without --metrics-addr
+	svc       *dispenser.Service
+	http      *http.Server // metrics and health; nil without --metrics-addr
 }
 
 // NewServer returns a Server for cfg; Run starts it.
