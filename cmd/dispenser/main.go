@@ -37,6 +37,7 @@ usage:
   dispenser tags create TAG --step N [--start M] [--description D]
   dispenser tags update TAG [--step N] [--description D]
   dispenser decode ID                print a snowflake ID's time, worker and sequence
+  dispenser bench [flags]            measure throughput and latency against a baseline
   dispenser help [command]           show a command's flags
 
 Every flag can also be set with an environment variable: --nats-url is
@@ -58,6 +59,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return tags(ctx, args, stdout, stderr)
 	case "decode":
 		return decode(args, stdout, stderr)
+	case "bench":
+		return bench(ctx, args, stdout, stderr)
+	case "bench-load": // hidden: bench's load generator process
+		return benchLoad(ctx, args, stdout, stderr)
 	case "help", "-h", "--help":
 		if len(args) > 0 {
 			return run(ctx, []string{args[0], "--help"}, stdout, stderr)

@@ -20,7 +20,7 @@ import (
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
-func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+func TestMain(m *testing.M) { os.Exit(testMain(m)) }
 
 // runCmd runs the command line and returns its output.
 func runCmd(t *testing.T, args ...string) (string, error) {

@@ -1,0 +1,584 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/segment/postgres"
+)
+
+// What `dispenser bench` starts in its own process when --nats-url is empty,
+// and the child processes it measures memory and start-up with.
+
+// Tags of the local service under test. The service runs with MaxStep
+// benchMaxStep, which pins every tag at its configured step.
+const (
+	benchStep100 = "bench_step100"
+	benchStep1M  = "bench_step1m"
+	benchMaxStep = 100
+	// benchTagStep is the step of --tag and bench_step1m.
+	benchTagStep = 1_000_000
+	// benchMemBucket is the KV bucket of the memory measurement's tags.
+	benchMemBucket = "dispenser_bench_mem"
+	// benchMemPrefix is the subject prefix of the memory measurement's
+	// worker, so that it takes no part in the other runs.
+	benchMemPrefix = "benchmem"
+	// benchBaselineSubject is the baseline responder's subject.
+	benchBaselineSubject = "bench.baseline"
+)
+
+// benchEnv is the local set-up: an embedded nats-server, the baseline
+// responder and the service under test (a Server, as `dispenser serve`
+// runs it), each on connections of their own.
+type benchEnv struct {
+	dir   string // temporary; removed by Close
+	ns    *server.Server
+	url   string
+	store string // "kv" or "postgres"
+
+	ctlNC  *nats.Conn // bench's own requests and tag set-up
+	baseNC *nats.Conn // baseline responder
+	js     jetstream.JetStream
+	srv    *Server
+}
+
+// startBenchEnv starts the local set-up with tag as the segment tag.
+// maxWait, if not zero, replaces the service's default --max-wait.
+func startBenchEnv(ctx context.Context, tag, postgresURL string, maxWait time.Duration, log *slog.Logger) (_ *benchEnv, err error) {
+	e := &benchEnv{store: "kv"}
+	defer func() {
+		if err != nil {
+			e.Close()
+		}
+	}()
+	if e.dir, err = os.MkdirTemp("", "dispenser-bench-"); err != nil {
+		return nil, err
+	}
+	e.ns, err = server.NewServer(&server.Options{
+		ServerName: "dispenser-bench",
+		Host:       "127.0.0.1",
+		Port:       server.RANDOM_PORT,
+		JetStream:  true,
+		StoreDir:   filepath.Join(e.dir, "jetstream"),
+		NoSigs:     true,
+		NoLog:      true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats-server: %w", err)
+	}
+	e.ns.Start()
+	if !e.ns.ReadyForConnections(10 * time.Second) {
+		return nil, errors.New("embedded nats-server did not start within 10s")
+	}
+	e.url = e.ns.ClientURL()
+	if e.ctlNC, err = nats.Connect(e.url, nats.Name("bench")); err != nil {
+		return nil, fmt.Errorf("connecting to the embedded nats-server: %w", err)
+	}
+	if e.baseNC, err = nats.Connect(e.url, nats.Name("bench-baseline")); err != nil {
+		return nil, fmt.Errorf("connecting to the embedded nats-server: %w", err)
+	}
+	if err := startBaseline(e.baseNC, benchBaselineSubject); err != nil {
+		return nil, err
+	}
+	if e.js, err = jetstream.New(e.ctlNC); err != nil {
+		return nil, err
+	}
+	if err := createBenchTags(ctx, e.js, tag, postgresURL); err != nil {
+		return nil, err
+	}
+	if postgresURL != "" {
+		e.store = "postgres"
+	}
+	e.srv = NewServer(serveConfig{
+		NATSURL:         e.url,
+		Instance:        "bench",
+		PostgresURL:     postgresURL,
+		Snowflake:       true,
+		Segment:         segment.Settings{MaxStep: benchMaxStep, MaxWait: maxWait},
+		ShutdownTimeout: 10 * time.Second,
+	}, log)
+	if err := e.srv.Start(ctx); err != nil {
+		return nil, fmt.Errorf("service under test: %w", err)
+	}
+	// Fetch the first segments, so that no run waits for them.
+	for _, subj := range []string{"id.segment." + tag, "id.segment." + benchStep100, "id.segment." + benchStep1M} {
+		if _, err := requestID(ctx, e.ctlNC, subj, 5*time.Second); err != nil {
+			return nil, fmt.Errorf("warming up %s: %w", subj, err)
+		}
+	}
+	return e, nil
+}
+
+// createBenchTags creates (or sets the step of) the tags of the local
+// service under test: tag and bench_step1m with step 1,000,000 and
+// bench_step100 with step 100, in the KV bucket or in PostgreSQL.
+func createBenchTags(ctx context.Context, js jetstream.JetStream, tag, postgresURL string) error {
+	var store segment.Store
+	if postgresURL == "" {
+		st, err := kv.New(ctx, js, kv.Settings{})
+		if err != nil {
+			return err
+		}
+		store = st
+	} else {
+		pool, err := openPostgres(ctx, postgresURL)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if _, err := schema.Migrate(ctx, pool); err != nil {
+			return err
+		}
+		store = postgres.New(pool)
+	}
+	for _, t := range []struct {
+		name string
+		step int64
+	}{{tag, benchTagStep}, {benchStep100, 100}, {benchStep1M, benchTagStep}} {
+		if err := ensureTag(ctx, store, t.name, t.step); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// segmentStats returns the allocator's state of every tag of the service
+// under test; nil without a local set-up.
+func (e *benchEnv) segmentStats() map[string]segment.TagStats {
+	if e == nil || e.srv == nil || e.srv.alloc == nil {
+		return nil
+	}
+	m := map[string]segment.TagStats{}
+	for _, t := range e.srv.alloc.Stats() {
+		m[t.Tag] = t
+	}
+	return m
+}
+
+// Close stops everything startBenchEnv started and removes its files.
+func (e *benchEnv) Close() error {
+	var errs []error
+	if e.srv != nil {
+		errs = append(errs, e.srv.Close())
+	}
+	for _, nc := range []*nats.Conn{e.ctlNC, e.baseNC} {
+		if nc != nil {
+			nc.Close()
+		}
+	}
+	if e.ns != nil {
+		e.ns.Shutdown()
+		e.ns.WaitForShutdown()
+	}
+	if e.dir != "" {
+		errs = append(errs, os.RemoveAll(e.dir))
+	}
+	return errors.Join(errs...)
+}
+
+// ensureTag creates a tag with step, or sets the step of an existing one.
+func ensureTag(ctx context.Context, store segment.Store, name string, step int64) error {
+	admin, ok := store.(segment.Admin)
+	if !ok {
+		return fmt.Errorf("the store cannot create tags (%T)", store)
+	}
+	err := admin.CreateTag(ctx, name, step, 1, "dispenser bench")
+	if errors.Is(err, segment.ErrTagExists) {
+		var t segment.Tag
+		if t, err = store.Tag(ctx, name); err == nil && t.Step != step {
+			err = admin.UpdateTag(ctx, name, &step, nil)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("creating tag %s: %w", name, err)
+	}
+	return nil
+}
+
+// startBaseline serves subject with the ceiling of any ID service: a plain
+// queue subscription that answers with an atomic counter, parsing the count
+// and formatting the reply as the dispenser does.
+func startBaseline(nc *nats.Conn, subject string) error {
+	var counter atomic.Int64
+	var buf []byte // only the subscription's goroutine uses it
+	_, err := nc.QueueSubscribe(subject, "bench", func(m *nats.Msg) {
+		n, err := dispenser.ParseCount(m.Data, 1_000_000)
+		format := dispenser.FormatList
+		if err == nil && len(m.Header) > 0 {
+			format, err = dispenser.ParseFormat(m.Header.Values(dispenser.FormatHeader))
+		}
+		if err != nil {
+			reply := nats.NewMsg(m.Reply)
+			reply.Header.Set(micro.ErrorCodeHeader, dispenser.CodeBadRequest)
+			reply.Header.Set(micro.ErrorHeader, err.Error())
+			nc.PublishMsg(reply)
+			return
+		}
+		last := counter.Add(int64(n))
+		runs := [1]segment.Run{{First: last - int64(n) + 1, Last: last}}
+		if format == dispenser.FormatRange {
+			buf = dispenser.AppendRanges(buf[:0], runs[:])
+		} else {
+			buf = dispenser.AppendList(buf[:0], runs[:])
+		}
+		nc.Publish(m.Reply, buf)
+	})
+	if err != nil {
+		return fmt.Errorf("baseline responder: %w", err)
+	}
+	return nc.Flush()
+}
+
+// requestID requests one ID from subject, retrying 503s until timeout.
+func requestID(ctx context.Context, nc *nats.Conn, subject string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		m, err := nc.RequestWithContext(ctx, subject, nil)
+		if err == nil {
+			code := m.Header.Get(micro.ErrorCodeHeader)
+			if code == "" {
+				return string(m.Data), nil
+			}
+			err = fmt.Errorf("%w %s: %s", errErrorReply, code, m.Header.Get(micro.ErrorHeader))
+			if code != dispenser.CodeUnavailable {
+				return "", err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", err
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// benchChildEnv marks the processes that `dispenser bench` starts from
+// os.Executable(). The dispenser binary needs no marker: the command line
+// says what to do. A test binary's TestMain sees it and runs the command
+// line instead of the tests.
+const benchChildEnv = "DISPENSER_BENCH_CHILD"
+
+// childCommand returns a command that runs this program with args, with the
+// DISPENSER_* variables removed from its environment so that only args
+// configure it.
+func childCommand(ctx context.Context, args ...string) (*exec.Cmd, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding this program to start a child: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DISPENSER_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, benchChildEnv+"=1")
+	if os.Getenv("GORACE") == "" {
+		// A race-enabled binary (go test -race) otherwise sleeps a second
+		// when it exits with status 0.
+		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
+	}
+	cmd.WaitDelay = 5 * time.Second
+	return cmd, nil
+}
+
+// memoryResult is the resident size of an idle worker with warm tags.
+type memoryResult struct {
+	Tags        int     `json:"tags"`
+	Store       string  `json:"store"`
+	RSSBytes    int64   `json:"rss_bytes"`
+	WarmSeconds float64 `json:"warm_seconds"`
+}
+
+// child is a running child process whose output is kept.
+type child struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout tailBuffer
+	stderr tailBuffer
+	exited chan struct{} // closed once the process has exited
+}
+
+// startChild starts this program with args (see childCommand).
+func startChild(ctx context.Context, args ...string) (*child, error) {
+	cmd, err := childCommand(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, exited: make(chan struct{})}
+	if c.stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = &c.stdout, &c.stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", args[0], err)
+	}
+	go func() { cmd.Wait(); close(c.exited) }()
+	return c, nil
+}
+
+func (c *child) gone() bool {
+	select {
+	case <-c.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop closes the child's stdin and sends it an interrupt, and kills it
+// if it has not exited after 10 s.
+func (c *child) stop() {
+	c.stdin.Close()
+	c.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		c.cmd.Process.Kill()
+		<-c.exited
+	}
+}
+
+// measureMemory starts `dispenser serve` as an idle worker on the KV
+// bucket benchMemBucket with n tags, takes an ID of every tag, waits a
+// second and returns the worker process's resident size. It forces no GC:
+// a worker in production gets none either.
+func (e *benchEnv) measureMemory(ctx context.Context, n int) (*memoryResult, error) {
+	store, err := kv.New(ctx, e.js, kv.Settings{Bucket: benchMemBucket})
+	if err != nil {
+		return nil, err
+	}
+	tags := make([]string, n)
+	for i := range tags {
+		tags[i] = fmt.Sprintf("mem_%04d", i)
+	}
+	if err := parallel(ctx, tags, 16, func(tag string) error { return ensureTag(ctx, store, tag, 1000) }); err != nil {
+		return nil, err
+	}
+	c, err := startChild(ctx, "serve", "--nats-url", e.url, "--segment-bucket", benchMemBucket,
+		"--prefix", benchMemPrefix, "--queue-group", benchMemPrefix, "--instance", "bench-memory", "--log-level", "warn")
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	start := time.Now()
+	err = parallel(ctx, tags, 32, func(tag string) error {
+		_, err := requestID(ctx, e.ctlNC, benchMemPrefix+".segment."+tag, 30*time.Second)
+		return err
+	})
+	if err != nil {
+		if c.gone() {
+			err = fmt.Errorf("the worker exited: %s", strings.TrimSpace(c.stderr.String()))
+		}
+		return nil, fmt.Errorf("warming the worker's tags: %w", err)
+	}
+	warm := time.Since(start)
+	time.Sleep(time.Second)
+	rss, err := processRSS(strconv.Itoa(c.cmd.Process.Pid))
+	if err != nil {
+		return nil, err
+	}
+	return &memoryResult{Tags: n, Store: "kv", RSSBytes: rss, WarmSeconds: round(warm.Seconds(), 3)}, nil
+}
+
+// processRSS reads the resident set size of a process from /proc (Linux).
+func processRSS(pid string) (int64, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc/" + pid + "/status")
+}
+
+// parallel calls f for every item with at most n calls at once and returns
+// the first error.
+func parallel(ctx context.Context, items []string, n int, f func(string) error) error {
+	work := make(chan string)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range work {
+				if err := f(it); err != nil {
+					mu.Lock()
+					first = cmpOr(first, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for _, it := range items {
+		mu.Lock()
+		stop := first != nil
+		mu.Unlock()
+		if stop || ctx.Err() != nil {
+			break
+		}
+		work <- it
+	}
+	close(work)
+	wg.Wait()
+	if first == nil {
+		first = ctx.Err()
+	}
+	return first
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// startupResult is how long `dispenser serve` takes from the start of its
+// process to serving in zero-setup mode: no flags but a free listen address
+// and a fresh data directory.
+type startupResult struct {
+	ServingMS     float64 `json:"serving_ms"`      // the micro service answers a ping
+	SegmentIDMS   float64 `json:"segment_id_ms"`   // first ID of a tag created on first use
+	SnowflakeIDMS float64 `json:"snowflake_id_ms"` // first snowflake ID
+	RSSBytes      int64   `json:"rss_bytes"`       // of the process, embedded nats-server included
+}
+
+// measureStartup starts `dispenser serve` in zero-setup mode in dir and
+// times it until it serves.
+func measureStartup(ctx context.Context, dir string) (*startupResult, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	start := time.Now()
+	c, err := startChild(ctx, "serve", "--nats-listen", addr, "--data-dir", dir, "--instance", "bench-startup", "--log-level", "warn")
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	deadline := start.Add(20 * time.Second)
+	// wait returns an error if serve has exited or the deadline passed.
+	wait := func(what string) error {
+		if c.gone() {
+			return fmt.Errorf("serve exited: %s", strings.TrimSpace(c.stderr.String()))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("serve did not %s within 20s", what)
+		}
+		time.Sleep(time.Millisecond)
+		return nil
+	}
+	var nc *nats.Conn
+	for nc == nil {
+		nc, _ = nats.Connect("nats://"+addr, nats.Timeout(100*time.Millisecond))
+		if nc == nil {
+			if err := wait("listen on " + addr); err != nil {
+				return nil, err
+			}
+		}
+	}
+	defer nc.Close()
+	r := &startupResult{}
+	for {
+		if _, err := nc.Request("$SRV.PING."+dispenser.Name, nil, 100*time.Millisecond); err == nil {
+			r.ServingMS = msSince(start)
+			break
+		}
+		if err := wait("answer a ping"); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := requestID(ctx, nc, "id.segment.startup", 5*time.Second); err != nil {
+		return nil, fmt.Errorf("first segment ID: %w", err)
+	}
+	r.SegmentIDMS = msSince(start)
+	t := time.Now()
+	if _, err := requestID(ctx, nc, "id.snowflake", 5*time.Second); err != nil {
+		return nil, fmt.Errorf("first snowflake ID: %w", err)
+	}
+	r.SnowflakeIDMS = r.SegmentIDMS + msSince(t)
+	if r.RSSBytes, err = processRSS(strconv.Itoa(c.cmd.Process.Pid)); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+
+// tailBuffer keeps the last 4 KiB written to it; it is safe for concurrent
+// use.
+type tailBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > 4096 {
+		t.b = append(t.b[:0], t.b[len(t.b)-4096:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}
+
+// benchAuthFlags adds the NATS credential and TLS flags of serve to fs.
+func benchAuthFlags(fs *flag.FlagSet, c *serveConfig) {
+	fs.StringVar(&c.NATSCreds, "nats-creds", "", "NATS credentials file (JWT and seed); user/password or token go in --nats-url")
+	fs.StringVar(&c.NATSNKey, "nats-nkey", "", "NATS NKey seed file")
+	fs.StringVar(&c.NATSTLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
+	fs.StringVar(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS TLS")
+	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS TLS")
+}
+
+// benchAuthArgs returns the flags that benchAuthFlags reads for c.
+func benchAuthArgs(c serveConfig) []string {
+	var a []string
+	for _, f := range []struct{ name, v string }{
+		{"nats-creds", c.NATSCreds}, {"nats-nkey", c.NATSNKey}, {"nats-tls-ca", c.NATSTLSCA},
+		{"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey},
+	} {
+		if f.v != "" {
+			a = append(a, "--"+f.name, f.v)
+		}
+	}
+	return a
+}
