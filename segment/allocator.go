@@ -421,6 +421,7 @@ func (a *Allocator) refreshLoop() {
 func (a *Allocator) Refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, a.fetchTimeout)
 	defer cancel()
+	listed := time.Now()
 	names, err := a.store.Tags(ctx)
 	if err != nil {
 		return fmt.Errorf("segment: listing tags: %w", err)
@@ -438,7 +439,11 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 		delete(a.negative, name)
 	}
 	for name, b := range old {
-		if m[name] == nil {
+		switch {
+		case m[name] != nil:
+		case b.born.After(listed):
+			m[name] = b // looked up after the listing began: not removed
+		default:
 			b.remove()
 		}
 	}
@@ -522,8 +527,9 @@ type segment struct {
 // buffer is the double buffer of one tag. cur is taken from without locks;
 // next holds the segment that takes over when cur is spent.
 type buffer struct {
-	a   *Allocator
-	tag string
+	a    *Allocator
+	tag  string
+	born time.Time // when the allocator learned of the tag
 
 	cur      atomic.Pointer[segment] // nil until the first fetch
 	next     atomic.Pointer[segment] // a ready, untouched segment, or nil
@@ -544,7 +550,7 @@ type buffer struct {
 }
 
 func newBuffer(a *Allocator, tag string) *buffer {
-	return &buffer{a: a, tag: tag, wake: make(chan struct{})}
+	return &buffer{a: a, tag: tag, born: time.Now(), wake: make(chan struct{})}
 }
 
 // take takes up to n IDs without waiting, appending them to dst, and returns

@@ -23,6 +23,8 @@ type memStore struct {
 	lookups  int
 	fail     error         // returned by Fetch and Tag while set
 	gate     chan struct{} // Fetch waits on it while set
+	tagsGate chan struct{} // Tags waits on it, after listing, while set
+	listed   chan struct{} // Tags sends on it before waiting on tagsGate
 	giveBack []string
 }
 
@@ -87,6 +89,12 @@ func (s *memStore) Tags(ctx context.Context) ([]string, error) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
+	if gate := s.tagsGate; gate != nil {
+		s.mu.Unlock()
+		s.listed <- struct{}{}
+		<-gate
+		s.mu.Lock()
+	}
 	return names, nil
 }
 
@@ -464,6 +472,28 @@ func TestRemovedTagStopsBeingServed(t *testing.T) {
 	}
 	if got := take(t, a, "b", 1); got[0] != 1 {
 		t.Fatalf("b: got %v, want [1]", got)
+	}
+}
+
+func TestRefreshKeepsTagsLearnedMeanwhile(t *testing.T) {
+	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
+	a := newAllocator(t, Settings{Store: st})
+	eventually(t, "tag list", a.Ready)
+	gate, listed := make(chan struct{}), make(chan struct{})
+	st.set(func(s *memStore) { s.tagsGate, s.listed = gate, listed })
+	done := make(chan error, 1)
+	go func() { done <- a.Refresh(context.Background()) }()
+	<-listed // Refresh holds a listing without b
+	// A tag created after the listing is looked up and served...
+	st.set(func(s *memStore) { s.tags["b"] = &Tag{Name: "b", MaxID: 1, Step: 10} })
+	take(t, a, "b", 1)
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// ...and the stale listing does not remove it.
+	if got := take(t, a, "b", 1); got[0] != 2 {
+		t.Fatalf("got %v, want [2]", got)
 	}
 }
 
