@@ -124,8 +124,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&c.Prefix, "prefix", "id", "subject prefix of the service (with --nats-url)")
 	fs.StringVar(&c.Tag, "tag", "bench", "segment tag to load; with --nats-url it must exist")
 	fs.StringVar(&c.PostgresURL, "postgres-url", "", "PostgreSQL segment store of the service under test; empty: a JetStream key-value bucket in the embedded nats-server. bench creates or updates the tags TAG, bench_step100 and bench_step1m")
-	fs.DurationVar(&c.Warmup, "warmup", 500*time.Millisecond, "warm-up of each run, not measured")
-	fs.DurationVar(&c.Duration, "duration", 3*time.Second, "measured time of each run")
+	fs.DurationVar(&c.Warmup, "warmup", 500*time.Millisecond, "warm-up per endpoint and run, not measured")
+	fs.DurationVar(&c.Duration, "duration", 3*time.Second, "measured time per endpoint and run; the endpoints of a run are loaded in turn, 250ms each")
 	fs.IntVar(&c.Inflight, "inflight", 256, "requests in flight in the pipelined, batch and step runs")
 	fs.IntVar(&c.Batch, "batch", 1000, "IDs per request in the batch runs")
 	fs.StringVar(&formats, "format", "range,list", "Id-Format of the batch runs: range, list or both, comma-separated")
@@ -222,6 +222,15 @@ func runBench(ctx context.Context, c benchConfig, stdout, stderr io.Writer) (err
 		url, prefix, rep.Store = env.url, "id", env.store
 	} else {
 		rep.NATSURL = c.URL
+		var skipped []string
+		for _, m := range []string{"step", "memory", "startup"} {
+			if c.Modes[m] {
+				skipped = append(skipped, m)
+			}
+		}
+		if len(skipped) > 0 {
+			rep.Notes = append(rep.Notes, strings.Join(skipped, ", ")+": left out, they need the local set-up (no --nats-url)")
+		}
 	}
 
 	endpoints, err := benchEndpoints(ctx, c, url, prefix, rep)

@@ -100,12 +100,13 @@ func TestBenchDeployment(t *testing.T) {
 		t.Fatalf("bench: %v\n%s\n%s", err, out.String(), errOut.String())
 	}
 	text := out.String()
-	for _, want := range []string{"deployment " + ns.ClientURL(), "16 in flight, 1 ID", "segment", "snowflake", "duplicates 0"} {
+	for _, want := range []string{"deployment " + ns.ClientURL(), "16 in flight, 1 ID", "segment", "snowflake", "duplicates 0",
+		"step, memory, startup: left out"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
 		}
 	}
-	for _, unwanted := range []string{"baseline", "step 100", "idle worker", "start-up"} {
+	for _, unwanted := range []string{"baseline", "step 100", "idle worker", "first segment ID"} {
 		if strings.Contains(text, unwanted) {
 			t.Errorf("output has %q, which needs the local set-up:\n%s", unwanted, text)
 		}
