@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -433,7 +434,7 @@ func parallel(ctx context.Context, items []string, n int, f func(string) error) 
 			for it := range work {
 				if err := f(it); err != nil {
 					mu.Lock()
-					first = cmpOr(first, err)
+					first = cmp.Or(first, err)
 					mu.Unlock()
 				}
 			}
@@ -454,13 +455,6 @@ func parallel(ctx context.Context, items []string, n int, f func(string) error) 
 		first = ctx.Err()
 	}
 	return first
-}
-
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // startupResult is how long `dispenser serve` takes from the start of its

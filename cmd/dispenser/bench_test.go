@@ -117,6 +117,20 @@ func TestBenchDeployment(t *testing.T) {
 	}
 }
 
+// TestBenchPostgres runs the local service under test on PostgreSQL.
+func TestBenchPostgres(t *testing.T) {
+	url := testenv.Postgres(t)
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"bench", "--postgres-url", url, "--modes", "sequential,step",
+		"--inflight", "16", "--warmup", "50ms", "--duration", "200ms", "--smoke"}, &out, io.Discard)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	if text := out.String(); !strings.Contains(text, "store postgres") || !strings.Contains(text, "step 100") {
+		t.Errorf("output:\n%s", text)
+	}
+}
+
 // TestLoadFindsDuplicatesAndErrors points the load generator at broken
 // responders.
 func TestLoadFindsDuplicatesAndErrors(t *testing.T) {
