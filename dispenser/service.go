@@ -75,6 +75,8 @@ type Service struct {
 	bufs    sync.Pool      // *[]byte reply buffers
 	metrics *metrics       // nil without Config.Registerer
 	id      string         // micro service ID: unique per worker process
+	// segPrefix is "<prefix>.segment.", the subject before a tag.
+	segPrefix string
 }
 
 // WorkerHeader, present in a request (any value), makes a reply carry the
@@ -138,6 +140,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.svc = svc
 	s.id = svc.Info().ID
+	s.segPrefix = cfg.Prefix + ".segment."
 	g := svc.AddGroup(cfg.Prefix)
 	if cfg.Segments != nil {
 		err = g.AddEndpoint("segment", micro.HandlerFunc(s.handleSegment),
@@ -256,9 +259,7 @@ func (r replier) respond(data []byte, ids int) {
 		msg.Header.Set(WorkerHeader, r.s.id)
 		msg.Data = data
 		err = r.s.cfg.Conn.PublishMsg(msg)
-	case r.inline:
-		err = r.req.Respond(data)
-	default:
+	default: // a plain publish: micro's Respond costs a nats.Msg per reply
 		err = r.s.cfg.Conn.Publish(r.req.Reply(), data)
 	}
 	if err != nil {
@@ -317,7 +318,7 @@ func (s *Service) parse(req micro.Request) (int, Format, error) {
 
 func (s *Service) handleSegment(req micro.Request) {
 	r := s.newReplier(req, "segment")
-	tag, err := ParseTag(req.Subject(), s.cfg.Prefix+".segment.")
+	tag, err := ParseTag(req.Subject(), s.segPrefix)
 	if err != nil {
 		r.fail(err)
 		return
@@ -328,16 +329,32 @@ func (s *Service) handleSegment(req micro.Request) {
 		r.fail(err)
 		return
 	}
+	var arr [2]segment.Run
+	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
+	switch {
+	case err != nil:
+		r.fail(err)
+	case pending != nil:
+		s.park(r, pending, format, n)
+	default:
+		s.reply(r, format, runs, n)
+	}
+}
+
+// park answers a request that waits for a segment from a goroutine of its
+// own, so that the handler goes on with other requests (and other tags).
+func (s *Service) park(r replier, p *segment.Pending, format Format, n int) {
+	r.inline = false
 	s.parked.Add(1)
-	s.cfg.Segments.TakeAsync(tag, n, func(runs []segment.Run, parked bool, err error) {
+	go func() {
 		defer s.parked.Done()
-		r.inline = !parked
+		runs, err := p.Wait(context.Background())
 		if err != nil {
 			r.fail(err)
 			return
 		}
 		s.reply(r, format, runs, n)
-	})
+	}()
 }
 
 func (s *Service) reply(r replier, format Format, runs []segment.Run, n int) {

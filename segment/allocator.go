@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,36 +210,44 @@ func (a *Allocator) Take(ctx context.Context, tag string, n int, dst []Run) ([]R
 	return a.takeSlow(ctx, tag, n, dst)
 }
 
-// TakeAsync is Take for callers that must never block, such as a NATS
+// TakeNow is Take for callers that must never block, such as a NATS
 // handler serving every tag from one subscription. When the IDs are in
-// memory it calls done before returning, on the caller's goroutine, with
-// parked false; otherwise it parks the request on a new goroutine and calls
-// done from there, with parked true, once a segment arrived or the wait
-// expired. The runs passed to done are valid only during the call.
-func (a *Allocator) TakeAsync(tag string, n int, done func(runs []Run, parked bool, err error)) {
+// memory it appends them to dst and returns them with a nil Pending, without
+// allocating. Otherwise it returns a Pending holding what it took so far:
+// the caller finishes it with Pending.Wait on a goroutine of its own.
+// Errors are those of Take that need no waiting: ErrInvalidCount.
+func (a *Allocator) TakeNow(tag string, n int, dst []Run) ([]Run, *Pending, error) {
 	if n < 1 {
-		done(nil, false, fmt.Errorf("%w: %d", ErrInvalidCount, n))
-		return
+		return dst, nil, fmt.Errorf("%w: %d", ErrInvalidCount, n)
 	}
-	var arr [2]Run
-	runs := arr[:0]
 	b := (*a.tags.Load())[tag]
-	rest := n
-	if b != nil {
-		if runs, rest = b.take(n, runs); rest == 0 {
-			done(runs, false, nil)
-			return
-		}
+	if b == nil {
+		return dst, &Pending{a: a, tag: tag, n: n}, nil
 	}
-	go func() {
-		var err error
-		if b != nil {
-			runs, err = a.wait(context.Background(), b, rest, runs)
-		} else {
-			runs, err = a.takeSlow(context.Background(), tag, n, runs)
-		}
-		done(runs, true, err)
-	}()
+	var rest int
+	if dst, rest = b.take(n, dst); rest == 0 {
+		return dst, nil, nil
+	}
+	return dst, &Pending{a: a, b: b, tag: tag, n: rest, runs: slices.Clone(dst)}, nil
+}
+
+// Pending is a request that TakeNow could not serve from memory.
+type Pending struct {
+	a    *Allocator
+	b    *buffer // nil: the tag is not known yet
+	tag  string
+	n    int   // IDs still to take
+	runs []Run // IDs already taken
+}
+
+// Wait takes the rest of the request's IDs, waiting for a segment at most
+// MaxWait or until ctx ends, and returns all of them. Errors and skipped
+// IDs are as for Take. Call it once.
+func (p *Pending) Wait(ctx context.Context) ([]Run, error) {
+	if p.b == nil {
+		return p.a.takeSlow(ctx, p.tag, p.n, p.runs)
+	}
+	return p.a.wait(ctx, p.b, p.n, p.runs)
 }
 
 // takeSlow serves a tag that is not in the map: it looks the tag up in the

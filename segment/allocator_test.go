@@ -537,13 +537,18 @@ func TestSlowTagDoesNotDelayOthers(t *testing.T) {
 	gate := make(chan struct{})
 	st.set(func(s *memStore) { s.gate = gate })
 	slowDone := make(chan error, 1)
-	a.TakeAsync("slow", 1, func(_ []Run, parked bool, err error) { slowDone <- err })
-	// TakeAsync returned while slow's fetch is blocked; fast is still served
-	// inline, on this goroutine.
-	inline := false
-	a.TakeAsync("fast", 1, func(runs []Run, parked bool, err error) { inline = !parked && err == nil && runs[0].First == 2 })
-	if !inline {
-		t.Fatal("fast tag was not served inline while the slow tag's fetch was blocked")
+	_, pending, err := a.TakeNow("slow", 1, nil)
+	if err != nil || pending == nil {
+		t.Fatalf("slow tag: pending %v, err %v; want a pending request", pending, err)
+	}
+	go func() {
+		_, err := pending.Wait(context.Background())
+		slowDone <- err
+	}()
+	// While slow's fetch is blocked, fast is served at once, without parking.
+	runs, fastPending, err := a.TakeNow("fast", 1, nil)
+	if err != nil || fastPending != nil || len(runs) != 1 || runs[0].First != 2 {
+		t.Fatalf("fast tag: runs %v, pending %v, err %v; want ID 2 at once", runs, fastPending, err)
 	}
 	select {
 	case err := <-slowDone:
@@ -679,6 +684,19 @@ func BenchmarkTakeOne(b *testing.B) {
 	for b.Loop() {
 		if _, err := a.Take(ctx, "orders", 1, runs[:0]); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkTakeNow(b *testing.B) {
+	st := newMemStore(b, Tag{Name: "orders", MaxID: 1, Step: 1_000_000})
+	a := newAllocator(b, Settings{Store: st})
+	take(b, a, "orders", 1)
+	var runs [2]Run
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, p, err := a.TakeNow("orders", 1, runs[:0]); err != nil || p != nil {
+			b.Fatal(p, err)
 		}
 	}
 }
