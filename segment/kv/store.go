@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -66,6 +67,18 @@ type Settings struct {
 // never return overlapping allocations.
 type Store struct {
 	kv jetstream.KeyValue
+
+	mu sync.Mutex // protects last
+	// last holds, per tag, the value and revision this Store last read or
+	// wrote, so that a change usually takes one round trip (a
+	// compare-and-swap on the remembered revision) instead of two. A stale
+	// entry only costs a failed swap and a fresh read.
+	last map[string]entry
+}
+
+type entry struct {
+	v   value
+	rev uint64
 }
 
 var (
@@ -100,7 +113,7 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 	if st.TTL() > 0 {
 		return nil, fmt.Errorf("kv: open bucket %q: %w of %v", cfg.Bucket, ErrBucketTTL, st.TTL())
 	}
-	return &Store{kv: kv}, nil
+	return &Store{kv: kv, last: map[string]entry{}}, nil
 }
 
 // value is the JSON value of a tag's key.
@@ -136,12 +149,23 @@ func (s *Store) read(ctx context.Context, tag string) (value, uint64, error) {
 // random pause. change may run several times; errNoChange from it ends
 // modify with errNoChange and writes nothing.
 func (s *Store) modify(ctx context.Context, tag string, change func(*value) error) error {
+	s.mu.Lock()
+	e, cached := s.last[tag]
+	s.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		v, rev, err := s.read(ctx, tag)
-		if err != nil {
-			return err
+		v, rev := e.v, e.rev
+		if !cached {
+			var err error
+			if v, rev, err = s.read(ctx, tag); err != nil {
+				s.forget(tag)
+				return err
+			}
 		}
 		if err := change(&v); err != nil {
+			if cached {
+				cached = false // the remembered value may be stale: decide on a fresh read
+				continue
+			}
 			return err
 		}
 		v.UpdateTime = time.Now().UTC()
@@ -149,14 +173,32 @@ func (s *Store) modify(ctx context.Context, tag string, change func(*value) erro
 		if err != nil {
 			return err
 		}
-		_, err = s.kv.Update(ctx, tag, b, rev)
+		newRev, err := s.kv.Update(ctx, tag, b, rev)
+		if err == nil {
+			s.mu.Lock()
+			s.last[tag] = entry{v, newRev}
+			s.mu.Unlock()
+			return nil
+		}
+		s.forget(tag)
 		if !conflict(err) {
 			return err
+		}
+		if cached {
+			cached = false // lost to another writer: read and try again at once
+			continue
 		}
 		if err := pause(ctx, attempt); err != nil {
 			return err
 		}
 	}
+}
+
+// forget drops the remembered value of tag.
+func (s *Store) forget(tag string) {
+	s.mu.Lock()
+	delete(s.last, tag)
+	s.mu.Unlock()
 }
 
 // conflict reports whether err says that a key's revision was not the
