@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Errors returned by the allocator and by stores. Stores wrap them with %w so
@@ -19,6 +21,12 @@ var (
 	ErrInvalidTag = errors.New("segment: invalid tag")
 	// ErrInvalidStep means a step is not in 1..MaxStepLimit.
 	ErrInvalidStep = errors.New("segment: invalid step")
+	// ErrInvalidArgument means a start, description or give-back range is
+	// out of bounds (CheckStart, CheckTagFields, CheckGiveBack).
+	ErrInvalidArgument = errors.New("segment: invalid argument")
+	// ErrExhausted means a fetch would push a tag's max_id past 2^63-1: the
+	// tag has run out of IDs.
+	ErrExhausted = errors.New("segment: tag exhausted")
 	// ErrInvalidCount means a request asked for fewer than one ID.
 	ErrInvalidCount = errors.New("segment: invalid count")
 	// ErrUnavailable means no segment could be had within the wait: the store
@@ -31,6 +39,10 @@ var (
 // MaxStepLimit is the largest step a tag may have: leaf_alloc.step is a
 // Postgres int.
 const MaxStepLimit = 1<<31 - 1
+
+// MaxDescription is the most characters (not bytes) a tag's description may
+// have.
+const MaxDescription = 256
 
 // Tag is one row of the store: a business key and its sequence state.
 type Tag struct {
@@ -99,6 +111,48 @@ func ValidTag(name string) bool {
 func CheckTag(name string) error {
 	if !ValidTag(name) {
 		return fmt.Errorf("%w %q: want 1-128 characters of [A-Za-z0-9_-]", ErrInvalidTag, name)
+	}
+	return nil
+}
+
+// CheckTagFields checks a tag's name, step and description as CreateTag and
+// UpdateTag take them; a nil step or description passes. The name must pass
+// CheckTag, the step must be in 1..MaxStepLimit (ErrInvalidStep), the
+// description must be UTF-8 text without NUL of at most MaxDescription
+// characters (ErrInvalidArgument).
+func CheckTagFields(name string, step *int64, description *string) error {
+	if err := CheckTag(name); err != nil {
+		return err
+	}
+	if step != nil && (*step < 1 || *step > MaxStepLimit) {
+		return fmt.Errorf("%q: %w %d: want 1..%d", name, ErrInvalidStep, *step, MaxStepLimit)
+	}
+	if description != nil {
+		if !utf8.ValidString(*description) || strings.ContainsRune(*description, 0) {
+			return fmt.Errorf("%q: %w: description is not UTF-8 text without NUL", name, ErrInvalidArgument)
+		}
+		if n := utf8.RuneCountInString(*description); n > MaxDescription {
+			return fmt.Errorf("%q: %w: description has %d characters, want at most %d", name, ErrInvalidArgument, n, MaxDescription)
+		}
+	}
+	return nil
+}
+
+// CheckStart returns nil if start, the first ID of a new tag, is at least 1
+// and an error wrapping ErrInvalidArgument otherwise.
+func CheckStart(start int64) error {
+	if start < 1 {
+		return fmt.Errorf("%w: start %d, want at least 1", ErrInvalidArgument, start)
+	}
+	return nil
+}
+
+// CheckGiveBack returns nil if firstUnissued, the first ID a give-back of
+// the segment ending at end returns to the store, is in 1..end, and an error
+// wrapping ErrInvalidArgument otherwise.
+func CheckGiveBack(end, firstUnissued int64) error {
+	if firstUnissued < 1 || firstUnissued > end {
+		return fmt.Errorf("%w: first unissued ID %d not in 1..%d", ErrInvalidArgument, firstUnissued, end)
 	}
 	return nil
 }

@@ -1,0 +1,108 @@
+package segment
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+// checkSentinel fails the test unless err wraps want and none of the other
+// sentinels of the checks; a nil want asks for a nil err.
+func checkSentinel(t *testing.T, err, want error) {
+	t.Helper()
+	if want == nil {
+		if err != nil {
+			t.Fatalf("got error %v, want none", err)
+		}
+		return
+	}
+	if !errors.Is(err, want) {
+		t.Fatalf("got error %v, want %v", err, want)
+	}
+	for _, other := range []error{ErrInvalidTag, ErrInvalidStep, ErrInvalidArgument} {
+		if other != want && errors.Is(err, other) {
+			t.Errorf("error %v also wraps %v", err, other)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestCheckTagFields(t *testing.T) {
+	tests := []struct {
+		name        string
+		tag         string
+		step        *int64
+		description *string
+		want        error
+	}{
+		{name: "name only", tag: "orders"},
+		{name: "smallest step, empty description", tag: "orders", step: ptr[int64](1), description: ptr("")},
+		{name: "largest step", tag: "orders", step: ptr[int64](MaxStepLimit)},
+		{name: "longest description in characters", tag: "orders", description: ptr(strings.Repeat("é", MaxDescription))},
+		{name: "any text", tag: "orders", description: ptr("中文 ✓ \"quotes\" \\ <html> &\ttab\nnewline")},
+		{name: "longest name, all characters", tag: strings.Repeat("aZ09_-", 21) + "xy"},
+		{name: "empty name", tag: "", step: ptr[int64](10), want: ErrInvalidTag},
+		{name: "name too long", tag: strings.Repeat("x", 129), want: ErrInvalidTag},
+		{name: "dot in name", tag: "orders.eu", want: ErrInvalidTag},
+		{name: "invalid name before invalid step", tag: "a b", step: ptr[int64](0), want: ErrInvalidTag},
+		{name: "zero step", tag: "orders", step: ptr[int64](0), want: ErrInvalidStep},
+		{name: "negative step", tag: "orders", step: ptr[int64](-1), want: ErrInvalidStep},
+		{name: "step too large", tag: "orders", step: ptr[int64](MaxStepLimit + 1), want: ErrInvalidStep},
+		{name: "step far too large", tag: "orders", step: ptr[int64](math.MaxInt64), want: ErrInvalidStep},
+		{name: "invalid step before invalid description", tag: "orders", step: ptr[int64](0), description: ptr("\xff"), want: ErrInvalidStep},
+		{name: "description too long", tag: "orders", description: ptr(strings.Repeat("d", MaxDescription+1)), want: ErrInvalidArgument},
+		{name: "description too long in characters", tag: "orders", description: ptr(strings.Repeat("ß", MaxDescription+1)), want: ErrInvalidArgument},
+		{name: "description not UTF-8", tag: "orders", description: ptr("\xff"), want: ErrInvalidArgument},
+		{name: "description with a cut character", tag: "orders", description: ptr("ok\xc3"), want: ErrInvalidArgument},
+		{name: "description with NUL", tag: "orders", description: ptr("a\x00b"), want: ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			checkSentinel(t, CheckTagFields(tt.tag, tt.step, tt.description), tt.want)
+		})
+	}
+}
+
+func TestCheckStart(t *testing.T) {
+	tests := []struct {
+		name  string
+		start int64
+		want  error
+	}{
+		{name: "one", start: 1},
+		{name: "largest", start: math.MaxInt64},
+		{name: "zero", start: 0, want: ErrInvalidArgument},
+		{name: "negative", start: -100, want: ErrInvalidArgument},
+		{name: "smallest", start: math.MinInt64, want: ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			checkSentinel(t, CheckStart(tt.start), tt.want)
+		})
+	}
+}
+
+func TestCheckGiveBack(t *testing.T) {
+	tests := []struct {
+		name               string
+		end, firstUnissued int64
+		want               error
+	}{
+		{name: "part of the segment", end: 101, firstUnissued: 50},
+		{name: "nothing", end: 101, firstUnissued: 101},
+		{name: "everything down to the first ID", end: 101, firstUnissued: 1},
+		{name: "at the largest end", end: math.MaxInt64, firstUnissued: math.MaxInt64},
+		{name: "past end", end: 101, firstUnissued: 102, want: ErrInvalidArgument},
+		{name: "zero", end: 101, firstUnissued: 0, want: ErrInvalidArgument},
+		{name: "negative", end: 101, firstUnissued: -5, want: ErrInvalidArgument},
+		{name: "end below one", end: 0, firstUnissued: 0, want: ErrInvalidArgument},
+		{name: "end below first unissued", end: 1, firstUnissued: 2, want: ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			checkSentinel(t, CheckGiveBack(tt.end, tt.firstUnissued), tt.want)
+		})
+	}
+}
