@@ -1,15 +1,12 @@
 package postgres_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"fmt"
-	"math"
 	"os"
 	"slices"
-	"sort"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/dispenser-dev/dispenser/schema"
@@ -109,167 +106,6 @@ func checkErr(tb testing.TB, err, want error) {
 	}
 }
 
-func TestConcurrentFetchesNeverOverlap(t *testing.T) {
-	url := newDB(t)
-	// Two pools stand for two dispenser processes.
-	stores := []*postgres.Store{postgres.New(newPool(t, url)), postgres.New(newPool(t, url))}
-	const (
-		tagStep    = 10
-		goroutines = 32
-		fetches    = 25
-	)
-	createTag(t, stores[0], "orders", tagStep, 1)
-
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		allocs []segment.Allocation
-		errs   []error
-	)
-	for g := range goroutines {
-		wg.Go(func() {
-			s := stores[g%len(stores)]
-			for i := range fetches {
-				step := int64(0) // the tag's own step, or an explicit one
-				if i%3 != 0 {
-					step = int64(1 + (g*7+i)%50)
-				}
-				length := step
-				if step == 0 {
-					length = tagStep
-				}
-				a, err := s.Fetch(ctx, "orders", step)
-				if err == nil && (a.End-a.Start != length || a.TagStep != tagStep) {
-					err = fmt.Errorf("Fetch(orders, %d) = %+v, want %d IDs and TagStep %d", step, a, length, tagStep)
-				}
-				mu.Lock()
-				allocs = append(allocs, a)
-				if err != nil {
-					errs = append(errs, err)
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	for _, err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-
-	// Sorted, the segments must tile 1..max_id-1 exactly: no overlap, no gap.
-	sort.Slice(allocs, func(i, j int) bool { return allocs[i].Start < allocs[j].Start })
-	next := int64(1)
-	for _, a := range allocs {
-		if a.Start != next {
-			t.Fatalf("segment %+v starts at %d, want %d (overlap or gap)", a, a.Start, next)
-		}
-		next = a.End
-	}
-	if got := tag(t, stores[1], "orders").MaxID; got != next {
-		t.Errorf("max_id = %d, want %d, the end of the last segment", got, next)
-	}
-	if len(allocs) != goroutines*fetches {
-		t.Errorf("got %d segments, want %d", len(allocs), goroutines*fetches)
-	}
-}
-
-func TestFetchStep(t *testing.T) {
-	s := newStore(t)
-	createTag(t, s, "orders", 10, 1)
-	tests := []struct {
-		name   string
-		step   int64
-		length int64
-	}{
-		{name: "zero means the tag's step", step: 0, length: 10},
-		{name: "negative means the tag's step", step: -7, length: 10},
-		{name: "explicit larger step", step: 25, length: 25},
-		{name: "explicit smaller step", step: 1, length: 1},
-		{name: "largest step", step: segment.MaxStepLimit, length: segment.MaxStepLimit},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			before := tag(t, s, "orders")
-			a := fetch(t, s, "orders", tt.step)
-			want := segment.Allocation{Start: before.MaxID, End: before.MaxID + tt.length, TagStep: 10}
-			if a != want {
-				t.Errorf("Fetch(orders, %d) = %+v, want %+v", tt.step, a, want)
-			}
-			after := tag(t, s, "orders")
-			if after.MaxID != a.End || after.Step != 10 {
-				t.Errorf("after fetch: max_id %d step %d, want %d and 10", after.MaxID, after.Step, a.End)
-			}
-		})
-	}
-}
-
-func TestNewTagStartsAtStart(t *testing.T) {
-	s := newStore(t)
-	createTag(t, s, "one", 1000, 1)
-	createTag(t, s, "later", 50, 5000)
-	if got, want := fetch(t, s, "one", 0), (segment.Allocation{Start: 1, End: 1001, TagStep: 1000}); got != want {
-		t.Errorf("first fetch of a tag created at 1 = %+v, want %+v", got, want)
-	}
-	if got, want := fetch(t, s, "later", 0), (segment.Allocation{Start: 5000, End: 5050, TagStep: 50}); got != want {
-		t.Errorf("first fetch of a tag created at 5000 = %+v, want %+v", got, want)
-	}
-}
-
-func TestFetchErrorsChangeNothing(t *testing.T) {
-	s := newStore(t)
-	createTag(t, s, "orders", 10, 1)
-	fetch(t, s, "orders", 0)
-	tests := []struct {
-		name string
-		tag  string
-		step int64
-		want error
-	}{
-		{name: "unknown tag", tag: "nosuch", want: segment.ErrUnknownTag},
-		{name: "unknown tag explicit step", tag: "nosuch", step: 5, want: segment.ErrUnknownTag},
-		{name: "empty tag", tag: "", want: segment.ErrInvalidTag},
-		{name: "dot in tag", tag: "orders.eu", want: segment.ErrInvalidTag},
-		{name: "wildcard tag", tag: "*", want: segment.ErrInvalidTag},
-		{name: "non-ASCII tag", tag: "bestellungen-ü", want: segment.ErrInvalidTag},
-		{name: "tag too long", tag: strings.Repeat("a", 129), want: segment.ErrInvalidTag},
-		{name: "step too large", tag: "orders", step: segment.MaxStepLimit + 1, want: segment.ErrInvalidStep},
-		{name: "step far too large", tag: "orders", step: math.MaxInt64, want: segment.ErrInvalidStep},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			before := snapshot(t, s)
-			a, err := s.Fetch(ctx, tt.tag, tt.step)
-			checkErr(t, err, tt.want)
-			if a != (segment.Allocation{}) {
-				t.Errorf("Fetch returned %+v with the error, want zero", a)
-			}
-			if after := snapshot(t, s); after != before {
-				t.Errorf("failed Fetch changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
-			}
-		})
-	}
-}
-
-func TestFetchExhausted(t *testing.T) {
-	s := newStore(t)
-	createTag(t, s, "big", 10, math.MaxInt64-10)
-	// The last full segment ends exactly at the largest bigint.
-	if got, want := fetch(t, s, "big", 0), (segment.Allocation{Start: math.MaxInt64 - 10, End: math.MaxInt64, TagStep: 10}); got != want {
-		t.Fatalf("last fetch = %+v, want %+v", got, want)
-	}
-	for _, step := range []int64{0, 1, segment.MaxStepLimit} {
-		before := snapshot(t, s)
-		_, err := s.Fetch(ctx, "big", step)
-		checkErr(t, err, postgres.ErrExhausted)
-		if after := snapshot(t, s); after != before {
-			t.Errorf("exhausted Fetch(big, %d) changed the table:\nbefore:\n%s\nafter:\n%s", step, before, after)
-		}
-	}
-}
-
 func TestFetchNonPositiveStoredStep(t *testing.T) {
 	s := newStore(t)
 	// A table inherited from Leaf may hold rows this store would not create.
@@ -288,250 +124,113 @@ func TestFetchNonPositiveStoredStep(t *testing.T) {
 	}
 }
 
-func TestGiveBack(t *testing.T) {
-	s := newStore(t)
-	createTag(t, s, "orders", 100, 1)
-
-	// We fetched last: the unissued rest goes back.
-	a := fetch(t, s, "orders", 0)
-	ok, err := s.GiveBack(ctx, "orders", a.End, a.Start+3)
-	if err != nil || !ok {
-		t.Fatalf("GiveBack after our own fetch = %v, %v, want true, nil", ok, err)
-	}
-	if got, want := tag(t, s, "orders").MaxID, a.Start+3; got != want {
-		t.Errorf("max_id after give-back = %d, want %d", got, want)
-	}
-	if got := fetch(t, s, "orders", 0); got.Start != a.Start+3 {
-		t.Errorf("fetch after give-back = %+v, want it to start at %d", got, a.Start+3)
-	}
-
-	// Somebody fetched after us: nothing goes back.
-	a = fetch(t, s, "orders", 0)
-	b := fetch(t, s, "orders", 0)
-	before := snapshot(t, s)
-	ok, err = s.GiveBack(ctx, "orders", a.End, a.Start)
-	if err != nil || ok {
-		t.Fatalf("GiveBack after a later fetch = %v, %v, want false, nil", ok, err)
-	}
-	if got := tag(t, s, "orders").MaxID; got != b.End {
-		t.Errorf("max_id after refused give-back = %d, want %d", got, b.End)
-	}
-	if after := snapshot(t, s); after != before {
-		t.Errorf("refused give-back changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
-	}
-
-	// Giving back nothing is allowed and keeps max_id.
-	ok, err = s.GiveBack(ctx, "orders", b.End, b.End)
-	if err != nil || !ok {
-		t.Errorf("GiveBack of nothing = %v, %v, want true, nil", ok, err)
-	}
-	if got := tag(t, s, "orders").MaxID; got != b.End {
-		t.Errorf("max_id after empty give-back = %d, want %d", got, b.End)
-	}
-
-	// An unknown tag has nothing to give back to.
-	ok, err = s.GiveBack(ctx, "nosuch", 10, 5)
-	if err != nil || ok {
-		t.Errorf("GiveBack of an unknown tag = %v, %v, want false, nil", ok, err)
-	}
-}
-
-func TestGiveBackInvalid(t *testing.T) {
-	s := newStore(t)
-	createTag(t, s, "orders", 100, 1)
-	a := fetch(t, s, "orders", 0)
-	tests := []struct {
-		name          string
-		tag           string
-		end, unissued int64
-		want          error
-	}{
-		{name: "first unissued past end", tag: "orders", end: a.End, unissued: a.End + 1, want: postgres.ErrInvalidArgument},
-		{name: "first unissued zero", tag: "orders", end: a.End, unissued: 0, want: postgres.ErrInvalidArgument},
-		{name: "first unissued negative", tag: "orders", end: a.End, unissued: -5, want: postgres.ErrInvalidArgument},
-		{name: "invalid tag", tag: "orders>", end: a.End, unissued: a.Start, want: segment.ErrInvalidTag},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			before := snapshot(t, s)
-			ok, err := s.GiveBack(ctx, tt.tag, tt.end, tt.unissued)
-			checkErr(t, err, tt.want)
-			if ok {
-				t.Error("GiveBack reported true with an error")
-			}
-			if after := snapshot(t, s); after != before {
-				t.Errorf("failed GiveBack changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
-			}
-		})
-	}
-}
-
-func TestCreateTag(t *testing.T) {
-	s := newStore(t)
-	if err := s.CreateTag(ctx, "orders", 1000, 42, "order numbers"); err != nil {
-		t.Fatal(err)
-	}
-	got := tag(t, s, "orders")
-	if got.Name != "orders" || got.MaxID != 42 || got.Step != 1000 || got.Description != "order numbers" || got.UpdateTime.IsZero() {
-		t.Errorf("Tag(orders) = %+v, want max_id 42, step 1000, description \"order numbers\", an update time", got)
-	}
-
-	// Boundary values are accepted.
-	longest := strings.Repeat("é", postgres.MaxDescription) // characters, not bytes
-	if err := s.CreateTag(ctx, "edges", segment.MaxStepLimit, math.MaxInt64, longest); err != nil {
-		t.Fatalf("CreateTag with boundary values: %v", err)
-	}
-	if got := tag(t, s, "edges"); got.MaxID != math.MaxInt64 || got.Step != segment.MaxStepLimit || got.Description != longest {
-		t.Errorf("Tag(edges) = %+v, want the boundary values back", got)
-	}
-}
-
-func TestCreateTagInvalid(t *testing.T) {
+// Leaf's segment mode may still run on the same table while a team moves
+// off it. Leaf takes a segment with its own SQL, the tag's step or a custom
+// one, and reads the row back in the same transaction: its segment is
+// [max_id-step, max_id) of the row it read. The Store's segments and Leaf's
+// must tile one range, and a give-back must not return what Leaf took.
+func TestSharesTableWithLeaf(t *testing.T) {
 	s := newStore(t)
 	createTag(t, s, "orders", 10, 1)
-	fetch(t, s, "orders", 0)
-	tests := []struct {
-		name        string
-		tag         string
-		step, start int64
-		description string
-		want        error
-	}{
-		{name: "existing tag", tag: "orders", step: 99, start: 500, description: "again", want: segment.ErrTagExists},
-		{name: "empty name", tag: "", step: 10, start: 1, want: segment.ErrInvalidTag},
-		{name: "space in name", tag: "new orders", step: 10, start: 1, want: segment.ErrInvalidTag},
-		{name: "name too long", tag: strings.Repeat("x", 129), step: 10, start: 1, want: segment.ErrInvalidTag},
-		{name: "zero step", tag: "new", step: 0, start: 1, want: segment.ErrInvalidStep},
-		{name: "negative step", tag: "new", step: -1, start: 1, want: segment.ErrInvalidStep},
-		{name: "step too large", tag: "new", step: segment.MaxStepLimit + 1, start: 1, want: segment.ErrInvalidStep},
-		{name: "zero start", tag: "new", step: 10, start: 0, want: postgres.ErrInvalidArgument},
-		{name: "negative start", tag: "new", step: 10, start: -100, want: postgres.ErrInvalidArgument},
-		{name: "description too long", tag: "new", step: 10, start: 1, description: strings.Repeat("d", postgres.MaxDescription+1), want: postgres.ErrInvalidArgument},
-		{name: "description not UTF-8", tag: "new", step: 10, start: 1, description: "\xff", want: postgres.ErrInvalidArgument},
-		{name: "description with NUL", tag: "new", step: 10, start: 1, description: "a\x00b", want: postgres.ErrInvalidArgument},
+	leafFetch := func(step int64) segment.Allocation {
+		t.Helper()
+		tx, err := s.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		update := "UPDATE leaf_alloc SET max_id = max_id + step WHERE biz_tag = $1"
+		args := []any{"orders"}
+		if step > 0 {
+			update = "UPDATE leaf_alloc SET max_id = max_id + $2 WHERE biz_tag = $1"
+			args = append(args, step)
+		}
+		if _, err := tx.Exec(ctx, update, args...); err != nil {
+			t.Fatalf("Leaf's update: %v", err)
+		}
+		var maxID, tagStep int64
+		if err := tx.QueryRow(ctx, "SELECT max_id, step FROM leaf_alloc WHERE biz_tag = $1", "orders").Scan(&maxID, &tagStep); err != nil {
+			t.Fatalf("Leaf's select: %v", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return segment.Allocation{Start: maxID - cmp.Or(step, tagStep), End: maxID, TagStep: tagStep}
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			before := snapshot(t, s)
-			err := s.CreateTag(ctx, tt.tag, tt.step, tt.start, tt.description)
-			checkErr(t, err, tt.want)
-			if after := snapshot(t, s); after != before {
-				t.Errorf("failed CreateTag changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
-			}
-		})
-	}
-}
 
-func TestUpdateTag(t *testing.T) {
-	s := newStore(t)
-	createTag(t, s, "orders", 10, 1)
-	fetch(t, s, "orders", 0)
-	ptr := func(v int64) *int64 { return &v }
-	str := func(v string) *string { return &v }
-	tests := []struct {
-		name        string
-		step        *int64
-		description *string
-		wantStep    int64
-		wantDesc    string
-	}{
-		{name: "neither", wantStep: 10, wantDesc: "test tag orders"},
-		{name: "step only", step: ptr(20), wantStep: 20, wantDesc: "test tag orders"},
-		{name: "description only", description: str("orders of the shop"), wantStep: 20, wantDesc: "orders of the shop"},
-		{name: "both", step: ptr(segment.MaxStepLimit), description: str(""), wantStep: segment.MaxStepLimit, wantDesc: ""},
-		{name: "step 1", step: ptr(1), wantStep: 1, wantDesc: ""},
+	got := []segment.Allocation{
+		fetch(t, s, "orders", 0),
+		leafFetch(0),
+		fetch(t, s, "orders", 25),
+		leafFetch(7),
+		fetch(t, s, "orders", 0),
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if err := s.UpdateTag(ctx, "orders", tt.step, tt.description); err != nil {
-				t.Fatal(err)
-			}
-			got := tag(t, s, "orders")
-			if got.Step != tt.wantStep || got.Description != tt.wantDesc || got.MaxID != 11 {
-				t.Errorf("after UpdateTag: %+v, want step %d, description %q, max_id 11", got, tt.wantStep, tt.wantDesc)
-			}
-		})
-	}
-	// The new step is the default of the next fetch.
-	if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 11, End: 12, TagStep: 1}); got != want {
-		t.Errorf("fetch after update = %+v, want %+v", got, want)
-	}
-}
-
-func TestUpdateTagInvalid(t *testing.T) {
-	s := newStore(t)
-	createTag(t, s, "orders", 10, 1)
-	ptr := func(v int64) *int64 { return &v }
-	str := func(v string) *string { return &v }
-	tests := []struct {
-		name        string
-		tag         string
-		step        *int64
-		description *string
-		want        error
-	}{
-		{name: "unknown tag", tag: "nosuch", step: ptr(5), want: segment.ErrUnknownTag},
-		{name: "unknown tag, no change", tag: "nosuch", want: segment.ErrUnknownTag},
-		{name: "invalid name", tag: "a/b", step: ptr(5), want: segment.ErrInvalidTag},
-		{name: "zero step", tag: "orders", step: ptr(0), description: str("x"), want: segment.ErrInvalidStep},
-		{name: "step too large", tag: "orders", step: ptr(segment.MaxStepLimit + 1), want: segment.ErrInvalidStep},
-		{name: "description too long", tag: "orders", step: ptr(5), description: str(strings.Repeat("d", postgres.MaxDescription+1)), want: postgres.ErrInvalidArgument},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			before := snapshot(t, s)
-			checkErr(t, s.UpdateTag(ctx, tt.tag, tt.step, tt.description), tt.want)
-			if after := snapshot(t, s); after != before {
-				t.Errorf("failed UpdateTag changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
-			}
-		})
-	}
-}
-
-func TestTags(t *testing.T) {
-	s := newStore(t)
-	got, err := s.Tags(ctx)
-	if err != nil || len(got) != 0 {
-		t.Fatalf("Tags of an empty table = %q, %v, want none", got, err)
-	}
-	want := []string{"b", "B", "a-1", "a_1", "_z", "Z9"}
-	for _, name := range want {
-		createTag(t, s, name, 10, 1)
-	}
-	// Leaf allows names that are no NATS token; they are not served.
-	exec(t, s, "INSERT INTO leaf_alloc (biz_tag, step) VALUES ('leaf.segment', 10), ('with space', 10)")
-	sort.Strings(want)
-	got, err = s.Tags(ctx)
-	if err != nil {
-		t.Fatal(err)
+	want := []segment.Allocation{
+		{Start: 1, End: 11, TagStep: 10},
+		{Start: 11, End: 21, TagStep: 10},
+		{Start: 21, End: 46, TagStep: 10},
+		{Start: 46, End: 53, TagStep: 10},
+		{Start: 53, End: 63, TagStep: 10},
 	}
 	if !slices.Equal(got, want) {
-		t.Errorf("Tags() = %q, want %q", got, want)
+		t.Errorf("Store, Leaf, Store, Leaf, Store took %+v, want %+v", got, want)
+	}
+
+	a := fetch(t, s, "orders", 0)
+	leafFetch(0)
+	if ok, err := s.GiveBack(ctx, "orders", a.End, a.Start); ok || err != nil {
+		t.Errorf("GiveBack after Leaf fetched = %v, %v, want false, nil", ok, err)
+	}
+	if got := tag(t, s, "orders").MaxID; got != a.End+10 {
+		t.Errorf("max_id = %d, want %d, the end of Leaf's segment", got, a.End+10)
 	}
 }
 
-func TestTag(t *testing.T) {
+// Leaf allows names that are no NATS subject token: the Store neither lists
+// nor serves them, and leaves their rows alone.
+func TestLeafNamesThatAreNoTags(t *testing.T) {
+	s := newStore(t)
+	createTag(t, s, "orders", 10, 1)
+	exec(t, s, "INSERT INTO leaf_alloc (biz_tag, step) VALUES ('leaf.segment', 10), ('with space', 10), ('', 10)")
+	if got, err := s.Tags(ctx); err != nil || !slices.Equal(got, []string{"orders"}) {
+		t.Errorf("Tags() = %q, %v, want [orders]", got, err)
+	}
+	before := snapshot(t, s)
+	for _, name := range []string{"leaf.segment", "with space", ""} {
+		_, err := s.Fetch(ctx, name, 0)
+		checkErr(t, err, segment.ErrInvalidTag)
+		_, err = s.Tag(ctx, name)
+		checkErr(t, err, segment.ErrInvalidTag)
+		ok, err := s.GiveBack(ctx, name, 1, 1) // max_id is 1: would succeed
+		checkErr(t, err, segment.ErrInvalidTag)
+		if ok {
+			t.Errorf("GiveBack(%q) reported true with an error", name)
+		}
+		checkErr(t, s.UpdateTag(ctx, name, nil, nil), segment.ErrInvalidTag)
+	}
+	if after := snapshot(t, s); after != before {
+		t.Errorf("operations on Leaf's names changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// A row inherited from Leaf may have no description: it reads as "" and
+// stays NULL until it is set.
+func TestNullDescription(t *testing.T) {
 	s := newStore(t)
 	exec(t, s, "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ('legacy', 77, 5, NULL)")
-	if got := tag(t, s, "legacy"); got.Name != "legacy" || got.MaxID != 77 || got.Step != 5 || got.Description != "" {
-		t.Errorf("Tag(legacy) = %+v, want max_id 77, step 5, empty description", got)
+	if got := tag(t, s, "legacy"); got.Name != "legacy" || got.MaxID != 77 || got.Step != 5 || got.Description != "" || got.UpdateTime.IsZero() {
+		t.Errorf("Tag(legacy) = %+v, want max_id 77, step 5, empty description, an update time", got)
 	}
-	tests := []struct {
-		name string
-		tag  string
-		want error
-	}{
-		{name: "unknown", tag: "nosuch", want: segment.ErrUnknownTag},
-		{name: "invalid", tag: "no such", want: segment.ErrInvalidTag},
+	if got, want := fetch(t, s, "legacy", 0), (segment.Allocation{Start: 77, End: 82, TagStep: 5}); got != want {
+		t.Errorf("Fetch(legacy, 0) = %+v, want %+v", got, want)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := s.Tag(ctx, tt.tag)
-			checkErr(t, err, tt.want)
-			if got != (segment.Tag{}) {
-				t.Errorf("Tag returned %+v with the error, want zero", got)
-			}
-		})
+	step := int64(8)
+	if err := s.UpdateTag(ctx, "legacy", &step, nil); err != nil {
+		t.Fatal(err)
+	}
+	var isNull bool
+	if err := s.Pool().QueryRow(ctx, "SELECT description IS NULL FROM leaf_alloc WHERE biz_tag = 'legacy'").Scan(&isNull); err != nil || !isNull {
+		t.Errorf("description after updating the step only: NULL %v, %v; want it still NULL", isNull, err)
 	}
 }
 
