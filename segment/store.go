@@ -41,7 +41,7 @@ var (
 const MaxStepLimit = 1<<31 - 1
 
 // MaxDescription is the most characters (not bytes) a tag's description may
-// have.
+// have: leaf_alloc.description is a Postgres varchar(256).
 const MaxDescription = 256
 
 // Tag is one row of the store: a business key and its sequence state.

@@ -40,8 +40,8 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		Prefix:             "postgres: ",
-		ErrExhausted:       postgres.ErrExhausted,
-		ErrInvalidArgument: postgres.ErrInvalidArgument,
-		MaxDescription:     postgres.MaxDescription,
+		ErrExhausted:       segment.ErrExhausted,
+		ErrInvalidArgument: segment.ErrInvalidArgument,
+		MaxDescription:     segment.MaxDescription,
 	})
 }

@@ -6,28 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
-
-// Errors of this store besides those of package segment; they are wrapped
-// with %w.
-var (
-	// ErrExhausted means a fetch would push a tag's max_id past the largest
-	// bigint, 2^63-1: the tag has run out of IDs.
-	ErrExhausted = errors.New("postgres: tag exhausted: max_id would overflow bigint")
-	// ErrInvalidArgument means a start, description or give-back range is
-	// out of bounds.
-	ErrInvalidArgument = errors.New("postgres: invalid argument")
-)
-
-// MaxDescription is the most characters a tag's description may have.
-const MaxDescription = 256
 
 // Store implements segment.Store and segment.Admin over the leaf_alloc
 // table. Every operation is a single statement, so a Store is safe for
@@ -98,7 +82,7 @@ RETURNING max_id, step`
 // Fetch atomically advances the tag's max_id by step (the tag's own step if
 // step <= 0) and returns the IDs in between. Errors: segment.ErrInvalidTag,
 // segment.ErrInvalidStep (step above segment.MaxStepLimit, or the stored
-// step is not positive), segment.ErrUnknownTag, ErrExhausted.
+// step is not positive), segment.ErrUnknownTag, segment.ErrExhausted.
 func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
 	if err := segment.CheckTag(tag); err != nil {
 		return segment.Allocation{}, fmt.Errorf("postgres: fetch: %w", err)
@@ -114,7 +98,7 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 	case errors.Is(err, pgx.ErrNoRows):
 		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w", tag, segment.ErrUnknownTag)
 	case errors.As(err, &pgErr) && pgErr.Code == "22003": // numeric_value_out_of_range
-		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w", tag, ErrExhausted)
+		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w: max_id would overflow bigint", tag, segment.ErrExhausted)
 	case errors.As(err, &pgErr) && pgErr.Code == "23502": // not_null_violation
 		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w: the tag's stored step is not positive", tag, segment.ErrInvalidStep)
 	case err != nil:
@@ -129,13 +113,13 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 // GiveBack sets the tag's max_id back to firstUnissued if it is still end,
 // that is if nobody fetched since the fetch that ended at end, and reports
 // whether it did. An unknown tag reports false. firstUnissued must be in
-// 1..end (ErrInvalidArgument).
+// 1..end (segment.ErrInvalidArgument).
 func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
 	if err := segment.CheckTag(tag); err != nil {
 		return false, fmt.Errorf("postgres: give back: %w", err)
 	}
-	if firstUnissued < 1 || firstUnissued > end {
-		return false, fmt.Errorf("postgres: give back %q: %w: first unissued ID %d not in 1..%d", tag, ErrInvalidArgument, firstUnissued, end)
+	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
+		return false, fmt.Errorf("postgres: give back %q: %w", tag, err)
 	}
 	ct, err := s.pool.Exec(ctx, "UPDATE leaf_alloc SET max_id = $2, update_time = now() WHERE biz_tag = $1 AND max_id = $3", tag, firstUnissued, end)
 	if err != nil {
@@ -185,15 +169,15 @@ func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
 
 // CreateTag adds a tag with the given step whose first ID is start.
 // Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step not in
-// 1..segment.MaxStepLimit), ErrInvalidArgument (start < 1, description over
-// MaxDescription characters or not UTF-8 without NUL), segment.ErrTagExists (nothing
-// changes).
+// 1..segment.MaxStepLimit), segment.ErrInvalidArgument (start < 1,
+// description over segment.MaxDescription characters or not UTF-8 without
+// NUL), segment.ErrTagExists (nothing changes).
 func (s *Store) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
-	if err := validate(name, &step, &description); err != nil {
+	if err := segment.CheckTagFields(name, &step, &description); err != nil {
 		return fmt.Errorf("postgres: create tag: %w", err)
 	}
-	if start < 1 {
-		return fmt.Errorf("postgres: create tag %q: %w: start %d, want at least 1", name, ErrInvalidArgument, start)
+	if err := segment.CheckStart(start); err != nil {
+		return fmt.Errorf("postgres: create tag %q: %w", name, err)
 	}
 	ct, err := s.pool.Exec(ctx, `INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ($1, $2, $3, $4)
 ON CONFLICT (biz_tag) DO NOTHING`, name, start, step, description)
@@ -210,7 +194,7 @@ ON CONFLICT (biz_tag) DO NOTHING`, name, start, step, description)
 // it is. It does not move max_id. Errors: as for CreateTag, and
 // segment.ErrUnknownTag.
 func (s *Store) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
-	if err := validate(name, step, description); err != nil {
+	if err := segment.CheckTagFields(name, step, description); err != nil {
 		return fmt.Errorf("postgres: update tag: %w", err)
 	}
 	ct, err := s.pool.Exec(ctx, `UPDATE leaf_alloc
@@ -221,25 +205,6 @@ WHERE biz_tag = $1`, name, step, description)
 	}
 	if ct.RowsAffected() == 0 {
 		return fmt.Errorf("postgres: update tag %q: %w", name, segment.ErrUnknownTag)
-	}
-	return nil
-}
-
-// validate checks a tag's name, step and description; nil ones pass.
-func validate(name string, step *int64, description *string) error {
-	if err := segment.CheckTag(name); err != nil {
-		return err
-	}
-	if step != nil && (*step < 1 || *step > segment.MaxStepLimit) {
-		return fmt.Errorf("%q: %w %d: want 1..%d", name, segment.ErrInvalidStep, *step, segment.MaxStepLimit)
-	}
-	if description != nil {
-		if !utf8.ValidString(*description) || strings.ContainsRune(*description, 0) {
-			return fmt.Errorf("%q: %w: description is not UTF-8 text without NUL", name, ErrInvalidArgument)
-		}
-		if n := utf8.RuneCountInString(*description); n > MaxDescription {
-			return fmt.Errorf("%q: %w: description has %d characters, want at most %d", name, ErrInvalidArgument, n, MaxDescription)
-		}
 	}
 	return nil
 }
