@@ -20,34 +20,20 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Errors of this store besides those of package segment; they are wrapped
-// with %w.
-var (
-	// ErrExhausted means a fetch would push a tag's max_id past 2^63-1: the
-	// tag has run out of IDs.
-	ErrExhausted = errors.New("kv: tag exhausted: max_id would overflow int64")
-	// ErrInvalidArgument means a start, description or give-back range is
-	// out of bounds.
-	ErrInvalidArgument = errors.New("kv: invalid argument")
-	// ErrBucketTTL means the bucket has a TTL (max age): tags would expire
-	// and, created again, hand out their IDs a second time.
-	ErrBucketTTL = errors.New("kv: bucket has a TTL")
-)
+// ErrBucketTTL means the bucket has a TTL (max age): tags would expire and,
+// created again, hand out their IDs a second time. New wraps it with %w; the
+// other errors of this store are those of package segment, wrapped likewise.
+var ErrBucketTTL = errors.New("kv: bucket has a TTL")
 
 // DefaultBucket is the bucket that New uses when Settings.Bucket is empty.
 const DefaultBucket = "dispenser_segments"
-
-// MaxDescription is the most characters a tag's description may have.
-const MaxDescription = 256
 
 // Settings configures New. Zero values mean the documented defaults.
 type Settings struct {
@@ -226,7 +212,7 @@ func pause(ctx context.Context, attempt int) error {
 // Fetch atomically advances the tag's max_id by step (the tag's own step if
 // step <= 0) and returns the IDs in between. Errors: segment.ErrInvalidTag,
 // segment.ErrInvalidStep (step above segment.MaxStepLimit, or the stored
-// step is not positive), segment.ErrUnknownTag, ErrExhausted.
+// step is not positive), segment.ErrUnknownTag, segment.ErrExhausted.
 func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
 	if err := segment.CheckTag(tag); err != nil {
 		return segment.Allocation{}, fmt.Errorf("kv: fetch: %w", err)
@@ -244,7 +230,7 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 			return fmt.Errorf("%w: the tag's stored step %d is not positive", segment.ErrInvalidStep, v.Step)
 		}
 		if v.MaxID > math.MaxInt64-n {
-			return ErrExhausted
+			return fmt.Errorf("%w: max_id would overflow int64", segment.ErrExhausted)
 		}
 		a = segment.Allocation{Start: v.MaxID, End: v.MaxID + n, TagStep: v.Step}
 		v.MaxID = a.End
@@ -259,13 +245,13 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 // GiveBack sets the tag's max_id back to firstUnissued if it is still end,
 // that is if nobody fetched since the fetch that ended at end, and reports
 // whether it did. An unknown tag reports false. firstUnissued must be in
-// 1..end (ErrInvalidArgument).
+// 1..end (segment.ErrInvalidArgument).
 func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
 	if err := segment.CheckTag(tag); err != nil {
 		return false, fmt.Errorf("kv: give back: %w", err)
 	}
-	if firstUnissued < 1 || firstUnissued > end {
-		return false, fmt.Errorf("kv: give back %q: %w: first unissued ID %d not in 1..%d", tag, ErrInvalidArgument, firstUnissued, end)
+	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
+		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}
 	err := s.modify(ctx, tag, func(v *value) error {
 		if v.MaxID != end {
@@ -328,15 +314,15 @@ func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
 // CreateTag adds a tag with the given step whose first ID is start. A
 // deleted tag may be created again; it then starts over at start.
 // Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step not in
-// 1..segment.MaxStepLimit), ErrInvalidArgument (start < 1, description over
-// MaxDescription characters or not UTF-8 without NUL), segment.ErrTagExists
-// (nothing changes).
+// 1..segment.MaxStepLimit), segment.ErrInvalidArgument (start < 1,
+// description over segment.MaxDescription characters or not UTF-8 without
+// NUL), segment.ErrTagExists (nothing changes).
 func (s *Store) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
-	if err := validate(name, &step, &description); err != nil {
+	if err := segment.CheckTagFields(name, &step, &description); err != nil {
 		return fmt.Errorf("kv: create tag: %w", err)
 	}
-	if start < 1 {
-		return fmt.Errorf("kv: create tag %q: %w: start %d, want at least 1", name, ErrInvalidArgument, start)
+	if err := segment.CheckStart(start); err != nil {
+		return fmt.Errorf("kv: create tag %q: %w", name, err)
 	}
 	b, err := json.Marshal(value{MaxID: start, Step: step, Description: description, UpdateTime: time.Now().UTC()})
 	if err != nil {
@@ -356,7 +342,7 @@ func (s *Store) CreateTag(ctx context.Context, name string, step, start int64, d
 // it is. It does not move max_id. Errors: as for CreateTag, and
 // segment.ErrUnknownTag.
 func (s *Store) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
-	if err := validate(name, step, description); err != nil {
+	if err := segment.CheckTagFields(name, step, description); err != nil {
 		return fmt.Errorf("kv: update tag: %w", err)
 	}
 	err := s.modify(ctx, name, func(v *value) error {
@@ -386,25 +372,6 @@ func (s *Store) DeleteTag(ctx context.Context, name string) error {
 	}
 	if err := s.kv.Delete(ctx, name); err != nil {
 		return fmt.Errorf("kv: delete tag %q: %w", name, err)
-	}
-	return nil
-}
-
-// validate checks a tag's name, step and description; nil ones pass.
-func validate(name string, step *int64, description *string) error {
-	if err := segment.CheckTag(name); err != nil {
-		return err
-	}
-	if step != nil && (*step < 1 || *step > segment.MaxStepLimit) {
-		return fmt.Errorf("%q: %w %d: want 1..%d", name, segment.ErrInvalidStep, *step, segment.MaxStepLimit)
-	}
-	if description != nil {
-		if !utf8.ValidString(*description) || strings.ContainsRune(*description, 0) {
-			return fmt.Errorf("%q: %w: description is not UTF-8 text without NUL", name, ErrInvalidArgument)
-		}
-		if n := utf8.RuneCountInString(*description); n > MaxDescription {
-			return fmt.Errorf("%q: %w: description has %d characters, want at most %d", name, ErrInvalidArgument, n, MaxDescription)
-		}
 	}
 	return nil
 }

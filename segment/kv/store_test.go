@@ -80,9 +80,9 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		Prefix:             "kv: ",
-		ErrExhausted:       kv.ErrExhausted,
-		ErrInvalidArgument: kv.ErrInvalidArgument,
-		MaxDescription:     kv.MaxDescription,
+		ErrExhausted:       segment.ErrExhausted,
+		ErrInvalidArgument: segment.ErrInvalidArgument,
+		MaxDescription:     segment.MaxDescription,
 	})
 }
 
