@@ -79,10 +79,7 @@ func TestConformance(t *testing.T) {
 				return newStore(tb, srv, kv.Settings{})
 			}
 		},
-		Prefix:             "kv: ",
-		ErrExhausted:       segment.ErrExhausted,
-		ErrInvalidArgument: segment.ErrInvalidArgument,
-		MaxDescription:     segment.MaxDescription,
+		Prefix: "kv: ",
 	})
 }
 

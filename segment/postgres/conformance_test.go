@@ -39,9 +39,6 @@ func TestConformance(t *testing.T) {
 				return deletable{postgres.New(newPool(tb, url))}
 			}
 		},
-		Prefix:             "postgres: ",
-		ErrExhausted:       segment.ErrExhausted,
-		ErrInvalidArgument: segment.ErrInvalidArgument,
-		MaxDescription:     segment.MaxDescription,
+		Prefix: "postgres: ",
 	})
 }

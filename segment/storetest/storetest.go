@@ -1,8 +1,10 @@
 // Package storetest is a conformance suite for implementations of
-// segment.Store and segment.Admin: every store must pass it unchanged.
+// segment.Store and segment.Admin: every store must pass it unchanged. A
+// store reports the errors of package segment, wrapped with %w, and keeps
+// to its limits (segment.MaxStepLimit, segment.MaxDescription).
 //
 //	func TestConformance(t *testing.T) {
-//		storetest.Run(t, storetest.Config{NewBackend: ..., Prefix: "mystore: ", ...})
+//		storetest.Run(t, storetest.Config{NewBackend: ..., Prefix: "mystore: "})
 //	}
 package storetest
 
@@ -41,20 +43,11 @@ type Config struct {
 	NewBackend func(tb testing.TB) (open func(tb testing.TB) Store)
 	// Prefix starts the message of every error of the store, e.g. "kv: ".
 	Prefix string
-	// ErrExhausted is the store's error for a fetch that would push max_id
-	// past 2^63-1.
-	ErrExhausted error
-	// ErrInvalidArgument is the store's error for a start below 1, a
-	// description that is too long or not text, and a give-back range out
-	// of bounds.
-	ErrInvalidArgument error
-	// MaxDescription is the most characters a description may have.
-	MaxDescription int
 }
 
 // Run runs the suite, each test as a subtest of t on a backend of its own.
 func Run(t *testing.T, c Config) {
-	if c.NewBackend == nil || c.Prefix == "" || c.ErrExhausted == nil || c.ErrInvalidArgument == nil || c.MaxDescription < 1 {
+	if c.NewBackend == nil || c.Prefix == "" {
 		t.Fatalf("storetest: incomplete Config %+v", c)
 	}
 	tests := []struct {
@@ -450,7 +443,7 @@ func testFetchExhausted(t *testing.T, c Config) {
 	for _, step := range []int64{0, 1, segment.MaxStepLimit} {
 		before := snapshot(t, s)
 		a, err := s.Fetch(ctx(t), "big", step)
-		checkErr(t, c, err, c.ErrExhausted)
+		checkErr(t, c, err, segment.ErrExhausted)
 		if a != (segment.Allocation{}) {
 			t.Errorf("Fetch(big, %d) returned %+v with the error, want zero", step, a)
 		}
@@ -526,10 +519,10 @@ func testGiveBackInvalid(t *testing.T, c Config) {
 		end, unissued int64
 		want          error
 	}{
-		{name: "first unissued past end", tag: "orders", end: a.End, unissued: a.End + 1, want: c.ErrInvalidArgument},
-		{name: "first unissued zero", tag: "orders", end: a.End, unissued: 0, want: c.ErrInvalidArgument},
-		{name: "first unissued negative", tag: "orders", end: a.End, unissued: -5, want: c.ErrInvalidArgument},
-		{name: "end below one", tag: "orders", end: 0, unissued: 0, want: c.ErrInvalidArgument},
+		{name: "first unissued past end", tag: "orders", end: a.End, unissued: a.End + 1, want: segment.ErrInvalidArgument},
+		{name: "first unissued zero", tag: "orders", end: a.End, unissued: 0, want: segment.ErrInvalidArgument},
+		{name: "first unissued negative", tag: "orders", end: a.End, unissued: -5, want: segment.ErrInvalidArgument},
+		{name: "end below one", tag: "orders", end: 0, unissued: 0, want: segment.ErrInvalidArgument},
 		{name: "invalid tag", tag: "orders>", end: a.End, unissued: a.Start, want: segment.ErrInvalidTag},
 		{name: "invalid tag, invalid range", tag: "", end: 1, unissued: 2, want: segment.ErrInvalidTag},
 	}
@@ -557,7 +550,7 @@ func testCreateTag(t *testing.T, c Config) {
 	}
 
 	// Boundary values are accepted and come back unchanged.
-	longest := strings.Repeat("é", c.MaxDescription) // characters, not bytes
+	longest := strings.Repeat("é", segment.MaxDescription) // characters, not bytes
 	tests := []struct {
 		name        string
 		tag         string
@@ -602,11 +595,11 @@ func testCreateTagInvalid(t *testing.T, c Config) {
 		{name: "zero step", tag: "new", step: 0, start: 1, want: segment.ErrInvalidStep},
 		{name: "negative step", tag: "new", step: -1, start: 1, want: segment.ErrInvalidStep},
 		{name: "step too large", tag: "new", step: segment.MaxStepLimit + 1, start: 1, want: segment.ErrInvalidStep},
-		{name: "zero start", tag: "new", step: 10, start: 0, want: c.ErrInvalidArgument},
-		{name: "negative start", tag: "new", step: 10, start: -100, want: c.ErrInvalidArgument},
-		{name: "description too long", tag: "new", step: 10, start: 1, description: strings.Repeat("d", c.MaxDescription+1), want: c.ErrInvalidArgument},
-		{name: "description not UTF-8", tag: "new", step: 10, start: 1, description: "\xff", want: c.ErrInvalidArgument},
-		{name: "description with NUL", tag: "new", step: 10, start: 1, description: "a\x00b", want: c.ErrInvalidArgument},
+		{name: "zero start", tag: "new", step: 10, start: 0, want: segment.ErrInvalidArgument},
+		{name: "negative start", tag: "new", step: 10, start: -100, want: segment.ErrInvalidArgument},
+		{name: "description too long", tag: "new", step: 10, start: 1, description: strings.Repeat("d", segment.MaxDescription+1), want: segment.ErrInvalidArgument},
+		{name: "description not UTF-8", tag: "new", step: 10, start: 1, description: "\xff", want: segment.ErrInvalidArgument},
+		{name: "description with NUL", tag: "new", step: 10, start: 1, description: "a\x00b", want: segment.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -633,7 +626,7 @@ func testUpdateTag(t *testing.T, c Config) {
 		{name: "description only", description: ptr("orders of the shop"), wantStep: 20, wantDesc: "orders of the shop"},
 		{name: "both", step: ptr[int64](segment.MaxStepLimit), description: ptr(""), wantStep: segment.MaxStepLimit, wantDesc: ""},
 		{name: "step 1", step: ptr[int64](1), wantStep: 1, wantDesc: ""},
-		{name: "longest description", description: ptr(strings.Repeat("ß", c.MaxDescription)), wantStep: 1, wantDesc: strings.Repeat("ß", c.MaxDescription)},
+		{name: "longest description", description: ptr(strings.Repeat("ß", segment.MaxDescription)), wantStep: 1, wantDesc: strings.Repeat("ß", segment.MaxDescription)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -668,9 +661,9 @@ func testUpdateTagInvalid(t *testing.T, c Config) {
 		{name: "zero step", tag: "orders", step: ptr[int64](0), description: ptr("x"), want: segment.ErrInvalidStep},
 		{name: "negative step", tag: "orders", step: ptr[int64](-10), want: segment.ErrInvalidStep},
 		{name: "step too large", tag: "orders", step: ptr[int64](segment.MaxStepLimit + 1), want: segment.ErrInvalidStep},
-		{name: "description too long", tag: "orders", step: ptr[int64](5), description: ptr(strings.Repeat("d", c.MaxDescription+1)), want: c.ErrInvalidArgument},
-		{name: "description not UTF-8", tag: "orders", description: ptr("ok\xc3"), want: c.ErrInvalidArgument},
-		{name: "description with NUL", tag: "orders", description: ptr("\x00"), want: c.ErrInvalidArgument},
+		{name: "description too long", tag: "orders", step: ptr[int64](5), description: ptr(strings.Repeat("d", segment.MaxDescription+1)), want: segment.ErrInvalidArgument},
+		{name: "description not UTF-8", tag: "orders", description: ptr("ok\xc3"), want: segment.ErrInvalidArgument},
+		{name: "description with NUL", tag: "orders", description: ptr("\x00"), want: segment.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
