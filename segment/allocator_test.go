@@ -250,12 +250,13 @@ func TestPrefetchAtThreshold(t *testing.T) {
 
 func TestBatchAcrossBoundary(t *testing.T) {
 	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10}, Tag{Name: "b", MaxID: 1, Step: 10})
-	a := newAllocator(t, Settings{Store: st, MaxStep: 10})
-	take(t, a, "a", 7)
-	// Another worker fetches in between, so a's next segment is not contiguous.
+	a := newAllocator(t, Settings{Store: st, MaxStep: 10, PrefetchRatio: 0.5})
+	take(t, a, "a", 1) // fetches 1..10; half of it not yet used: no prefetch
+	// Another worker fetches 11..20, so a's next segment is not contiguous.
 	if _, err := st.Fetch(context.Background(), "a", 0); err != nil {
 		t.Fatal(err)
 	}
+	take(t, a, "a", 6) // 7 used: prefetches 21..30
 	eventually(t, "prefetch", func() bool { return a.Stats()[0].NextReady })
 	runs, err := a.Take(context.Background(), "a", 5, nil)
 	if err != nil {
@@ -349,42 +350,24 @@ func TestWaitThenUnavailable(t *testing.T) {
 
 func TestFailedFetchNeverReady(t *testing.T) {
 	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
-	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxWait: 20 * time.Millisecond, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond})
-	take(t, a, "a", 5)
+	// PrefetchRatio 1: the next segment is fetched only once this one is spent.
+	a := newAllocator(t, Settings{Store: st, MaxStep: 10, PrefetchRatio: 1, MaxWait: 20 * time.Millisecond, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond})
+	take(t, a, "a", 10)
 	boom := errors.New("database is down")
 	st.set(func(s *memStore) { s.fail = boom })
-	// Spend the rest of the segment; the prefetch keeps failing.
-	take(t, a, "a", 5)
-	eventually(t, "a few failed fetches", func() bool { return st.fetchCount("a") >= 4 })
-	if s := a.Stats()[0]; s.NextReady || s.LastError == "" {
-		t.Fatalf("after failed fetches: next ready %v, last error %q; want not ready and an error", s.NextReady, s.LastError)
-	}
 	_, err := a.Take(context.Background(), "a", 1, nil)
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want ErrUnavailable wrapping the store's error", err)
+	}
+	eventually(t, "a few failed fetches", func() bool { return st.fetchCount("a") >= 4 })
+	if s := a.Stats()[0]; s.NextReady || s.LastError == "" || s.Current.Cursor != s.Current.End {
+		t.Fatalf("after failed fetches: next ready %v, last error %q, current %+v; want not ready, an error, spent", s.NextReady, s.LastError, s.Current)
 	}
 	// The store comes back: the retrying loader recovers by itself.
 	st.set(func(s *memStore) { s.fail = nil })
 	eventually(t, "recovery", func() bool { return a.Stats()[0].NextReady })
 	if got := take(t, a, "a", 1); got[0] != 11 {
 		t.Fatalf("got %v, want [11]", got)
-	}
-}
-
-func TestOnFetch(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
-	var mu sync.Mutex
-	var calls []string
-	a := newAllocator(t, Settings{Store: st, OnFetch: func(tag string, d time.Duration, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		calls = append(calls, fmt.Sprintf("%s:%v", tag, err == nil))
-	}})
-	take(t, a, "a", 1)
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(calls, []string{"a:true"}) {
-		t.Fatalf("OnFetch calls = %v, want [a:true]", calls)
 	}
 }
 
