@@ -1,0 +1,384 @@
+package chaos
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// Offered load of the availability tests: per tag, two clients at 50
+// requests a second of 1 to 19 IDs (10 on average): 1000 IDs a second. The
+// step is 30 s of that.
+const (
+	availClients  = 2
+	availReqRate  = 50
+	availMaxCount = 19
+	availRate     = availClients * availReqRate * (1 + availMaxCount) / 2 // IDs per second per tag
+	availStep     = 30 * availRate
+)
+
+var availTags = map[string]int64{"orders": availStep, "users": availStep}
+
+func availSpec() loadSpec {
+	spec := loadSpec{clients: availClients, rate: availReqRate, maxCount: availMaxCount, timeout: time.Second, seed: 1}
+	for _, tag := range sortedKeys(availTags) {
+		spec.targets = append(spec.targets, segmentTarget(tag))
+	}
+	spec.targets = append(spec.targets, snowflakeTarget)
+	return spec
+}
+
+// availFlags are the worker flags of the availability tests: the step stays
+// at the tag's (about 30 s of the offered load), and the next segment is
+// fetched after 1% of the current one is used, so that both buffers are
+// full within a second.
+func availFlags() []string {
+	return []string{"--max-step", strconv.Itoa(availStep), "--prefetch-ratio", "0.01"}
+}
+
+// waitBuffers waits until every worker holds a current and a ready next
+// segment of every tag.
+func waitBuffers(tb testing.TB, nc *nats.Conn, procs []*proc) {
+	tb.Helper()
+	err := waitFor(30*time.Second, func() error {
+		for _, p := range procs {
+			st, err := statsOf(nc, p.id)
+			if err != nil {
+				return err
+			}
+			for tag := range availTags {
+				ts := st.Tags[tag]
+				if ts.Current == nil || !ts.NextReady {
+					return fmt.Errorf("worker %v, tag %s: current %v, next ready %v, last error %q", p, tag, ts.Current, ts.NextReady, ts.LastError)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("buffers not full within 30s: %v", err)
+	}
+}
+
+// TestDatabaseOutage stops PostgreSQL for 10 s under load, with steps sized
+// for about 30 s of the offered load: no request may fail. During the
+// outage every worker is made to spend its current segment, so that it
+// switches to its next one and fetches, which fails; once PostgreSQL is
+// back, every worker must refill its buffers by itself.
+func TestDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	const outage = 10 * time.Second
+	pg, dbURL := postgresCluster(t, availTags)
+	ns := startNATS(t)
+	f := newFleet(t, append(availFlags(), "--nats-url", ns.URL(), "--postgres-url", dbURL,
+		"--snowflake-lease", "2s", "--snowflake-heartbeat", "500ms")...)
+	var procs []*proc
+	for i := range 3 {
+		procs = append(procs, f.start(fmt.Sprintf("db-%d", i)))
+	}
+	nc := connect(t, ns.URL(), "db-stats")
+	l := startLoad(t, connect(t, ns.URL(), "db-load"), availSpec())
+	waitBuffers(t, nc, procs)
+
+	faults := &faultLog{l: l, grace: 1500 * time.Millisecond}
+	w := faults.begin("postgres stopped 10s")
+	down := time.Now()
+	if err := pg.Stop("fast"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	for _, tag := range sortedKeys(availTags) {
+		spendCurrent(t, l, nc, procs, tag)
+	}
+	err := waitFor(5*time.Second, func() error {
+		for _, p := range procs {
+			st, err := statsOf(nc, p.id)
+			if err != nil {
+				return err
+			}
+			for tag := range availTags {
+				if ts := st.Tags[tag]; ts.NextReady || ts.LastError == "" {
+					return fmt.Errorf("worker %v, tag %s: next ready %v, last error %q", p, tag, ts.NextReady, ts.LastError)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("with the database down, every worker should be fetching in vain: %v", err)
+	}
+	time.Sleep(time.Until(down.Add(outage)))
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	faults.end(w)
+	up := time.Now()
+	err = waitFor(20*time.Second, func() error {
+		for _, p := range procs {
+			st, err := statsOf(nc, p.id)
+			if err != nil {
+				return err
+			}
+			for tag := range availTags {
+				if ts := st.Tags[tag]; !ts.NextReady || ts.LastError != "" {
+					return fmt.Errorf("worker %v, tag %s: next ready %v, last error %q", p, tag, ts.NextReady, ts.LastError)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("workers did not refill their buffers within 20s of the database's return: %v", err)
+	}
+	t.Logf("buffers refilled %v after the database returned", time.Since(up).Round(100*time.Millisecond))
+	time.Sleep(2 * time.Second)
+	l.stop()
+
+	table, _ := faults.report()
+	requests, ok, ids := l.totals()
+	t.Logf("%d requests, %d answered, %d IDs:\n%s", requests, ok, ids, table)
+	if failed := requests - ok; failed > 0 {
+		t.Errorf("%d requests failed with the database down for %v, want 0; e.g. %v", failed, outage, l.firstErrors())
+	}
+	l.check(t, f.describe)
+}
+
+// TestRestartDuringDatabaseOutage restarts a worker while PostgreSQL is
+// down, as a deployment or a crash loop may. The two other workers hold
+// segments for far longer than the outage, so the service as a whole could
+// serve every request; but the new worker has no segments and cannot fetch
+// any, and if it takes its share of segment requests anyway, those fail.
+// No request may fail, and once PostgreSQL is back the new worker must
+// serve every tag.
+func TestRestartDuringDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	pg, dbURL := postgresCluster(t, availTags)
+	ns := startNATS(t)
+	f := newFleet(t, append(availFlags(), "--nats-url", ns.URL(), "--postgres-url", dbURL,
+		"--snowflake-lease", "2s", "--snowflake-heartbeat", "500ms")...)
+	var procs []*proc
+	for i := range 3 {
+		procs = append(procs, f.start(fmt.Sprintf("restart-%d", i)))
+	}
+	nc := connect(t, ns.URL(), "restart-stats")
+	l := startLoad(t, connect(t, ns.URL(), "restart-load"), availSpec())
+	waitBuffers(t, nc, procs)
+
+	faults := &faultLog{l: l, grace: 1500 * time.Millisecond}
+	w := faults.begin("worker restarted, postgres down")
+	if err := pg.Stop("fast"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	old := procs[0]
+	old.signal(t, syscall.SIGTERM)
+	if !old.wait(20 * time.Second) {
+		t.Fatalf("worker %v still runs 20s after SIGTERM", old)
+	}
+	procs[0] = f.start(old.instance)
+	time.Sleep(4 * time.Second)
+	if err := pg.Start(); err != nil {
+		t.Fatal(err)
+	}
+	faults.end(w)
+	time.Sleep(3 * time.Second)
+	since := l.now()
+	time.Sleep(2 * time.Second)
+	l.stop()
+
+	table, _ := faults.report()
+	requests, ok, ids := l.totals()
+	t.Logf("%d requests, %d answered, %d IDs:\n%s", requests, ok, ids, table)
+	if failed := requests - ok; failed > 0 {
+		t.Errorf("%d of %d requests failed while a worker started with the database down and two workers had full buffers, want 0; e.g. %v",
+			failed, requests, l.firstErrors())
+	}
+	answered := l.answeredSince(since)
+	for _, tg := range l.spec.targets {
+		if !answered[tg.name][procs[0].id] {
+			t.Errorf("worker %v, started during the outage, answered no %s request after it", procs[0], tg.name)
+		}
+	}
+	l.check(t, f.describe)
+}
+
+// spendCurrent takes IDs of tag until every worker has handed out the rest
+// of the current segment it held when called, so that it has switched to
+// its next segment and must fetch another. Requests go to random workers,
+// so a worker that is done gets more until the last one is: small batches
+// keep that overshoot (about sqrt(rest*batch)) far below a segment.
+func spendCurrent(tb testing.TB, l *load, nc *nats.Conn, procs []*proc, tag string) {
+	tb.Helper()
+	const batch = 500
+	left := map[string]int64{}
+	for _, p := range procs {
+		st, err := statsOf(nc, p.id)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cur := st.Tags[tag].Current
+		if cur == nil {
+			tb.Fatalf("worker %v has no segment of %s", p, tag)
+		}
+		left[p.id] = cur.End - cur.Cursor
+	}
+	c := l.newClient(segmentTarget(tag), 2)
+	done := 0
+	for i := 0; done < len(procs); i++ {
+		if i == 10000 {
+			tb.Fatalf("%s: workers still hold IDs of their current segment after %d requests: %v", tag, i, left)
+		}
+		if !c.request(batch) {
+			continue // counted as a failure
+		}
+		r := c.replies[len(c.replies)-1]
+		id := l.workerID(r.worker)
+		left[id] -= int64(r.n)
+		if left[id] <= 0 && left[id]+int64(r.n) > 0 {
+			done++
+		}
+	}
+	var over []string
+	for _, p := range procs {
+		over = append(over, strconv.FormatInt(-left[p.id], 10))
+	}
+	tb.Logf("%s: spent the current segments of all workers in %d requests; overshoot %s IDs", tag, len(c.replies), strings.Join(over, ", "))
+}
+
+// TestNATSClusterFailover runs three workers on a cluster of three
+// nats-servers, with the lease bucket and the segment store (JetStream KV)
+// replicated three times, and stops each server in turn for 3 s under
+// load. No worker may lose its snowflake lease, no ID may be returned
+// twice, and requests may fail only while clients reconnect: timeouts and
+// no-responders during a server's absence, never an error reply.
+func TestNATSClusterFailover(t *testing.T) {
+	t.Parallel()
+	cl := startNATSCluster(t, 3)
+	createKVTags(t, cl.URLs(), kv.DefaultBucket, 3, availTags)
+	nc := connect(t, cl.URLs(), "cluster-stats")
+	f := newFleet(t, append(availFlags(), "--nats-url", cl.URLs(),
+		"--segment-replicas", "3", "--snowflake-replicas", "3",
+		"--snowflake-lease", "5s", "--snowflake-heartbeat", "1s")...)
+	var procs []*proc
+	for i := range 3 {
+		procs = append(procs, f.start(fmt.Sprintf("cluster-%d", i)))
+	}
+	l := startLoad(t, connect(t, cl.URLs(), "cluster-load"), availSpec())
+	waitBuffers(t, nc, procs)
+
+	faults := &faultLog{l: l, grace: 1500 * time.Millisecond}
+	for i, node := range cl.nodes {
+		w := faults.begin(fmt.Sprintf("%s stopped", node.opts.ServerName))
+		node.stop()
+		time.Sleep(3 * time.Second)
+		if err := node.start(); err != nil {
+			t.Fatal(err)
+		}
+		cl.waitHealthy(t)
+		faults.end(w)
+		t.Logf("server %d back at %.1fs", i, float64(l.now())/1e9)
+		time.Sleep(500 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	l.stop()
+
+	table, fails := faults.report()
+	requests, ok, ids := l.totals()
+	t.Logf("%d requests, %d answered, %d IDs; failed requests by stopped server:\n%s", requests, ok, ids, table)
+	t.Logf("example errors: %v", l.firstErrors())
+	for fault, byKind := range fails {
+		for kind, n := range byKind {
+			if fault == "none" {
+				t.Errorf("%d requests failed (%s) while all servers ran", n, kind)
+			} else if kind == "500" || kind == "503" {
+				t.Errorf("%s: %d requests failed with error %s, want only failures while clients reconnect", fault, n, kind)
+			}
+		}
+	}
+	var leases []string
+	for _, p := range procs {
+		st, err := statsOf(nc, p.id)
+		if err != nil {
+			t.Errorf("worker %v: %v", p, err)
+			continue
+		}
+		sf := st.Snowflake
+		leases = append(leases, fmt.Sprintf("%v: worker ID %d, claims %d, lost %d, fenced episodes %d, heartbeat failures %d",
+			p, sf.WorkerID, sf.Claims, sf.LostLeases, sf.FencedEpisodes, sf.HeartbeatFailures))
+		if sf.WorkerID != p.workerID || sf.LostLeases != 0 || sf.Claims != 1 {
+			t.Errorf("worker %v lost its lease: worker ID %d (at start %d), %d claims, %d lost leases",
+				p, sf.WorkerID, p.workerID, sf.Claims, sf.LostLeases)
+		}
+	}
+	t.Logf("leases:\n%s", strings.Join(leases, "\n"))
+	l.check(t, f.describe)
+}
+
+// TestSustainedLoad measures the maximum rate of single-ID requests that
+// the harness gets from three workers, then offers 80% of it for 10 s (60 s
+// in long mode). No request may fail, and the workers' resident memory
+// must stay flat: at the end at most twice that at the start plus 20 MB.
+// It does not run in parallel with the other tests, which would skew the
+// measurement.
+func TestSustainedLoad(t *testing.T) {
+	measure, sustain := 2*time.Second, 10*time.Second
+	if longMode() {
+		measure, sustain = 10*time.Second, 60*time.Second
+	}
+	dbURL := testenv.Postgres(t)
+	createTags(t, dbURL, map[string]int64{"orders": 1000, "users": 1000})
+	ns := startNATS(t)
+	f := newFleet(t, "--nats-url", ns.URL(), "--postgres-url", dbURL)
+	var procs []*proc
+	for i := range 3 {
+		procs = append(procs, f.start(fmt.Sprintf("sustained-%d", i)))
+	}
+	nc := connect(t, ns.URL(), "sustained-load")
+	targets := []target{segmentTarget("orders"), segmentTarget("users"), snowflakeTarget}
+	const clients = 4 // per target
+
+	m := startLoad(t, nc, loadSpec{targets: targets, clients: clients, timeout: 2 * time.Second, seed: 3})
+	time.Sleep(500 * time.Millisecond)
+	n0, t0 := m.answered.Load(), time.Now()
+	time.Sleep(measure)
+	maxRate := float64(m.answered.Load()-n0) / time.Since(t0).Seconds()
+	m.stop()
+	m.check(t, f.describe)
+
+	// Twice the clients at a paced rate: each has slack to keep its pace.
+	rate := 0.8 * maxRate
+	perClient := rate / float64(2*clients*len(targets))
+	s := startLoad(t, nc, loadSpec{targets: targets, clients: 2 * clients, rate: perClient, timeout: 2 * time.Second, seed: 4})
+	time.Sleep(time.Second)
+	rssStart := map[*proc]int64{}
+	for _, p := range procs {
+		rssStart[p] = p.rss(t)
+	}
+	n1, t1 := s.answered.Load(), time.Now()
+	time.Sleep(sustain)
+	achieved := float64(s.answered.Load()-n1) / time.Since(t1).Seconds()
+	var rss []string
+	for _, p := range procs {
+		start, end := rssStart[p], p.rss(t)
+		rss = append(rss, fmt.Sprintf("%v: %.1f MB -> %.1f MB", p, float64(start)/(1<<20), float64(end)/(1<<20)))
+		if end > 2*start+20<<20 {
+			t.Errorf("worker %v: resident size grew from %d to %d bytes in %v of steady load", p, start, end, sustain)
+		}
+	}
+	s.stop()
+	requests, ok, ids := s.totals()
+	t.Logf("maximum %.0f requests/s; offered %.0f/s (80%%) for %v, achieved %.0f/s: %d requests, %d IDs; resident size:\n%s",
+		maxRate, rate, sustain, achieved, requests, ids, strings.Join(rss, "\n"))
+	if requests != ok {
+		t.Errorf("%d of %d requests failed under sustained load; e.g. %v", requests-ok, requests, s.firstErrors())
+	}
+	s.check(t, f.describe)
+}

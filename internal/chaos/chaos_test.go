@@ -1,0 +1,411 @@
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// Lease settings of the chaos workers: short, so that a SIGSTOP outlives a
+// lease within seconds.
+const (
+	chaosLease     = 2 * time.Second
+	chaosHeartbeat = 500 * time.Millisecond
+)
+
+// chaosSeed returns the seed of the fault schedule: DISPENSER_CHAOS_SEED or
+// the clock. It logs it so that a failed run can be replayed.
+func chaosSeed(tb testing.TB) uint64 {
+	tb.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("DISPENSER_CHAOS_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			tb.Fatalf("DISPENSER_CHAOS_SEED=%q: %v", v, err)
+		}
+		seed = s
+	}
+	tb.Logf("chaos seed: %d (replay: DISPENSER_CHAOS_SEED=%d)", seed, seed)
+	return seed
+}
+
+// chaos is the state of TestChaos: the servers, the workers and the load.
+type chaos struct {
+	t      *testing.T
+	rng    *rand.Rand
+	pg     *testenv.PostgresCluster // nil with the KV store
+	nats   *natsServer
+	fleet  *fleet
+	nc     *nats.Conn // the test's own connection, for stats
+	slots  []*proc    // the current process of each instance
+	load   *load
+	faults []fault   // the faults that apply
+	log    *faultLog // the faults injected
+}
+
+// A fault breaks something, waits until the system should have recovered
+// and records its window in c.log.
+type fault struct {
+	name string
+	run  func(c *chaos, name string)
+}
+
+var allFaults = []fault{
+	{"sigkill", (*chaos).sigkill},
+	{"sigterm", (*chaos).sigterm},
+	{"sigstop", (*chaos).sigstop},
+	{"sigstop-takeover", (*chaos).sigstopTakeover},
+	{"pg-restart", (*chaos).pgRestart},
+	{"pg-stop", (*chaos).pgStop},
+	{"nats-restart", (*chaos).natsRestart},
+}
+
+// TestChaos runs three workers against one nats-server and one PostgreSQL
+// under load on three tags and snowflake, and breaks them on a seeded
+// random schedule: every fault once in short mode, random faults for
+// DISPENSER_CHAOS_DURATION in long mode. Then no ID may have been returned
+// twice, every reply must have been IDs or 503 (500 would be a bug), IDs of
+// one worker must increase per client, and after the last fault every
+// worker must serve every request again, by itself. Long mode adds a run
+// with the segments in JetStream KV instead of PostgreSQL (seed + 1).
+func TestChaos(t *testing.T) {
+	t.Parallel()
+	seed := chaosSeed(t)
+	t.Run("postgres", func(t *testing.T) { runChaos(t, seed, "postgres") })
+	if longMode() {
+		t.Run("kv", func(t *testing.T) { runChaos(t, seed+1, "kv") })
+	}
+}
+
+// runChaos runs the chaos test with the segment store "postgres" or "kv".
+func runChaos(t *testing.T, seed uint64, store string) {
+	c := &chaos{t: t, rng: rand.New(rand.NewPCG(seed, 0xc4a05))}
+	tags := map[string]int64{"small": 100, "medium": 500, "large": 2000}
+	c.nats = startNATS(t)
+	storeFlags := []string{"--segment-bucket", "chaos_segments"}
+	if store == "postgres" {
+		var dbURL string
+		c.pg, dbURL = postgresCluster(t, tags)
+		storeFlags = []string{"--postgres-url", dbURL}
+	} else {
+		createKVTags(t, c.nats.URL(), "chaos_segments", 1, tags)
+	}
+	c.fleet = newFleet(t, append(storeFlags,
+		"--nats-url", c.nats.URL(),
+		"--snowflake-lease", chaosLease.String(),
+		"--snowflake-heartbeat", chaosHeartbeat.String(),
+		"--max-step", "2000", // small segments: many fetches and switches
+		"--shutdown-timeout", "5s",
+		"--log-level", "debug", // give-backs are logged at debug
+	)...)
+	for i := range 3 {
+		c.slots = append(c.slots, c.fleet.start(fmt.Sprintf("chaos-%d", i)))
+	}
+	c.nc = connect(t, c.nats.URL(), "chaos-stats")
+	spec := loadSpec{clients: 2, rate: 100, maxCount: 5, timeout: time.Second, seed: seed}
+	for _, tag := range sortedKeys(tags) {
+		spec.targets = append(spec.targets, segmentTarget(tag))
+	}
+	spec.targets = append(spec.targets, snowflakeTarget)
+	c.load = startLoad(t, connect(t, c.nats.URL(), "chaos-load"), spec)
+	c.log = &faultLog{l: c.load, grace: 1500 * time.Millisecond}
+	for _, f := range allFaults {
+		if c.pg != nil || !strings.HasPrefix(f.name, "pg-") {
+			c.faults = append(c.faults, f)
+		}
+	}
+	time.Sleep(time.Second)
+
+	if longMode() {
+		d := 5 * time.Minute
+		if v := os.Getenv("DISPENSER_CHAOS_DURATION"); v != "" {
+			var err error
+			if d, err = time.ParseDuration(v); err != nil {
+				t.Fatalf("DISPENSER_CHAOS_DURATION=%q: %v", v, err)
+			}
+		}
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			f := c.faults[c.rng.IntN(len(c.faults))]
+			f.run(c, f.name)
+			c.pause(500*time.Millisecond, 3*time.Second)
+		}
+	} else {
+		for _, i := range c.rng.Perm(len(c.faults)) {
+			f := c.faults[i]
+			f.run(c, f.name)
+			c.pause(500*time.Millisecond, 1500*time.Millisecond)
+		}
+	}
+
+	// The last fault is over: after a grace period every request must
+	// succeed and every worker must answer every target.
+	time.Sleep(c.log.grace)
+	quiet := c.load.now()
+	time.Sleep(3 * time.Second)
+	c.load.stop()
+
+	table, fails := c.log.report()
+	requests, ok, ids := c.load.totals()
+	t.Logf("seed %d: %d requests, %d answered, %d IDs; failed requests by fault:\n%s", seed, requests, ok, ids, table)
+	t.Logf("example errors: %v", c.load.firstErrors())
+	c.logWorkers()
+	c.load.check(t, c.fleet.describe)
+	internal := 0
+	for _, byKind := range fails {
+		internal += byKind["500"]
+	}
+	if internal > 0 {
+		t.Errorf("%d requests failed with 500 (an unexpected error in a worker; see the worker logs)", internal)
+	}
+	if late := c.load.failuresSince(quiet); len(late) > 0 {
+		t.Errorf("%d requests failed in the quiet period after the last fault, e.g. %+v", len(late), late[0])
+	}
+	answered := c.load.answeredSince(quiet)
+	for _, tg := range spec.targets {
+		for _, p := range c.slots {
+			if !answered[tg.name][p.id] {
+				t.Errorf("worker %v answered no %s request after the last fault", p, tg.name)
+			}
+		}
+	}
+}
+
+// pick returns the index of a random worker slot.
+func (c *chaos) pick() int { return c.rng.IntN(len(c.slots)) }
+
+// pause sleeps a random duration in [lo, hi].
+func (c *chaos) pause(lo, hi time.Duration) {
+	time.Sleep(lo + time.Duration(c.rng.Int64N(int64(hi-lo)+1)))
+}
+
+func (c *chaos) logf(format string, args ...any) {
+	c.t.Logf("%7.3fs "+format, append([]any{float64(c.load.now()) / 1e9}, args...)...)
+}
+
+// sigkill kills a worker and starts it again.
+func (c *chaos) sigkill(name string) {
+	i := c.pick()
+	p := c.slots[i]
+	w := c.log.begin(name)
+	p.signal(c.t, syscall.SIGKILL)
+	if !p.wait(10 * time.Second) {
+		c.t.Fatalf("worker %v still runs 10s after SIGKILL", p)
+	}
+	c.pause(200*time.Millisecond, 1500*time.Millisecond)
+	c.slots[i] = c.fleet.start(p.instance)
+	c.log.end(w)
+	c.logf("%s: %v, restarted as %v", name, p, c.slots[i])
+}
+
+// sigterm stops a worker gracefully, checks that it exited cleanly after
+// giving its segments and its worker ID back, and starts it again.
+func (c *chaos) sigterm(name string) {
+	i := c.pick()
+	p := c.slots[i]
+	w := c.log.begin(name)
+	c.terminate(p)
+	c.pause(200*time.Millisecond, time.Second)
+	c.slots[i] = c.fleet.start(p.instance)
+	c.log.end(w)
+	c.logf("%s: %v, restarted as %v", name, p, c.slots[i])
+}
+
+// terminate sends SIGTERM and checks the graceful shutdown.
+func (c *chaos) terminate(p *proc) {
+	c.t.Helper()
+	p.signal(c.t, syscall.SIGTERM)
+	if !p.wait(20 * time.Second) {
+		c.t.Fatalf("worker %v still runs 20s after SIGTERM", p)
+	}
+	if !p.state.Success() {
+		c.t.Errorf("worker %v: %v after SIGTERM, want exit status 0; log:\n%s", p, p.state, tail(p.log, 4096))
+	}
+	gave := p.logged("segment: give back")
+	if len(gave) == 0 {
+		c.t.Errorf("worker %v gave no segment back on SIGTERM", p)
+	}
+	if len(p.logged("snowflake: released worker ID")) == 0 {
+		c.t.Errorf("worker %v did not release its snowflake worker ID on SIGTERM", p)
+	}
+	done := 0
+	for _, l := range gave {
+		if l["done"] == true {
+			done++
+		}
+	}
+	c.logf("worker %v gave back %d segments (%d taken by the store)", p, len(gave), done)
+}
+
+// sigstop freezes a worker for longer than its lease, then thaws it; the
+// worker must recover by itself.
+func (c *chaos) sigstop(name string) {
+	p := c.slots[c.pick()]
+	w := c.log.begin(name)
+	p.signal(c.t, syscall.SIGSTOP)
+	c.pause(chaosLease+500*time.Millisecond, chaosLease+1500*time.Millisecond)
+	p.signal(c.t, syscall.SIGCONT)
+	err := waitFor(10*time.Second, func() error {
+		st, err := statsOf(c.nc, p.id)
+		if err != nil {
+			return err
+		}
+		if !st.Snowflake.Held || st.Snowflake.Fenced {
+			return fmt.Errorf("snowflake lease: held %v, fenced %v", st.Snowflake.Held, st.Snowflake.Fenced)
+		}
+		return nil
+	})
+	c.log.end(w)
+	if err != nil {
+		c.t.Errorf("worker %v did not recover within 10s of SIGCONT: %v", p, err)
+	}
+	c.logf("%s: %v", name, p)
+}
+
+// sigstopTakeover freezes a worker until its worker ID may be claimed,
+// starts a replacement with the same instance name, which takes over that
+// worker ID, then thaws the old process: it must stop using the worker ID
+// at once. The old process is then terminated; the replacement stays.
+//
+// A claimant prefers the lowest claimable worker ID last held by its
+// instance name, so the victim is a worker whose ID is its instance's
+// lowest so far; if there is none (long mode), the takeover is not
+// checked.
+func (c *chaos) sigstopTakeover(name string) {
+	var cands []int
+	old := map[int]int{} // slot -> its worker ID
+	for i, p := range c.slots {
+		st, err := statsOf(c.nc, p.id)
+		if err != nil {
+			c.t.Fatalf("worker %v: %v", p, err)
+		}
+		old[i] = st.Snowflake.WorkerID
+		if ids := c.fleet.claimed(p.instance); len(ids) > 0 && slices.Min(ids) == old[i] {
+			cands = append(cands, i)
+		}
+	}
+	i, check := c.pick(), len(cands) > 0
+	if check {
+		i = cands[c.rng.IntN(len(cands))]
+	}
+	p := c.slots[i]
+	w := c.log.begin(name)
+	p.signal(c.t, syscall.SIGSTOP)
+	// A lease is claimable when both its expiry and its bound plus a lease
+	// have passed: about two leases after the last heartbeat.
+	c.pause(2*chaosLease+1500*time.Millisecond, 2*chaosLease+2500*time.Millisecond)
+	np := c.fleet.start(p.instance)
+	c.slots[i] = np
+	switch {
+	case !check:
+		c.logf("%s: no worker holds its instance's lowest worker ID; takeover not checked", name)
+	case np.workerID != old[i]:
+		c.t.Errorf("replacement %v of frozen worker %v did not take over its worker ID %d (the instance held %v)",
+			np, p, old[i], c.fleet.claimed(p.instance))
+	}
+	p.signal(c.t, syscall.SIGCONT)
+	err := waitFor(10*time.Second, func() error {
+		st, err := statsOf(c.nc, p.id)
+		if err != nil {
+			return err
+		}
+		if np.workerID == old[i] && st.Snowflake.WorkerID == old[i] && !st.Snowflake.Fenced {
+			return fmt.Errorf("still issues as worker ID %d", old[i])
+		}
+		return nil
+	})
+	if err != nil {
+		c.t.Errorf("thawed worker %v: %v", p, err)
+	}
+	c.pause(500*time.Millisecond, 1500*time.Millisecond) // both serve meanwhile
+	c.terminate(p)
+	c.log.end(w)
+	c.logf("%s: %v replaced by %v", name, p, np)
+}
+
+// pgRestart crashes PostgreSQL (pg_ctl restart -m immediate).
+func (c *chaos) pgRestart(name string) {
+	w := c.log.begin(name)
+	if err := c.pg.Restart("immediate"); err != nil {
+		c.t.Fatal(err)
+	}
+	c.log.end(w)
+	c.logf("%s", name)
+}
+
+// pgStop stops PostgreSQL for a few seconds.
+func (c *chaos) pgStop(name string) {
+	w := c.log.begin(name)
+	if err := c.pg.Stop("fast"); err != nil {
+		c.t.Fatal(err)
+	}
+	c.pause(3*time.Second, 6*time.Second)
+	if err := c.pg.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.log.end(w)
+	c.logf("%s", name)
+}
+
+// natsRestart restarts the nats-server with the same port and store; the
+// workers must reconnect by themselves.
+func (c *chaos) natsRestart(name string) {
+	w := c.log.begin(name)
+	c.nats.stop()
+	c.pause(200*time.Millisecond, 1500*time.Millisecond)
+	if err := c.nats.start(); err != nil {
+		c.t.Fatal(err)
+	}
+	err := waitFor(20*time.Second, func() error {
+		for _, p := range c.slots {
+			if _, err := statsOf(c.nc, p.id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	c.log.end(w)
+	if err != nil {
+		c.t.Errorf("workers not back within 20s of a nats-server restart: %v", err)
+	}
+	c.logf("%s", name)
+}
+
+// logWorkers logs the state of the live workers.
+func (c *chaos) logWorkers() {
+	var b strings.Builder
+	for _, p := range c.slots {
+		st, err := statsOf(c.nc, p.id)
+		if err != nil {
+			fmt.Fprintf(&b, "\n%v: %v", p, err)
+			continue
+		}
+		sf := st.Snowflake
+		fmt.Fprintf(&b, "\n%v: snowflake worker %d, fenced episodes %d, lost leases %d, claims %d;", p,
+			sf.WorkerID, sf.FencedEpisodes, sf.LostLeases, sf.Claims)
+		for _, tag := range sortedKeys(st.Tags) {
+			ts := st.Tags[tag]
+			fmt.Fprintf(&b, " %s: %d fetches, step %d, %d wait timeouts;", tag, ts.Fetches, ts.Step, ts.WaitTimeouts)
+		}
+	}
+	c.t.Logf("live workers:%s", b.String())
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

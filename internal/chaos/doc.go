@@ -1,0 +1,43 @@
+// Package chaos holds dispenser's chaos and availability tests. They build
+// cmd/dispenser, run real worker processes against embedded nats-servers and
+// throwaway PostgreSQL clusters, drive load from concurrent clients that
+// record every ID returned, break processes and servers while the load runs,
+// and then check the two promises of an ID service: no ID is ever handed out
+// twice, and the service stays available.
+//
+//   - TestChaos: three workers, one nats-server, one PostgreSQL; SIGKILL,
+//     SIGTERM, SIGSTOP beyond the snowflake lease, SIGSTOP until a
+//     replacement takes the worker ID over, PostgreSQL crash and stop,
+//     nats-server restart, on a seeded random schedule. No duplicate, only
+//     IDs or 503 in replies, per-worker order, self-recovery; failed
+//     requests are reported by fault.
+//   - TestDatabaseOutage: PostgreSQL down for 10 s under load with steps
+//     for 30 s of it: no failed request, and the workers refill their
+//     buffers by themselves afterwards.
+//   - TestRestartDuringDatabaseOutage: a worker restarted while PostgreSQL
+//     is down must not fail requests that the others could serve.
+//   - TestNATSClusterFailover: three clustered nats-servers, buckets with
+//     three replicas, each server stopped in turn: no lease lost, no
+//     duplicate, failures only while clients reconnect.
+//   - TestSustainedLoad: 80% of the measured maximum for 10 s (60 s in long
+//     mode): no failure, flat resident memory.
+//
+// Run it with
+//
+//	go test -race ./internal/chaos/                 # short mode, 60-90 s
+//	DISPENSER_CHAOS_LONG=1 go test -timeout 30m ./internal/chaos/
+//
+// Environment variables:
+//
+//	DISPENSER_CHAOS_SEED      seed of the fault schedule (logged as "chaos seed: N"), to replay a run
+//	DISPENSER_CHAOS_LONG      1: long mode, minutes of faults, a chaos run on the JetStream KV
+//	                          segment store, and 60 s of sustained load
+//	DISPENSER_CHAOS_DURATION  length of the fault phase of TestChaos in long mode (default 5m)
+//	DISPENSER_CHAOS_RACE      1 or 0: build the workers with or without -race
+//	                          (default: like the test binary, which shares its build cache)
+//
+// A replay repeats the fault schedule; the timing of the processes, and so
+// the details, differ. The tests need PostgreSQL's server
+// programs (see testenv) and Go on PATH to build the binary; nothing is
+// skipped. Worker logs are printed when a test fails.
+package chaos

@@ -1,0 +1,728 @@
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	mrand "math/rand/v2"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// envBool reads a boolean environment variable; def if unset or unparsable.
+func envBool(name string, def bool) bool {
+	v, err := strconv.ParseBool(os.Getenv(name))
+	if err != nil {
+		return def
+	}
+	return v
+}
+
+// longMode reports whether DISPENSER_CHAOS_LONG asks for the long mode.
+func longMode() bool { return envBool("DISPENSER_CHAOS_LONG", false) }
+
+// The dispenser binary, built once per test binary.
+var binary struct {
+	once sync.Once
+	dir  string // removed by TestMain
+	path string
+	err  error
+}
+
+// dispenserBinary builds cmd/dispenser on first use and returns its path.
+// The workers are built with -race when the test binary is, unless
+// DISPENSER_CHAOS_RACE says otherwise: that way `go test -race` reuses the
+// packages it compiled anyway, and the workers' data races show up in their
+// logs (and fail the test, see fleet.checkLogs).
+func dispenserBinary(tb testing.TB) string {
+	tb.Helper()
+	binary.once.Do(func() { binary.path, binary.err = buildBinary() })
+	if binary.err != nil {
+		tb.Fatalf("building cmd/dispenser: %v", binary.err)
+	}
+	return binary.path
+}
+
+func raceWorkers() bool { return envBool("DISPENSER_CHAOS_RACE", raceBuild) }
+
+func buildBinary() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("go env GOMOD: not in a module")
+	}
+	if binary.dir, err = os.MkdirTemp("", "dispenser-chaos-"); err != nil {
+		return "", err
+	}
+	path := filepath.Join(binary.dir, "dispenser")
+	args := []string{"build", "-o", path}
+	if raceWorkers() {
+		args = append(args, "-race")
+	}
+	args = append(args, "./cmd/dispenser")
+	cmd := exec.Command("go", args...)
+	cmd.Dir = filepath.Dir(mod)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	statSources(filepath.Dir(mod))
+	return path, nil
+}
+
+// statSources stats the module's source files. go test caches a passing
+// result keyed by the test binary and by the files the test looked at; the
+// worker binary is built from sources the test binary does not contain
+// (cmd/dispenser), so looking at them makes a change there run the tests
+// again instead of reporting a stale "(cached)".
+func statSources(root string) {
+	filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".mod", ".sum", ".sql":
+			os.Stat(path)
+		}
+		return nil
+	})
+}
+
+// workerEnv is the environment of worker processes: ours without the
+// DISPENSER_ variables, which would set flags behind the test's back.
+func workerEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DISPENSER_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// fleet starts dispenser worker processes and keeps every process it
+// started, so that replies can be traced back to a process lifetime and all
+// of them are killed in Cleanup.
+type fleet struct {
+	tb   testing.TB
+	bin  string
+	dir  string   // worker logs
+	base []string // flags of every worker
+
+	mu    sync.Mutex
+	procs []*proc
+	byID  map[string]*proc // micro service ID -> process
+}
+
+// proc is one worker process: one lifetime of an instance.
+type proc struct {
+	instance string
+	seq      int // 1-based start order in the fleet
+	cmd      *exec.Cmd
+	log      string
+	id       string // micro service ID, unique per process
+	workerID int    // snowflake worker ID leased at start; -1 without
+	done     chan struct{}
+	state    *os.ProcessState // set when done is closed
+}
+
+func (p *proc) String() string {
+	return fmt.Sprintf("%s#%d(pid %d, sf %d)", p.instance, p.seq, p.cmd.Process.Pid, p.workerID)
+}
+
+// newFleet returns a fleet whose workers run `dispenser serve` with flags.
+// Cleanup kills the workers still running and, if the test failed, logs the
+// tail of every worker's log.
+func newFleet(tb testing.TB, flags ...string) *fleet {
+	tb.Helper()
+	f := &fleet{tb: tb, bin: dispenserBinary(tb), dir: tb.TempDir(), base: flags, byID: map[string]*proc{}}
+	tb.Cleanup(func() {
+		f.mu.Lock()
+		procs := append([]*proc(nil), f.procs...)
+		f.mu.Unlock()
+		for _, p := range procs {
+			select {
+			case <-p.done:
+				continue
+			default:
+			}
+			p.cmd.Process.Signal(syscall.SIGCONT)
+			p.cmd.Process.Kill()
+			select {
+			case <-p.done:
+			case <-time.After(10 * time.Second):
+				tb.Errorf("worker %v did not exit after SIGKILL", p)
+			}
+		}
+		f.checkLogs()
+		if tb.Failed() {
+			for _, p := range procs {
+				tb.Logf("---- log of worker %v (%s), last 4 KB:\n%s", p, p.log, tail(p.log, 4096))
+			}
+		}
+	})
+	return f
+}
+
+// checkLogs fails the test if a worker log reports a data race or a panic.
+func (f *fleet) checkLogs() {
+	for _, p := range f.all() {
+		b, _ := os.ReadFile(p.log)
+		for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
+			if bytes.Contains(b, []byte(bad)) {
+				f.tb.Errorf("worker %v logged %q; log %s:\n%s", p, bad, p.log, tail(p.log, 8192))
+				break
+			}
+		}
+	}
+}
+
+// start starts a worker with the given instance name (and extra flags) and
+// waits until it serves.
+func (f *fleet) start(instance string, extra ...string) *proc {
+	f.tb.Helper()
+	f.mu.Lock()
+	seq := len(f.procs) + 1
+	f.mu.Unlock()
+	p := &proc{instance: instance, seq: seq, workerID: -1, done: make(chan struct{}),
+		log: filepath.Join(f.dir, fmt.Sprintf("%02d-%s.log", seq, instance))}
+	lf, err := os.Create(p.log)
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	args := append([]string{"serve"}, f.base...)
+	args = append(args, "--instance", instance, "--log-format", "json")
+	args = append(args, extra...)
+	p.cmd = exec.Command(f.bin, args...)
+	p.cmd.Env = workerEnv()
+	p.cmd.Stdout, p.cmd.Stderr = lf, lf
+	// Should the test binary die, its workers die too.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	err = p.cmd.Start()
+	lf.Close()
+	if err != nil {
+		f.tb.Fatalf("starting worker %s: %v", instance, err)
+	}
+	go func() {
+		p.cmd.Wait()
+		p.state = p.cmd.ProcessState
+		close(p.done)
+	}()
+	f.mu.Lock()
+	f.procs = append(f.procs, p)
+	f.mu.Unlock()
+
+	deadline := time.Now().Add(30 * time.Second)
+	for p.id == "" {
+		p.readStartLog()
+		if p.id != "" {
+			break
+		}
+		select {
+		case <-p.done:
+			f.tb.Fatalf("worker %s exited before serving (%v); log:\n%s", instance, p.state, tail(p.log, 4096))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			f.tb.Fatalf("worker %s not serving within 30s; log:\n%s", instance, tail(p.log, 4096))
+		}
+	}
+	f.mu.Lock()
+	f.byID[p.id] = p
+	f.mu.Unlock()
+	return p
+}
+
+// readStartLog reads the service ID and the snowflake worker ID from the
+// worker's JSON log lines "serving" and "snowflake worker ID leased".
+func (p *proc) readStartLog() {
+	for _, line := range logLines(p.log) {
+		switch line["msg"] {
+		case "serving":
+			p.id, _ = line["id"].(string)
+		case "snowflake worker ID leased":
+			if v, ok := line["worker_id"].(float64); ok {
+				p.workerID = int(v)
+			}
+		}
+	}
+}
+
+// logLines returns the JSON lines of a worker log as maps.
+func logLines(name string) []map[string]any {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var lines []map[string]any
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var m map[string]any
+		if json.Unmarshal(sc.Bytes(), &m) == nil {
+			lines = append(lines, m)
+		}
+	}
+	return lines
+}
+
+// logged returns the log lines whose msg is msg.
+func (p *proc) logged(msg string) []map[string]any {
+	var out []map[string]any
+	for _, l := range logLines(p.log) {
+		if l["msg"] == msg {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// signal sends sig to the process.
+func (p *proc) signal(tb testing.TB, sig syscall.Signal) {
+	tb.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		tb.Fatalf("%v to worker %v: %v", sig, p, err)
+	}
+}
+
+// wait waits at most d for the process to exit and reports whether it did.
+func (p *proc) wait(d time.Duration) bool {
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// rss returns the resident set size of the running process in bytes, from
+// /proc/<pid>/status.
+func (p *proc) rss(tb testing.TB) int64 {
+	tb.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		tb.Fatalf("worker %v: %v", p, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				tb.Fatalf("worker %v: VmRSS %q: %v", p, rest, err)
+			}
+			return kb << 10
+		}
+	}
+	tb.Fatalf("worker %v: no VmRSS in /proc/%d/status", p, p.cmd.Process.Pid)
+	return 0
+}
+
+// claimed returns the snowflake worker IDs that processes of instance have
+// claimed, from their "snowflake: claimed worker ID" log lines.
+func (f *fleet) claimed(instance string) []int {
+	var ids []int
+	for _, p := range f.all() {
+		if p.instance != instance {
+			continue
+		}
+		for _, l := range p.logged("snowflake: claimed worker ID") {
+			if v, ok := l["worker"].(float64); ok && !slices.Contains(ids, int(v)) {
+				ids = append(ids, int(v))
+			}
+		}
+	}
+	return ids
+}
+
+// byServiceID returns the process with micro service ID id, or nil.
+func (f *fleet) byServiceID(id string) *proc {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.byID[id]
+}
+
+// all returns every process started so far.
+func (f *fleet) all() []*proc {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*proc(nil), f.procs...)
+}
+
+// describe names the process behind a micro service ID for messages.
+func (f *fleet) describe(id string) string {
+	if p := f.byServiceID(id); p != nil {
+		return p.String()
+	}
+	return "unknown worker " + id
+}
+
+// tail returns at most the last n bytes of file name.
+func tail(name string, n int) string {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// serverPort returns a free TCP port on 127.0.0.1 for a server that will
+// be stopped and started again on it. It lies below the kernel's ephemeral
+// range: a port from that range could be taken, while the server is down,
+// by an outgoing connection of a client reconnecting to it.
+func serverPort(tb testing.TB) int {
+	tb.Helper()
+	low := 32768 // Linux default
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				low = v
+			}
+		}
+	}
+	const first = 10000
+	if low <= first+1000 {
+		tb.Fatalf("ephemeral port range starts at %d: no room for server ports below it", low)
+	}
+	for range 1000 {
+		port := first + mrand.IntN(low-first)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			l.Close()
+			return port
+		}
+	}
+	tb.Fatalf("no free port in %d..%d", first, low-1)
+	return 0
+}
+
+// natsServer is an embedded nats-server with JetStream that can be stopped
+// and started again on the same port with the same store. It logs to a
+// file, which start quotes when the server does not come up.
+type natsServer struct {
+	opts *server.Options
+	srv  *server.Server // nil while stopped
+	log  *serverLog
+}
+
+// newNATSServer returns the options of a server on a fixed loopback port
+// storing under a directory of its own; start starts it.
+func newNATSServer(tb testing.TB) *natsServer {
+	tb.Helper()
+	dir := tb.TempDir()
+	opts := testenv.NATSOptions(filepath.Join(dir, "jetstream"))
+	opts.Port = serverPort(tb)
+	opts.NoLog = false
+	n := &natsServer{opts: opts, log: &serverLog{name: filepath.Join(dir, "nats-server.log")}}
+	tb.Cleanup(n.stop)
+	return n
+}
+
+// startNATS starts a single embedded nats-server.
+func startNATS(tb testing.TB) *natsServer {
+	tb.Helper()
+	n := newNATSServer(tb)
+	if err := n.start(); err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+// URL returns the server's client URL.
+func (n *natsServer) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.opts.Port) }
+
+// start starts the server with a copy of its options (a server may change
+// the options it is given) and waits until it accepts connections.
+func (n *natsServer) start() error {
+	o := *n.opts
+	s, err := server.NewServer(&o)
+	if err != nil {
+		return fmt.Errorf("nats-server: %w", err)
+	}
+	s.SetLogger(n.log, false, false)
+	s.Start()
+	if !s.ReadyForConnections(30 * time.Second) {
+		s.Shutdown()
+		return fmt.Errorf("nats-server on port %d not ready within 30s; its log:\n%s", n.opts.Port, tail(n.log.name, 4096))
+	}
+	n.srv = s
+	return nil
+}
+
+// stop shuts the server down and waits until it is down.
+func (n *natsServer) stop() {
+	if n.srv != nil {
+		n.srv.Shutdown()
+		n.srv.WaitForShutdown()
+		n.srv = nil
+	}
+}
+
+// serverLog is a server.Logger appending to a file.
+type serverLog struct {
+	name string
+	mu   sync.Mutex
+}
+
+func (l *serverLog) logf(level, format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f, err := os.OpenFile(l.name, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(f, "%s [%s] %s\n", time.Now().Format("15:04:05.000"), level, fmt.Sprintf(format, v...))
+	f.Close()
+}
+
+func (l *serverLog) Noticef(format string, v ...any) { l.logf("INF", format, v...) }
+func (l *serverLog) Warnf(format string, v ...any)   { l.logf("WRN", format, v...) }
+func (l *serverLog) Fatalf(format string, v ...any)  { l.logf("FTL", format, v...) }
+func (l *serverLog) Errorf(format string, v ...any)  { l.logf("ERR", format, v...) }
+func (l *serverLog) Debugf(format string, v ...any)  { l.logf("DBG", format, v...) }
+func (l *serverLog) Tracef(format string, v ...any)  { l.logf("TRC", format, v...) }
+
+// natsCluster is three (or more) embedded nats-servers with JetStream
+// clustered on loopback.
+type natsCluster struct {
+	nodes []*natsServer
+}
+
+// startNATSCluster starts n clustered servers and waits until JetStream has
+// a meta leader.
+func startNATSCluster(tb testing.TB, n int) *natsCluster {
+	tb.Helper()
+	c := &natsCluster{}
+	var routes []*url.URL
+	for i := range n {
+		s := newNATSServer(tb)
+		s.opts.ServerName = fmt.Sprintf("n%d", i)
+		s.opts.Cluster = server.ClusterOpts{Name: "chaos", Host: "127.0.0.1", Port: serverPort(tb)}
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", s.opts.Cluster.Port)})
+		c.nodes = append(c.nodes, s)
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, s := range c.nodes {
+		s.opts.Routes = routes
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = s.start() }()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		tb.Fatal(err)
+	}
+	c.waitHealthy(tb)
+	return c
+}
+
+// URLs returns the client URLs of all servers, comma-separated.
+func (c *natsCluster) URLs() string {
+	var urls []string
+	for _, s := range c.nodes {
+		urls = append(urls, s.URL())
+	}
+	return strings.Join(urls, ",")
+}
+
+// waitHealthy waits until every running server reports healthy: JetStream
+// meta group and all streams current.
+func (c *natsCluster) waitHealthy(tb testing.TB) {
+	tb.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var bad []string
+		for _, s := range c.nodes {
+			if s.srv == nil {
+				continue
+			}
+			if h := s.srv.Healthz(nil); h.Status != "ok" {
+				bad = append(bad, fmt.Sprintf("%s: %s %s", s.opts.ServerName, h.Status, h.Error))
+			}
+		}
+		if len(bad) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("nats cluster not healthy within 60s: %v", bad)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// connect connects a client that reconnects forever and quickly.
+func connect(tb testing.TB, urls, name string) *nats.Conn {
+	tb.Helper()
+	nc, err := nats.Connect(urls,
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true),
+		nats.ReconnectWait(100*time.Millisecond),
+		nats.ReconnectJitter(50*time.Millisecond, 50*time.Millisecond),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}), // not to stderr
+	)
+	if err != nil {
+		tb.Fatalf("connect to %s: %v", urls, err)
+	}
+	tb.Cleanup(nc.Close)
+	return nc
+}
+
+// postgresCluster starts a throwaway PostgreSQL cluster of the test's own,
+// which the test may stop and restart, with a migrated database holding
+// tags; it returns the cluster and the database URL.
+func postgresCluster(tb testing.TB, tags map[string]int64) (*testenv.PostgresCluster, string) {
+	tb.Helper()
+	// Not tb.TempDir(): as root, the server runs as user postgres, which
+	// cannot enter it.
+	c, err := testenv.StartPostgresCluster("")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dbURL, err := c.CreateDatabase(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	createTags(tb, dbURL, tags)
+	return c, dbURL
+}
+
+// createTags migrates the database at dbURL and creates tags with steps.
+func createTags(tb testing.TB, dbURL string, tags map[string]int64) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		tb.Fatal(err)
+	}
+	st := postgres.New(pool)
+	for tag, step := range tags {
+		if err := st.CreateTag(ctx, tag, step, 1, "chaos test"); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// createKVTags creates tags with steps in the JetStream KV segment store
+// bucket (with replicas, if it is new) on the NATS server(s) at urls.
+func createKVTags(tb testing.TB, urls, bucket string, replicas int, tags map[string]int64) {
+	tb.Helper()
+	nc, err := nats.Connect(urls)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	st, err := kv.New(ctx, js, kv.Settings{Bucket: bucket, Replicas: replicas})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for tag, step := range tags {
+		if err := st.CreateTag(ctx, tag, step, 1, "chaos test"); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// workerStats is what one worker reports on $SRV.STATS.
+type workerStats struct {
+	Tags      map[string]segment.TagStats
+	Snowflake snowflake.WorkerStats
+	Requests  map[string]int // per endpoint
+	Errors    map[string]int
+}
+
+// statsOf asks the worker with micro service ID id for its stats.
+func statsOf(nc *nats.Conn, id string) (*workerStats, error) {
+	msg, err := nc.Request("$SRV.STATS."+dispenser.Name+"."+id, nil, 2*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("stats of %s: %w", id, err)
+	}
+	var st micro.Stats
+	if err := json.Unmarshal(msg.Data, &st); err != nil {
+		return nil, fmt.Errorf("stats of %s: %w", id, err)
+	}
+	ws := &workerStats{Tags: map[string]segment.TagStats{}, Requests: map[string]int{}, Errors: map[string]int{}}
+	for _, e := range st.Endpoints {
+		ws.Requests[e.Name], ws.Errors[e.Name] = e.NumRequests, e.NumErrors
+		switch e.Name {
+		case "segment":
+			var d struct{ Tags []segment.TagStats }
+			if err := json.Unmarshal(e.Data, &d); err != nil {
+				return nil, fmt.Errorf("segment stats of %s: %w", id, err)
+			}
+			for _, t := range d.Tags {
+				ws.Tags[t.Tag] = t
+			}
+		case "snowflake":
+			if err := json.Unmarshal(e.Data, &ws.Snowflake); err != nil {
+				return nil, fmt.Errorf("snowflake stats of %s: %w", id, err)
+			}
+		}
+	}
+	return ws, nil
+}
+
+// waitFor polls cond every 50 ms until it returns nil or d passes, and
+// returns its last error.
+func waitFor(d time.Duration, cond func() error) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,558 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/dispenser"
+)
+
+// target is what a load client asks for: one tag's segment IDs or snowflake
+// IDs.
+type target struct {
+	name      string // the tag, or "snowflake"
+	subject   string
+	snowflake bool
+}
+
+func segmentTarget(tag string) target { return target{name: tag, subject: "id.segment." + tag} }
+
+var snowflakeTarget = target{name: "snowflake", subject: "id.snowflake", snowflake: true}
+
+// Snowflake ID layout (see package snowflake): 41 bits of milliseconds, 10
+// worker bits, 12 sequence bits.
+const (
+	sequenceBits = 12
+	workerMask   = 1<<10 - 1
+)
+
+// loadSpec describes a load.
+type loadSpec struct {
+	targets  []target
+	clients  int           // per target
+	rate     float64       // requests per second per client; 0: back to back
+	maxCount int           // each request asks for 1..maxCount IDs
+	timeout  time.Duration // of one request
+	seed     uint64
+}
+
+// load is running load: clients, each sending requests one after the other
+// with the Id-Worker header and recording every reply, so that per client
+// the order of IDs from one worker is the order the worker issued them.
+type load struct {
+	spec    loadSpec
+	nc      *nats.Conn
+	t0      time.Time
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	once    sync.Once
+	clients []*client // the looping clients, then extra ones (newClient)
+
+	answered atomic.Int64 // successful requests so far
+
+	mu      sync.Mutex
+	index   map[string]int32 // micro service ID -> worker index
+	workers []string         // worker index -> micro service ID
+}
+
+// client is one sequential requester. Only its own goroutine touches it
+// until the load has stopped.
+type client struct {
+	l      *load
+	target target
+	rng    *rand.Rand
+	local  map[string]int32 // cache of l.index
+
+	ids     []int64 // every ID received, in order
+	replies []reply
+	fails   []failure
+	last    map[lastKey]int64 // last ID per worker (and snowflake worker bits)
+	bad     []string          // protocol and ordering violations (the first few)
+	nbad    int
+}
+
+// reply is one successful request. Times are nanoseconds since load start.
+type reply struct {
+	sent, got int64
+	worker    int32 // worker index
+	off, n    int32 // the IDs are client.ids[off : off+n]
+}
+
+// failure is one failed request.
+type failure struct {
+	sent, got int64
+	kind      string // error code ("503", "500") or transport failure ("timeout", "no responders", "nats")
+	err       string
+}
+
+type lastKey struct {
+	worker int32
+	bits   int64 // snowflake worker bits; 0 for segments
+}
+
+// startLoad starts spec's clients on nc; Cleanup stops them.
+func startLoad(tb testing.TB, nc *nats.Conn, spec loadSpec) *load {
+	tb.Helper()
+	if spec.maxCount < 1 {
+		spec.maxCount = 1
+	}
+	if spec.timeout == 0 {
+		spec.timeout = time.Second
+	}
+	l := &load{spec: spec, nc: nc, t0: time.Now(), index: map[string]int32{}}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	tb.Cleanup(l.stop)
+	for i, tg := range spec.targets {
+		for j := range spec.clients {
+			c := l.newClient(tg, spec.seed+uint64(i*1000+j))
+			l.wg.Add(1)
+			go c.loop()
+		}
+	}
+	return l
+}
+
+// newClient adds a client that does not loop, for requests of the test's
+// own (only the test goroutine may use it).
+func (l *load) newClient(tg target, seed uint64) *client {
+	c := &client{l: l, target: tg, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
+		local: map[string]int32{}, last: map[lastKey]int64{}}
+	l.clients = append(l.clients, c)
+	return c
+}
+
+// now returns the time since the load started in nanoseconds.
+func (l *load) now() int64 { return int64(time.Since(l.t0)) }
+
+// stop stops the clients and waits for their last requests.
+func (l *load) stop() {
+	l.once.Do(func() {
+		l.cancel()
+		l.wg.Wait()
+	})
+}
+
+// workerIndex interns a micro service ID.
+func (l *load) workerIndex(id string) int32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i, ok := l.index[id]
+	if !ok {
+		i = int32(len(l.workers))
+		l.index[id] = i
+		l.workers = append(l.workers, id)
+	}
+	return i
+}
+
+func (l *load) workerID(i int32) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.workers[i]
+}
+
+func (c *client) loop() {
+	defer c.l.wg.Done()
+	var interval time.Duration
+	if c.l.spec.rate > 0 {
+		interval = time.Duration(float64(time.Second) / c.l.spec.rate)
+	}
+	next := time.Now().Add(time.Duration(c.rng.Int64N(int64(interval) + 1))) // spread the clients
+	for c.l.ctx.Err() == nil {
+		if interval > 0 {
+			now := time.Now()
+			if now.Sub(next) > time.Second { // do not catch up after a stall
+				next = now
+			}
+			if !c.sleep(next.Sub(now)) {
+				return
+			}
+			next = next.Add(interval)
+		}
+		if !c.request(1 + c.rng.IntN(c.l.spec.maxCount)) {
+			c.sleep(10 * time.Millisecond) // no hot loop on instant failures
+		}
+	}
+}
+
+// sleep sleeps d or until the load stops, and reports whether it slept.
+func (c *client) sleep(d time.Duration) bool {
+	if d <= 0 {
+		return c.l.ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.l.ctx.Done():
+		return false
+	}
+}
+
+func (c *client) violate(format string, args ...any) {
+	c.nbad++
+	if len(c.bad) < 10 {
+		c.bad = append(c.bad, fmt.Sprintf("%s client at %.3fs: ", c.target.name, float64(c.l.now())/1e9)+fmt.Sprintf(format, args...))
+	}
+}
+
+// request asks for n IDs, records the outcome and checks the reply; it
+// reports whether IDs came back.
+func (c *client) request(n int) bool {
+	msg := nats.NewMsg(c.target.subject)
+	msg.Header.Set(dispenser.WorkerHeader, "1")
+	if n > 1 {
+		msg.Data = strconv.AppendInt(nil, int64(n), 10)
+	}
+	sent := c.l.now()
+	resp, err := c.l.nc.RequestMsg(msg, c.l.spec.timeout)
+	got := c.l.now()
+	if err != nil {
+		kind := "nats"
+		switch {
+		case errors.Is(err, nats.ErrTimeout):
+			kind = "timeout"
+		case errors.Is(err, nats.ErrNoResponders):
+			kind = "no responders"
+		}
+		c.fails = append(c.fails, failure{sent: sent, got: got, kind: kind, err: err.Error()})
+		return false
+	}
+	if code := resp.Header.Get(micro.ErrorCodeHeader); code != "" {
+		desc := resp.Header.Get(micro.ErrorHeader)
+		if code != dispenser.CodeUnavailable && code != dispenser.CodeInternal {
+			c.violate("error %s %q for a valid request for %d IDs", code, desc, n)
+		}
+		c.fails = append(c.fails, failure{sent: sent, got: got, kind: code, err: desc})
+		return false
+	}
+	wid := resp.Header.Get(dispenser.WorkerHeader)
+	if wid == "" {
+		c.violate("reply %q without %s header", truncate(resp.Data), dispenser.WorkerHeader)
+		return false
+	}
+	w, ok := c.local[wid]
+	if !ok {
+		w = c.l.workerIndex(wid)
+		c.local[wid] = w
+	}
+	off := len(c.ids)
+	ids, err := appendIDs(c.ids, resp.Data)
+	if err != nil {
+		c.violate("reply %q from %s: %v", truncate(resp.Data), wid, err)
+		return false
+	}
+	c.ids = ids
+	if len(ids)-off != n {
+		c.violate("asked for %d IDs, got %d from %s", n, len(ids)-off, wid)
+	}
+	for _, id := range ids[off:] {
+		key := lastKey{worker: w}
+		if c.target.snowflake {
+			key.bits = id >> sequenceBits & workerMask
+		}
+		if prev, ok := c.last[key]; ok && id <= prev {
+			c.violate("worker %s issued %d after %d: not increasing", wid, id, prev)
+		}
+		c.last[key] = id
+	}
+	c.replies = append(c.replies, reply{sent: sent, got: got, worker: w, off: int32(off), n: int32(len(ids) - off)})
+	c.l.answered.Add(1)
+	return true
+}
+
+func truncate(b []byte) string {
+	if len(b) > 64 {
+		return string(b[:64]) + "…"
+	}
+	return string(b)
+}
+
+// appendIDs parses a list reply: positive decimal IDs, one per line.
+func appendIDs(dst []int64, body []byte) ([]int64, error) {
+	if len(body) == 0 {
+		return dst, errors.New("empty reply")
+	}
+	var v int64
+	digits := 0
+	for i := 0; i <= len(body); i++ {
+		if i == len(body) || body[i] == '\n' {
+			if digits == 0 {
+				if i == len(body) && i > 0 {
+					break // a final newline
+				}
+				return dst, errors.New("empty line")
+			}
+			if v <= 0 {
+				return dst, fmt.Errorf("ID %d is not positive", v)
+			}
+			dst = append(dst, v)
+			v, digits = 0, 0
+			continue
+		}
+		d := body[i] - '0'
+		if d > 9 {
+			return dst, fmt.Errorf("byte %q in an ID", body[i])
+		}
+		if v > (math.MaxInt64-int64(d))/10 {
+			return dst, errors.New("ID overflows int64")
+		}
+		v = v*10 + int64(d)
+		digits++
+	}
+	return dst, nil
+}
+
+// totals sums up the load: requests, successful ones, IDs received.
+func (l *load) totals() (requests, ok, ids int) {
+	for _, c := range l.clients {
+		requests += len(c.replies) + len(c.fails)
+		ok += len(c.replies)
+		ids += len(c.ids)
+	}
+	return
+}
+
+// failuresSince returns the failures of requests sent at or after since
+// (nanoseconds since load start).
+func (l *load) failuresSince(since int64) []failure {
+	var out []failure
+	for _, c := range l.clients {
+		for _, f := range c.fails {
+			if f.sent >= since {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+// answeredSince returns, per target name, the micro service IDs that
+// answered requests sent at or after since.
+func (l *load) answeredSince(since int64) map[string]map[string]bool {
+	out := map[string]map[string]bool{}
+	for _, c := range l.clients {
+		for _, r := range c.replies {
+			if r.sent >= since {
+				if out[c.target.name] == nil {
+					out[c.target.name] = map[string]bool{}
+				}
+				out[c.target.name][l.workerID(r.worker)] = true
+			}
+		}
+	}
+	return out
+}
+
+// check reports, after stop, every protocol or ordering violation, every
+// ID returned twice (per tag; for snowflake, globally), and every snowflake
+// millisecond whose worker bits two processes used. describe names a worker
+// by micro service ID.
+func (l *load) check(tb testing.TB, describe func(string) string) {
+	tb.Helper()
+	for _, c := range l.clients {
+		for _, b := range c.bad {
+			tb.Errorf("violation: %s", b)
+		}
+		if c.nbad > len(c.bad) {
+			tb.Errorf("... and %d more violations of a %s client", c.nbad-len(c.bad), c.target.name)
+		}
+	}
+	byTarget := map[string][]*client{}
+	var names []string
+	for _, c := range l.clients {
+		if byTarget[c.target.name] == nil {
+			names = append(names, c.target.name)
+		}
+		byTarget[c.target.name] = append(byTarget[c.target.name], c)
+	}
+	for _, name := range names {
+		l.checkUnique(tb, name, byTarget[name], describe)
+	}
+	if cs := byTarget[snowflakeTarget.name]; len(cs) > 0 {
+		l.checkSnowflakeWorkers(tb, cs, describe)
+	}
+}
+
+// checkUnique fails the test for every ID that clients received twice.
+func (l *load) checkUnique(tb testing.TB, name string, cs []*client, describe func(string) string) {
+	tb.Helper()
+	var all []int64
+	for _, c := range cs {
+		all = append(all, c.ids...)
+	}
+	slices.Sort(all)
+	var dups []int64
+	for i := 1; i < len(all); i++ {
+		if all[i] == all[i-1] && (len(dups) == 0 || dups[len(dups)-1] != all[i]) {
+			dups = append(dups, all[i])
+		}
+	}
+	if len(dups) == 0 {
+		return
+	}
+	tb.Errorf("%s: %d IDs returned more than once (of %d)", name, len(dups), len(all))
+	for _, id := range dups[:min(len(dups), 5)] {
+		var who []string
+		for _, c := range cs {
+			for _, r := range c.replies {
+				for _, v := range c.ids[r.off : r.off+r.n] {
+					if v == id {
+						who = append(who, fmt.Sprintf("%s at %.3fs", describe(l.workerID(r.worker)), float64(r.got)/1e9))
+					}
+				}
+			}
+		}
+		tb.Errorf("%s: ID %d returned by %s", name, id, strings.Join(who, "; "))
+	}
+}
+
+// checkSnowflakeWorkers fails the test if two processes issued snowflake
+// IDs with the same worker bits in the same millisecond: two live holders
+// of one worker ID, which the leases must prevent even where the IDs
+// happen to differ.
+func (l *load) checkSnowflakeWorkers(tb testing.TB, cs []*client, describe func(string) string) {
+	tb.Helper()
+	owner := map[int64]int32{} // millisecond and worker bits -> worker index
+	conflicts := 0
+	for _, c := range cs {
+		for _, r := range c.replies {
+			for _, id := range c.ids[r.off : r.off+r.n] {
+				key := id >> sequenceBits
+				w, ok := owner[key]
+				if !ok {
+					owner[key] = r.worker
+					continue
+				}
+				if w != r.worker {
+					conflicts++
+					if conflicts <= 5 {
+						tb.Errorf("snowflake: worker ID %d used in millisecond %d by %s and %s (ID %d)",
+							key&workerMask, key>>10, describe(l.workerID(w)), describe(l.workerID(r.worker)), id)
+					}
+				}
+			}
+		}
+	}
+	if conflicts > 5 {
+		tb.Errorf("snowflake: %d more shared worker IDs", conflicts-5)
+	}
+}
+
+// faultLog records the faults injected while a load ran, to attribute
+// failed requests to them.
+type faultLog struct {
+	l       *load
+	grace   time.Duration // a fault's window lasts this long after it ended
+	windows []window
+}
+
+type window struct {
+	kind       string
+	start, end int64 // since load start; end 0 while the fault lasts
+}
+
+// begin records the start of a fault of the given kind; end(i) its end.
+func (fl *faultLog) begin(kind string) int {
+	fl.windows = append(fl.windows, window{kind: kind, start: fl.l.now()})
+	return len(fl.windows) - 1
+}
+
+func (fl *faultLog) end(i int) { fl.windows[i].end = fl.l.now() }
+
+// attribute returns the kind of the fault that a request answered or
+// failed at got falls to: of the faults whose window (start to end plus
+// grace) holds got, the one that started last; "none" if there is none.
+func (fl *faultLog) attribute(got int64) string {
+	kind := "none"
+	for _, w := range fl.windows {
+		end := w.end
+		if end == 0 {
+			end = math.MaxInt64 - int64(fl.grace)
+		}
+		if w.start <= got && got <= end+int64(fl.grace) {
+			kind = w.kind
+		}
+	}
+	return kind
+}
+
+// report returns a table of requests and failures by fault and failure
+// kind, and the failures per fault kind.
+func (fl *faultLog) report() (string, map[string]map[string]int) {
+	var kinds []string // fault kinds in order of first injection, then none
+	injected := map[string]int{}
+	for _, w := range fl.windows {
+		if injected[w.kind] == 0 {
+			kinds = append(kinds, w.kind)
+		}
+		injected[w.kind]++
+	}
+	kinds = append(kinds, "none")
+	requests := map[string]int{}
+	fails := map[string]map[string]int{}
+	failKinds := map[string]bool{}
+	for _, c := range fl.l.clients {
+		for _, r := range c.replies {
+			requests[fl.attribute(r.got)]++
+		}
+		for _, f := range c.fails {
+			k := fl.attribute(f.got)
+			requests[k]++
+			if fails[k] == nil {
+				fails[k] = map[string]int{}
+			}
+			fails[k][f.kind]++
+			failKinds[f.kind] = true
+		}
+	}
+	var cols []string
+	for k := range failKinds {
+		cols = append(cols, k)
+	}
+	sort.Strings(cols)
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "fault\tinjected\trequests\tfailed\t%s\t\n", strings.Join(cols, "\t"))
+	for _, k := range kinds {
+		total := 0
+		var row []string
+		for _, col := range cols {
+			total += fails[k][col]
+			row = append(row, strconv.Itoa(fails[k][col]))
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t\n", k, injected[k], requests[k], total, strings.Join(row, "\t"))
+	}
+	w.Flush()
+	return b.String(), fails
+}
+
+// firstErrors returns one example message per failure kind.
+func (l *load) firstErrors() map[string]string {
+	out := map[string]string{}
+	for _, c := range l.clients {
+		for _, f := range c.fails {
+			if _, ok := out[f.kind]; !ok {
+				out[f.kind] = f.err
+			}
+		}
+	}
+	return out
+}

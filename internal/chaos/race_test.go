@@ -1,0 +1,6 @@
+//go:build race
+
+package chaos
+
+// raceBuild reports whether the test binary was built with -race.
+const raceBuild = true
