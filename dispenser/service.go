@@ -64,6 +64,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer, if set, receives the service's Prometheus metrics.
 	Registerer prometheus.Registerer
+	// ReadyTimeout is how long New waits for the allocator's tag list
+	// before it serves without the segment endpoint, which it then adds
+	// once the list has loaded: a worker that cannot reach its store must
+	// not take a share of the segment requests its peers could serve.
+	// Default 2 s.
+	ReadyTimeout time.Duration
 }
 
 // Service is a running dispenser micro service. It is safe for concurrent use.
@@ -77,10 +83,16 @@ type Service struct {
 	id      string         // micro service ID: unique per worker process
 	// segPrefix is "<prefix>.segment.", the subject before a tag.
 	segPrefix string
+	group     micro.Group
+	bg        sync.WaitGroup // adds the segment endpoint late
+	done      chan struct{}  // closed by Stop
+
+	mu      sync.Mutex // protects stopped and adding endpoints
+	stopped bool
 }
 
-// WorkerHeader, present in a request (any value), makes a reply carry the
-// same header with the answering worker's micro service ID, which is unique
+// WorkerHeader, present in a request (any value), makes a reply (IDs or an
+// error) carry the same header with the answering worker's micro service ID, which is unique
 // per worker process. Tests and debugging use it to tell who issued an ID.
 const WorkerHeader = "Id-Worker"
 
@@ -113,6 +125,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 2 * time.Second
+	}
 	if !validSubjectPrefix(cfg.Prefix) {
 		return nil, fmt.Errorf("dispenser: subject prefix %q: want dot-separated tokens without wildcards or spaces", cfg.Prefix)
 	}
@@ -142,12 +157,17 @@ func New(cfg Config) (*Service, error) {
 	s.id = svc.Info().ID
 	s.segPrefix = cfg.Prefix + ".segment."
 	g := svc.AddGroup(cfg.Prefix)
+	s.group = g
+	s.done = make(chan struct{})
 	if cfg.Segments != nil {
-		err = g.AddEndpoint("segment", micro.HandlerFunc(s.handleSegment),
-			micro.WithEndpointSubject("segment.*"),
-			micro.WithEndpointMetadata(map[string]string{
-				"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range",
-			}))
+		select {
+		case <-cfg.Segments.Loaded():
+			err = s.addSegmentEndpoint()
+		case <-time.After(cfg.ReadyTimeout):
+			cfg.Logger.Warn("dispenser: segment store not reachable yet; serving segments once the tag list has loaded")
+			s.bg.Add(1)
+			go s.addSegmentEndpointWhenLoaded()
+		}
 	}
 	if err == nil && cfg.Snowflake != nil {
 		err = g.AddEndpoint("snowflake", micro.HandlerFunc(s.handleSnowflake),
@@ -174,6 +194,38 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
+func (s *Service) addSegmentEndpoint() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return nil
+	}
+	return s.group.AddEndpoint("segment", micro.HandlerFunc(s.handleSegment),
+		micro.WithEndpointSubject("segment.*"),
+		micro.WithEndpointMetadata(map[string]string{
+			"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range",
+		}))
+}
+
+// addSegmentEndpoint adds the segment endpoint once the allocator's tag
+// list has loaded, unless the service stops first.
+func (s *Service) addSegmentEndpointWhenLoaded() {
+	defer s.bg.Done()
+	select {
+	case <-s.cfg.Segments.Loaded():
+	case <-s.done:
+		return
+	}
+	if err := s.addSegmentEndpoint(); err != nil {
+		s.cfg.Logger.Error("dispenser: adding the segment endpoint", "err", err)
+		return
+	}
+	if err := s.cfg.Conn.Flush(); err != nil {
+		s.cfg.Logger.Warn("dispenser: flushing the segment endpoint", "err", err)
+	}
+	s.cfg.Logger.Info("dispenser: segment store reachable; serving segments")
+}
+
 func validSubjectPrefix(p string) bool {
 	for _, tok := range strings.Split(p, ".") {
 		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
@@ -190,6 +242,13 @@ func (s *Service) Info() micro.Info { return s.svc.Info() }
 // requests already received have been answered. It does not close the
 // allocator or the snowflake worker: their owner does that after Stop.
 func (s *Service) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.stopped {
+		s.stopped = true
+		close(s.done)
+	}
+	s.mu.Unlock()
+	s.bg.Wait()
 	if err := s.svc.Stop(); err != nil {
 		return fmt.Errorf("dispenser: stopping: %w", err)
 	}
@@ -275,12 +334,18 @@ func (r replier) fail(err error) {
 	}
 	r.s.metrics.observe(r.endpoint, r.tag, code, 0, r.start)
 	var perr error
-	if r.inline {
+	switch {
+	case r.inline && r.worker:
+		perr = r.req.Error(code, desc, nil, micro.WithHeaders(micro.Headers{WorkerHeader: []string{r.s.id}}))
+	case r.inline:
 		perr = r.req.Error(code, desc, nil)
-	} else {
+	default:
 		msg := nats.NewMsg(r.req.Reply())
 		msg.Header.Set(micro.ErrorHeader, desc)
 		msg.Header.Set(micro.ErrorCodeHeader, code)
+		if r.worker {
+			msg.Header.Set(WorkerHeader, r.s.id)
+		}
 		perr = r.s.cfg.Conn.PublishMsg(msg)
 	}
 	if perr != nil {

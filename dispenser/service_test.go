@@ -2,11 +2,13 @@ package dispenser_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -623,6 +625,14 @@ func TestWorkerHeader(t *testing.T) {
 	if got := resp.Header.Get(dispenser.WorkerHeader); got == "" || got != w.svc.ID() {
 		t.Fatalf("%s = %q, want the worker's ID %q", dispenser.WorkerHeader, got, w.svc.ID())
 	}
+	// Error replies name the worker too.
+	resp, err = nc.RequestMsg(&nats.Msg{Subject: "id.segment.nope", Header: nats.Header{dispenser.WorkerHeader: []string{""}}}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, got := resp.Header.Get(micro.ErrorCodeHeader), resp.Header.Get(dispenser.WorkerHeader); code != "404" || got != w.svc.ID() {
+		t.Fatalf("error reply: code %q, worker %q; want 404 from %q", code, got, w.svc.ID())
+	}
 	// Without the request header, the reply has no headers at all.
 	resp, err = nc.Request("id.segment.a", nil, 5*time.Second)
 	if err != nil {
@@ -630,5 +640,63 @@ func TestWorkerHeader(t *testing.T) {
 	}
 	if len(resp.Header) != 0 {
 		t.Fatalf("reply headers %v, want none", resp.Header)
+	}
+}
+
+// downStore is the real store behind a switch that makes it unreachable.
+type downStore struct {
+	segment.Store
+	down atomic.Bool
+}
+
+var errDown = errors.New("store unreachable")
+
+func (d *downStore) Tags(ctx context.Context) ([]string, error) {
+	if d.down.Load() {
+		return nil, errDown
+	}
+	return d.Store.Tags(ctx)
+}
+
+func (d *downStore) Tag(ctx context.Context, name string) (segment.Tag, error) {
+	if d.down.Load() {
+		return segment.Tag{}, errDown
+	}
+	return d.Store.Tag(ctx, name)
+}
+
+// A worker whose store is down at start-up must not take a share of the
+// segment requests: it joins the segment endpoint once its tag list loads.
+func TestSegmentEndpointWaitsForTagList(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 10})
+	store := &downStore{Store: st.store}
+	store.down.Store(true)
+	alloc, err := segment.New(segment.Settings{Store: store, Logger: quiet, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, st.ns), Segments: alloc, Logger: quiet, ReadyTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()); alloc.Close(context.Background()) })
+	nc := testenv.Connect(t, st.ns)
+	if _, err := nc.Request("id.segment.a", nil, time.Second); !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("with the store down: err = %v, want no responders (the endpoint is not there yet)", err)
+	}
+	store.down.Store(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := nc.Request("id.segment.a", nil, time.Second)
+		if err == nil {
+			if string(resp.Data) != "1" {
+				t.Fatalf("got %q (code %q), want 1", resp.Data, resp.Header.Get(micro.ErrorCodeHeader))
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("segment endpoint never appeared: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

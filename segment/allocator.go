@@ -98,7 +98,8 @@ type Allocator struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background goroutines
 	lookup singleflight.Group
-	ready  atomic.Bool // the tag list has been loaded once
+	ready  atomic.Bool   // the tag list has been loaded once
+	loaded chan struct{} // closed when ready turns true
 
 	// tags maps tag names to buffers. Readers load it without locking; writers
 	// hold mu and store a modified copy.
@@ -178,6 +179,7 @@ func New(s Settings) (*Allocator, error) {
 		log:             s.Logger,
 		onFetch:         s.OnFetch,
 		negative:        make(map[string]time.Time),
+		loaded:          make(chan struct{}),
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	a.tags.Store(&map[string]*buffer{})
@@ -457,12 +459,19 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 		}
 	}
 	a.tags.Store(&m)
-	a.ready.Store(true)
+	if !a.ready.Swap(true) {
+		close(a.loaded)
+	}
 	return nil
 }
 
 // Ready reports whether the tag list has been loaded at least once.
 func (a *Allocator) Ready() bool { return a.ready.Load() }
+
+// Loaded returns a channel that is closed once the tag list has been loaded:
+// from then on the allocator knows which tags exist without asking the
+// store. Until then, a store that is down makes every request fail.
+func (a *Allocator) Loaded() <-chan struct{} { return a.loaded }
 
 // startLoad starts b's loader unless the allocator is closed. The caller has
 // set b.loading.

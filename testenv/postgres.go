@@ -151,12 +151,11 @@ func (c *PostgresCluster) create() error {
 
 // configure picks a free port and writes the cluster's settings.
 func (c *PostgresCluster) configure() error {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := ServerPort() // stable across Stop and Start
 	if err != nil {
-		return fmt.Errorf("testenv: find a free port: %w", err)
+		return err
 	}
-	c.port = l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	c.port = port
 	socketDir := c.dir
 	if len(socketDir) > 80 { // a unix socket path has at most 107 bytes
 		socketDir = ""

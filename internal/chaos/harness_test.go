@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	mrand "math/rand/v2"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -404,34 +402,15 @@ func tail(name string, n int) string {
 	return string(b)
 }
 
-// serverPort returns a free TCP port on 127.0.0.1 for a server that will
-// be stopped and started again on it. It lies below the kernel's ephemeral
-// range: a port from that range could be taken, while the server is down,
-// by an outgoing connection of a client reconnecting to it.
+// serverPort returns a free port for a server that will be stopped and
+// started again on it (see testenv.ServerPort).
 func serverPort(tb testing.TB) int {
 	tb.Helper()
-	low := 32768 // Linux default
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if v, err := strconv.Atoi(f[0]); err == nil {
-				low = v
-			}
-		}
+	port, err := testenv.ServerPort()
+	if err != nil {
+		tb.Fatal(err)
 	}
-	const first = 10000
-	if low <= first+1000 {
-		tb.Fatalf("ephemeral port range starts at %d: no room for server ports below it", low)
-	}
-	for range 1000 {
-		port := first + mrand.IntN(low-first)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			l.Close()
-			return port
-		}
-	}
-	tb.Fatalf("no free port in %d..%d", first, low-1)
-	return 0
+	return port
 }
 
 // natsServer is an embedded nats-server with JetStream that can be stopped
