@@ -643,9 +643,20 @@ func createKVTags(tb testing.TB, urls, bucket string, replicas int, tags map[str
 	if err != nil {
 		tb.Fatal(err)
 	}
-	st, err := kv.New(ctx, js, kv.Settings{Bucket: bucket, Replicas: replicas})
-	if err != nil {
-		tb.Fatal(err)
+	// A request to a cluster still settling its JetStream meta leader can go
+	// unanswered: try again with short attempts rather than one long one.
+	var st *kv.Store
+	for {
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err = kv.New(actx, js, kv.Settings{Bucket: bucket, Replicas: replicas})
+		acancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			tb.Fatalf("creating bucket %s: %v", bucket, err)
+		}
+		tb.Logf("creating bucket %s: %v; trying again", bucket, err)
 	}
 	for tag, step := range tags {
 		if err := st.CreateTag(ctx, tag, step, 1, "chaos test"); err != nil {
