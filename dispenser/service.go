@@ -91,9 +91,10 @@ type Service struct {
 	stopped bool
 }
 
-// WorkerHeader, present in a request (any value), makes a reply (IDs or an
-// error) carry the same header with the answering worker's micro service ID, which is unique
-// per worker process. Tests and debugging use it to tell who issued an ID.
+// WorkerHeader, present in a request (any value), makes the reply (IDs or
+// an error) carry the same header with the answering worker's micro service
+// ID, which is unique per worker process. Tests and debugging use it to
+// tell who issued an ID.
 const WorkerHeader = "Id-Worker"
 
 // ID returns the micro service ID of this worker.
@@ -183,17 +184,18 @@ func New(cfg Config) (*Service, error) {
 		}
 	}
 	if err != nil {
-		svc.Stop()
+		s.stop()
 		return nil, fmt.Errorf("dispenser: adding endpoint: %w", err)
 	}
 	// Make sure the server knows our subscriptions before we say we serve.
 	if err := cfg.Conn.FlushTimeout(5 * time.Second); err != nil {
-		svc.Stop()
+		s.stop()
 		return nil, fmt.Errorf("dispenser: flushing subscriptions: %w", err)
 	}
 	return s, nil
 }
 
+// addSegmentEndpoint adds the segment endpoint unless the service stopped.
 func (s *Service) addSegmentEndpoint() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -207,8 +209,8 @@ func (s *Service) addSegmentEndpoint() error {
 		}))
 }
 
-// addSegmentEndpoint adds the segment endpoint once the allocator's tag
-// list has loaded, unless the service stops first.
+// addSegmentEndpointWhenLoaded adds the segment endpoint once the
+// allocator's tag list has loaded, unless the service stops first.
 func (s *Service) addSegmentEndpointWhenLoaded() {
 	defer s.bg.Done()
 	select {
@@ -242,14 +244,7 @@ func (s *Service) Info() micro.Info { return s.svc.Info() }
 // requests already received have been answered. It does not close the
 // allocator or the snowflake worker: their owner does that after Stop.
 func (s *Service) Stop(ctx context.Context) error {
-	s.mu.Lock()
-	if !s.stopped {
-		s.stopped = true
-		close(s.done)
-	}
-	s.mu.Unlock()
-	s.bg.Wait()
-	if err := s.svc.Stop(); err != nil {
+	if err := s.stop(); err != nil {
 		return fmt.Errorf("dispenser: stopping: %w", err)
 	}
 	// micro drains the subscriptions: messages already received are still
@@ -271,6 +266,19 @@ func (s *Service) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("dispenser: waiting for parked requests: %w", ctx.Err())
 	}
+}
+
+// stop ends adding endpoints and stops the micro service, which drains the
+// endpoints' subscriptions.
+func (s *Service) stop() error {
+	s.mu.Lock()
+	if !s.stopped {
+		s.stopped = true
+		close(s.done)
+	}
+	s.mu.Unlock()
+	s.bg.Wait()
+	return s.svc.Stop()
 }
 
 func (s *Service) stats(e *micro.Endpoint) any {
