@@ -116,6 +116,17 @@ func AppendList(dst []byte, runs []segment.Run) []byte {
 	return dst
 }
 
+// AppendIDs appends ids in decimal, one per line.
+func AppendIDs(dst []byte, ids []int64) []byte {
+	for i, id := range ids {
+		if i > 0 {
+			dst = append(dst, '\n')
+		}
+		dst = strconv.AppendInt(dst, id, 10)
+	}
+	return dst
+}
+
 // AppendRanges appends one "first-last" line per run.
 func AppendRanges(dst []byte, runs []segment.Run) []byte {
 	for i, r := range runs {

@@ -111,6 +111,9 @@ func TestAppendFormats(t *testing.T) {
 	if got, want := string(AppendList(nil, runs)), "1\n2\n3\n10"; got != want {
 		t.Errorf("list = %q, want %q", got, want)
 	}
+	if got, want := string(AppendIDs(nil, []int64{7, 9, 8})), "7\n9\n8"; got != want {
+		t.Errorf("IDs = %q, want %q", got, want)
+	}
 	if got, want := string(AppendRanges(nil, runs)), "1-3\n10-10"; got != want {
 		t.Errorf("ranges = %q, want %q", got, want)
 	}

@@ -82,10 +82,12 @@ type Service struct {
 	metrics *metrics       // nil without Config.Registerer
 	id      string         // micro service ID: unique per worker process
 	// segPrefix is "<prefix>.segment.", the subject before a tag.
-	segPrefix string
-	group     micro.Group
-	bg        sync.WaitGroup // adds the segment endpoint late
-	done      chan struct{}  // closed by Stop
+	segPrefix  string
+	segScratch scratch // the segment handler's
+	sfScratch  scratch // the snowflake handler's
+	group      micro.Group
+	bg         sync.WaitGroup // adds the segment endpoint late
+	done       chan struct{}  // closed by Stop
 
 	mu      sync.Mutex // protects stopped and adding endpoints
 	stopped bool
@@ -430,19 +432,37 @@ func (s *Service) park(r replier, p *segment.Pending, format Format, n int) {
 	}()
 }
 
+// reply answers with runs. Inline replies format into the endpoint's
+// scratch buffer (an endpoint's handler runs on one goroutine: its
+// subscription's); parked ones into a pooled buffer.
 func (s *Service) reply(r replier, format Format, runs []segment.Run, n int) {
-	bp := s.bufs.Get().(*[]byte)
-	buf := (*bp)[:0]
-	if format == FormatRange {
-		buf = AppendRanges(buf, runs)
-	} else {
-		buf = AppendList(buf, runs)
+	if r.inline {
+		s.segScratch.buf = formatRuns(s.segScratch.buf[:0], format, runs)
+		r.respond(s.segScratch.buf, n)
+		return
 	}
+	bp := s.bufs.Get().(*[]byte)
+	buf := formatRuns((*bp)[:0], format, runs)
 	r.respond(buf, n)
 	if cap(buf) <= 1<<16 { // keep big batch buffers out of the pool
 		*bp = buf
 		s.bufs.Put(bp)
 	}
+}
+
+func formatRuns(dst []byte, format Format, runs []segment.Run) []byte {
+	if format == FormatRange {
+		return AppendRanges(dst, runs)
+	}
+	return AppendList(dst, runs)
+}
+
+// scratch is memory one endpoint's handler reuses from request to request.
+// Only that endpoint's handler goroutine touches it.
+type scratch struct {
+	ids  []int64
+	runs []segment.Run
+	buf  []byte
 }
 
 func (s *Service) handleSnowflake(req micro.Request) {
@@ -452,22 +472,20 @@ func (s *Service) handleSnowflake(req micro.Request) {
 		r.fail(err)
 		return
 	}
-	var arr [1]int64
-	ids, err := s.cfg.Snowflake.AppendIDs(arr[:0], n)
+	sc := &s.sfScratch
+	ids, err := s.cfg.Snowflake.AppendIDs(sc.ids[:0], n)
+	sc.ids = ids
 	if err != nil {
 		r.fail(err)
 		return
 	}
-	var runArr [1]segment.Run
-	runs := runArr[:0]
 	if format == FormatRange {
-		runs = Runs(runs, ids)
+		sc.runs = Runs(sc.runs[:0], ids)
+		sc.buf = AppendRanges(sc.buf[:0], sc.runs)
 	} else {
-		for _, id := range ids {
-			runs = append(runs, segment.Run{First: id, Last: id})
-		}
+		sc.buf = AppendIDs(sc.buf[:0], ids)
 	}
-	s.reply(r, format, runs, n)
+	r.respond(sc.buf, n)
 }
 
 func (s *Service) handleDecode(req micro.Request) {
