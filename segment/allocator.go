@@ -465,6 +465,9 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 	return nil
 }
 
+// Known reports whether tag is served without asking the store.
+func (a *Allocator) Known(tag string) bool { return (*a.tags.Load())[tag] != nil }
+
 // Ready reports whether the tag list has been loaded at least once.
 func (a *Allocator) Ready() bool { return a.ready.Load() }
 
@@ -582,6 +585,19 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 			return dst, n
 		}
 		k := int64(n)
+		if k > 1 {
+			// A batch that would cross into a next segment that is not
+			// ready waits before taking anything, so that a request that
+			// times out (store down) does not drain the buffer that keeps
+			// serving smaller requests. Concurrent takers can still make a
+			// batch straddle; then the part taken is skipped if it fails.
+			if c := seg.cursor.Load(); c < seg.end && c+k > seg.end {
+				if nxt := b.next.Load(); nxt == nil || nxt == seg {
+					b.prefetch()
+					return dst, n
+				}
+			}
+		}
 		first := seg.cursor.Add(k) - k
 		if last := first + k; last <= seg.end {
 			dst = append(dst, Run{first, last - 1})

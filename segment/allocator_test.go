@@ -371,6 +371,25 @@ func TestFailedFetchNeverReady(t *testing.T) {
 	}
 }
 
+// A batch that cannot be had while the store is down must not drain the
+// buffer that keeps serving smaller requests.
+func TestFailedBatchKeepsTheBuffer(t *testing.T) {
+	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 100})
+	a := newAllocator(t, Settings{Store: st, MaxStep: 100, PrefetchRatio: 1, MaxWait: 20 * time.Millisecond, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond})
+	take(t, a, "a", 10)
+	st.set(func(s *memStore) { s.fail = errors.New("database is down") })
+	if _, err := a.Take(context.Background(), "a", 500, nil); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("batch of 500: err = %v, want ErrUnavailable", err)
+	}
+	// The 90 IDs left still serve small requests, from where they were.
+	if got := take(t, a, "a", 90); got[0] != 11 || got[89] != 100 {
+		t.Fatalf("after the failed batch: got %d..%d, want 11..100", got[0], got[89])
+	}
+	if !a.Known("a") || a.Known("b") {
+		t.Fatal("Known: want a known and b not")
+	}
+}
+
 func TestDynamicStep(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
