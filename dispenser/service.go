@@ -205,7 +205,7 @@ func (s *Service) addSegmentEndpoint() error {
 		return nil
 	}
 	return s.group.AddEndpoint("segment", micro.HandlerFunc(s.handleSegment),
-		micro.WithEndpointSubject("segment.*"),
+		micro.WithEndpointSubject("segment.>"), // dotted tags get their 400
 		micro.WithEndpointMetadata(map[string]string{
 			"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range",
 		}))
@@ -339,7 +339,7 @@ func (r replier) respond(data []byte, ids int) {
 
 func (r replier) fail(err error) {
 	code, desc := r.s.classify(err)
-	if code == CodeBadRequest || code == CodeNotFound {
+	if r.tag != "" && (code == CodeBadRequest || code == CodeNotFound || !r.s.cfg.Segments.Known(r.tag)) {
 		r.tag = "" // keep unknown names out of the label set
 	}
 	r.s.metrics.observe(r.endpoint, r.tag, code, 0, r.start)
@@ -363,27 +363,56 @@ func (r replier) fail(err error) {
 	}
 }
 
-// classify maps an error to a reply code and description.
+// classify maps an error to a reply code and description. 400 and 404
+// describe the request; 503 and 500 say what happened without the store's
+// or the network's details (addresses, users, databases), which go to the
+// log instead.
 func (s *Service) classify(err error) (code, desc string) {
-	desc = err.Error()
 	switch {
 	case errors.Is(err, ErrBadCount), errors.Is(err, ErrBadHeader), errors.Is(err, ErrBadSubject),
 		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount):
-		return CodeBadRequest, desc
+		return CodeBadRequest, err.Error()
 	case errors.Is(err, segment.ErrUnknownTag):
-		return CodeNotFound, desc
-	case errors.Is(err, segment.ErrUnavailable), errors.Is(err, segment.ErrClosed):
-		return CodeUnavailable, desc
+		return CodeNotFound, err.Error()
+	case errors.Is(err, segment.ErrClosed):
+		return CodeUnavailable, segment.ErrClosed.Error()
+	case errors.Is(err, segment.ErrUnavailable):
+		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
+		return CodeUnavailable, segment.ErrUnavailable.Error() + " (store slow or unreachable); try again"
 	case s.cfg.Snowflake != nil && s.cfg.Snowflake.Unavailable(err):
-		return CodeUnavailable, desc
+		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
+		for _, e := range snowflakeUnavailable {
+			if errors.Is(err, e) {
+				return CodeUnavailable, e.Error()
+			}
+		}
+		return CodeUnavailable, snowflake.ErrUnavailable.Error()
 	}
 	s.cfg.Logger.Error("dispenser: unexpected error", "err", err)
-	return CodeInternal, "internal error: " + desc
+	return CodeInternal, "internal error"
+}
+
+// snowflakeUnavailable are the reasons a snowflake worker cannot issue.
+var snowflakeUnavailable = []error{snowflake.ErrClockBackwards, snowflake.ErrFenced,
+	snowflake.ErrOverloaded, snowflake.ErrClosed, snowflake.ErrNoWorkerID}
+
+// headerValues returns the values of header key, matched without regard
+// to case (NATS headers are case-sensitive; people type id-format).
+func headerValues(h micro.Headers, key string) []string {
+	if v, ok := h[key]; ok || len(h) == 0 {
+		return v
+	}
+	for k, v := range h {
+		if strings.EqualFold(k, key) {
+			return v
+		}
+	}
+	return nil
 }
 
 // parse reads the count and format of a request.
 func (s *Service) parse(req micro.Request) (int, Format, error) {
-	format, err := ParseFormat(req.Headers().Values(FormatHeader))
+	format, err := ParseFormat(headerValues(req.Headers(), FormatHeader))
 	if err != nil {
 		return 0, 0, err
 	}

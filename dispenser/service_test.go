@@ -188,6 +188,8 @@ func TestProtocol(t *testing.T) {
 		{"megabyte body", "id.segment.orders", strings.Repeat("7", 1<<20-1024), nil, "", "400"},
 		{"bad format header", "id.segment.orders", "", nats.Header{dispenser.FormatHeader: []string{"csv"}}, "", "400"},
 		{"bad tag token", "id.segment.a$b", "", nil, "", "400"},
+		{"dotted tag", "id.segment.orders.eu", "", nil, "", "400"},
+		{"format header in lower case", "id.segment.orders", "2", nats.Header{"id-format": []string{"range"}}, "12-13", ""},
 		{"sql in tag", "id.segment.x';DROP", "", nil, "", "400"},
 		{"129-character tag", "id.segment." + strings.Repeat("t", 129), "", nil, "", "400"},
 		{"quotes in tag", `id.segment.'o"rders'`, "", nil, "", "400"},
@@ -198,7 +200,7 @@ func TestProtocol(t *testing.T) {
 		{"huge count", "id.segment.orders", "99999999999999999999", nil, "", "400"},
 		{"format header twice", "id.segment.orders", "", nats.Header{dispenser.FormatHeader: []string{"range", "list"}}, "", "400"},
 		{"unknown tag", "id.segment.payments", "", nil, "", "404"},
-		{"after all that, nothing was consumed", "id.segment.orders", "", nil, "12", ""},
+		{"after all that, nothing was consumed", "id.segment.orders", "", nil, "14", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -456,7 +458,7 @@ func TestMicroDiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	info := string(resp.Data)
-	for _, want := range []string{`"name":"dispenser"`, `"subject":"id.segment.*"`, `"queue_group":"dispenser"`} {
+	for _, want := range []string{`"name":"dispenser"`, `"subject":"id.segment.\u003e"`, `"queue_group":"dispenser"`} {
 		if !strings.Contains(info, want) {
 			t.Errorf("info %s lacks %s", info, want)
 		}
@@ -667,6 +669,36 @@ func (d *downStore) Tag(ctx context.Context, name string) (segment.Tag, error) {
 
 // A worker whose store is down at start-up must not take a share of the
 // segment requests: it joins the segment endpoint once its tag list loads.
+// 503 descriptions do not leak the store's details to requesters.
+func TestUnavailableDescriptionIsGeneric(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 10})
+	store := &downStore{Store: st.store}
+	alloc, err := segment.New(segment.Settings{Store: &failingFetch{store}, Logger: quiet, MaxWait: 20 * time.Millisecond, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, st.ns), Segments: alloc, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()); alloc.Close(context.Background()) })
+	resp, err := testenv.Connect(t, st.ns).Request("id.segment.a", nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, desc := resp.Header.Get(micro.ErrorCodeHeader), resp.Header.Get(micro.ErrorHeader)
+	if code != "503" || strings.Contains(desc, "10.0.0.7") || !strings.Contains(desc, "try again") {
+		t.Fatalf("reply %s %q: want 503 without the store's details", code, desc)
+	}
+}
+
+// failingFetch fails every fetch with an error that names an address.
+type failingFetch struct{ segment.Store }
+
+func (f *failingFetch) Fetch(context.Context, string, int64) (segment.Allocation, error) {
+	return segment.Allocation{}, errors.New("dial tcp 10.0.0.7:5432: connection refused")
+}
+
 func TestSegmentEndpointWaitsForTagList(t *testing.T) {
 	st := newStack(t, map[string]int64{"a": 10})
 	store := &downStore{Store: st.store}
