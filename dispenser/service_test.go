@@ -732,3 +732,118 @@ func TestSegmentEndpointWaitsForTagList(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// sfWorker is one snowflake worker process stand-in: a leased worker ID and
+// a service on their own connections.
+type sfWorker struct {
+	w   *snowflake.Worker
+	svc *dispenser.Service
+}
+
+func startSnowflake(tb testing.TB, ns *server.Server, instance string) *sfWorker {
+	tb.Helper()
+	js, err := jetstream.New(testenv.Connect(tb, ns))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w, err := snowflake.StartWorker(context.Background(), js, snowflake.WorkerSettings{Instance: instance, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(tb, ns), Snowflake: w, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sw := &sfWorker{w: w, svc: svc}
+	tb.Cleanup(func() { sw.stop(tb) })
+	return sw
+}
+
+func (sw *sfWorker) stop(tb testing.TB) {
+	tb.Helper()
+	if err := sw.svc.Stop(context.Background()); err != nil {
+		tb.Error(err)
+	}
+	if err := sw.w.Close(context.Background()); err != nil {
+		tb.Error(err)
+	}
+}
+
+// TestSnowflakeThreeWorkersNoDuplicates: three workers in one queue group,
+// 16 clients, 200,000 snowflake IDs, and halfway one worker is stopped and
+// replaced by a new one with the same instance name.
+func TestSnowflakeThreeWorkersNoDuplicates(t *testing.T) {
+	ns := testenv.NATS(t)
+	workers := []*sfWorker{startSnowflake(t, ns, "sf-0"), startSnowflake(t, ns, "sf-1"), startSnowflake(t, ns, "sf-2")}
+	total := 200_000
+	if testing.Short() {
+		total = 40_000
+	}
+	const clients, batch = 16, 25
+	var issued atomic.Int64
+	replaced := make(chan struct{})
+	go func() {
+		defer close(replaced)
+		for issued.Load() < int64(total/2) {
+			time.Sleep(time.Millisecond)
+		}
+		workers[0].stop(t)
+		workers[0] = startSnowflake(t, ns, "sf-0")
+	}()
+	type reply struct {
+		worker string
+		ids    []int64
+	}
+	results := make([][]reply, clients)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			nc := testenv.Connect(t, ns)
+			for n := 0; n < total/clients; n += batch {
+				msg := &nats.Msg{Subject: "id.snowflake", Data: []byte(strconv.Itoa(batch)), Header: nats.Header{dispenser.WorkerHeader: []string{""}}}
+				resp, err := nc.RequestMsg(msg, 10*time.Second)
+				if err != nil {
+					t.Errorf("client %d: %v", c, err)
+					return
+				}
+				if code := resp.Header.Get(micro.ErrorCodeHeader); code != "" {
+					n -= batch // a worker shutting down may refuse; ask again
+					continue
+				}
+				ids := parseIDs(t, string(resp.Data))
+				if len(ids) != batch {
+					t.Errorf("client %d: %d IDs, want %d", c, len(ids), batch)
+					return
+				}
+				results[c] = append(results[c], reply{resp.Header.Get(dispenser.WorkerHeader), ids})
+				issued.Add(batch)
+			}
+		})
+	}
+	wg.Wait()
+	<-replaced
+	seen := make(map[int64]bool, total)
+	perWorker := map[string]bool{}
+	for c, rs := range results {
+		last := map[string]int64{}
+		for _, r := range rs {
+			perWorker[r.worker] = true
+			for _, id := range r.ids {
+				if seen[id] {
+					t.Fatalf("duplicate snowflake ID %d", id)
+				}
+				seen[id] = true
+				if id <= last[r.worker] {
+					t.Fatalf("client %d: worker %s issued %d after %d", c, r.worker, id, last[r.worker])
+				}
+				last[r.worker] = id
+			}
+		}
+	}
+	if len(seen) < total {
+		t.Fatalf("%d IDs, want %d", len(seen), total)
+	}
+	if len(perWorker) != 4 {
+		t.Errorf("%d worker processes answered, want 4 (three and the replacement)", len(perWorker))
+	}
+}
