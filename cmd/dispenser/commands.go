@@ -60,7 +60,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&c.SnowflakeSettings.Replicas, "snowflake-replicas", 1, "replicas of the lease bucket when it is created")
 	fs.StringVar(&c.SnowflakeEpoch, "snowflake-epoch", snowflake.DefaultEpoch.Format(time.RFC3339), "epoch of snowflake timestamps (RFC 3339); every worker of a bucket must use the same")
 	fs.DurationVar(&c.SnowflakeSettings.Lease, "snowflake-lease", snowflake.DefaultLease, "worker-ID lease: a worker that could not renew for this long stops issuing")
-	fs.DurationVar(&c.SnowflakeSettings.Heartbeat, "snowflake-heartbeat", snowflake.DefaultHeartbeat, "interval of lease renewals (below --snowflake-lease)")
+	fs.DurationVar(&c.SnowflakeSettings.Heartbeat, "snowflake-heartbeat", 0, "interval of lease renewals, below --snowflake-lease (default 3s, or a third of the lease if that is shorter)")
 	fs.BoolVar(&c.SnowflakeSettings.RandomSequence, "snowflake-random-sequence", false, "start each millisecond's sequence at a small random offset (even id % n sharding)")
 	fs.StringVar(&c.Prefix, "prefix", "id", "subject prefix: endpoints are PREFIX.segment.<tag> and PREFIX.snowflake")
 	fs.StringVar(&c.QueueGroup, "queue-group", "dispenser", "queue group of the endpoints; workers in one group share the load")
@@ -98,8 +98,35 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("--snowflake-epoch %q: %w", c.SnowflakeEpoch, err)
 	}
 	c.SnowflakeSettings.Epoch = epoch
+	if err := c.validate(); err != nil {
+		return err
+	}
 	c.SnowflakeSettings.Bucket = c.SnowflakeBucket
 	return NewServer(c, log).Run(ctx)
+}
+
+// validate rejects settings that cannot work before anything starts, so
+// that a typo changes nothing (no server started, no lease claimed).
+func (c serveConfig) validate() error {
+	switch {
+	case c.MaxBatch < 1 || c.MaxBatch > 1_000_000:
+		return fmt.Errorf("--max-batch %d: want 1..1000000 (and a reply of 20 bytes per ID must fit the NATS max payload)", c.MaxBatch)
+	case !(c.Segment.PrefetchRatio > 0 && c.Segment.PrefetchRatio <= 1):
+		return fmt.Errorf("--prefetch-ratio %v: want more than 0, at most 1", c.Segment.PrefetchRatio)
+	case c.Segment.MaxStep < 1 || c.Segment.MaxStep > segment.MaxStepLimit:
+		return fmt.Errorf("--max-step %d: want 1..%d", c.Segment.MaxStep, segment.MaxStepLimit)
+	case c.AutoCreateStep < 1 || c.AutoCreateStep > segment.MaxStepLimit:
+		return fmt.Errorf("--auto-create-step %d: want 1..%d", c.AutoCreateStep, segment.MaxStepLimit)
+	case c.Segment.MaxWait <= 0 || c.Segment.FetchTimeout <= 0 || c.Segment.RefreshInterval <= 0 || c.Segment.NegativeTTL <= 0 || c.ShutdownTimeout <= 0:
+		return errors.New("--max-wait, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
+	case c.SnowflakeSettings.Lease < 0 || c.SnowflakeSettings.Heartbeat < 0:
+		return errors.New("--snowflake-lease and --snowflake-heartbeat must not be negative")
+	case c.SnowflakeSettings.Lease > 0 && c.SnowflakeSettings.Heartbeat >= c.SnowflakeSettings.Lease:
+		return fmt.Errorf("--snowflake-heartbeat %v must be below --snowflake-lease %v", c.SnowflakeSettings.Heartbeat, c.SnowflakeSettings.Lease)
+	case !c.SnowflakeSettings.Epoch.Before(time.Now()):
+		return fmt.Errorf("--snowflake-epoch %v is in the future", c.SnowflakeSettings.Epoch)
+	}
+	return nil
 }
 
 // storeFlags are the flags that select the store of admin commands.
@@ -206,6 +233,10 @@ dispenser tags update TAG [--step N] [--description D] [store flags]
 store flags: --postgres-url URL, or --nats-url URL [--segment-bucket B] for the JetStream KV store`
 
 func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+		fmt.Fprintln(stdout, "usage:\n"+tagsUsage)
+		return nil
+	}
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "usage:\n"+tagsUsage)
 		return errors.New("tags: missing subcommand")

@@ -236,7 +236,8 @@ func TestZeroSetup(t *testing.T) {
 	dir := t.TempDir()
 	listen := freeAddr(t)
 	t.Chdir(dir) // the default --data-dir is relative
-	logs := startServe(t, "--nats-listen", listen)
+	metrics := freeAddr(t)
+	logs := startServe(t, "--nats-listen", listen, "--metrics-addr", metrics)
 	nc, err := nats.Connect("nats://"+listen, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond))
 	if err != nil {
 		t.Fatalf("connect to the embedded server: %v; logs:\n%s", err, logs.String())
@@ -282,6 +283,9 @@ func TestZeroSetup(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "dispenser-data", "jetstream")); err != nil {
 		t.Fatalf("data directory: %v", err)
 	}
+	if code, body := httpGet(t, "http://"+metrics+"/readyz"); code != 200 {
+		t.Fatalf("/readyz in zero-setup mode: %d %s", code, body)
+	}
 }
 
 func TestDecodeRejectsBadInput(t *testing.T) {
@@ -289,5 +293,32 @@ func TestDecodeRejectsBadInput(t *testing.T) {
 		if _, err := runCmd(t, "decode", arg); err == nil {
 			t.Errorf("decode %q: want an error", arg)
 		}
+	}
+}
+
+func TestServeRejectsBadSettingsBeforeStarting(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, args := range [][]string{
+		{"--max-batch", "0"},
+		{"--max-batch", "100000000"},
+		{"--prefetch-ratio", "0"},
+		{"--prefetch-ratio", "1.5"},
+		{"--max-step", "0"},
+		{"--max-wait", "0s"},
+		{"--snowflake-lease", "1s", "--snowflake-heartbeat", "2s"},
+		{"--snowflake-epoch", "2999-01-01T00:00:00Z"},
+	} {
+		if _, err := runCmd(t, append([]string{"serve", "--nats-listen", "127.0.0.1:1"}, args...)...); err == nil {
+			t.Errorf("serve %v: want an error", args)
+		}
+	}
+	// Nothing was started: no data directory was created.
+	if _, err := os.Stat(filepath.Join(dir, "dispenser-data")); !os.IsNotExist(err) {
+		t.Fatalf("data directory exists after rejected settings: %v", err)
+	}
+	out, err := runCmd(t, "tags", "--help")
+	if err != nil || !strings.Contains(out, "tags create TAG") {
+		t.Fatalf("tags --help: %q, %v", out, err)
 	}
 }

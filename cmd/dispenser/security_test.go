@@ -62,7 +62,7 @@ func leastPrivilegeUsers() []*server.User {
 		{
 			Username: "dispenser", Password: "worker-secret",
 			Permissions: &server.Permissions{
-				Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.>", "$KV.dispenser_workers.>", "$SRV.>", "_INBOX.>"}},
+				Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.>", "$KV.dispenser_workers.>", "$KV.dispenser_segments.>", "$SRV.>", "_INBOX.>"}},
 				Subscribe: &server.SubjectPermission{Allow: []string{"id.>", "$SRV.>", "_INBOX.>"}},
 				Response:  &server.ResponsePermission{MaxMsgs: 1},
 			},

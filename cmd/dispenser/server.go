@@ -151,7 +151,7 @@ func (s *Server) Start(ctx context.Context) error {
 		sfs.Instance = s.cfg.Instance
 		sfs.Logger = s.log
 		if s.worker, err = snowflake.StartWorker(ctx, js, sfs); err != nil {
-			return fmt.Errorf("snowflake: %w", err)
+			return err // snowflake's errors say "snowflake:" themselves
 		}
 		sf = s.worker
 		id, _ := s.worker.WorkerID()
@@ -380,15 +380,18 @@ func (s *Server) serveHTTP(reg *prometheus.Registry) error {
 }
 
 // ready reports why the worker cannot serve, or nil: it must be connected
-// to NATS, hold a snowflake lease, and its store must answer or its buffers
-// hold IDs.
+// to NATS (both connections), hold a valid snowflake lease, and its store
+// must answer or its buffers hold IDs.
 func (s *Server) ready(ctx context.Context) error {
-	if !s.nc.IsConnected() {
-		return fmt.Errorf("nats: %s", s.nc.Status())
+	for _, nc := range []*nats.Conn{s.nc, s.jsnc} {
+		if !nc.IsConnected() {
+			return fmt.Errorf("nats: %s", nc.Status())
+		}
 	}
 	if s.worker != nil {
-		if _, ok := s.worker.WorkerID(); !ok {
-			return errors.New("snowflake: no worker ID lease held")
+		st, _ := s.worker.Stats().(snowflake.WorkerStats)
+		if !st.Held || st.Fenced || st.ClockBehind {
+			return fmt.Errorf("snowflake: lease held %v, fenced %v, clock behind %v", st.Held, st.Fenced, st.ClockBehind)
 		}
 	}
 	if s.alloc == nil {

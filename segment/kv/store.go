@@ -102,6 +102,14 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 	return &Store{kv: kv, last: map[string]entry{}}, nil
 }
 
+// Ping checks that the bucket answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if _, err := s.kv.Status(ctx); err != nil {
+		return fmt.Errorf("kv: ping: %w", err)
+	}
+	return nil
+}
+
 // value is the JSON value of a tag's key.
 type value struct {
 	MaxID       int64     `json:"max_id"`
