@@ -60,6 +60,11 @@ type Config struct {
 	MaxBatch int
 	// Version is the service version reported by micro. Default "0.1.0".
 	Version string
+	// Store names the segment store (e.g. "postgres:host:5432/ids" or
+	// "kv:dispenser_segments"). It is published in the micro metadata under
+	// StoreMetadata, so that workers can refuse to share a queue group with
+	// a worker of another store: two stores hand out the same IDs.
+	Store string
 	// Logger receives unexpected errors. Default slog.Default().
 	Logger *slog.Logger
 	// Registerer, if set, receives the service's Prometheus metrics.
@@ -101,6 +106,9 @@ const WorkerHeader = "Id-Worker"
 
 // ID returns the micro service ID of this worker.
 func (s *Service) ID() string { return s.id }
+
+// StoreMetadata is the micro metadata key naming a worker's segment store.
+const StoreMetadata = "store"
 
 // Name is the micro service name.
 const Name = "dispenser"
@@ -149,6 +157,7 @@ func New(cfg Config) (*Service, error) {
 	svc, err := micro.AddService(cfg.Conn, micro.Config{
 		Name:         Name,
 		Version:      cfg.Version,
+		Metadata:     map[string]string{StoreMetadata: cfg.Store},
 		Description:  "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
 		QueueGroup:   cfg.QueueGroup,
 		StatsHandler: s.stats,

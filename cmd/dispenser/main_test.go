@@ -322,3 +322,34 @@ func TestServeRejectsBadSettingsBeforeStarting(t *testing.T) {
 		t.Fatalf("tags --help: %q, %v", out, err)
 	}
 }
+
+// Workers of different stores in one queue group would hand out the same
+// IDs: the second one refuses to start.
+func TestServeRefusesAQueueGroupOfAnotherStore(t *testing.T) {
+	url := testenv.Postgres(t)
+	ns := testenv.NATS(t)
+	runCmd(t, "migrate", "--postgres-url", url)
+	runCmd(t, "tags", "create", "orders", "--step", "100", "--postgres-url", url)
+	logs := startServe(t, "--nats-url", ns.ClientURL(), "--postgres-url", url)
+	nc := testenv.Connect(t, ns)
+	waitForID(t, nc, "id.segment.orders", logs)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	err := run(ctx, []string{"--nats-url", ns.ClientURL(), "--snowflake-bucket", "other_workers"}, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "hand out the same IDs") {
+		t.Fatalf("KV worker beside a PostgreSQL worker: err = %v, want a refusal", err)
+	}
+	// Another queue group is fine.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx2, []string{"--nats-url", ns.ClientURL(), "--queue-group", "kv-workers", "--prefix", "kvid", "--snowflake-bucket", "other_workers"}, &out, &out)
+	}()
+	waitForID(t, nc, "kvid.snowflake", logs)
+	cancel2()
+	if err := <-done; err != nil {
+		t.Fatalf("worker in its own queue group: %v", err)
+	}
+}

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +17,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -170,6 +173,10 @@ func (s *Server) Start(ctx context.Context) error {
 	if reg != nil {
 		cfg.Registerer = reg
 	}
+	cfg.Store = s.storeName
+	if err := s.checkPeers(ctx); err != nil {
+		return err
+	}
 	s.svc, err = dispenser.New(cfg)
 	if err != nil {
 		return err
@@ -193,7 +200,7 @@ func (s *Server) openStore(ctx context.Context, js jetstream.JetStream) error {
 		if err != nil {
 			return err
 		}
-		s.store, s.storeName = st, "kv:"+s.cfg.SegmentBucket
+		s.store, s.storeName = st, "kv:"+cmp.Or(s.cfg.SegmentBucket, kv.DefaultBucket)
 		return nil
 	}
 	pool, err := pgxpool.New(ctx, s.cfg.PostgresURL)
@@ -208,7 +215,8 @@ func (s *Server) openStore(ctx context.Context, js jetstream.JetStream) error {
 		}
 		s.log.Info("migrations applied", "versions", applied)
 	}
-	s.store, s.storeName = postgres.New(pool), "postgres"
+	pc := pool.Config().ConnConfig
+	s.store, s.storeName = postgres.New(pool), fmt.Sprintf("postgres:%s:%d/%s", pc.Host, pc.Port, pc.Database)
 	return nil
 }
 
@@ -431,5 +439,42 @@ func fetchHistogram(reg prometheus.Registerer) func(string, time.Duration, error
 			return
 		}
 		ok.Observe(d.Seconds())
+	}
+}
+
+// checkPeers refuses to join a queue group whose segment workers use another
+// store: two stores would hand out the same IDs. It asks the running
+// dispenser workers for their info and waits a moment for the answers.
+func (s *Server) checkPeers(ctx context.Context) error {
+	inbox := nats.NewInbox()
+	sub, err := s.nc.SubscribeSync(inbox)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	if err := s.nc.PublishRequest("$SRV.INFO."+dispenser.Name, inbox, nil); err != nil {
+		return err
+	}
+	subject := s.cfg.Prefix + ".segment.>"
+	deadline := time.Now().Add(150 * time.Millisecond)
+	for {
+		msg, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			return nil // no more answers: nothing conflicts
+		}
+		var info micro.Info
+		if json.Unmarshal(msg.Data, &info) != nil {
+			continue
+		}
+		for _, e := range info.Endpoints {
+			if e.Subject != subject || e.QueueGroup != s.cfg.QueueGroup {
+				continue
+			}
+			if other := info.Metadata[dispenser.StoreMetadata]; other != s.storeName {
+				return fmt.Errorf("worker %s in queue group %q serves %s from store %q, this one would use %q: "+
+					"workers of different stores hand out the same IDs; use the same store or another --queue-group or --prefix",
+					info.ID, s.cfg.QueueGroup, subject, other, s.storeName)
+			}
+		}
 	}
 }
