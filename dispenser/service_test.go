@@ -847,3 +847,43 @@ func TestSnowflakeThreeWorkersNoDuplicates(t *testing.T) {
 		t.Errorf("%d worker processes answered, want 4 (three and the replacement)", len(perWorker))
 	}
 }
+
+func TestShuttingDownIs503(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 10})
+	w := st.worker(t, segment.Settings{})
+	nc := testenv.Connect(t, st.ns)
+	request(t, nc, "id.segment.a", "", nil)
+	if err := w.alloc.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if body, code := request(t, nc, "id.segment.a", "9", nil); code != "503" {
+		t.Fatalf("after the allocator closed: %q code %q, want 503", body, code)
+	}
+}
+
+// brokenSnowflake fails with an error the service does not know.
+type brokenSnowflake struct{}
+
+func (brokenSnowflake) AppendIDs(dst []int64, n int) ([]int64, error) {
+	return dst, errors.New("disk on fire at /var/lib/x")
+}
+func (brokenSnowflake) Unavailable(error) bool { return false }
+func (brokenSnowflake) Epoch() time.Time       { return snowflake.DefaultEpoch }
+func (brokenSnowflake) Stats() any             { return nil }
+
+func TestUnexpectedErrorIs500(t *testing.T) {
+	ns := testenv.NATS(t)
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, ns), Snowflake: brokenSnowflake{}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+	resp, err := testenv.Connect(t, ns).Request("id.snowflake", nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, desc := resp.Header.Get(micro.ErrorCodeHeader), resp.Header.Get(micro.ErrorHeader)
+	if code != "500" || strings.Contains(desc, "/var/lib") || len(resp.Data) != 0 {
+		t.Fatalf("reply %s %q %q: want 500 with a generic description and no body", code, desc, resp.Data)
+	}
+}
