@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,18 +198,49 @@ func openStores(tb testing.TB, c Config, n int) []Store {
 	return ss
 }
 
+// results gathers the segments and errors of concurrent goroutines.
+type results struct {
+	mu     sync.Mutex // protects the fields below
+	allocs []segment.Allocation
+	errs   []error
+}
+
+// add records a segment (also a failed fetch's zero one) and err, if any.
+func (r *results) add(a segment.Allocation, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.allocs = append(r.allocs, a)
+	if err != nil {
+		r.errs = append(r.errs, err)
+	}
+}
+
+// fail records err alone.
+func (r *results) fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, err)
+}
+
+// check reports the errors and stops the test if there were any.
+func (r *results) check(t *testing.T) {
+	t.Helper()
+	for _, err := range r.errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
 func testConcurrentFetches(t *testing.T, c Config) {
 	ss := openStores(t, c, stores)
 	const tagStep = 10
 	createTag(t, ss[0], "orders", tagStep, 1)
 
 	ctx := ctx(t)
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		allocs []segment.Allocation
-		errs   []error
-	)
+	var wg sync.WaitGroup
+	var res results
 	for g := range stores * goroutines {
 		wg.Go(func() {
 			s := ss[g%len(ss)]
@@ -222,26 +254,16 @@ func testConcurrentFetches(t *testing.T, c Config) {
 				if err == nil && (a.End-a.Start != length || a.TagStep != tagStep) {
 					err = fmt.Errorf("Fetch(orders, %d) = %+v, want %d IDs and TagStep %d", step, a, length, tagStep)
 				}
-				mu.Lock()
-				allocs = append(allocs, a)
-				if err != nil {
-					errs = append(errs, err)
-				}
-				mu.Unlock()
+				res.add(a, err)
 			}
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-	if got, want := len(allocs), stores*goroutines*fetches; got != want {
+	res.check(t)
+	if got, want := len(res.allocs), stores*goroutines*fetches; got != want {
 		t.Errorf("got %d segments, want %d", got, want)
 	}
-	checkTiling(t, allocs, 1, tag(t, ss[1], "orders").MaxID)
+	checkTiling(t, res.allocs, 1, tag(t, ss[1], "orders").MaxID)
 }
 
 // Every fetch is followed by an attempt to give part of the segment back.
@@ -254,13 +276,9 @@ func testConcurrentGiveBacks(t *testing.T, c Config) {
 	createTag(t, ss[0], "orders", tagStep, 1)
 
 	ctx := ctx(t)
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		issued []segment.Allocation
-		errs   []error
-		given  int
-	)
+	var wg sync.WaitGroup
+	var res results // allocs: the IDs issued
+	var given atomic.Int64
 	for g := range stores * goroutines {
 		wg.Go(func() {
 			s := ss[g%len(ss)]
@@ -274,27 +292,17 @@ func testConcurrentGiveBacks(t *testing.T, c Config) {
 						a.End = a.Start + keep
 					}
 				}
-				mu.Lock()
-				issued = append(issued, a)
 				if ok {
-					given++
+					given.Add(1)
 				}
-				if err != nil {
-					errs = append(errs, err)
-				}
-				mu.Unlock()
+				res.add(a, err)
 			}
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
-	checkTiling(t, issued, 1, tag(t, ss[1], "orders").MaxID)
-	t.Logf("%d of %d give-backs succeeded", given, len(issued))
+	res.check(t)
+	checkTiling(t, res.allocs, 1, tag(t, ss[1], "orders").MaxID)
+	t.Logf("%d of %d give-backs succeeded", given.Load(), len(res.allocs))
 }
 
 // Fetches with the tag's own step race with updates of that step: each
@@ -306,19 +314,13 @@ func testConcurrentUpdates(t *testing.T, c Config) {
 	createTag(t, ss[0], "orders", 1, 1)
 	const updates = 30
 
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		allocs []segment.Allocation
-		errs   []error
-	)
+	var wg sync.WaitGroup
+	var res results
 	wg.Go(func() {
 		for i := range updates {
 			step, desc := int64(i+2), fmt.Sprintf("version %d", i+2)
 			if err := ss[i%len(ss)].UpdateTag(ctx, "orders", &step, &desc); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
+				res.fail(err)
 			}
 		}
 	})
@@ -330,27 +332,17 @@ func testConcurrentUpdates(t *testing.T, c Config) {
 				if err == nil && (a.End-a.Start != a.TagStep || a.TagStep < 1 || a.TagStep > updates+1) {
 					err = fmt.Errorf("Fetch(orders, 0) = %+v, want TagStep IDs, TagStep in 1..%d", a, updates+1)
 				}
-				mu.Lock()
-				allocs = append(allocs, a)
-				if err != nil {
-					errs = append(errs, err)
-				}
-				mu.Unlock()
+				res.add(a, err)
 			}
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
-		t.Error(err)
-	}
-	if t.Failed() {
-		t.FailNow()
-	}
+	res.check(t)
 	got := tag(t, ss[1], "orders")
 	if got.Step != updates+1 || got.Description != fmt.Sprintf("version %d", updates+1) {
 		t.Errorf("after the updates: %+v, want step %d and description \"version %d\", the last update", got, updates+1, updates+1)
 	}
-	checkTiling(t, allocs, 1, got.MaxID)
+	checkTiling(t, res.allocs, 1, got.MaxID)
 }
 
 func testFetchStep(t *testing.T, c Config) {
