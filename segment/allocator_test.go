@@ -742,7 +742,7 @@ func TestAutoCreateTags(t *testing.T) {
 	if _, err := New(Settings{Store: st.memStore, AutoCreateStep: 10}); err == nil {
 		t.Fatal("New accepted AutoCreateStep with a store that cannot create tags")
 	}
-	a := newAllocator(t, Settings{Store: st, AutoCreateStep: 10})
+	a := newAllocator(t, Settings{Store: st, AutoCreateStep: 10, PrefetchRatio: 1})
 	if got := take(t, a, "fresh", 3); !slices.Equal(got, []int64{1, 2, 3}) {
 		t.Fatalf("got %v, want [1 2 3]", got)
 	}
