@@ -3,6 +3,7 @@ package dispenser_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -137,15 +138,26 @@ func request(tb testing.TB, nc *nats.Conn, subject, body string, hdr nats.Header
 	return string(resp.Data), resp.Header.Get(micro.ErrorCodeHeader)
 }
 
+// parseIDs parses a reply body and fails the test if it is malformed. Only
+// the test's goroutine may call it; others use decodeIDs.
 func parseIDs(tb testing.TB, body string) []int64 {
 	tb.Helper()
+	ids, err := decodeIDs(body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ids
+}
+
+// decodeIDs parses a reply body: IDs or first-last runs, one per line.
+func decodeIDs(body string) ([]int64, error) {
 	var ids []int64
 	for _, line := range strings.Split(body, "\n") {
 		if first, last, ok := strings.Cut(line, "-"); ok {
 			f, err1 := strconv.ParseInt(first, 10, 64)
 			l, err2 := strconv.ParseInt(last, 10, 64)
 			if err1 != nil || err2 != nil || l < f {
-				tb.Fatalf("bad range line %q", line)
+				return nil, fmt.Errorf("bad range line %q in %q", line, body)
 			}
 			for id := f; id <= l; id++ {
 				ids = append(ids, id)
@@ -154,11 +166,11 @@ func parseIDs(tb testing.TB, body string) []int64 {
 		}
 		id, err := strconv.ParseInt(line, 10, 64)
 		if err != nil {
-			tb.Fatalf("bad ID line %q in %q", line, body)
+			return nil, fmt.Errorf("bad ID line %q in %q", line, body)
 		}
 		ids = append(ids, id)
 	}
-	return ids
+	return ids, nil
 }
 
 func TestProtocol(t *testing.T) {
@@ -335,10 +347,10 @@ func TestThreeWorkersNoDuplicates(t *testing.T) {
 	results := make(chan got, clients*len(tags))
 	var wg sync.WaitGroup
 	for c := range clients {
+		nc := testenv.Connect(t, st.ns) // here: Connect may call t.Fatal
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nc := testenv.Connect(t, st.ns)
 			mine := map[string][]int64{}
 			n := 0
 			for i := 0; n < total/clients; i++ {
@@ -357,7 +369,11 @@ func TestThreeWorkersNoDuplicates(t *testing.T) {
 					t.Errorf("client %d: error %s: %s", c, code, resp.Header.Get(micro.ErrorHeader))
 					return
 				}
-				ids := parseIDs(t, string(resp.Data))
+				ids, err := decodeIDs(string(resp.Data))
+				if err != nil {
+					t.Errorf("client %d: %v", c, err)
+					return
+				}
 				if len(ids) != count {
 					t.Errorf("client %d: asked for %d IDs, got %d", c, count, len(ids))
 					return
@@ -372,6 +388,9 @@ func TestThreeWorkersNoDuplicates(t *testing.T) {
 	}
 	wg.Wait()
 	close(results)
+	if t.Failed() {
+		t.FailNow()
+	}
 
 	seen := map[string]map[int64]bool{}
 	n := 0
@@ -444,6 +463,77 @@ func TestGracefulShutdownGivesBack(t *testing.T) {
 	st.worker(t, segment.Settings{})
 	if body, code := request(t, nc, "id.segment.a", "", nil); body != "11" {
 		t.Fatalf("next worker: %q (code %q), want 11", body, code)
+	}
+}
+
+// TestStopAnswersRequestsInFlight: a request parked while its segment is
+// fetched is answered with IDs by a Stop that runs meanwhile, and Stop
+// returns only after that answer, so that a SIGTERM loses no request it
+// received (the allocator closes after Stop and would answer 503).
+func TestStopAnswersRequestsInFlight(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 10})
+	w := st.worker(t, segment.Settings{MaxWait: time.Minute})
+	nc := testenv.Connect(t, st.ns)
+	release := lockTag(t, st.pool, "a") // the first fetch blocks
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishRequest("id.segment.a", inbox, []byte("3")); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the request to wait for a segment", func() bool {
+		for _, ts := range w.alloc.Stats() {
+			if ts.Tag == "a" && ts.Waits > 0 {
+				return true
+			}
+		}
+		return false
+	})
+
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		stopped <- w.svc.Stop(ctx)
+	}()
+	// Stop has begun once the endpoint is gone; it must not return while
+	// the parked request waits.
+	waitUntil(t, "the endpoint to go", func() bool {
+		_, err := nc.Request("id.segment.a", nil, time.Second)
+		return errors.Is(err, nats.ErrNoResponders)
+	})
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) while a request was in flight", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	release()
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if err := w.alloc.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("the request in flight got no answer: %v", err)
+	}
+	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" || string(msg.Data) != "1\n2\n3" {
+		t.Fatalf("the request in flight got %q (code %q), want IDs 1 to 3", msg.Data, code)
+	}
+}
+
+// waitUntil polls cond until it holds, failing the test after 30 s.
+func waitUntil(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after 30s waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -771,7 +861,8 @@ func (sw *sfWorker) stop(tb testing.TB) {
 
 // TestSnowflakeThreeWorkersNoDuplicates: three workers in one queue group,
 // 16 clients, 200,000 snowflake IDs, and halfway one worker is stopped and
-// replaced by a new one with the same instance name.
+// replaced by a new one with the same instance name. Only 503 is retried,
+// and only for a while: any other error code fails the test at once.
 func TestSnowflakeThreeWorkersNoDuplicates(t *testing.T) {
 	ns := testenv.NATS(t)
 	workers := []*sfWorker{startSnowflake(t, ns, "sf-0"), startSnowflake(t, ns, "sf-1"), startSnowflake(t, ns, "sf-2")}
@@ -780,16 +871,13 @@ func TestSnowflakeThreeWorkersNoDuplicates(t *testing.T) {
 		total = 40_000
 	}
 	const clients, batch = 16, 25
+	// How long a client keeps retrying 503 (a worker without a valid
+	// lease) before it fails the test: a generous bound for a loaded
+	// machine, far below the test's timeout.
+	const retry503For = 30 * time.Second
 	var issued atomic.Int64
-	replaced := make(chan struct{})
-	go func() {
-		defer close(replaced)
-		for issued.Load() < int64(total/2) {
-			time.Sleep(time.Millisecond)
-		}
-		workers[0].stop(t)
-		workers[0] = startSnowflake(t, ns, "sf-0")
-	}()
+	halfway := make(chan struct{})
+	var halfOnce sync.Once
 	type reply struct {
 		worker string
 		ids    []int64
@@ -797,31 +885,66 @@ func TestSnowflakeThreeWorkersNoDuplicates(t *testing.T) {
 	results := make([][]reply, clients)
 	var wg sync.WaitGroup
 	for c := range clients {
+		nc := testenv.Connect(t, ns) // here: Connect may call t.Fatal
 		wg.Go(func() {
-			nc := testenv.Connect(t, ns)
-			for n := 0; n < total/clients; n += batch {
+			lastOK := time.Now()
+			for n := 0; n < total/clients; {
 				msg := &nats.Msg{Subject: "id.snowflake", Data: []byte(strconv.Itoa(batch)), Header: nats.Header{dispenser.WorkerHeader: []string{""}}}
 				resp, err := nc.RequestMsg(msg, 10*time.Second)
 				if err != nil {
 					t.Errorf("client %d: %v", c, err)
 					return
 				}
-				if code := resp.Header.Get(micro.ErrorCodeHeader); code != "" {
-					n -= batch // a worker shutting down may refuse; ask again
+				switch code := resp.Header.Get(micro.ErrorCodeHeader); code {
+				case "":
+				case dispenser.CodeUnavailable:
+					if time.Since(lastOK) > retry503For {
+						t.Errorf("client %d: 503 (%s) for %v", c, resp.Header.Get(micro.ErrorHeader), retry503For)
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
 					continue
+				default:
+					t.Errorf("client %d: error %s %q", c, code, resp.Header.Get(micro.ErrorHeader))
+					return
 				}
-				ids := parseIDs(t, string(resp.Data))
+				lastOK = time.Now()
+				ids, err := decodeIDs(string(resp.Data))
+				if err != nil {
+					t.Errorf("client %d: %v", c, err)
+					return
+				}
 				if len(ids) != batch {
 					t.Errorf("client %d: %d IDs, want %d", c, len(ids), batch)
 					return
 				}
 				results[c] = append(results[c], reply{resp.Header.Get(dispenser.WorkerHeader), ids})
-				issued.Add(batch)
+				n += batch
+				if issued.Add(batch) >= int64(total/2) {
+					halfOnce.Do(func() { close(halfway) })
+				}
 			}
 		})
 	}
-	wg.Wait()
-	<-replaced
+	clientsDone := make(chan struct{})
+	go func() { wg.Wait(); close(clientsDone) }()
+	// Halfway, worker 0 is replaced, on the test's goroutine (startSnowflake
+	// may call t.Fatal), unless the clients ended before.
+	select {
+	case <-halfway:
+		workers[0].stop(t)
+		workers[0] = startSnowflake(t, ns, "sf-0")
+	case <-clientsDone:
+	}
+	<-clientsDone
+	if t.Failed() {
+		t.FailNow()
+	}
+	select {
+	case <-halfway:
+	default:
+		t.Fatalf("clients ended after %d IDs, before half of %d", issued.Load(), total)
+	}
 	seen := make(map[int64]bool, total)
 	perWorker := map[string]bool{}
 	for c, rs := range results {
