@@ -23,14 +23,32 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// ErrBucketTTL means the bucket has a TTL (max age): tags would expire and,
-// created again, hand out their IDs a second time. New wraps it with %w; the
-// other errors of this store are those of package segment, wrapped likewise.
-var ErrBucketTTL = errors.New("kv: bucket has a TTL")
+// Errors of New about a bucket that cannot be trusted to keep its values:
+// a tag whose value the server drops would, created again, hand out its IDs
+// a second time. They are the values of package internal/kvbucket, which the
+// snowflake lease bucket is checked with too. New wraps them with %w and a
+// message saying what to change; the other errors of this store are those of
+// package segment, wrapped likewise.
+var (
+	// ErrBucketTTL means the bucket expires values: a TTL (max age) or
+	// per-message TTLs.
+	ErrBucketTTL = kvbucket.ErrTTL
+	// ErrBucketLimits means limits that drop values: a message or byte
+	// limit with the discard-old policy, or a retention policy other than
+	// limits.
+	ErrBucketLimits = kvbucket.ErrLimits
+	// ErrBucketMemory means an existing bucket kept in memory only, while
+	// Settings.Storage asks for file storage.
+	ErrBucketMemory = kvbucket.ErrMemoryStorage
+	// ErrBucketReplicas means an existing bucket with fewer replicas than
+	// Settings.Replicas.
+	ErrBucketReplicas = kvbucket.ErrReplicas
+)
 
 // DefaultBucket is the bucket that New uses when Settings.Bucket is empty.
 const DefaultBucket = "dispenser_segments"
@@ -74,8 +92,12 @@ var (
 
 // New returns a Store over the bucket that s names, creating the bucket
 // with s's replicas and storage if it does not exist. An existing bucket is
-// used as it is, its data and configuration untouched, so s's replicas and
-// storage then do not apply; a bucket with a TTL is refused (ErrBucketTTL).
+// used as it is, its data and configuration untouched, provided it keeps its
+// values: a bucket with a TTL (ErrBucketTTL), with limits that drop values
+// (ErrBucketLimits), kept in memory while s asks for file storage
+// (ErrBucketMemory) or with fewer replicas than s asks for
+// (ErrBucketReplicas) is refused. More replicas, another history or
+// discard-new limits are accepted.
 func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error) {
 	cfg := jetstream.KeyValueConfig{
 		Bucket:      cmp.Or(s.Bucket, DefaultBucket),
@@ -83,21 +105,22 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 		Replicas:    cmp.Or(s.Replicas, 1),
 		Storage:     s.Storage,
 	}
-	// CreateKeyValue succeeds on an existing bucket of the same configuration
-	// and never changes one of another configuration.
-	kv, err := js.CreateKeyValue(ctx, cfg)
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, cfg.Bucket)
+	// Open first, so that an existing bucket is judged by the checks below
+	// rather than by the server's objections to cfg. CreateKeyValue never
+	// changes a bucket of another configuration.
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kv: open bucket %q: %w", cfg.Bucket, err)
 	}
-	st, err := kv.Status(ctx)
-	if err != nil {
+	req := kvbucket.Requirements{MinReplicas: cfg.Replicas, AllowMemory: cfg.Storage == jetstream.MemoryStorage}
+	if err := kvbucket.Check(ctx, kv, req); err != nil {
 		return nil, fmt.Errorf("kv: open bucket %q: %w", cfg.Bucket, err)
-	}
-	if st.TTL() > 0 {
-		return nil, fmt.Errorf("kv: open bucket %q: %w of %v", cfg.Bucket, ErrBucketTTL, st.TTL())
 	}
 	return &Store{kv: kv, last: map[string]entry{}}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -178,15 +179,52 @@ func TestNewKeepsExistingBucket(t *testing.T) {
 	}
 }
 
-func TestNewRefusesTTL(t *testing.T) {
+// TestNewRefusesForgetfulBucket: an existing bucket that can drop a tag's
+// value on its own is refused with an error saying what to change.
+func TestNewRefusesForgetfulBucket(t *testing.T) {
 	srv := testenv.NATS(t)
 	js := newJS(t, srv)
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "expiring", TTL: time.Hour}); err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name     string
+		cfg      jetstream.KeyValueConfig
+		discard  bool // edit the stream to discard old values at its limits
+		settings kv.Settings
+		wantErr  error
+	}{
+		{name: "TTL", cfg: jetstream.KeyValueConfig{TTL: time.Hour}, wantErr: kv.ErrBucketTTL},
+		{name: "limit markers", cfg: jetstream.KeyValueConfig{LimitMarkerTTL: time.Minute}, wantErr: kv.ErrBucketTTL},
+		{name: "byte limit discarding old values", cfg: jetstream.KeyValueConfig{MaxBytes: 1 << 20}, discard: true, wantErr: kv.ErrBucketLimits},
+		{name: "memory, file asked for", cfg: jetstream.KeyValueConfig{Storage: jetstream.MemoryStorage}, wantErr: kv.ErrBucketMemory},
+		{name: "fewer replicas than asked for", settings: kv.Settings{Replicas: 3}, wantErr: kv.ErrBucketReplicas},
+		{name: "byte limit discarding new writes", cfg: jetstream.KeyValueConfig{MaxBytes: 1 << 20}},
+		{name: "memory, memory asked for", cfg: jetstream.KeyValueConfig{Storage: jetstream.MemoryStorage}, settings: kv.Settings{Storage: jetstream.MemoryStorage}},
 	}
-	s, err := kv.New(ctx, js, kv.Settings{Bucket: "expiring"})
-	if !errors.Is(err, kv.ErrBucketTTL) || s != nil {
-		t.Errorf("New on a bucket with a TTL = %v, %v, want nil, ErrBucketTTL", s, err)
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.Bucket = fmt.Sprintf("theirs_%d", i)
+			if _, err := js.CreateKeyValue(ctx, tt.cfg); err != nil {
+				t.Fatal(err)
+			}
+			if tt.discard {
+				s, err := js.Stream(ctx, "KV_"+tt.cfg.Bucket)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg := s.CachedInfo().Config
+				cfg.Discard = jetstream.DiscardOld
+				if _, err := js.UpdateStream(ctx, cfg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tt.settings.Bucket = tt.cfg.Bucket
+			s, err := kv.New(ctx, js, tt.settings)
+			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) || (s == nil) != (err != nil) {
+				t.Fatalf("New = %v, %v, want error %v", s, err, tt.wantErr)
+			}
+			if err != nil && !strings.Contains(err.Error(), tt.cfg.Bucket) {
+				t.Errorf("error %q does not name the bucket", err)
+			}
+		})
 	}
 }
 

@@ -1,0 +1,120 @@
+// Package kvbucket checks that a JetStream key-value bucket keeps every
+// value it acknowledged until a client overwrites or deletes it.
+//
+// dispenser's buckets hold the only record of what was handed out: a
+// tag's max_id in the segment store, a worker ID's timestamp bound in the
+// snowflake lease bucket. A bucket that lets the server drop a value on its
+// own (a TTL, limits that discard old messages, a retention policy other
+// than limits, per-message TTLs, memory storage) would make a worker start
+// over below IDs already issued. Check refuses such a bucket at start-up
+// with an error that says what to change; it never only warns.
+//
+// What Check does not see: a mirror or sourced bucket is judged by its own
+// configuration, not its origin's; and nothing here can stop an operator
+// from deleting keys, purging or deleting the bucket (the packages that use
+// a bucket deal with delete markers themselves).
+package kvbucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors returned by Check and CheckConfig, wrapped with %w and the bucket's
+// name, the offending setting and what to change; test with errors.Is.
+var (
+	// ErrTTL means the server expires values: the bucket has a TTL (the
+	// stream's max age) or allows per-message TTLs.
+	ErrTTL = errors.New("kvbucket: bucket expires values")
+
+	// ErrLimits means the server may drop the latest value of a key on its
+	// own: a message or byte limit with the discard-old policy, or a
+	// retention policy other than limits. A limit with the discard-new
+	// policy (the default for key-value buckets) only makes writes fail, and
+	// a per-key history limit only drops older revisions; both are accepted.
+	ErrLimits = errors.New("kvbucket: bucket limits drop values")
+
+	// ErrMemoryStorage means the bucket keeps its values in memory only, so
+	// a restart of the NATS server forgets them; refused unless
+	// Requirements.AllowMemory is set.
+	ErrMemoryStorage = errors.New("kvbucket: bucket keeps values in memory only")
+
+	// ErrReplicas means the bucket has fewer replicas than the
+	// configuration asks for (Requirements.MinReplicas). More replicas than
+	// asked for are accepted.
+	ErrReplicas = errors.New("kvbucket: bucket has fewer replicas than configured")
+)
+
+// Requirements are what Check asks of a bucket besides keeping its values.
+// The zero value asks for file storage and any number of replicas.
+type Requirements struct {
+	// MinReplicas refuses a bucket with fewer replicas (ErrReplicas). Zero
+	// or one accepts any bucket.
+	MinReplicas int
+	// AllowMemory accepts memory storage (for buckets the caller itself
+	// asked to keep in memory, e.g. in tests).
+	AllowMemory bool
+}
+
+// Check reads the configuration of the stream under kv and returns
+// CheckConfig's verdict, or the error of reading it.
+func Check(ctx context.Context, kv jetstream.KeyValue, r Requirements) error {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("kvbucket: bucket %q: read configuration: %w", kv.Bucket(), err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return fmt.Errorf("kvbucket: bucket %q: status of type %T carries no stream configuration", kv.Bucket(), st)
+	}
+	return CheckConfig(kv.Bucket(), bs.StreamInfo().Config, r)
+}
+
+// CheckConfig checks the configuration cfg of the stream behind bucket and
+// returns nil, or an error wrapping ErrTTL, ErrLimits, ErrMemoryStorage or
+// ErrReplicas (the first that applies) that says what to change.
+func CheckConfig(bucket string, cfg jetstream.StreamConfig, r Requirements) error {
+	stream := cfg.Name
+	if stream == "" {
+		stream = "KV_" + bucket
+	}
+	switch {
+	case cfg.MaxAge > 0:
+		return fmt.Errorf("%w: bucket %q has a TTL (max age) of %v, after which the server drops values; "+
+			"remove it (nats stream edit %s --max-age 0) or use a bucket created without --ttl",
+			ErrTTL, bucket, cfg.MaxAge, stream)
+	case cfg.AllowMsgTTL:
+		return fmt.Errorf("%w: bucket %q allows per-message TTLs (limit markers), with which values and delete markers expire; "+
+			"use a bucket created without --marker-ttl", ErrTTL, bucket)
+	case cfg.Retention != jetstream.LimitsPolicy:
+		return fmt.Errorf("%w: bucket %q has retention policy %v, which removes values; "+
+			"use a key-value bucket with the limits policy", ErrLimits, bucket, cfg.Retention)
+	case cfg.Discard == jetstream.DiscardOld && (cfg.MaxMsgs > 0 || cfg.MaxBytes > 0):
+		return fmt.Errorf("%w: bucket %q discards old values once it holds %s; "+
+			"remove the limit (nats stream edit %s --max-msgs -1 --max-bytes -1) or set --discard new",
+			ErrLimits, bucket, limits(cfg), stream)
+	case cfg.Storage == jetstream.MemoryStorage && !r.AllowMemory:
+		return fmt.Errorf("%w: bucket %q is kept in memory, so a restart of the NATS server forgets it; "+
+			"use a bucket with file storage", ErrMemoryStorage, bucket)
+	case cfg.Replicas < r.MinReplicas:
+		return fmt.Errorf("%w: bucket %q has %d replicas, configured %d; "+
+			"raise them (nats stream edit %s --replicas %d) or configure %d",
+			ErrReplicas, bucket, max(cfg.Replicas, 1), r.MinReplicas, stream, r.MinReplicas, max(cfg.Replicas, 1))
+	}
+	return nil
+}
+
+// limits describes the message and byte limits of cfg.
+func limits(cfg jetstream.StreamConfig) string {
+	switch {
+	case cfg.MaxMsgs > 0 && cfg.MaxBytes > 0:
+		return fmt.Sprintf("%d messages or %d bytes", cfg.MaxMsgs, cfg.MaxBytes)
+	case cfg.MaxMsgs > 0:
+		return fmt.Sprintf("%d messages", cfg.MaxMsgs)
+	default:
+		return fmt.Sprintf("%d bytes", cfg.MaxBytes)
+	}
+}
