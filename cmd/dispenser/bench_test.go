@@ -192,8 +192,13 @@ func TestLoadFindsDuplicatesAndErrors(t *testing.T) {
 		if r.Subject != c.Subjects[i] || (r.Errors > 0) != (i == 1) || (r.Requests > 0) != (i != 1) || r.Duplicates != 0 {
 			t.Errorf("result %d: %s: %d requests, %d errors, %d duplicates", i, r.Subject, r.Requests, r.Errors, r.Duplicates)
 		}
-		if i != 1 && (r.Seconds < 0.08 || r.Seconds > 0.1) {
-			t.Errorf("%s measured for %vs, want about 0.1s", r.Subject, r.Seconds)
+		// A subject's time counts from the first reply of each of its own
+		// slices to the slice's end: at most its Duration, however slow
+		// the machine (the first reply of a slice may come late), and far
+		// below the 0.3 s that counting the other subjects' slices would
+		// give.
+		if i != 1 && (r.Seconds <= 0 || r.Seconds > c.Duration.Seconds()) {
+			t.Errorf("%s measured for %vs, want more than 0 and at most its %v", r.Subject, r.Seconds, c.Duration)
 		}
 	}
 }
