@@ -8,10 +8,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,41 +58,107 @@ func waitForID(t *testing.T, nc *nats.Conn, subject string, logs *syncBuffer) st
 	}
 }
 
-// The README's least-privilege permissions, as server options.
-func leastPrivilegeUsers() []*server.User {
-	return []*server.User{
-		{
-			Username: "dispenser", Password: "worker-secret",
-			Permissions: &server.Permissions{
-				Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.>", "$KV.dispenser_workers.>", "$KV.dispenser_segments.>", "$SRV.>", "_INBOX.>"}},
-				Subscribe: &server.SubjectPermission{Allow: []string{"id.>", "$SRV.>", "_INBOX.>"}},
-				Response:  &server.ResponsePermission{MaxMsgs: 1},
-			},
-		},
-		{
-			Username: "orders-app", Password: "app-secret",
-			Permissions: &server.Permissions{
-				Publish:   &server.SubjectPermission{Allow: []string{"id.segment.orders", "id.snowflake"}},
-				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
-			},
-		},
+// readmePermissions returns the nats-server configuration block that the
+// README gives as the least-privilege permission set, so that the test runs
+// exactly what the document says.
+func readmePermissions(tb testing.TB) string {
+	tb.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "A least-privilege permission set")
+	if !ok {
+		tb.Fatal(`README: no "A least-privilege permission set"`)
+	}
+	_, rest, ok = strings.Cut(rest, "```\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 || !strings.Contains(block, "authorization") {
+		tb.Fatalf("README: no configuration block after the least-privilege heading:\n%s", rest[:min(len(rest), 500)])
+	}
+	return block
+}
+
+// leastPrivilegeUsers parses the README's permission block, with the
+// passwords it leaves to variables set, into server users.
+func leastPrivilegeUsers(tb testing.TB) []*server.User {
+	tb.Helper()
+	conf := filepath.Join(tb.TempDir(), "auth.conf")
+	text := "WORKER_PASSWORD: \"worker-secret\"\nAPP_PASSWORD: \"app-secret\"\n" + readmePermissions(tb)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	o, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		tb.Fatalf("the README's permission block: %v\n%s", err, text)
+	}
+	names := map[string]bool{}
+	for _, u := range o.Users {
+		names[u.Username] = u.Permissions != nil
+	}
+	if len(o.Users) != 2 || !names["dispenser"] || !names["orders-app"] {
+		tb.Fatalf("the README's permission block has users %v, want dispenser and orders-app, both with permissions", names)
+	}
+	return o.Users
+}
+
+// mustRun runs a dispenser command and fails the test if it fails.
+func mustRun(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := runCmd(t, args...)
+	if err != nil {
+		t.Fatalf("dispenser %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// TestLeastPrivilegePermissions runs a worker and a requester with the
+// README's permission set, on each segment store: the requester gets its
+// tag's IDs and snowflake IDs, another tag is refused by the server with a
+// permissions violation, and the worker listens on nothing a requester
+// could use to administer tags.
+func TestLeastPrivilegePermissions(t *testing.T) {
+	for _, store := range []string{"postgres", "kv"} {
+		t.Run(store, func(t *testing.T) { testLeastPrivilege(t, store) })
 	}
 }
 
-func TestLeastPrivilegePermissions(t *testing.T) {
-	url := testenv.Postgres(t)
-	runCmd(t, "migrate", "--postgres-url", url)
-	runCmd(t, "tags", "create", "orders", "--step", "100", "--postgres-url", url)
-	runCmd(t, "tags", "create", "payments", "--step", "100", "--postgres-url", url)
+func testLeastPrivilege(t *testing.T, store string) {
 	opts := testenv.NATSOptions(t.TempDir())
-	opts.Users = leastPrivilegeUsers()
+	opts.Users = leastPrivilegeUsers(t)
 	ns := testenv.StartNATS(t, opts)
 	t.Cleanup(ns.Shutdown)
 	base := "nats://" + ns.Addr().String()
+	workerURL := "nats://dispenser:worker-secret@" + ns.Addr().String()
 
-	logs := startServe(t, "--nats-url", "nats://dispenser:worker-secret@"+ns.Addr().String(), "--postgres-url", url)
+	// The tags are made with the admin commands, against the store.
+	storeFlags := []string{"--nats-url", workerURL}
+	if store == "postgres" {
+		url := testenv.Postgres(t)
+		mustRun(t, "migrate", "--postgres-url", url)
+		storeFlags = []string{"--postgres-url", url}
+	}
+	for _, tag := range []string{"orders", "payments"} {
+		mustRun(t, append([]string{"tags", "create", tag, "--step", "100"}, storeFlags...)...)
+	}
+	tagsBefore := tagSteps(mustRun(t, append([]string{"tags", "list"}, storeFlags...)...))
+	if tagsBefore != "orders:100 payments:100" {
+		t.Fatalf("tags list: %q, want orders and payments with step 100", tagsBefore)
+	}
+
+	serveFlags := []string{"--nats-url", workerURL}
+	if store == "postgres" {
+		serveFlags = append(serveFlags, storeFlags...)
+	}
+	logs := startServe(t, serveFlags...)
+	violations := make(chan error, 16)
 	app, err := nats.Connect(base, nats.UserInfo("orders-app", "app-secret"),
-		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // the refused publish is expected
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case violations <- err:
+			default:
+			}
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,13 +166,72 @@ func TestLeastPrivilegePermissions(t *testing.T) {
 	if got := waitForID(t, app, "id.segment.orders", logs); got != "1" {
 		t.Fatalf("orders: got %q, want 1", got)
 	}
-	// payments is not in the app's publish permissions: the request never
-	// reaches a worker.
-	if _, err := app.Request("id.segment.payments", nil, 300*time.Millisecond); err == nil {
-		t.Fatal("orders-app got a reply for payments")
+	if got := waitForID(t, app, "id.snowflake", logs); got == "" {
+		t.Fatal("snowflake: empty reply")
 	}
-	if _, err := nats.Connect(base, nats.UserInfo("orders-app", "wrong")); err == nil {
-		t.Fatal("connected with a wrong password")
+
+	// payments is not in the app's publish permissions: the server refuses
+	// the request, which never reaches a worker.
+	if resp, err := app.Request("id.segment.payments", nil, 2*time.Second); err == nil {
+		t.Fatalf("orders-app got a reply for payments: %q (code %q)", resp.Data, resp.Header.Get(micro.ErrorCodeHeader))
+	}
+	select {
+	case err := <-violations:
+		if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), `"id.segment.payments"`) {
+			t.Errorf("refused request: %v, want a permissions violation for id.segment.payments", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("refused request: no permissions violation reported")
+	}
+	if _, err := nats.Connect(base, nats.UserInfo("orders-app", "wrong")); !errors.Is(err, nats.ErrAuthorization) {
+		t.Errorf("connect with a wrong password: %v, want an authorization error", err)
+	}
+
+	// Requesters cannot reach tag administration: the worker listens only
+	// on the ID endpoints, micro's read-only $SRV subjects and its inboxes.
+	checkWorkerSubscriptions(t, ns)
+	if after := tagSteps(mustRun(t, append([]string{"tags", "list"}, storeFlags...)...)); after != tagsBefore {
+		t.Errorf("tags or steps changed by requests: before %s, after %s", tagsBefore, after)
+	}
+}
+
+// tagSteps returns the tags and steps of a `tags list` output (the next ID
+// and the time change with every fetch).
+func tagSteps(list string) string {
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(list), "\n")[1:] {
+		if f := strings.Fields(line); len(f) >= 3 {
+			out = append(out, f[0]+":"+f[2])
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// checkWorkerSubscriptions fails the test if a connection of user dispenser
+// subscribes to anything but the ID endpoints, $SRV.PING, INFO and STATS,
+// and inboxes.
+func checkWorkerSubscriptions(t *testing.T, ns *server.Server) {
+	t.Helper()
+	cz, err := ns.Connz(&server.ConnzOptions{Username: true, User: "dispenser", Subscriptions: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoints := map[string]bool{}
+	for _, c := range cz.Conns {
+		for _, sub := range c.Subs {
+			tokens := strings.Split(sub, ".")
+			switch {
+			case sub == "id.segment.>" || sub == "id.snowflake" || sub == "id.snowflake.decode":
+				endpoints[sub] = true
+			case tokens[0] == "$SRV" && len(tokens) >= 2 && (tokens[1] == "PING" || tokens[1] == "INFO" || tokens[1] == "STATS"):
+			case tokens[0] == "_INBOX":
+			default:
+				t.Errorf("worker connection %q subscribes to %q", c.Name, sub)
+			}
+		}
+	}
+	if len(endpoints) != 3 {
+		t.Errorf("worker endpoints %v, want id.segment.>, id.snowflake and id.snowflake.decode", endpoints)
 	}
 }
 
