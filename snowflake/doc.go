@@ -45,16 +45,40 @@
 //	  "released": false                           // true after a graceful Close
 //	}
 //
-// Values expire through "expires", never through per-key TTLs, and keys are
-// never deleted (a deleted key forgets its bound: do not delete or purge keys
-// or the bucket while workers may run).
+// Values expire through "expires", never through per-key TTLs, and workers
+// never delete keys.
+//
+// The bucket must keep every value until a worker overwrites it. StartWorker
+// refuses a bucket that lets the server drop values: a TTL (max age) or
+// per-message TTLs (ErrBucketTTL); a message or byte limit with the
+// discard-old policy, or a retention policy other than limits
+// (ErrBucketLimits; limits with discard-new only make writes fail and are
+// accepted, as is any per-key history); memory storage (ErrBucketMemory);
+// fewer replicas than WorkerSettings.Replicas (ErrBucketReplicas; more are
+// accepted). It also refuses a bucket whose "config" key carries a delete or
+// purge marker, or is missing although the bucket has held values (it or
+// the bucket was purged): ErrEpochLost. Only a bucket that has never held a
+// value gets the configured epoch stored.
+//
+// Deleted keys: a worker key deleted or purged by an operator (its marker
+// remains) is claimed only after the others (never used, released,
+// expired), with a floor derived from the marker's server timestamp: the
+// marker's time plus DeletedKeyMargin or twice the longest lease known,
+// whichever is longer; it is claimable once the claimant's clock is a lease
+// past that floor. Its last holder notices at its next heartbeat and claims
+// another worker ID. A key removed without a trace (markers purged with
+// PurgeDeletes, the stream purged by subject, the bucket deleted and
+// created again) cannot be told from a never used one: do not do that while
+// workers may run, or within a lease of their last stop.
 //
 // Claiming: a worker reads all keys and tries, in order, a claimable key last
-// held by its own instance name, a key never written (Create), a released key
-// and an expired key (Update on the revision read). A key is claimable when
+// held by its own instance name, a key with no message at all, a released
+// key, an expired key and a deleted key whose margin has passed, each by
+// Update on the revision read (revision 0 for a key without a message, so a
+// delete marker is never written over unseen). A key is claimable when
 // released, or when by the claimant's clock both "expires" and "bound" plus
-// "lease_ms" have passed. A lost race (key exists, wrong revision) moves on
-// to the next key; if none is left, ErrNoWorkerID.
+// "lease_ms" have passed. A lost race (wrong revision) moves on to the next
+// key; if none is left, ErrNoWorkerID.
 //
 // Heartbeats: every Heartbeat (default 3 s; lease default 10 s) the worker
 // writes, by compare-and-set on its last revision, its clock and a bound of
@@ -74,21 +98,28 @@
 // # What is guaranteed
 //
 // No ID is issued twice, whatever the clocks, pauses and network do, as long
-// as the bucket keeps its values (use replicas) and keys are not deleted: a
+// as the bucket keeps its values (use replicas; the settings that would drop
+// values are refused) and keys are not removed without a trace: a
 // holder's IDs lie at or below the bound recorded before they were issued,
 // and a successor only gets the key by compare-and-set on that record and
 // starts above its bound. Two live workers do not hold the same worker ID at
 // once (the old one has fenced itself before a successor may claim) as long
 // as their clocks run at about the same rate and disagree by less than a
 // lease; if they disagree more, the old holder may still issue for a while,
-// but below the successor's IDs, and stops at its next heartbeat.
+// but below the successor's IDs, and stops at its next heartbeat. A
+// Worker's own IDs strictly increase, also across worker IDs: when it loses
+// its worker ID and claims another, it resumes above the last timestamp it
+// used. For a deleted key, the floor relies on the last holder's clock
+// being within a lease (or DeletedKeyMargin minus a lease) of the NATS
+// server's.
 //
 // # Errors
 //
 // errors.Is(err, ErrUnavailable) means "cannot issue now" (HTTP 503):
 // ErrFenced, ErrClockBackwards, ErrOverloaded, ErrClosed, ErrNoWorkerID.
-// ErrInvalidCount is the caller's fault (400). The rest are configuration or
-// infrastructure errors (500, or refuse to start).
+// ErrInvalidCount is the caller's fault (400): a batch of fewer than 1 or
+// more than MaxCount IDs. The rest are configuration or infrastructure
+// errors (500, or refuse to start).
 //
 // # Concurrency
 //

@@ -1,6 +1,10 @@
 package snowflake
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+)
 
 // Errors returned by this package. Calls wrap them with %w where they add
 // detail, so test with errors.Is.
@@ -11,8 +15,9 @@ import "errors"
 //     ErrFenced, ErrOverloaded, ErrClosed and ErrNoWorkerID.
 //   - 400: ErrInvalidCount.
 //   - 500 / refuse to start: ErrInvalidSettings, ErrInvalidWorkerID,
-//     ErrEpochInFuture, ErrEpochMismatch, ErrOverTimeLimit, and any error
-//     from NATS that wraps none of the above.
+//     ErrEpochInFuture, ErrEpochMismatch, ErrEpochLost, ErrOverTimeLimit,
+//     ErrBucketTTL, ErrBucketLimits, ErrBucketMemory, ErrBucketReplicas,
+//     and any error from NATS that wraps none of the above.
 var (
 	// ErrUnavailable is the umbrella for all "cannot issue right now"
 	// conditions: errors.Is(err, ErrUnavailable) means 503.
@@ -64,6 +69,28 @@ var (
 	// ErrEpochMismatch means the epoch stored in the lease bucket differs
 	// from the configured one; mixing epochs would let IDs collide.
 	ErrEpochMismatch = errors.New("snowflake: epoch differs from the lease bucket's")
+
+	// ErrEpochLost means the lease bucket has no epoch although it has been
+	// used: the "config" key was deleted or purged (it carries a delete or
+	// purge marker), or is missing while the bucket has held other values
+	// (the bucket or the key was purged). Whatever removed the epoch may
+	// have removed lease bounds too, so StartWorker refuses rather than
+	// store its own epoch; the message says how to restore it.
+	ErrEpochLost = errors.New("snowflake: lease bucket lost its epoch")
+
+	// ErrBucketTTL, ErrBucketLimits, ErrBucketMemory and ErrBucketReplicas
+	// refuse a lease bucket that can drop values on its own: a TTL (max age)
+	// or per-message TTLs; a message or byte limit with the discard-old
+	// policy, or a retention policy other than limits; memory storage; fewer
+	// replicas than WorkerSettings.Replicas. A lease whose value the server
+	// drops loses the bound that keeps its successor above the IDs issued.
+	// They are the values of package internal/kvbucket, which the segment
+	// store's bucket is checked with too (segment/kv.ErrBucketTTL is
+	// ErrBucketTTL, and so on).
+	ErrBucketTTL      = kvbucket.ErrTTL
+	ErrBucketLimits   = kvbucket.ErrLimits
+	ErrBucketMemory   = kvbucket.ErrMemoryStorage
+	ErrBucketReplicas = kvbucket.ErrReplicas
 )
 
 // unavailableError is a sentinel that also matches ErrUnavailable.

@@ -354,12 +354,17 @@ func (g *Generator) msTime(ms int64) time.Time {
 // assign installs a freshly claimed lease: worker ID, the floor (the
 // highest timestamp a previous holder may have used, -1 for none), the
 // recorded bound and the monotonic time the lease is valid until.
+//
+// The last timestamp used is kept across worker IDs, so that the IDs of a
+// Worker strictly increase even when it loses its worker ID and claims a
+// lower one: under a new worker ID issuing resumes in the millisecond after
+// the last one used (or the floor, if higher).
 func (g *Generator) assign(worker int, floorMs, boundMs int64, validUntil time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	w := int64(worker) << workerShift
 	if w != g.worker {
-		g.lastMs, g.seq = -1, MaxSequence
+		g.seq = MaxSequence // the old worker ID's sequence says nothing about the new one
 	}
 	g.worker = w
 	if floorMs >= g.lastMs {

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -99,56 +99,136 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// openBucket creates the lease bucket or opens an existing one.
+// openBucket opens the lease bucket, or creates it if missing, and refuses
+// one that can drop values (kvbucket.Check): a TTL, limits that discard old
+// values, another retention policy, memory storage, fewer replicas than
+// configured.
 func openBucket(ctx context.Context, js jetstream.JetStream, s *WorkerSettings) (jetstream.KeyValue, error) {
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      s.Bucket,
-		Description: "dispenser snowflake worker ID leases",
-		History:     1,
-		Replicas:    s.Replicas,
-		Storage:     jetstream.FileStorage,
-	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		// Exists with another configuration (e.g. replicas): use it.
-		kv, err = js.KeyValue(ctx, s.Bucket)
+	// Open first: an existing bucket is used as it is (if it passes the
+	// checks below), whatever configuration it was created with.
+	kv, err := js.KeyValue(ctx, s.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      s.Bucket,
+			Description: "dispenser snowflake worker ID leases",
+			History:     1,
+			Replicas:    s.Replicas,
+			Storage:     jetstream.FileStorage,
+		})
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, s.Bucket)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", s.Bucket, err)
 	}
-	if st, err := kv.Status(ctx); err == nil && st.TTL() > 0 {
-		s.Logger.Warn("snowflake: lease bucket has a TTL; expired values lose the timestamp bounds that keep successors safe",
-			"bucket", s.Bucket, "ttl", st.TTL())
+	if err := kvbucket.Check(ctx, kv, kvbucket.Requirements{MinReplicas: s.Replicas}); err != nil {
+		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", s.Bucket, err)
 	}
 	return kv, nil
 }
 
-// checkEpoch stores the epoch in the bucket if none is, and fails with
-// ErrEpochMismatch if a different one is.
+// checkEpoch stores the epoch in a bucket that has never held a value, and
+// otherwise compares it with the stored one: ErrEpochMismatch if it differs,
+// ErrEpochLost if the key is deleted, purged, or missing from a bucket that
+// has held values.
 func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time) error {
 	data, err := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch})
 	if err != nil {
 		return err
 	}
-	_, err = kv.Create(ctx, configKey, data)
-	if err == nil {
+	restore := fmt.Sprintf("nats kv put %s %s '%s'", kv.Bucket(), configKey, data)
+	for attempt := 1; ; attempt++ {
+		// The stream's last sequence is read before the key: a worker
+		// stores the epoch before it writes anything else, so if the
+		// bucket had held any value by now, the key would be found.
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return fmt.Errorf("snowflake: read epoch: %w", err)
+		}
+		var lastSeq uint64
+		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
+			lastSeq = bs.StreamInfo().State.LastSeq
+		}
+		e, err := latest(ctx, kv, configKey)
+		if err != nil {
+			return fmt.Errorf("snowflake: read epoch: %w", err)
+		}
+		switch {
+		case e == nil && lastSeq == 0:
+			// Update on revision 0 fails if the key has any message, a
+			// delete marker included (Create would write over one).
+			_, err := kv.Update(ctx, configKey, data, 0)
+			if err == nil {
+				return nil
+			}
+			if attempt < 3 && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)) {
+				continue // another worker stored it first: compare
+			}
+			return fmt.Errorf("snowflake: store epoch: %w", err)
+		case e == nil:
+			return fmt.Errorf("%w: bucket %q has no key %q although it has held %d messages: "+
+				"the key or the whole bucket was purged, and lease bounds may have gone with it; "+
+				"stop every worker of this bucket, wait a lease after the last one stopped, then restore the epoch "+
+				"they used (for %s: %s)", ErrEpochLost, kv.Bucket(), configKey, lastSeq,
+				epoch.Format(time.RFC3339Nano), restore)
+		case e.Operation() != jetstream.KeyValuePut:
+			return fmt.Errorf("%w: key %q of bucket %q was %s at %s; "+
+				"restore the epoch the bucket's workers used (for %s: %s)", ErrEpochLost, configKey, kv.Bucket(),
+				markerVerb(e.Operation()), e.Created().UTC().Format(TimeLayout), epoch.Format(time.RFC3339Nano), restore)
+		}
+		var c configRecord
+		if err := json.Unmarshal(e.Value(), &c); err != nil {
+			return fmt.Errorf("%w: bucket %q key %q: %v", ErrEpochMismatch, kv.Bucket(), configKey, err)
+		}
+		if !c.Epoch.Equal(epoch) {
+			return fmt.Errorf("%w: bucket %q has %s, configured %s", ErrEpochMismatch, kv.Bucket(),
+				c.Epoch.Format(time.RFC3339Nano), epoch.Format(time.RFC3339Nano))
+		}
 		return nil
 	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return fmt.Errorf("snowflake: store epoch: %w", err)
+}
+
+// latest returns the latest message under key, a delete or purge marker
+// included, or nil if the key has none.
+func latest(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
+	es, err := kv.History(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
 	}
-	e, err := kv.Get(ctx, configKey)
 	if err != nil {
-		return fmt.Errorf("snowflake: read epoch: %w", err)
+		return nil, err
 	}
-	var c configRecord
-	if err := json.Unmarshal(e.Value(), &c); err != nil {
-		return fmt.Errorf("%w: bucket %q key %q: %v", ErrEpochMismatch, kv.Bucket(), configKey, err)
+	return es[len(es)-1], nil
+}
+
+func markerVerb(op jetstream.KeyValueOp) string {
+	if op == jetstream.KeyValuePurge {
+		return "purged"
 	}
-	if !c.Epoch.Equal(epoch) {
-		return fmt.Errorf("%w: bucket %q has %s, configured %s", ErrEpochMismatch, kv.Bucket(),
-			c.Epoch.Format(time.RFC3339Nano), epoch.Format(time.RFC3339Nano))
+	return "deleted"
+}
+
+// DeletedKeyMargin is the least time added to the time a worker key was
+// deleted or purged (its marker's server timestamp) to get the floor of
+// its next holder; see deletedRecord.
+const DeletedKeyMargin = time.Minute
+
+// deletedRecord stands in for the lost value of worker key id, deleted or
+// purged at the server time at. Its last holder wrote its bound before
+// then, at most its lease ahead of its clock, and stops issuing at its next
+// heartbeat (the key changed) or a lease after its last one. So the floor
+// is at plus DeletedKeyMargin or twice the longest lease known (the
+// claimant's and every one recorded in the bucket), whichever is longer:
+// one lease for the bound, one for the holder's clock running ahead of the
+// server's. Like an expired lease, the key is claimable once the claimant's
+// clock is a lease past that floor.
+func deletedRecord(id int, at time.Time, lease time.Duration, epoch time.Time) leaseRecord {
+	floor := at.UTC().Add(max(DeletedKeyMargin, 2*lease)).Truncate(time.Millisecond).Add(time.Millisecond)
+	return leaseRecord{
+		Version: recordVersion, Worker: id, Epoch: epoch, LeaseMS: lease.Milliseconds(),
+		Heartbeat: at.UTC(), Expires: floor, Bound: floor,
 	}
-	return nil
 }
 
 // slot is one worker key as read.
@@ -156,9 +236,14 @@ type slot struct {
 	rev uint64
 	rec leaseRecord
 	bad bool // value is not a lease record: leave alone
+	// deleted is set for a delete or purge marker, written at the
+	// server time at; rec is then filled in by deletedRecord.
+	deleted bool
+	at      time.Time
 }
 
-// snapshot reads all worker keys. Missing and deleted keys are absent.
+// snapshot reads all worker keys, delete and purge markers included. Keys
+// without any message are absent.
 func snapshot(ctx context.Context, kv jetstream.KeyValue) (map[int]slot, error) {
 	wt, err := kv.Watch(ctx, workerKeyPrefix+"*")
 	if err != nil {
@@ -179,12 +264,10 @@ func snapshot(ctx context.Context, kv jetstream.KeyValue) (map[int]slot, error) 
 			if !ok {
 				continue
 			}
-			if e.Operation() != jetstream.KeyValuePut {
-				delete(slots, id)
-				continue
-			}
 			s := slot{rev: e.Revision()}
-			if err := json.Unmarshal(e.Value(), &s.rec); err != nil || s.rec.Version != recordVersion || s.rec.Worker != id {
+			if e.Operation() != jetstream.KeyValuePut {
+				s.deleted, s.at = true, e.Created()
+			} else if err := json.Unmarshal(e.Value(), &s.rec); err != nil || s.rec.Version != recordVersion || s.rec.Worker != id {
 				s.bad = true
 			}
 			slots[id] = s
@@ -206,8 +289,11 @@ type claim struct {
 // candidate is a worker ID worth trying.
 type candidate struct {
 	id   int
-	rev  uint64 // 0: free, Create
+	rev  uint64 // 0: no message under the key
 	prev *leaseRecord
+	// deleted: the key holds a delete or purge marker; prev is derived
+	// from it.
+	deleted bool
 }
 
 // claimPasses bounds how often claim reads the bucket again after losing
@@ -215,9 +301,10 @@ type candidate struct {
 const claimPasses = 3
 
 // claim takes a worker ID: first a claimable one last held by our instance
-// name, then a never used one, then a released one, then an expired one.
-// Races are settled by Create and by Update on the revision read; a lost race
-// moves on to the next candidate.
+// name, then a never used one, then a released one, then an expired one,
+// then a deleted one whose margin has passed. Races are settled by Update
+// on the revision read (revision 0 for a key without any message); a lost
+// race moves on to the next candidate.
 func (w *Worker) claim(ctx context.Context) (claim, error) {
 	for pass := 1; ; pass++ {
 		c, lost, err := w.claimPass(ctx)
@@ -234,9 +321,17 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 	if err != nil {
 		return claim{}, 0, err
 	}
+	// The longest lease known bounds how far ahead of a deleted key's
+	// marker its last holder may have issued.
+	longest := w.cfg.Lease
+	for _, s := range slots {
+		if !s.bad && !s.deleted {
+			longest = max(longest, s.rec.lease())
+		}
+	}
 	now := w.cfg.Now()
-	var own, free, released, expired []candidate
-	var live int
+	var own, free, released, expired, deleted []candidate
+	var live, waiting int
 	var soonest time.Time
 	for id := range MaxWorkerID + 1 {
 		s, ok := slots[id]
@@ -248,6 +343,8 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 			w.log.Warn("snowflake: skipping worker ID with an unreadable lease value", "worker", id, "bucket", w.cfg.Bucket)
 			live++
 			continue
+		case s.deleted:
+			s.rec = deletedRecord(id, s.at, longest, w.cfg.Epoch)
 		case !s.rec.Epoch.Equal(w.cfg.Epoch):
 			w.log.Error("snowflake: skipping worker ID whose lease has another epoch", "worker", id,
 				"epoch", s.rec.Epoch, "bucket", w.cfg.Bucket)
@@ -256,13 +353,18 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 		}
 		if at := s.rec.claimableAt(); !now.After(at) {
 			live++
+			if s.deleted {
+				waiting++
+			}
 			if soonest.IsZero() || at.Before(soonest) {
 				soonest = at
 			}
 			continue
 		}
-		c := candidate{id: id, rev: s.rev, prev: &s.rec}
+		c := candidate{id: id, rev: s.rev, prev: &s.rec, deleted: s.deleted}
 		switch {
+		case s.deleted:
+			deleted = append(deleted, c)
 		case s.rec.Instance == w.cfg.Instance:
 			own = append(own, c)
 		case s.rec.Released:
@@ -272,10 +374,10 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 		}
 	}
 	// Spread concurrent claimants over the IDs.
-	for _, cs := range [][]candidate{free, released, expired} {
-		rand.Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
+	for _, cs := range [][]candidate{free, released, expired, deleted} {
+		w.cfg.shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
 	}
-	for _, c := range slices.Concat(own, free, released, expired) {
+	for _, c := range slices.Concat(own, free, released, expired, deleted) {
 		cl, err := w.try(ctx, c)
 		if err == nil {
 			return cl, lost, nil
@@ -287,7 +389,11 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 		}
 		return claim{}, lost, fmt.Errorf("snowflake: claim worker ID %d: %w", c.id, err)
 	}
-	return claim{}, lost, fmt.Errorf("%w: %d live leases in bucket %q, %d lost races%s", ErrNoWorkerID, live, w.cfg.Bucket, lost, suffix(soonest))
+	var ofWhich string
+	if waiting > 0 {
+		ofWhich = fmt.Sprintf(" (%d of them deleted or purged keys, claimable a margin after their deletion)", waiting)
+	}
+	return claim{}, lost, fmt.Errorf("%w: %d live leases%s in bucket %q, %d lost races%s", ErrNoWorkerID, live, ofWhich, w.cfg.Bucket, lost, suffix(soonest))
 }
 
 func suffix(soonest time.Time) string {
@@ -311,14 +417,15 @@ func (w *Worker) try(ctx context.Context, c candidate) (claim, error) {
 	if err != nil {
 		return claim{}, err
 	}
-	var rev uint64
-	if c.rev == 0 {
-		rev, err = w.kv.Create(ctx, workerKey(c.id), data)
-	} else {
-		rev, err = w.kv.Update(ctx, workerKey(c.id), data, c.rev)
-	}
+	// Update on revision 0 fails if the key has any message: unlike
+	// Create, it never writes over a delete marker it did not see.
+	rev, err := w.kv.Update(ctx, workerKey(c.id), data, c.rev)
 	if err != nil {
 		return claim{}, err
+	}
+	if c.deleted {
+		w.log.Warn("snowflake: claimed a worker ID whose key had been deleted or purged; starting above a floor derived from the marker",
+			"worker", c.id, "deleted", c.prev.Heartbeat, "floor", c.prev.Bound)
 	}
 	return claim{id: c.id, rev: rev, rec: rec, floorMs: floorMs, mono: mono}, nil
 }

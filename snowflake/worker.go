@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -55,6 +56,12 @@ type WorkerSettings struct {
 	// mono and sleep are as in Settings; tests inject them.
 	mono  func() time.Duration
 	sleep func(time.Duration)
+	// shuffle orders candidate worker IDs; nil means math/rand/v2.Shuffle.
+	// Tests inject a seeded one.
+	shuffle func(n int, swap func(i, j int))
+	// manual leaves heartbeats and claims to the test (no background
+	// loop).
+	manual bool
 }
 
 // normalize fills in defaults and validates.
@@ -96,6 +103,9 @@ func (s WorkerSettings) normalize() (WorkerSettings, error) {
 	}
 	if s.Logger == nil {
 		s.Logger = slog.Default()
+	}
+	if s.shuffle == nil {
+		s.shuffle = mrand.Shuffle
 	}
 	return s, nil
 }
@@ -145,8 +155,11 @@ type Worker struct {
 // in it, claims a worker ID and starts heartbeats. ctx bounds start-up only;
 // heartbeats run until Close.
 //
-// It returns an error wrapping ErrEpochMismatch if the bucket has another
-// epoch, ErrNoWorkerID if all worker IDs are held by live leases, and
+// It returns an error wrapping ErrBucketTTL, ErrBucketLimits,
+// ErrBucketMemory or ErrBucketReplicas if the bucket can drop values,
+// ErrEpochMismatch if the bucket has another epoch, ErrEpochLost if its
+// epoch was deleted or purged, ErrNoWorkerID if all worker IDs are held by
+// live leases (or are deleted keys still within their margin), and
 // ErrInvalidSettings, ErrEpochInFuture or ErrOverTimeLimit for bad settings.
 //
 // If the clock is behind the highest timestamp recorded for the claimed
@@ -196,7 +209,11 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 	}
 	w.install(c)
 	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
-	go w.run()
+	if cfg.manual {
+		close(w.done)
+	} else {
+		go w.run()
+	}
 	return w, nil
 }
 
@@ -336,13 +353,13 @@ func (w *Worker) heartbeat() {
 	w.id = -1
 	w.losses++
 	w.mu.Unlock()
-	holder := ""
-	if gerr == nil {
+	if gerr != nil {
+		w.log.Warn("snowflake: worker ID's key was deleted or purged; claiming a new one", "worker", id)
+	} else {
 		var cur leaseRecord
 		_ = json.Unmarshal(e.Value(), &cur)
-		holder = cur.Instance
+		w.log.Warn("snowflake: lost worker ID to another holder; claiming a new one", "worker", id, "holder", cur.Instance)
 	}
-	w.log.Warn("snowflake: lost worker ID to another holder; claiming a new one", "worker", id, "holder", holder)
 	w.poke()
 }
 

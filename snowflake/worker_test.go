@@ -631,7 +631,9 @@ func TestWorkerAllTaken(t *testing.T) {
 	if !errors.Is(err, ErrNoWorkerID) || !Unavailable(err) {
 		t.Fatalf("all taken: got error %v, want ErrNoWorkerID (unavailable)", err)
 	}
-	if !strings.Contains(err.Error(), "1024 live leases") {
+	// The first worker's key, rewritten by its heartbeats while the bucket
+	// is read, may show up as a lost race instead of a live lease.
+	if !strings.Contains(err.Error(), "1024 live leases") && !strings.Contains(err.Error(), "1023 live leases") {
 		t.Errorf("error %q does not say how many leases are live", err)
 	}
 
