@@ -366,13 +366,15 @@ func TestConcurrentUnique(t *testing.T) {
 					return
 				}
 			}
-			requireIncreasing(t, ids)
 			results[i] = ids
 		})
 	}
 	wg.Wait()
+	// Checked here: requireIncreasing calls t.Fatalf, which must not run
+	// on another goroutine than the test's.
 	var all []int64
 	for _, r := range results {
+		requireIncreasing(t, r)
 		all = append(all, r...)
 	}
 	requireUnique(t, all)
