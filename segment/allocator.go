@@ -207,10 +207,14 @@ func (a *Allocator) Take(ctx context.Context, tag string, n int, dst []Run) ([]R
 		if dst, rest = b.take(n, dst); rest == 0 {
 			return dst, nil
 		}
-		return a.wait(ctx, b, rest, dst)
+		return a.wait(ctx, b, rest, dst, a.deadline())
 	}
-	return a.takeSlow(ctx, tag, n, dst)
+	return a.takeSlow(ctx, tag, n, dst, a.deadline())
 }
+
+// deadline returns when a request that starts waiting now must give up:
+// one MaxWait covers the tag lookup and the wait for segments together.
+func (a *Allocator) deadline() time.Time { return a.now().Add(a.maxWait) }
 
 // TakeNow is Take for callers that must never block, such as a NATS
 // handler serving every tag from one subscription. When the IDs are in
@@ -224,13 +228,13 @@ func (a *Allocator) TakeNow(tag string, n int, dst []Run) ([]Run, *Pending, erro
 	}
 	b := (*a.tags.Load())[tag]
 	if b == nil {
-		return dst, &Pending{a: a, tag: tag, n: n}, nil
+		return dst, &Pending{a: a, tag: tag, n: n, deadline: a.deadline()}, nil
 	}
 	var rest int
 	if dst, rest = b.take(n, dst); rest == 0 {
 		return dst, nil, nil
 	}
-	return dst, &Pending{a: a, b: b, tag: tag, n: rest, runs: slices.Clone(dst)}, nil
+	return dst, &Pending{a: a, b: b, tag: tag, n: rest, runs: slices.Clone(dst), deadline: a.deadline()}, nil
 }
 
 // Pending is a request that TakeNow could not serve from memory.
@@ -240,6 +244,8 @@ type Pending struct {
 	tag  string
 	n    int   // IDs still to take
 	runs []Run // IDs already taken
+	// deadline is MaxWait after TakeNow: the request gives up then.
+	deadline time.Time
 }
 
 // Wait takes the rest of the request's IDs, waiting for a segment at most
@@ -247,19 +253,19 @@ type Pending struct {
 // IDs are as for Take. Call it once.
 func (p *Pending) Wait(ctx context.Context) ([]Run, error) {
 	if p.b == nil {
-		return p.a.takeSlow(ctx, p.tag, p.n, p.runs)
+		return p.a.takeSlow(ctx, p.tag, p.n, p.runs, p.deadline)
 	}
-	return p.a.wait(ctx, p.b, p.n, p.runs)
+	return p.a.wait(ctx, p.b, p.n, p.runs, p.deadline)
 }
 
 // takeSlow serves a tag that is not in the map: it looks the tag up in the
 // store (once for all concurrent callers), remembering unknown tags for
-// NegativeTTL.
-func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run) ([]Run, error) {
+// NegativeTTL. It gives up at deadline.
+func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run, deadline time.Time) ([]Run, error) {
 	if err := CheckTag(tag); err != nil {
 		return dst, err
 	}
-	b, err := a.buffer(ctx, tag)
+	b, err := a.buffer(ctx, tag, deadline)
 	if err != nil {
 		return dst, err
 	}
@@ -267,11 +273,12 @@ func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run) 
 	if rest == 0 {
 		return dst, nil
 	}
-	return a.wait(ctx, b, rest, dst)
+	return a.wait(ctx, b, rest, dst, deadline)
 }
 
-// buffer returns the tag's buffer, asking the store about a tag not yet known.
-func (a *Allocator) buffer(ctx context.Context, tag string) (*buffer, error) {
+// buffer returns the tag's buffer, asking the store about a tag not yet
+// known; it waits for the store until deadline.
+func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) (*buffer, error) {
 	if b := (*a.tags.Load())[tag]; b != nil {
 		return b, nil
 	}
@@ -315,7 +322,7 @@ func (a *Allocator) buffer(ctx context.Context, tag string) (*buffer, error) {
 		}
 		return a.addTag(tag), nil
 	})
-	timer := time.NewTimer(a.maxWait)
+	timer := time.NewTimer(deadline.Sub(a.now()))
 	defer timer.Stop()
 	select {
 	case r := <-ch:
@@ -366,22 +373,26 @@ func (a *Allocator) removeTag(tag string, b *buffer) {
 	a.tags.Store(&m)
 }
 
-// wait takes the remaining n IDs of b, waiting for segments at most MaxWait.
-func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run) ([]Run, error) {
+// wait takes the remaining n IDs of b, waiting for segments until deadline.
+func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadline time.Time) ([]Run, error) {
 	b.waits.Add(1)
-	timer := time.NewTimer(a.maxWait)
+	timer := time.NewTimer(deadline.Sub(a.now()))
 	defer timer.Stop()
 	for {
 		// Take the channel before trying, so that a load finishing in
 		// between is not missed.
 		b.mu.Lock()
-		wake, removed, lastErr := b.wake, b.removed, b.lastErr
+		wake, removed, exhausted, lastErr := b.wake, b.removed, b.exhausted.Load(), b.lastErr
 		b.mu.Unlock()
 		if removed {
 			return dst, fmt.Errorf("%w %q", ErrUnknownTag, b.tag)
 		}
 		if dst, n = b.take(n, dst); n == 0 {
 			return dst, nil
+		}
+		if exhausted {
+			// The buffers are spent and the store has no more: final.
+			return dst, fmt.Errorf("%w %q: its next segment would pass 2^63-1", ErrExhausted, b.tag)
 		}
 		if a.ctx.Err() != nil {
 			return dst, ErrClosed
@@ -531,18 +542,48 @@ func (a *Allocator) Close(ctx context.Context) error {
 	return errors.Join(all...)
 }
 
-// frozen is stored into a segment's cursor on Close: every later take finds
-// the segment spent.
-const frozen = math.MaxInt64 / 2
-
 // segment is one range of IDs, start through end-1, taken from the store.
+//
+// Its cursor only moves by compare-and-swap, from c to at most end, and only
+// while c < end: a spent segment's cursor stays at end, whatever is asked of
+// it, so no sum can overflow even when end is 2^63-1, and freezing it on
+// Close (moving it to end) can never produce an ID.
 type segment struct {
-	cursor    atomic.Int64 // next ID to hand out; runs past end when spent
+	cursor    atomic.Int64 // next ID to hand out; end when spent
 	start     int64
 	end       int64
 	threshold int64 // when cursor passes it, the next segment is fetched
 	step      int64
 	fetchedAt time.Time
+}
+
+// takeUpTo takes min(k, what is left) IDs, k >= 1, and returns the first
+// and how many it took; 0 when the segment is spent.
+func (s *segment) takeUpTo(k int64) (first, got int64) {
+	for {
+		c := s.cursor.Load()
+		if c >= s.end {
+			return 0, 0
+		}
+		got = min(k, s.end-c)
+		if s.cursor.CompareAndSwap(c, c+got) {
+			return c, got
+		}
+	}
+}
+
+// freeze marks the segment spent and returns its first unissued ID (end if
+// none was left). No take succeeds after it.
+func (s *segment) freeze() int64 {
+	for {
+		c := s.cursor.Load()
+		if c >= s.end {
+			return s.end
+		}
+		if s.cursor.CompareAndSwap(c, s.end) {
+			return c
+		}
+	}
 }
 
 // buffer is the double buffer of one tag. cur is taken from without locks;
@@ -557,6 +598,11 @@ type buffer struct {
 	loading  atomic.Bool             // a loader runs; at most one per tag
 	waits    atomic.Int64            // requests that had to wait
 	timeouts atomic.Int64            // waits that expired
+	// exhausted: the store has no segment left for the tag (ErrExhausted
+	// at the tag's own step). Requests fail with ErrExhausted once the
+	// buffers are spent; this allocator never fetches the tag again. It is
+	// set with mu held, before wake is closed.
+	exhausted atomic.Bool
 
 	mu sync.Mutex // protects the fields below
 	// wake is closed and replaced whenever a fetch ends, well or not.
@@ -591,25 +637,23 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 			// times out (store down) does not drain the buffer that keeps
 			// serving smaller requests. Concurrent takers can still make a
 			// batch straddle; then the part taken is skipped if it fails.
-			if c := seg.cursor.Load(); c < seg.end && c+k > seg.end {
+			if c := seg.cursor.Load(); c < seg.end && k > seg.end-c {
 				if nxt := b.next.Load(); nxt == nil || nxt == seg {
 					b.prefetch()
 					return dst, n
 				}
 			}
 		}
-		first := seg.cursor.Add(k) - k
-		if last := first + k; last <= seg.end {
-			dst = append(dst, Run{first, last - 1})
-			if last > seg.threshold {
+		if first, got := seg.takeUpTo(k); got > 0 {
+			dst = append(dst, Run{first, first + got - 1})
+			if first+got > seg.threshold {
 				b.prefetch()
 			}
-			return dst, 0
+			if n -= int(got); n == 0 {
+				return dst, 0
+			}
 		}
-		if first < seg.end {
-			dst = append(dst, Run{first, seg.end - 1})
-			n -= int(seg.end - first)
-		}
+		// seg is spent: switch to the next segment if it is ready.
 		nxt := b.next.Load()
 		if nxt == nil || nxt == seg {
 			b.prefetch()
@@ -625,7 +669,7 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 // prefetch starts a background fetch unless one runs or the next segment is
 // ready. At most one loader runs per tag.
 func (b *buffer) prefetch() {
-	if b.loading.Load() || !b.wantsLoad() || !b.loading.CompareAndSwap(false, true) {
+	if b.loading.Load() || !b.wantsLoad() || b.exhausted.Load() || !b.loading.CompareAndSwap(false, true) {
 		return
 	}
 	// A loader may have published between the check and the swap.
@@ -663,7 +707,7 @@ func (b *buffer) load() {
 		alloc, err := a.store.Fetch(ctx, b.tag, step)
 		latency := time.Since(start)
 		cancel()
-		if err == nil && (alloc.End <= alloc.Start || alloc.TagStep < 1) {
+		if err == nil && (alloc.Start < 1 || alloc.End <= alloc.Start || alloc.TagStep < 1) {
 			err = fmt.Errorf("segment: store returned a bad allocation %+v for tag %q", alloc, b.tag)
 		}
 		if a.onFetch != nil {
@@ -673,6 +717,15 @@ func (b *buffer) load() {
 			b.publish(alloc, latency)
 			return
 		}
+		exhausted := errors.Is(err, ErrExhausted)
+		if exhausted && step > 0 {
+			// The dynamic step no longer fits below 2^63-1; the tag's
+			// own step may.
+			b.mu.Lock()
+			b.step = 0
+			b.mu.Unlock()
+			continue
+		}
 		gone := errors.Is(err, ErrUnknownTag)
 		b.mu.Lock()
 		b.lastErr = err
@@ -680,11 +733,20 @@ func (b *buffer) load() {
 		if gone {
 			b.removed = true
 		}
+		if exhausted {
+			b.exhausted.Store(true)
+		}
 		close(b.wake)
 		b.wake = make(chan struct{})
 		b.mu.Unlock()
 		if gone {
 			a.removeTag(b.tag, b)
+			b.loading.Store(false)
+			return
+		}
+		if exhausted {
+			a.log.Error("segment: tag exhausted: its IDs would pass 2^63-1; requests for it fail once its buffers are spent",
+				"tag", b.tag, "err", err)
 			b.loading.Store(false)
 			return
 		}
@@ -770,11 +832,11 @@ func (b *buffer) giveBack(ctx context.Context) error {
 	if nxt == cur {
 		nxt = nil
 	}
-	curCursor := min(cur.cursor.Swap(frozen), cur.end)
+	curCursor := cur.freeze()
 	last, first := cur, curCursor
 	if nxt != nil {
 		last = nxt
-		first = min(nxt.cursor.Swap(frozen), nxt.end)
+		first = nxt.freeze()
 		if first == nxt.start && cur.end == nxt.start {
 			first = curCursor // contiguous: give back the rest of both
 		}

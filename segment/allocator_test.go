@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ type memStore struct {
 	gate     chan struct{} // Fetch waits on it while set
 	tagsGate chan struct{} // Tags waits on it, after listing, while set
 	listed   chan struct{} // Tags sends on it before waiting on tagsGate
+	onTag    func()        // called by Tag, without mu, while set
 	giveBack []string
 }
 
@@ -73,6 +75,9 @@ func (s *memStore) Fetch(ctx context.Context, tag string, step int64) (Allocatio
 	if step <= 0 {
 		step = t.Step
 	}
+	if t.MaxID > math.MaxInt64-step {
+		return Allocation{}, fmt.Errorf("mem: %w", ErrExhausted)
+	}
 	a := Allocation{Start: t.MaxID, End: t.MaxID + step, TagStep: t.Step}
 	t.MaxID += step
 	return a, nil
@@ -100,6 +105,11 @@ func (s *memStore) Tags(ctx context.Context) ([]string, error) {
 
 func (s *memStore) Tag(ctx context.Context, name string) (Tag, error) {
 	s.mu.Lock()
+	if f := s.onTag; f != nil {
+		s.mu.Unlock()
+		f()
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
 	s.lookups++
 	if s.fail != nil {
