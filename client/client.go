@@ -27,6 +27,9 @@ var (
 	ErrBadRequest = errors.New("client: bad request")
 	// ErrUnknownTag is code 404: the tag does not exist.
 	ErrUnknownTag = errors.New("client: unknown tag")
+	// ErrExhausted is code 410: the tag has run out of IDs (its next
+	// segment would pass 2^63-1). Retrying does not help.
+	ErrExhausted = errors.New("client: tag exhausted")
 	// ErrUnavailable is code 503: try again later (store down and buffers
 	// empty, snowflake lease not held, clock moved back, shutting down).
 	ErrUnavailable = errors.New("client: service unavailable")
@@ -40,7 +43,7 @@ var (
 
 // Error is an error reply of the service.
 type Error struct {
-	Code        string // "400", "404", "503", "500"
+	Code        string // "400", "404", "410", "503", "500"
 	Description string
 }
 
@@ -55,6 +58,8 @@ func (e *Error) Is(target error) bool {
 		return target == ErrBadRequest
 	case "404":
 		return target == ErrUnknownTag
+	case "410":
+		return target == ErrExhausted
 	case "503":
 		return target == ErrUnavailable
 	}

@@ -201,3 +201,28 @@ func BenchmarkSegmentPrefetch(b *testing.B) {
 		}
 	}
 }
+
+func TestErrorCodes(t *testing.T) {
+	tests := []struct {
+		code string
+		want error
+	}{
+		{"400", client.ErrBadRequest},
+		{"404", client.ErrUnknownTag},
+		{"410", client.ErrExhausted},
+		{"503", client.ErrUnavailable},
+		{"500", client.ErrInternal},
+		{"599", client.ErrInternal},
+	}
+	all := []error{client.ErrBadRequest, client.ErrUnknownTag, client.ErrExhausted, client.ErrUnavailable, client.ErrInternal}
+	for _, tt := range tests {
+		t.Run(tt.code, func(t *testing.T) {
+			err := error(&client.Error{Code: tt.code})
+			for _, sentinel := range all {
+				if got, want := errors.Is(err, sentinel), sentinel == tt.want; got != want {
+					t.Errorf("errors.Is(%s, %v) = %v, want %v", tt.code, sentinel, got, want)
+				}
+			}
+		})
+	}
+}

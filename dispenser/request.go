@@ -105,12 +105,19 @@ func truncate(s string, n int) string {
 func AppendList(dst []byte, runs []segment.Run) []byte {
 	sep := false
 	for _, r := range runs {
-		for id := r.First; id <= r.Last; id++ {
+		if r.First > r.Last {
+			continue
+		}
+		// Stop at Last before incrementing: Last may be 2^63-1.
+		for id := r.First; ; id++ {
 			if sep {
 				dst = append(dst, '\n')
 			}
 			sep = true
 			dst = strconv.AppendInt(dst, id, 10)
+			if id == r.Last {
+				break
+			}
 		}
 	}
 	return dst

@@ -23,8 +23,11 @@ import (
 
 // Error codes of replies, in the micro error headers.
 const (
-	CodeBadRequest  = "400"
-	CodeNotFound    = "404"
+	CodeBadRequest = "400"
+	CodeNotFound   = "404"
+	// CodeGone: the tag is exhausted (its IDs would pass 2^63-1); final,
+	// retrying does not help.
+	CodeGone        = "410"
 	CodeUnavailable = "503"
 	CodeInternal    = "500"
 )
@@ -379,10 +382,13 @@ func (r replier) fail(err error) {
 func (s *Service) classify(err error) (code, desc string) {
 	switch {
 	case errors.Is(err, ErrBadCount), errors.Is(err, ErrBadHeader), errors.Is(err, ErrBadSubject),
-		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount):
+		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),
+		errors.Is(err, snowflake.ErrInvalidCount):
 		return CodeBadRequest, err.Error()
 	case errors.Is(err, segment.ErrUnknownTag):
 		return CodeNotFound, err.Error()
+	case errors.Is(err, segment.ErrExhausted):
+		return CodeGone, err.Error()
 	case errors.Is(err, segment.ErrClosed):
 		return CodeUnavailable, segment.ErrClosed.Error()
 	case errors.Is(err, segment.ErrUnavailable):
