@@ -68,6 +68,12 @@ type Config struct {
 	// StoreMetadata, so that workers can refuse to share a queue group with
 	// a worker of another store: two stores hand out the same IDs.
 	Store string
+	// SnowflakeLeases names the snowflake lease bucket and epoch (e.g.
+	// "dispenser_workers@<bucket creation time> epoch <epoch>"). It is
+	// published in the micro metadata under SnowflakeMetadata, so that
+	// workers can refuse to share a queue group with a worker that leases
+	// its worker IDs elsewhere: both would issue the same IDs.
+	SnowflakeLeases string
 	// Logger receives unexpected errors. Default slog.Default().
 	Logger *slog.Logger
 	// Registerer, if set, receives the service's Prometheus metrics.
@@ -112,6 +118,10 @@ func (s *Service) ID() string { return s.id }
 
 // StoreMetadata is the micro metadata key naming a worker's segment store.
 const StoreMetadata = "store"
+
+// SnowflakeMetadata is the micro metadata key naming a worker's snowflake
+// lease bucket and epoch (Config.SnowflakeLeases).
+const SnowflakeMetadata = "snowflake"
 
 // Name is the micro service name.
 const Name = "dispenser"
@@ -160,7 +170,7 @@ func New(cfg Config) (*Service, error) {
 	svc, err := micro.AddService(cfg.Conn, micro.Config{
 		Name:         Name,
 		Version:      cfg.Version,
-		Metadata:     map[string]string{StoreMetadata: cfg.Store},
+		Metadata:     map[string]string{StoreMetadata: cfg.Store, SnowflakeMetadata: cfg.SnowflakeLeases},
 		Description:  "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
 		QueueGroup:   cfg.QueueGroup,
 		StatsHandler: s.stats,

@@ -53,6 +53,7 @@ type benchConfig struct {
 	JSON        bool
 	Smoke       bool
 	CPUProfile  string
+	SyncAlways  bool
 }
 
 // benchModes are the runs --modes selects from, in order.
@@ -92,12 +93,15 @@ type benchTarget struct {
 
 // benchReport is the whole result; --json prints it.
 type benchReport struct {
-	Go        string         `json:"go"`
-	OS        string         `json:"os"`
-	CPUs      int            `json:"cpus"`
-	NATSURL   string         `json:"nats_url,omitempty"` // only for --nats-url
-	Local     bool           `json:"local"`
-	Store     string         `json:"store,omitempty"`
+	Go      string `json:"go"`
+	OS      string `json:"os"`
+	CPUs    int    `json:"cpus"`
+	NATSURL string `json:"nats_url,omitempty"` // only for --nats-url
+	Local   bool   `json:"local"`
+	Store   string `json:"store,omitempty"`
+	// Sync is the embedded nats-server's JetStream sync: "always" or
+	// "interval" (local runs only).
+	Sync      string         `json:"jetstream_sync,omitempty"`
 	Warmup    string         `json:"warmup"`
 	Duration  string         `json:"duration"`
 	Inflight  int            `json:"inflight"`
@@ -133,6 +137,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&c.MemoryTags, "memory-tags", 1000, "warm tags of the idle worker whose memory is measured")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&c.Smoke, "smoke", false, "a few seconds of every run, checking every ID; fails on errors or duplicates, never on speed")
+	fs.BoolVar(&c.SyncAlways, "sync-always", true, "the embedded nats-server writes every JetStream message to disk before acknowledging it, as dispenser serve's does; false measures JetStream's default periodic sync for comparison")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (service, nats-server, baseline) during the runs to this file")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -210,7 +215,7 @@ func runBench(ctx context.Context, c benchConfig, stdout, stderr io.Writer) (err
 		if c.Smoke {
 			maxWait = 5 * time.Second
 		}
-		env, err = startBenchEnv(ctx, c.Tag, c.PostgresURL, maxWait, log)
+		env, err = startBenchEnv(ctx, c.Tag, c.PostgresURL, maxWait, c.SyncAlways, log)
 		if err != nil {
 			return err
 		}
@@ -220,6 +225,10 @@ func runBench(ctx context.Context, c benchConfig, stdout, stderr io.Writer) (err
 			}
 		}()
 		url, prefix, rep.Store = env.url, "id", env.store
+		rep.Sync = "always"
+		if !c.SyncAlways {
+			rep.Sync = "interval"
+		}
 	} else {
 		rep.NATSURL = c.URL
 		var skipped []string
@@ -616,7 +625,7 @@ func (rep *benchReport) finish() {
 
 // print writes the report as tables.
 func (rep *benchReport) print(w io.Writer) {
-	where := "local: embedded nats-server, baseline responder and service in one process, store " + rep.Store
+	where := "local: embedded nats-server (JetStream sync " + rep.Sync + "), baseline responder and service in one process, store " + rep.Store
 	if !rep.Local {
 		where = "deployment " + rep.NATSURL
 	}

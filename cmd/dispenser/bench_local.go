@@ -67,7 +67,7 @@ type benchEnv struct {
 
 // startBenchEnv starts the local set-up with tag as the segment tag.
 // maxWait, if not zero, replaces the service's default --max-wait.
-func startBenchEnv(ctx context.Context, tag, postgresURL string, maxWait time.Duration, log *slog.Logger) (_ *benchEnv, err error) {
+func startBenchEnv(ctx context.Context, tag, postgresURL string, maxWait time.Duration, syncAlways bool, log *slog.Logger) (_ *benchEnv, err error) {
 	e := &benchEnv{store: "kv"}
 	defer func() {
 		if err != nil {
@@ -77,15 +77,8 @@ func startBenchEnv(ctx context.Context, tag, postgresURL string, maxWait time.Du
 	if e.dir, err = os.MkdirTemp("", "dispenser-bench-"); err != nil {
 		return nil, err
 	}
-	e.ns, err = server.NewServer(&server.Options{
-		ServerName: "dispenser-bench",
-		Host:       "127.0.0.1",
-		Port:       server.RANDOM_PORT,
-		JetStream:  true,
-		StoreDir:   filepath.Join(e.dir, "jetstream"),
-		NoSigs:     true,
-		NoLog:      true,
-	})
+	e.ns, err = server.NewServer(embeddedOptions("dispenser-bench", "127.0.0.1", server.RANDOM_PORT,
+		filepath.Join(e.dir, "jetstream"), syncAlways))
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
 	}

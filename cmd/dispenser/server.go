@@ -78,6 +78,7 @@ type Server struct {
 	pool      *pgxpool.Pool
 	store     segment.Store
 	storeName string
+	leaseName string // snowflake lease bucket identity and epoch; "" without snowflake
 	alloc     *segment.Allocator
 	worker    *snowflake.Worker
 	svc       *dispenser.Service
@@ -159,6 +160,10 @@ func (s *Server) Start(ctx context.Context) error {
 		sf = s.worker
 		id, _ := s.worker.WorkerID()
 		s.log.Info("snowflake worker ID leased", "worker_id", id, "bucket", sfs.Bucket)
+		if s.leaseName, err = bucketIdentity(ctx, js, cmp.Or(sfs.Bucket, snowflake.DefaultBucket)); err != nil {
+			return err
+		}
+		s.leaseName += " epoch " + s.worker.Epoch().Format(time.RFC3339Nano)
 	}
 
 	cfg := dispenser.Config{
@@ -174,6 +179,7 @@ func (s *Server) Start(ctx context.Context) error {
 		cfg.Registerer = reg
 	}
 	cfg.Store = s.storeName
+	cfg.SnowflakeLeases = s.leaseName
 	if err := s.checkPeers(ctx); err != nil {
 		return err
 	}
@@ -200,7 +206,11 @@ func (s *Server) openStore(ctx context.Context, js jetstream.JetStream) error {
 		if err != nil {
 			return err
 		}
-		s.store, s.storeName = st, "kv:"+cmp.Or(s.cfg.SegmentBucket, kv.DefaultBucket)
+		name, err := bucketIdentity(ctx, js, cmp.Or(s.cfg.SegmentBucket, kv.DefaultBucket))
+		if err != nil {
+			return err
+		}
+		s.store, s.storeName = st, "kv:"+name
 		return nil
 	}
 	pool, err := pgxpool.New(ctx, s.cfg.PostgresURL)
@@ -328,8 +338,28 @@ func (s *Server) Close() error {
 	return errors.Join(errs...)
 }
 
+// embeddedOptions returns the options of an embedded nats-server with
+// JetStream storing under storeDir. With syncAlways, JetStream writes every
+// message to disk (fsync) before it acknowledges it: the KV buckets hold
+// the only record of a tag's max_id and of a worker ID's timestamp bound,
+// and JetStream's default (sync every two minutes) lets an OS crash or
+// power loss roll acknowledged writes back, after which a restarted worker
+// would hand out IDs again.
+func embeddedOptions(name, host string, port int, storeDir string, syncAlways bool) *server.Options {
+	return &server.Options{
+		ServerName: name,
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   storeDir,
+		SyncAlways: syncAlways,
+		NoSigs:     true,
+		NoLog:      true,
+	}
+}
+
 // startEmbeddedNATS starts a nats-server with JetStream listening on listen
-// and storing under dataDir.
+// and storing under dataDir, syncing every write.
 func startEmbeddedNATS(listen, dataDir string) (*server.Server, error) {
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
@@ -339,15 +369,7 @@ func startEmbeddedNATS(listen, dataDir string) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--nats-listen %q: bad port: %w", listen, err)
 	}
-	ns, err := server.NewServer(&server.Options{
-		ServerName: "dispenser",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   filepath.Join(dataDir, "jetstream"),
-		NoSigs:     true,
-		NoLog:      true,
-	})
+	ns, err := server.NewServer(embeddedOptions("dispenser", host, port, filepath.Join(dataDir, "jetstream"), true))
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
 	}
@@ -442,9 +464,29 @@ func fetchHistogram(reg prometheus.Registerer) func(string, time.Duration, error
 	}
 }
 
+// bucketIdentity names a JetStream KV bucket by its name and its stream's
+// creation time, so that two buckets of one name (in two JetStream domains,
+// or deleted and made again) tell apart.
+func bucketIdentity(ctx context.Context, js jetstream.JetStream, bucket string) (string, error) {
+	kvb, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return "", fmt.Errorf("bucket %q: %w", bucket, err)
+	}
+	st, err := kvb.Status(ctx)
+	if err != nil {
+		return "", fmt.Errorf("bucket %q: status: %w", bucket, err)
+	}
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		return bucket + "@" + bs.StreamInfo().Created.UTC().Format(time.RFC3339Nano), nil
+	}
+	return bucket, nil
+}
+
 // checkPeers refuses to join a queue group whose segment workers use another
-// store: two stores would hand out the same IDs. It asks the running
-// dispenser workers for their info and waits a moment for the answers.
+// store, or whose snowflake workers lease worker IDs from another bucket or
+// with another epoch: either way two workers would hand out the same IDs.
+// It asks the running dispenser workers for their info and waits a moment
+// for the answers.
 func (s *Server) checkPeers(ctx context.Context) error {
 	inbox := nats.NewInbox()
 	sub, err := s.nc.SubscribeSync(inbox)
@@ -455,7 +497,8 @@ func (s *Server) checkPeers(ctx context.Context) error {
 	if err := s.nc.PublishRequest("$SRV.INFO."+dispenser.Name, inbox, nil); err != nil {
 		return err
 	}
-	subject := s.cfg.Prefix + ".segment.>"
+	segSubject := s.cfg.Prefix + ".segment.>"
+	sfSubject := s.cfg.Prefix + ".snowflake"
 	deadline := time.Now().Add(150 * time.Millisecond)
 	for {
 		msg, err := sub.NextMsg(time.Until(deadline))
@@ -467,13 +510,23 @@ func (s *Server) checkPeers(ctx context.Context) error {
 			continue
 		}
 		for _, e := range info.Endpoints {
-			if e.Subject != subject || e.QueueGroup != s.cfg.QueueGroup {
+			if e.QueueGroup != s.cfg.QueueGroup {
 				continue
 			}
-			if other := info.Metadata[dispenser.StoreMetadata]; other != s.storeName {
-				return fmt.Errorf("worker %s in queue group %q serves %s from store %q, this one would use %q: "+
-					"workers of different stores hand out the same IDs; use the same store or another --queue-group or --prefix",
-					info.ID, s.cfg.QueueGroup, subject, other, s.storeName)
+			switch {
+			case e.Subject == segSubject:
+				if other := info.Metadata[dispenser.StoreMetadata]; other != s.storeName {
+					return fmt.Errorf("worker %s in queue group %q serves %s from store %q, this one would use %q: "+
+						"workers of different stores hand out the same IDs; use the same store or another --queue-group or --prefix",
+						info.ID, s.cfg.QueueGroup, segSubject, other, s.storeName)
+				}
+			case e.Subject == sfSubject && s.leaseName != "":
+				if other := info.Metadata[dispenser.SnowflakeMetadata]; other != s.leaseName {
+					return fmt.Errorf("worker %s in queue group %q serves %s with worker IDs leased from %q, this one from %q: "+
+						"workers of different lease buckets or epochs hand out the same IDs; use the same --snowflake-bucket "+
+						"(in the same JetStream domain) and --snowflake-epoch, or another --queue-group or --prefix",
+						info.ID, s.cfg.QueueGroup, sfSubject, other, s.leaseName)
+				}
 			}
 		}
 	}
