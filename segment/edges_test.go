@@ -237,3 +237,60 @@ func TestOneDeadlineForLookupAndWait(t *testing.T) {
 }
 
 var discard = slog.New(slog.DiscardHandler)
+
+// TestRemovedTagMidBatch: a tag removed from the store while a batch is
+// being served answers ErrUnknownTag (404). A batch that had to wait takes
+// nothing; one that had taken part of its IDs skips them, and they are never
+// handed out, also not after the tag is created again.
+func TestRemovedTagMidBatch(t *testing.T) {
+	tests := []struct {
+		name      string
+		nextReady bool // the next segment is in memory when the batch comes
+		wantTaken int64
+	}{
+		{"batch waits for a segment: takes nothing", false, 0},
+		{"batch took part of the buffers: skips it", true, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
+			ratio := 1.0
+			if tt.nextReady {
+				ratio = 0.05
+			}
+			a := newAllocator(t, Settings{Store: st, MaxStep: 10, PrefetchRatio: ratio})
+			take(t, a, "a", 2) // past the threshold with ratio 0.05
+			if tt.nextReady {
+				eventually(t, "the next segment", func() bool { return a.Stats()[0].NextReady })
+			}
+			st.set(func(s *memStore) { delete(s.tags, "a") })
+			runs, err := a.Take(context.Background(), "a", 25, nil)
+			if !errors.Is(err, ErrUnknownTag) {
+				t.Fatalf("err = %v, want ErrUnknownTag", err)
+			}
+			var taken int64
+			for _, r := range runs {
+				taken += r.Len()
+			}
+			if taken != tt.wantTaken {
+				t.Errorf("IDs taken by the failed batch = %d, want %d", taken, tt.wantTaken)
+			}
+			// The tag comes back where the store left it.
+			maxID := 1 + 10*int64(st.fetchCount("a")-1) // the failed fetch allocated nothing
+			st.set(func(s *memStore) { s.tags["a"] = &Tag{Name: "a", MaxID: maxID, Step: 10} })
+			eventually(t, "the tag to be dropped", func() bool { return !a.Known("a") })
+			got := take(t, a, "a", 5)
+			last := runs
+			for _, id := range got {
+				for _, r := range last {
+					if id >= r.First && id <= r.Last {
+						t.Fatalf("ID %d handed out again after the failed batch took it", id)
+					}
+				}
+				if id < maxID {
+					t.Fatalf("ID %d below the store's max_id %d", id, maxID)
+				}
+			}
+		})
+	}
+}
