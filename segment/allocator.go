@@ -384,6 +384,9 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 		b.mu.Lock()
 		wake, removed, exhausted, lastErr := b.wake, b.removed, b.exhausted.Load(), b.lastErr
 		b.mu.Unlock()
+		if a.ctx.Err() != nil {
+			return dst, ErrClosed
+		}
 		if removed {
 			return dst, fmt.Errorf("%w %q", ErrUnknownTag, b.tag)
 		}
@@ -393,9 +396,6 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 		if exhausted {
 			// The buffers are spent and the store has no more: final.
 			return dst, fmt.Errorf("%w %q: its next segment would pass 2^63-1", ErrExhausted, b.tag)
-		}
-		if a.ctx.Err() != nil {
-			return dst, ErrClosed
 		}
 		select {
 		case <-wake:
