@@ -8,9 +8,12 @@
 //   - TestChaos: three workers, one nats-server, one PostgreSQL; SIGKILL,
 //     SIGTERM, SIGSTOP beyond the snowflake lease, SIGSTOP until a
 //     replacement takes the worker ID over, PostgreSQL crash and stop,
-//     nats-server restart, on a seeded random schedule. No duplicate, only
-//     IDs or 503 in replies, per-worker order, self-recovery; failed
-//     requests are reported by fault.
+//     nats-server restart, on a seeded random schedule. Each fault must
+//     show its effect (a kill by SIGKILL, a clean exit, a fenced episode,
+//     a lost lease, a failed fetch, every worker reconnected), or the test
+//     fails. No duplicate, only IDs or 503 in replies, per-worker order,
+//     no two processes issuing with one snowflake worker ID at overlapping
+//     times, self-recovery; failed requests are reported by fault.
 //   - TestDatabaseOutage: PostgreSQL down for 10 s under load with steps
 //     for 30 s of it: no failed request, and the workers refill their
 //     buffers by themselves afterwards.
@@ -20,7 +23,12 @@
 //     three replicas, each server stopped in turn: no lease lost, no
 //     duplicate, failures only while clients reconnect.
 //   - TestSustainedLoad: 80% of the measured maximum for 10 s (60 s in long
-//     mode): no failure, flat resident memory.
+//     mode): achieved (at least 90% of the offered rate), no failure, flat
+//     resident memory.
+//
+// The checks are checked too: TestHarnessDetectsViolations,
+// TestCheckSnowflakeWorkers, TestCheckUnique and TestFaultEffects feed
+// every branch of the checker a misbehaving fake.
 //
 // Run it with
 //

@@ -1,9 +1,11 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -362,11 +364,14 @@ func (l *load) answeredSince(since int64) map[string]map[string]bool {
 }
 
 // check reports, after stop, every protocol or ordering violation, every
-// ID returned twice (per tag; for snowflake, globally), and every snowflake
-// millisecond whose worker bits two processes used. describe names a worker
-// by micro service ID.
+// request that failed with 500 (an unexpected error in a worker), every ID
+// returned twice (per tag; for snowflake, globally), and every two worker
+// processes that issued snowflake IDs with one worker ID at overlapping
+// times. describe names a worker by micro service ID.
 func (l *load) check(tb testing.TB, describe func(string) string) {
 	tb.Helper()
+	internal := 0
+	var example string
 	for _, c := range l.clients {
 		for _, b := range c.bad {
 			tb.Errorf("violation: %s", b)
@@ -374,6 +379,17 @@ func (l *load) check(tb testing.TB, describe func(string) string) {
 		if c.nbad > len(c.bad) {
 			tb.Errorf("... and %d more violations of a %s client", c.nbad-len(c.bad), c.target.name)
 		}
+		for _, f := range c.fails {
+			if f.kind == dispenser.CodeInternal {
+				if internal == 0 {
+					example = fmt.Sprintf("%s at %.3fs: %s", c.target.name, float64(f.got)/1e9, f.err)
+				}
+				internal++
+			}
+		}
+	}
+	if internal > 0 {
+		tb.Errorf("%d requests failed with 500 (an unexpected error in a worker; see the worker logs), e.g. %s", internal, example)
 	}
 	byTarget := map[string][]*client{}
 	var names []string
@@ -425,39 +441,68 @@ func (l *load) checkUnique(tb testing.TB, name string, cs []*client, describe fu
 }
 
 // checkSnowflakeWorkers fails the test if two processes issued snowflake
-// IDs with the same worker bits in the same millisecond: two live holders
-// of one worker ID, which the leases must prevent even where the IDs
-// happen to differ.
+// IDs with the same worker bits at overlapping times: from the first to the
+// last timestamp of each process's IDs with those bits, the intervals of
+// two processes must not overlap, not even in one millisecond. That is what
+// the leases promise: one live holder of a worker ID at a time, and a
+// successor starts above everything its predecessor issued.
 func (l *load) checkSnowflakeWorkers(tb testing.TB, cs []*client, describe func(string) string) {
 	tb.Helper()
-	owner := map[int64]int32{} // millisecond and worker bits -> worker index
-	conflicts := 0
+	type span struct {
+		worker   int32
+		bits     int64
+		from, to int64 // milliseconds since the epoch, inclusive
+	}
+	spans := map[lastKey]*span{} // process and worker bits -> its span
 	for _, c := range cs {
 		for _, r := range c.replies {
 			for _, id := range c.ids[r.off : r.off+r.n] {
-				key := id >> sequenceBits
-				w, ok := owner[key]
-				if !ok {
-					owner[key] = r.worker
+				key := lastKey{worker: r.worker, bits: id >> sequenceBits & workerMask}
+				ms := id >> (sequenceBits + 10)
+				sp := spans[key]
+				if sp == nil {
+					spans[key] = &span{worker: r.worker, bits: key.bits, from: ms, to: ms}
 					continue
 				}
-				if w != r.worker {
-					conflicts++
-					if conflicts <= 5 {
-						tb.Errorf("snowflake: worker ID %d used in millisecond %d by %s and %s (ID %d)",
-							key&workerMask, key>>10, describe(l.workerID(w)), describe(l.workerID(r.worker)), id)
-					}
+				sp.from, sp.to = min(sp.from, ms), max(sp.to, ms)
+			}
+		}
+	}
+	byBits := map[int64][]*span{}
+	for _, sp := range spans {
+		byBits[sp.bits] = append(byBits[sp.bits], sp)
+	}
+	conflicts := 0
+	for _, bits := range slices.Sorted(maps.Keys(byBits)) {
+		list := byBits[bits]
+		slices.SortFunc(list, func(a, b *span) int {
+			return cmp.Or(cmp.Compare(a.from, b.from), cmp.Compare(a.to, b.to), cmp.Compare(a.worker, b.worker))
+		})
+		// Compare each span with the one reaching furthest among those
+		// that started before it.
+		reach := list[0]
+		for _, sp := range list[1:] {
+			if sp.from <= reach.to {
+				conflicts++
+				if conflicts <= 5 {
+					tb.Errorf("snowflake: worker ID %d used by %s in milliseconds %d..%d and by %s in %d..%d: overlapping",
+						bits, describe(l.workerID(reach.worker)), reach.from, reach.to,
+						describe(l.workerID(sp.worker)), sp.from, sp.to)
 				}
+			}
+			if sp.to > reach.to {
+				reach = sp
 			}
 		}
 	}
 	if conflicts > 5 {
-		tb.Errorf("snowflake: %d more shared worker IDs", conflicts-5)
+		tb.Errorf("snowflake: %d more overlapping uses of worker IDs", conflicts-5)
 	}
 }
 
 // faultLog records the faults injected while a load ran, to attribute
-// failed requests to them.
+// failed requests to them, and the effect observed of each: a fault whose
+// effect was not seen may not have happened at all.
 type faultLog struct {
 	l       *load
 	grace   time.Duration // a fault's window lasts this long after it ended
@@ -466,7 +511,8 @@ type faultLog struct {
 
 type window struct {
 	kind       string
-	start, end int64 // since load start; end 0 while the fault lasts
+	start, end int64  // since load start; end 0 while the fault lasts
+	effect     string // what was observed of the fault; "" for nothing
 }
 
 // begin records the start of a fault of the given kind; end(i) its end.
@@ -476,6 +522,28 @@ func (fl *faultLog) begin(kind string) int {
 }
 
 func (fl *faultLog) end(i int) { fl.windows[i].end = fl.l.now() }
+
+// observed records what was seen of fault i's effect.
+func (fl *faultLog) observed(i int, format string, args ...any) {
+	fl.windows[i].effect = fmt.Sprintf(format, args...)
+}
+
+// checkEffects fails the test for every fault whose effect was not
+// observed, and logs the effects of the others.
+func (fl *faultLog) checkEffects(tb testing.TB) {
+	tb.Helper()
+	var seen []string
+	for _, w := range fl.windows {
+		if w.effect == "" {
+			tb.Errorf("fault %s at %.3fs: no effect observed (did it happen?)", w.kind, float64(w.start)/1e9)
+			continue
+		}
+		seen = append(seen, fmt.Sprintf("%.3fs %s: %s", float64(w.start)/1e9, w.kind, w.effect))
+	}
+	if len(seen) > 0 {
+		tb.Logf("effects of the faults:\n%s", strings.Join(seen, "\n"))
+	}
+}
 
 // attribute returns the kind of the fault that a request answered or
 // failed at got falls to: of the faults whose window (start to end plus
@@ -494,16 +562,20 @@ func (fl *faultLog) attribute(got int64) string {
 	return kind
 }
 
-// report returns a table of requests and failures by fault and failure
-// kind, and the failures per fault kind.
+// report returns a table of faults injected, faults whose effect was
+// observed, and requests and failures by fault and failure kind; and the
+// failures per fault kind.
 func (fl *faultLog) report() (string, map[string]map[string]int) {
 	var kinds []string // fault kinds in order of first injection, then none
-	injected := map[string]int{}
+	injected, effective := map[string]int{}, map[string]int{}
 	for _, w := range fl.windows {
 		if injected[w.kind] == 0 {
 			kinds = append(kinds, w.kind)
 		}
 		injected[w.kind]++
+		if w.effect != "" {
+			effective[w.kind]++
+		}
 	}
 	kinds = append(kinds, "none")
 	requests := map[string]int{}
@@ -530,7 +602,7 @@ func (fl *faultLog) report() (string, map[string]map[string]int) {
 	sort.Strings(cols)
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "fault\tinjected\trequests\tfailed\t%s\t\n", strings.Join(cols, "\t"))
+	fmt.Fprintf(w, "fault\tinjected\teffect seen\trequests\tfailed\t%s\t\n", strings.Join(cols, "\t"))
 	for _, k := range kinds {
 		total := 0
 		var row []string
@@ -538,7 +610,7 @@ func (fl *faultLog) report() (string, map[string]map[string]int) {
 			total += fails[k][col]
 			row = append(row, strconv.Itoa(fails[k][col]))
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%s\t\n", k, injected[k], requests[k], total, strings.Join(row, "\t"))
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\t\n", k, injected[k], effective[k], requests[k], total, strings.Join(row, "\t"))
 	}
 	w.Flush()
 	return b.String(), fails
