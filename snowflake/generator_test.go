@@ -476,3 +476,46 @@ func TestLeasedGenerator(t *testing.T) {
 	ids = append(ids, more...)
 	requireIncreasing(t, ids)
 }
+
+// TestLeasedGeneratorKeepsOrderAcrossWorkerIDs: assign under a lower worker
+// ID resumes above the last ID, whether the new lease has no floor or a
+// floor below the timestamps borrowed under the old one.
+func TestLeasedGeneratorKeepsOrderAcrossWorkerIDs(t *testing.T) {
+	tests := []struct {
+		name  string
+		floor int64 // relative to the clock; -1: none
+	}{
+		{name: "never used worker ID", floor: -1},
+		{name: "floor below the borrowed timestamps", floor: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newFakeClock(t, t0)
+			g, err := newGenerator(Settings{Now: c.Now, mono: c.Mono, sleep: func(time.Duration) {}, Logger: testLogger(t)}, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nowMs := t0.Sub(DefaultEpoch).Milliseconds()
+			const lease = 300 * time.Millisecond
+			g.assign(900, -1, nowMs+lease.Milliseconds(), c.Mono()+lease)
+			ids, err := g.NextN(3 * 4096) // two milliseconds borrowed
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.revoke(ErrFenced)
+			floor := int64(-1)
+			if tt.floor >= 0 {
+				floor = nowMs + tt.floor
+			}
+			g.assign(3, floor, nowMs+lease.Milliseconds(), c.Mono()+lease)
+			more, err := g.NextN(10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := Decode(more[0], time.Time{}); p.Worker != 3 || more[0] <= ids[len(ids)-1] {
+				t.Fatalf("first ID under worker ID 3: %d (worker %d, timestamp %d), want above the last under 900, %d (timestamp %d)",
+					more[0], p.Worker, p.Timestamp, ids[len(ids)-1], Decode(ids[len(ids)-1], time.Time{}).Timestamp)
+			}
+		})
+	}
+}
