@@ -30,7 +30,9 @@ type WorkerSettings struct {
 	// Bucket is the JetStream key-value bucket holding the leases, created
 	// if missing. Default DefaultBucket.
 	Bucket string
-	// Replicas of the bucket when it is created. Default 1.
+	// Replicas of the bucket when it is created, and the fewest an
+	// existing bucket may have (ErrBucketReplicas); more are accepted.
+	// Default 1.
 	Replicas int
 	// Instance names this process in the leases. A restart with the same
 	// name prefers its previous worker ID once that is claimable: at once

@@ -57,10 +57,13 @@ const DefaultBucket = "dispenser_segments"
 type Settings struct {
 	// Bucket names the key-value bucket. Default DefaultBucket.
 	Bucket string
-	// Replicas is the number of replicas of a new bucket. Default 1.
+	// Replicas is the number of replicas of a new bucket, and the fewest
+	// an existing bucket may have (ErrBucketReplicas); more are accepted.
+	// Default 1.
 	Replicas int
 	// Storage is the storage of a new bucket. Default (the zero value)
-	// jetstream.FileStorage.
+	// jetstream.FileStorage, with which an existing bucket kept in memory
+	// is refused (ErrBucketMemory).
 	Storage jetstream.StorageType
 }
 
