@@ -33,10 +33,10 @@ const (
 // loop), clocks are fake and candidate IDs are shuffled by a seeded source,
 // so a seed replays its schedule: the test logs the seed, and
 // DISPENSER_PROPERTY_SEED=N runs schedule N first. DISPENSER_PROPERTY_LONG=1
-// runs 40 schedules of 400 steps with 4 processes instead of 4 of 150 with
+// runs 40 schedules of 400 steps with 4 processes instead of 3 of 150 with
 // 3 (1 in -short mode).
 func TestLeaseProperty(t *testing.T) {
-	schedules, steps, procs := 4, 150, 3
+	schedules, steps, procs := 3, 150, 3
 	if os.Getenv(envPropertyLong) == "1" {
 		schedules, steps, procs = 40, 400, 4
 	} else if testing.Short() {
