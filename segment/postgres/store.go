@@ -93,21 +93,66 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 	step = max(step, 0)
 	var end, tagStep int64
 	err := s.pool.QueryRow(ctx, fetchSQL, tag, step).Scan(&end, &tagStep)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w", tag, segment.ErrUnknownTag)
-	case errors.As(err, &pgErr) && pgErr.Code == "22003": // numeric_value_out_of_range
-		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w: max_id would overflow bigint", tag, segment.ErrExhausted)
-	case errors.As(err, &pgErr) && pgErr.Code == "23502": // not_null_violation
-		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w: the tag's stored step is not positive", tag, segment.ErrInvalidStep)
-	case err != nil:
-		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w", tag, err)
+	if err = fetchError(tag, err); err != nil {
+		return segment.Allocation{}, err
 	}
 	if step == 0 {
 		step = tagStep
 	}
 	return segment.Allocation{Start: end - step, End: end, TagStep: tagStep}, nil
+}
+
+// fetchAboveSQL is fetchSQL from max_id or floor, whichever is greater, and
+// also returns max_id as it was: the CTE locks the row, so the old value and
+// the update are one atomic step.
+const fetchAboveSQL = `WITH old AS (SELECT max_id FROM leaf_alloc WHERE biz_tag = $1 FOR UPDATE)
+UPDATE leaf_alloc
+SET max_id = greatest(leaf_alloc.max_id, $3::bigint) + CASE WHEN $2::bigint > 0 THEN $2::bigint WHEN step > 0 THEN step END,
+    update_time = now()
+FROM old
+WHERE biz_tag = $1
+RETURNING leaf_alloc.max_id, leaf_alloc.step, old.max_id`
+
+// FetchAbove is Fetch from greatest(max_id, floor): it moves a tag whose
+// max_id fell behind what was served (package witness) above it and fetches
+// in one statement. It returns the segment and max_id as it was before.
+// Errors as for Fetch; floor must not be negative (ErrInvalidArgument).
+func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (segment.Allocation, int64, error) {
+	if err := segment.CheckTag(tag); err != nil {
+		return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch: %w", err)
+	}
+	if step > segment.MaxStepLimit {
+		return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
+	}
+	if floor < 0 {
+		return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w: floor %d", tag, segment.ErrInvalidArgument, floor)
+	}
+	step = max(step, 0)
+	var end, tagStep, before int64
+	err := s.pool.QueryRow(ctx, fetchAboveSQL, tag, step, floor).Scan(&end, &tagStep, &before)
+	if err = fetchError(tag, err); err != nil {
+		return segment.Allocation{}, 0, err
+	}
+	if step == 0 {
+		step = tagStep
+	}
+	return segment.Allocation{Start: end - step, End: end, TagStep: tagStep}, before, nil
+}
+
+// fetchError maps the error of a fetch statement to package segment's.
+func fetchError(tag string, err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("postgres: fetch %q: %w", tag, segment.ErrUnknownTag)
+	case errors.As(err, &pgErr) && pgErr.Code == "22003": // numeric_value_out_of_range
+		return fmt.Errorf("postgres: fetch %q: %w: max_id would overflow bigint", tag, segment.ErrExhausted)
+	case errors.As(err, &pgErr) && pgErr.Code == "23502": // not_null_violation
+		return fmt.Errorf("postgres: fetch %q: %w: the tag's stored step is not positive", tag, segment.ErrInvalidStep)
+	}
+	return fmt.Errorf("postgres: fetch %q: %w", tag, err)
 }
 
 // GiveBack sets the tag's max_id back to firstUnissued if it is still end,

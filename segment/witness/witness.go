@@ -1,0 +1,372 @@
+// Package witness records, before any of its IDs is served, every segment
+// fetched from a segment.Store that can lose writes (PostgreSQL after a
+// failover to a replica that missed them, a restored backup, a max_id
+// lowered by hand) in a JetStream key-value bucket that does not roll back
+// with the database.
+//
+// # Invariant
+//
+// Per tag the bucket holds a high-water mark M. Every segment [start, end)
+// that any worker serves was first recorded by a compare-and-swap that
+// raised the mark from m to end, and only when start >= m. So every served
+// segment lies below the mark, and two recorded segments never overlap:
+// whatever the database forgets, a segment it hands out again lies below the
+// mark and is refused. A refused segment means the store lost writes (or,
+// rarely, that another worker recorded a later segment first): the worker
+// then moves the tag's max_id above the mark in one statement and fetches
+// again, and logs and counts a rollback when the database was behind.
+//
+// Give-back lowers the mark, but only from exactly the end of the giver's
+// own last segment (which is then the mark, so nobody recorded after it) to
+// the giver's first unissued ID, by compare-and-swap, and only then lowers
+// the store's max_id. A give-back is therefore never mistaken for a
+// rollback (the mark moves down first), and a rollback is never mistaken
+// for a give-back (a rollback does not touch the mark; nothing lowers the
+// mark but the worker whose segment ends there).
+package witness
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// DefaultBucket is the witness bucket's default name.
+const DefaultBucket = "dispenser_witness"
+
+// Errors of the witness, wrapped with the tag and what to do; test with
+// errors.Is.
+var (
+	// ErrMarkDeleted means a tag's mark was deleted or purged from the
+	// bucket: the witness no longer knows what was served, so the tag is
+	// not served until an operator puts the mark back.
+	ErrMarkDeleted = errors.New("witness: mark deleted")
+	// ErrConflict means the mark kept changing under concurrent workers
+	// beyond the retries of one fetch; the fetch is retried later.
+	ErrConflict = errors.New("witness: mark kept changing")
+)
+
+// Raiser is a segment.Store that can, in one atomic statement, move a tag's
+// max_id to at least floor and fetch a segment from there.
+type Raiser interface {
+	segment.Store
+	// FetchAbove sets max_id to greatest(max_id, floor) + step (the tag's
+	// own step if step <= 0) and returns the segment from the greater of
+	// the two, and max_id as it was before.
+	FetchAbove(ctx context.Context, tag string, floor, step int64) (a segment.Allocation, before int64, err error)
+}
+
+// Settings configure a Store. Zero values mean the documented defaults.
+type Settings struct {
+	// Bucket is the JetStream KV bucket of the marks, created if missing.
+	// Default DefaultBucket.
+	Bucket string
+	// Replicas of the bucket when it is created. Default 1; use 3 on a
+	// cluster. An existing bucket with fewer replicas is refused.
+	Replicas int
+	// Logger receives rollbacks (error) and deleted marks. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// OnRollback, if set, is called for every detected rollback: the
+	// store's max_id was maxID, below the mark.
+	OnRollback func(tag string, mark, maxID int64)
+}
+
+// Store is a segment.Store that records every fetched segment in the
+// witness bucket before returning it. It is safe for concurrent use.
+type Store struct {
+	Raiser
+	kv         jetstream.KeyValue
+	log        *slog.Logger
+	onRollback func(tag string, mark, before int64)
+	rollbacks  atomic.Uint64
+
+	mu sync.Mutex // protects marks
+	// marks caches, per tag, the mark and revision this Store last wrote
+	// or read, so that a fetch costs one KV round trip; a stale entry
+	// fails its compare-and-swap and is read again.
+	marks map[string]mark
+}
+
+// mark is a tag's witness value and its revision (0: no value).
+type mark struct {
+	end int64
+	rev uint64
+}
+
+// record is the JSON value under a tag's key.
+type record struct {
+	Mark int64 `json:"mark"`
+}
+
+// maxAttempts bounds the compare-and-swap rounds of one fetch.
+const maxAttempts = 8
+
+// Open creates the witness bucket or opens an existing one, refuses a
+// bucket that can drop values (kvbucket.Check), and returns a Store that
+// records the segments of inner.
+func Open(ctx context.Context, js jetstream.JetStream, inner Raiser, s Settings) (*Store, error) {
+	if s.Bucket == "" {
+		s.Bucket = DefaultBucket
+	}
+	if s.Replicas == 0 {
+		s.Replicas = 1
+	}
+	if s.Replicas < 1 || s.Replicas > 5 {
+		return nil, fmt.Errorf("witness: Replicas %d not in 1..5", s.Replicas)
+	}
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      s.Bucket,
+		Description: "dispenser: high-water marks of served segments",
+		History:     1,
+		Replicas:    s.Replicas,
+		Storage:     jetstream.FileStorage,
+	})
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = js.KeyValue(ctx, s.Bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("witness: bucket %q: %w", s.Bucket, err)
+	}
+	if err := kvbucket.Check(ctx, kv, kvbucket.Requirements{MinReplicas: s.Replicas}); err != nil {
+		return nil, fmt.Errorf("witness: %w", err)
+	}
+	return New(kv, inner, s), nil
+}
+
+// New returns a Store that records the segments of inner in kv, which the
+// caller has checked (Open does).
+func New(kv jetstream.KeyValue, inner Raiser, s Settings) *Store {
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	return &Store{Raiser: inner, kv: kv, log: s.Logger, onRollback: s.OnRollback, marks: map[string]mark{}}
+}
+
+// Bucket returns the witness bucket's name.
+func (w *Store) Bucket() string { return w.kv.Bucket() }
+
+// Rollbacks returns how many rollbacks this Store detected.
+func (w *Store) Rollbacks() uint64 { return w.rollbacks.Load() }
+
+// Fetch fetches a segment from the inner store and records it in the
+// witness; it returns only segments that lie wholly above every segment
+// recorded before. Errors are the inner store's, ErrMarkDeleted,
+// ErrConflict, or the bucket's (witness unreachable): no segment is served
+// without being recorded.
+func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+	a, err := w.Raiser.Fetch(ctx, tag, step)
+	if err != nil {
+		return a, err
+	}
+	for range maxAttempts {
+		m, cached, err := w.mark(ctx, tag)
+		if err != nil {
+			return segment.Allocation{}, err
+		}
+		if a.Start < m.end {
+			if cached {
+				w.forget(tag) // maybe stale (a give-back lowered it): read it
+				continue
+			}
+			// The store handed out a segment below what was served:
+			// it lost writes, or another worker recorded a later
+			// segment first. Move max_id above the mark and fetch again.
+			refused := a
+			var before int64
+			a, before, err = w.Raiser.FetchAbove(ctx, tag, m.end, step)
+			if err != nil {
+				return segment.Allocation{}, err
+			}
+			if before < m.end {
+				// Still behind after our own fetch: not a race. The
+				// store's max_id was refused.Start.
+				w.rollbacks.Add(1)
+				w.log.Error("witness: the segment store lost writes (failover, restored backup or max_id lowered by hand); "+
+					"moved max_id above the witness mark, no ID is handed out twice",
+					"tag", tag, "max_id", refused.Start, "witness_mark", m.end, "bucket", w.kv.Bucket())
+				if w.onRollback != nil {
+					w.onRollback(tag, m.end, refused.Start)
+				}
+			}
+			continue
+		}
+		err = w.swap(ctx, tag, m, a.End)
+		if err == nil {
+			return a, nil
+		}
+		if !conflict(err) {
+			return segment.Allocation{}, fmt.Errorf("witness: recording segment %d..%d of tag %q: %w", a.Start, a.End-1, tag, err)
+		}
+		w.forget(tag)
+	}
+	return segment.Allocation{}, fmt.Errorf("%w: tag %q after %d attempts", ErrConflict, tag, maxAttempts)
+}
+
+// GiveBack lowers the mark from end to firstUnissued if end is the mark,
+// then gives the IDs back to the inner store. It reports whether the inner
+// store took them.
+func (w *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
+	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
+		return false, fmt.Errorf("witness: give back %q: %w", tag, err)
+	}
+	w.forget(tag)
+	m, _, err := w.mark(ctx, tag)
+	if err != nil {
+		return false, err
+	}
+	if m.end != end {
+		return false, nil // somebody recorded after us
+	}
+	if err := w.swap(ctx, tag, m, firstUnissued); err != nil {
+		if conflict(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("witness: give back %q: %w", tag, err)
+	}
+	return w.Raiser.GiveBack(ctx, tag, end, firstUnissued)
+}
+
+// Mark returns the tag's mark: the end of the highest segment recorded (0
+// and false if none is).
+func (w *Store) Mark(ctx context.Context, tag string) (int64, bool, error) {
+	e, err := w.kv.Get(ctx, tag)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("witness: read mark of %q: %w", tag, err)
+	}
+	r, err := decode(tag, e.Value())
+	if err != nil {
+		return 0, false, err
+	}
+	return r.Mark, true, nil
+}
+
+// Ping checks that the inner store and the witness bucket answer.
+func (w *Store) Ping(ctx context.Context) error {
+	if p, ok := w.Raiser.(interface{ Ping(context.Context) error }); ok {
+		if err := p.Ping(ctx); err != nil {
+			return err
+		}
+	}
+	if _, err := w.kv.Status(ctx); err != nil {
+		return fmt.Errorf("witness: bucket %q: %w", w.kv.Bucket(), err)
+	}
+	return nil
+}
+
+// CreateTag and UpdateTag pass through to the inner store if it is a
+// segment.Admin.
+func (w *Store) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
+	a, ok := w.Raiser.(segment.Admin)
+	if !ok {
+		return errors.New("witness: the inner store cannot create tags")
+	}
+	return a.CreateTag(ctx, name, step, start, description)
+}
+
+// UpdateTag: see CreateTag.
+func (w *Store) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
+	a, ok := w.Raiser.(segment.Admin)
+	if !ok {
+		return errors.New("witness: the inner store cannot update tags")
+	}
+	return a.UpdateTag(ctx, name, step, description)
+}
+
+// mark returns the tag's mark, from the cache (cached true) or the bucket.
+func (w *Store) mark(ctx context.Context, tag string) (_ mark, cached bool, _ error) {
+	w.mu.Lock()
+	m, ok := w.marks[tag]
+	w.mu.Unlock()
+	if ok {
+		return m, true, nil
+	}
+	e, err := latest(ctx, w.kv, tag)
+	if err != nil {
+		return mark{}, false, fmt.Errorf("witness: read mark of %q: %w", tag, err)
+	}
+	if e == nil {
+		return mark{}, false, nil
+	}
+	if e.Operation() != jetstream.KeyValuePut {
+		return mark{}, false, fmt.Errorf("%w: tag %q's mark in bucket %q was deleted or purged (revision %d); "+
+			"it is not served until the mark is restored: nats kv put %s %s '{\"mark\":N}', "+
+			"N above every ID ever handed out for it", ErrMarkDeleted, tag, w.kv.Bucket(), e.Revision(), w.kv.Bucket(), tag)
+	}
+	r, err := decode(tag, e.Value())
+	if err != nil {
+		return mark{}, false, err
+	}
+	m = mark{end: r.Mark, rev: e.Revision()}
+	w.remember(tag, m)
+	return m, false, nil
+}
+
+// swap sets the tag's mark from m to end by compare-and-swap on m's
+// revision (0: the key has never been written; a delete marker makes it
+// fail).
+func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
+	data, err := json.Marshal(record{Mark: end})
+	if err != nil {
+		return err
+	}
+	rev, err := w.kv.Update(ctx, tag, data, m.rev)
+	if err != nil {
+		return err
+	}
+	w.remember(tag, mark{end: end, rev: rev})
+	return nil
+}
+
+func (w *Store) remember(tag string, m mark) {
+	w.mu.Lock()
+	w.marks[tag] = m
+	w.mu.Unlock()
+}
+
+func (w *Store) forget(tag string) {
+	w.mu.Lock()
+	delete(w.marks, tag)
+	w.mu.Unlock()
+}
+
+func decode(tag string, data []byte) (record, error) {
+	var r record
+	if err := json.Unmarshal(data, &r); err != nil || r.Mark < 0 {
+		return record{}, fmt.Errorf("witness: tag %q: unreadable mark %q", tag, data)
+	}
+	return r, nil
+}
+
+// latest returns the latest message under key, a delete or purge marker
+// included, or nil if the key has none.
+func latest(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
+	es, err := kv.History(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return es[len(es)-1], nil
+}
+
+// conflict reports whether err is a lost compare-and-swap.
+func conflict(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
+}
