@@ -84,11 +84,8 @@ RETURNING max_id, step`
 // segment.ErrInvalidStep (step above segment.MaxStepLimit, or the stored
 // step is not positive), segment.ErrUnknownTag, segment.ErrExhausted.
 func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
-	if err := segment.CheckTag(tag); err != nil {
-		return segment.Allocation{}, fmt.Errorf("postgres: fetch: %w", err)
-	}
-	if step > segment.MaxStepLimit {
-		return segment.Allocation{}, fmt.Errorf("postgres: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
+	if err := checkFetch(tag, step); err != nil {
+		return segment.Allocation{}, err
 	}
 	step = max(step, 0)
 	var end, tagStep int64
@@ -118,11 +115,8 @@ RETURNING leaf_alloc.max_id, leaf_alloc.step, old.max_id`
 // in one statement. It returns the segment and max_id as it was before.
 // Errors as for Fetch; floor must not be negative (ErrInvalidArgument).
 func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (segment.Allocation, int64, error) {
-	if err := segment.CheckTag(tag); err != nil {
-		return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch: %w", err)
-	}
-	if step > segment.MaxStepLimit {
-		return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
+	if err := checkFetch(tag, step); err != nil {
+		return segment.Allocation{}, 0, err
 	}
 	if floor < 0 {
 		return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w: floor %d", tag, segment.ErrInvalidArgument, floor)
@@ -137,6 +131,17 @@ func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (
 		step = tagStep
 	}
 	return segment.Allocation{Start: end - step, End: end, TagStep: tagStep}, before, nil
+}
+
+// checkFetch checks a fetch's tag and step.
+func checkFetch(tag string, step int64) error {
+	if err := segment.CheckTag(tag); err != nil {
+		return fmt.Errorf("postgres: fetch: %w", err)
+	}
+	if step > segment.MaxStepLimit {
+		return fmt.Errorf("postgres: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
+	}
+	return nil
 }
 
 // fetchError maps the error of a fetch statement to package segment's.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -261,5 +262,47 @@ func TestOpen(t *testing.T) {
 
 	if _, err := postgres.Open(ctx, strings.Replace(url, "/dispenser_test_", "/nosuch_", 1)); err == nil || !strings.HasPrefix(err.Error(), "postgres: ") {
 		t.Errorf("Open of a missing database: got error %v, want a postgres: error", err)
+	}
+}
+
+func TestFetchAbove(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name        string
+		maxID       int64
+		floor, step int64
+		want        segment.Allocation
+		wantBefore  int64
+		wantErr     error
+	}{
+		{name: "behind the floor", maxID: 11, floor: 31, want: segment.Allocation{Start: 31, End: 41, TagStep: 10}, wantBefore: 11},
+		{name: "ahead of the floor", maxID: 51, floor: 31, want: segment.Allocation{Start: 51, End: 61, TagStep: 10}, wantBefore: 51},
+		{name: "explicit step", maxID: 1, floor: 5, step: 3, want: segment.Allocation{Start: 5, End: 8, TagStep: 10}, wantBefore: 1},
+		{name: "past 2^63-1", maxID: 1, floor: math.MaxInt64 - 5, wantErr: segment.ErrExhausted},
+		{name: "negative floor", maxID: 1, floor: -1, wantErr: segment.ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t)
+			createTag(t, s, "t", 10, tt.maxID)
+			got, before, err := s.FetchAbove(ctx, "t", tt.floor, tt.step)
+			if tt.wantErr != nil {
+				checkErr(t, err, tt.wantErr)
+				if m := tag(t, s, "t").MaxID; m != tt.maxID {
+					t.Fatalf("max_id = %d after a failed fetch, want %d", m, tt.maxID)
+				}
+				return
+			}
+			if err != nil || got != tt.want || before != tt.wantBefore {
+				t.Fatalf("FetchAbove = %+v, %d, %v; want %+v, %d", got, before, err, tt.want, tt.wantBefore)
+			}
+			if m := tag(t, s, "t").MaxID; m != tt.want.End {
+				t.Fatalf("max_id = %d, want %d", m, tt.want.End)
+			}
+		})
+	}
+	s := newStore(t)
+	if _, _, err := s.FetchAbove(ctx, "nope", 1, 0); !errors.Is(err, segment.ErrUnknownTag) {
+		t.Fatalf("unknown tag: %v, want ErrUnknownTag", err)
 	}
 }
