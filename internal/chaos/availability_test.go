@@ -416,3 +416,46 @@ func TestSustainedLoad(t *testing.T) {
 // sustainedShare is the share of the offered rate that TestSustainedLoad
 // must achieve.
 const sustainedShare = 0.9
+
+// TestExitZeroWhenGiveBackAndReleaseFail stops a worker with SIGTERM after
+// its nats-server went away: giving its segments back (to the JetStream KV
+// store) and releasing its snowflake lease both fail. They only save IDs
+// and time for a successor, so the README promises exit status 0 all the
+// same.
+func TestExitZeroWhenGiveBackAndReleaseFail(t *testing.T) {
+	t.Parallel()
+	ns := startNATS(t)
+	createKVTags(t, ns.URL(), kv.DefaultBucket, 1, map[string]int64{"orders": 100})
+	f := newFleet(t, "--nats-url", ns.URL(), "--shutdown-timeout", "5s")
+	p := f.start("exit-0")
+	nc := connect(t, ns.URL(), "exit-0")
+	var got string
+	err := waitFor(30*time.Second, func() error {
+		resp, err := nc.Request("id.segment.orders", nil, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		got = string(resp.Data)
+		return nil
+	})
+	if err != nil || got != "1" {
+		t.Fatalf("first ID: %q, %v; want 1", got, err)
+	}
+	nc.Close()
+	ns.stop()
+	p.signal(t, syscall.SIGTERM)
+	if !p.wait(60 * time.Second) {
+		t.Fatalf("worker %v still runs 60s after SIGTERM", p)
+	}
+	for _, msg := range []string{
+		"segments not given back; their unissued IDs are skipped",
+		"snowflake lease not released; a successor waits for it to expire",
+	} {
+		if len(p.logged(msg)) == 0 {
+			t.Errorf("worker %v did not log %q; log:\n%s", p, msg, tail(p.log, 4096))
+		}
+	}
+	if !p.state.Success() {
+		t.Errorf("worker %v: %v after SIGTERM with NATS down, want exit status 0; log:\n%s", p, p.state, tail(p.log, 4096))
+	}
+}

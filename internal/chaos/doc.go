@@ -25,6 +25,9 @@
 //   - TestSustainedLoad: 80% of the measured maximum for 10 s (60 s in long
 //     mode): achieved (at least 90% of the offered rate), no failure, flat
 //     resident memory.
+//   - TestExitZeroWhenGiveBackAndReleaseFail: SIGTERM after the
+//     nats-server went away: give-back and lease release fail, exit status
+//     must still be 0.
 //
 // The checks are checked too: TestHarnessDetectsViolations,
 // TestCheckSnowflakeWorkers, TestCheckUnique and TestFaultEffects feed
