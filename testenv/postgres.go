@@ -63,6 +63,21 @@ type PostgresCluster struct {
 // a fresh temporary directory (dir "") always is but t.TempDir() is not.
 // Close stops the cluster and removes dir.
 func StartPostgresCluster(dir string) (*PostgresCluster, error) {
+	c, err := newPostgresCluster(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.create(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// newPostgresCluster finds the PostgreSQL programs, the user to run them as
+// and prepares dir as StartPostgresCluster describes, without creating a
+// cluster in it.
+func newPostgresCluster(dir string) (*PostgresCluster, error) {
 	initdb, pgCtl, err := findPostgresBinaries(os.Getenv("PATH"), debianPostgresLib)
 	if err != nil {
 		return nil, err
@@ -104,23 +119,13 @@ func StartPostgresCluster(dir string) (*PostgresCluster, error) {
 		}
 	}
 	c.dir = dir
-	if err := c.create(); err != nil {
-		c.Close()
-		return nil, err
-	}
 	return c, nil
 }
 
-// create runs initdb and starts the server, retrying on another port if the
-// one picked was taken meanwhile.
+// create runs initdb and starts the server on a free port.
 func (c *PostgresCluster) create() error {
-	if c.cred != nil {
-		if err := os.Chown(c.dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
-			return fmt.Errorf("testenv: %w", err)
-		}
-		if err := c.checkSearchable(); err != nil {
-			return err
-		}
+	if err := c.own(); err != nil {
+		return err
 	}
 	if _, err := c.run(c.initdb, "-D", c.dataDir(), "-U", "postgres", "--auth=trust",
 		"-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
@@ -138,6 +143,24 @@ func (c *PostgresCluster) create() error {
 	if err != nil {
 		return fmt.Errorf("testenv: %w", err)
 	}
+	return c.startOnFreePort()
+}
+
+// own hands c.dir to the user that runs the server, if that is not us, and
+// checks that this user can reach it.
+func (c *PostgresCluster) own() error {
+	if c.cred == nil {
+		return nil
+	}
+	if err := os.Chown(c.dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+		return fmt.Errorf("testenv: %w", err)
+	}
+	return c.checkSearchable()
+}
+
+// startOnFreePort writes the settings with a free port and starts the
+// server, retrying on another port if the one picked was taken meanwhile.
+func (c *PostgresCluster) startOnFreePort() error {
 	for attempt := 1; ; attempt++ {
 		if err := c.configure(); err != nil {
 			return err
@@ -160,6 +183,9 @@ func (c *PostgresCluster) configure() error {
 	if len(socketDir) > 80 { // a unix socket path has at most 107 bytes
 		socketDir = ""
 	}
+	// wal_level and max_wal_senders are PostgreSQL's defaults, spelled out
+	// because StartReplica needs them; initdb's pg_hba.conf already lets
+	// 127.0.0.1 connect for replication with the --auth given.
 	settings := fmt.Sprintf(`listen_addresses = '127.0.0.1'
 port = %d
 unix_socket_directories = '%s'
@@ -171,6 +197,8 @@ max_wal_size = 256MB
 log_min_messages = warning
 log_min_error_statement = panic
 log_checkpoints = off
+wal_level = replica
+max_wal_senders = 10
 `, c.port, strings.ReplaceAll(socketDir, "'", "''"))
 	name := filepath.Join(c.dataDir(), "dispenser.conf")
 	if err := os.WriteFile(name, []byte(settings), 0o600); err != nil {
