@@ -22,6 +22,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/segment/witness"
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
@@ -53,6 +54,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.BoolVar(&c.Migrate, "migrate", false, "apply the database migrations before serving (PostgreSQL)")
 	fs.StringVar(&c.SegmentBucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store (without --postgres-url)")
 	fs.IntVar(&c.SegmentReplicas, "segment-replicas", 1, "replicas of the segment bucket when it is created; an existing bucket with fewer is refused")
+	witnessOn := fs.Bool("witness", true, "with --postgres-url: record every segment in a JetStream KV witness before serving it, so that a failover to a replica that missed writes (or a restored backup) never hands out IDs twice")
+	fs.StringVar(&c.WitnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks")
+	fs.IntVar(&c.WitnessReplicas, "witness-replicas", 1, "replicas of the witness bucket when it is created; an existing bucket with fewer is refused")
 	fs.BoolVar(&c.AutoCreateTags, "auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url and no --postgres-url)")
 	fs.Int64Var(&c.AutoCreateStep, "auto-create-step", 1000, "step of tags created on first use")
 	fs.BoolVar(&c.Snowflake, "snowflake", true, "serve snowflake IDs (needs JetStream for worker-ID leases)")
@@ -98,6 +102,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("--snowflake-epoch %q: %w", c.SnowflakeEpoch, err)
 	}
 	c.SnowflakeSettings.Epoch = epoch
+	c.NoWitness = !*witnessOn
 	if err := c.validate(); err != nil {
 		return err
 	}
@@ -119,6 +124,8 @@ func (c serveConfig) validate() error {
 		return fmt.Errorf("--auto-create-step %d: want 1..%d", c.AutoCreateStep, segment.MaxStepLimit)
 	case c.Segment.MaxWait <= 0 || c.Segment.FetchTimeout <= 0 || c.Segment.RefreshInterval <= 0 || c.Segment.NegativeTTL <= 0 || c.ShutdownTimeout <= 0:
 		return errors.New("--max-wait, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
+	case c.WitnessReplicas < 1 || c.WitnessReplicas > 5:
+		return fmt.Errorf("--witness-replicas %d: want 1..5", c.WitnessReplicas)
 	case c.SnowflakeSettings.Lease < 0 || c.SnowflakeSettings.Heartbeat < 0:
 		return errors.New("--snowflake-lease and --snowflake-heartbeat must not be negative")
 	case c.SnowflakeSettings.Lease > 0 && c.SnowflakeSettings.Heartbeat >= c.SnowflakeSettings.Lease:
@@ -131,17 +138,19 @@ func (c serveConfig) validate() error {
 
 // storeFlags are the flags that select the store of admin commands.
 type storeFlags struct {
-	postgresURL string
-	natsURL     string
-	bucket      string
-	conn        serveConfig // NATS security flags
+	postgresURL   string
+	natsURL       string
+	bucket        string
+	witnessBucket string
+	conn          serveConfig // NATS security flags
 }
 
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	f := &storeFlags{}
 	fs.StringVar(&f.postgresURL, "postgres-url", "", "PostgreSQL URL of the segment store")
-	fs.StringVar(&f.natsURL, "nats-url", "", "NATS URL, for the JetStream KV segment store (when --postgres-url is empty)")
+	fs.StringVar(&f.natsURL, "nats-url", "", "NATS URL, for the JetStream KV segment store (when --postgres-url is empty); with --postgres-url, tags list shows the witness marks")
 	fs.StringVar(&f.bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store")
+	fs.StringVar(&f.witnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks (with --postgres-url and --nats-url)")
 	fs.StringVar(&f.conn.NATSCreds, "nats-creds", "", "NATS credentials file")
 	fs.StringVar(&f.conn.NATSNKey, "nats-nkey", "", "NATS NKey seed file")
 	fs.StringVar(&f.conn.NATSTLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
@@ -156,18 +165,52 @@ type adminStore interface {
 	segment.Admin
 }
 
-// open opens the selected store; close releases it.
-func (f *storeFlags) open(ctx context.Context) (st adminStore, close func(), err error) {
+// marker reads the witness marks of tags.
+type marker interface {
+	Mark(ctx context.Context, tag string) (mark int64, ok bool, err error)
+}
+
+// open opens the selected store, and with PostgreSQL and --nats-url the
+// witness (w, else nil); close releases them.
+func (f *storeFlags) open(ctx context.Context) (st adminStore, w marker, close func(), err error) {
 	if f.postgresURL != "" {
 		pool, err := openPostgres(ctx, f.postgresURL)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return postgres.New(pool), pool.Close, nil
+		pg := postgres.New(pool)
+		if f.natsURL == "" {
+			return pg, nil, pool.Close, nil
+		}
+		nc, js, err := f.connect()
+		if err != nil {
+			pool.Close()
+			return nil, nil, nil, err
+		}
+		kvb, err := js.KeyValue(ctx, f.witnessBucket)
+		if err != nil {
+			nc.Close()
+			pool.Close()
+			return nil, nil, nil, fmt.Errorf("witness bucket %q: %w", f.witnessBucket, err)
+		}
+		return pg, witness.New(kvb, pg, witness.Settings{}), func() { nc.Close(); pool.Close() }, nil
 	}
 	if f.natsURL == "" {
-		return nil, nil, errors.New("set --postgres-url (PostgreSQL store) or --nats-url (JetStream KV store)")
+		return nil, nil, nil, errors.New("set --postgres-url (PostgreSQL store) or --nats-url (JetStream KV store)")
 	}
+	nc, js, err := f.connect()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if st, err = kv.New(ctx, js, kv.Settings{Bucket: f.bucket}); err != nil {
+		nc.Close()
+		return nil, nil, nil, err
+	}
+	return st, nil, nc.Close, nil
+}
+
+// connect connects to --nats-url.
+func (f *storeFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
 	opts, err := f.conn.natsOptions()
 	if err != nil {
 		return nil, nil, err
@@ -177,14 +220,11 @@ func (f *storeFlags) open(ctx context.Context) (st adminStore, close func(), err
 		return nil, nil, fmt.Errorf("connecting to nats at %s: %w", f.natsURL, err)
 	}
 	js, err := jetstream.New(nc)
-	if err == nil {
-		st, err = kv.New(ctx, js, kv.Settings{Bucket: f.bucket})
-	}
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
 	}
-	return st, nc.Close, nil
+	return nc, js, nil
 }
 
 // openPostgres connects to url and checks that the server answers.
@@ -272,7 +312,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	st, closeStore, err := sf.open(ctx)
+	st, marks, closeStore, err := sf.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -280,7 +320,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	switch sub {
 	case "list":
-		return listTags(ctx, st, stdout)
+		return listTags(ctx, st, marks, stdout)
 	case "create":
 		if !given["step"] {
 			return errors.New("tags create: --step is required")
@@ -310,13 +350,20 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 }
 
-func listTags(ctx context.Context, st segment.Store, stdout io.Writer) error {
+// listTags prints the tags; with marks, a WITNESS column shows a tag's
+// witness mark where it differs from the next ID (the store lost writes, or
+// a fetch is in flight), "none" where the tag has no mark yet.
+func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Writer) error {
 	names, err := st.Tags(ctx)
 	if err != nil {
 		return err
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "TAG\tNEXT ID\tSTEP\tUPDATED\tDESCRIPTION")
+	if marks != nil {
+		fmt.Fprintln(w, "TAG\tNEXT ID\tWITNESS\tSTEP\tUPDATED\tDESCRIPTION")
+	} else {
+		fmt.Fprintln(w, "TAG\tNEXT ID\tSTEP\tUPDATED\tDESCRIPTION")
+	}
 	for _, name := range names {
 		t, err := st.Tag(ctx, name)
 		if errors.Is(err, segment.ErrUnknownTag) {
@@ -325,7 +372,20 @@ func listTags(ctx context.Context, st segment.Store, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\n", t.Name, t.MaxID, t.Step, t.UpdateTime.UTC().Format(time.RFC3339), t.Description)
+		fmt.Fprintf(w, "%s\t%d\t", t.Name, t.MaxID)
+		if marks != nil {
+			m, ok, err := marks.Mark(ctx, name)
+			switch {
+			case err != nil:
+				return err
+			case !ok:
+				fmt.Fprint(w, "none")
+			case m != t.MaxID:
+				fmt.Fprint(w, m)
+			}
+			fmt.Fprint(w, "\t")
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\n", t.Step, t.UpdateTime.UTC().Format(time.RFC3339), t.Description)
 	}
 	return w.Flush()
 }

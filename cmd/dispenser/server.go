@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,6 +28,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/segment/witness"
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
@@ -49,6 +51,9 @@ type serveConfig struct {
 	Migrate         bool
 	SegmentBucket   string
 	SegmentReplicas int
+	NoWitness       bool // --witness=false
+	WitnessBucket   string
+	WitnessReplicas int
 	AutoCreateTags  bool
 	AutoCreateStep  int64
 
@@ -129,13 +134,17 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := s.openStore(ctx, js); err != nil {
-		return err
-	}
 	var reg *prometheus.Registry
 	if s.cfg.MetricsAddr != "" {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	var regr prometheus.Registerer // nil unless reg is: no typed nil
+	if reg != nil {
+		regr = reg
+	}
+	if err := s.openStore(ctx, js, regr); err != nil {
+		return err
 	}
 	st := s.cfg.Segment
 	st.Store = s.store
@@ -198,9 +207,10 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-// openStore opens the segment store: PostgreSQL with --postgres-url, else
-// the JetStream KV bucket.
-func (s *Server) openStore(ctx context.Context, js jetstream.JetStream) error {
+// openStore opens the segment store: PostgreSQL with --postgres-url (behind
+// the witness unless --witness=false), else the JetStream KV bucket. reg, if
+// not nil, gets the witness's rollback counter.
+func (s *Server) openStore(ctx context.Context, js jetstream.JetStream, reg prometheus.Registerer) error {
 	if s.cfg.PostgresURL == "" {
 		st, err := kv.New(ctx, js, kv.Settings{Bucket: s.cfg.SegmentBucket, Replicas: s.cfg.SegmentReplicas})
 		if err != nil {
@@ -226,7 +236,39 @@ func (s *Server) openStore(ctx context.Context, js jetstream.JetStream) error {
 		s.log.Info("migrations applied", "versions", applied)
 	}
 	pc := pool.Config().ConnConfig
-	s.store, s.storeName = postgres.New(pool), fmt.Sprintf("postgres:%s:%d/%s", pc.Host, pc.Port, pc.Database)
+	hosts := fmt.Sprintf("%s:%d", pc.Host, pc.Port)
+	for _, fb := range pc.Fallbacks {
+		if a := fmt.Sprintf("%s:%d", fb.Host, fb.Port); !strings.Contains(","+hosts+",", ","+a+",") {
+			hosts += "," + a
+		}
+	}
+	pg := postgres.New(pool)
+	s.store, s.storeName = pg, fmt.Sprintf("postgres:%s/%s", hosts, pc.Database)
+	if s.cfg.NoWitness {
+		s.log.Warn("--witness=false: a failover of PostgreSQL to a replica that missed writes, or a restored backup, can hand out IDs twice")
+		return nil
+	}
+	rollbacks := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "dispenser_segment_rollbacks_total",
+		Help: "Fetches that found the segment store behind the witness (lost writes: failover, restored backup, max_id lowered by hand).",
+	})
+	if reg != nil {
+		reg.MustRegister(rollbacks)
+	}
+	w, err := witness.Open(ctx, js, pg, witness.Settings{
+		Bucket:     s.cfg.WitnessBucket,
+		Replicas:   s.cfg.WitnessReplicas,
+		Logger:     s.log,
+		OnRollback: func(string, int64, int64) { rollbacks.Inc() },
+	})
+	if err != nil {
+		return err
+	}
+	name, err := bucketIdentity(ctx, js, w.Bucket())
+	if err != nil {
+		return err
+	}
+	s.store, s.storeName = w, s.storeName+" witness:"+name
 	return nil
 }
 
