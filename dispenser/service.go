@@ -272,10 +272,12 @@ func (s *Service) Stop(ctx context.Context) error {
 		return fmt.Errorf("dispenser: stopping: %w", err)
 	}
 	// micro drains the subscriptions: messages already received are still
-	// handled. Wait for the drains to finish, then for parked requests.
+	// handled. Wait for the drains to finish, then for parked requests. A
+	// drain cannot finish without a server (it waits for a flush): while
+	// disconnected there is nobody to answer anyway, so stop waiting.
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
-	for s.cfg.Conn.NumSubscriptions() > s.baseSub && !s.cfg.Conn.IsClosed() {
+	for s.cfg.Conn.NumSubscriptions() > s.baseSub && s.cfg.Conn.IsConnected() {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("dispenser: draining requests: %w", ctx.Err())
