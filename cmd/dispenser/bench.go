@@ -57,7 +57,7 @@ type benchConfig struct {
 }
 
 // benchModes are the runs --modes selects from, in order.
-var benchModes = []string{"pipelined", "sequential", "batch", "step", "memory", "startup"}
+var benchModes = []string{"pipelined", "sequential", "batch", "step", "fetch", "memory", "startup"}
 
 // benchRun is one load run of the report.
 type benchRun struct {
@@ -107,6 +107,7 @@ type benchReport struct {
 	Inflight  int            `json:"inflight"`
 	Runs      []*benchRun    `json:"runs"`
 	Step      []stepResult   `json:"step,omitempty"`
+	Fetch     *fetchResult   `json:"fetch,omitempty"`
 	Memory    *memoryResult  `json:"memory,omitempty"`
 	Startup   *startupResult `json:"startup,omitempty"`
 	Targets   []benchTarget  `json:"targets,omitempty"`
@@ -232,7 +233,7 @@ func runBench(ctx context.Context, c benchConfig, stdout, stderr io.Writer) (err
 	} else {
 		rep.NATSURL = c.URL
 		var skipped []string
-		for _, m := range []string{"step", "memory", "startup"} {
+		for _, m := range []string{"step", "fetch", "memory", "startup"} {
 			if c.Modes[m] {
 				skipped = append(skipped, m)
 			}
@@ -284,6 +285,16 @@ func runBench(ctx context.Context, c benchConfig, stdout, stderr io.Writer) (err
 		}
 		p.done()
 		rep.Runs = append(rep.Runs, g.runs...)
+	}
+	if env != nil && c.Modes["fetch"] {
+		if c.PostgresURL == "" {
+			rep.Notes = append(rep.Notes, "fetch: left out, it times PostgreSQL fetches with and without the witness (needs --postgres-url)")
+		} else {
+			p.note("fetch: segment fetches from PostgreSQL, alone and through the witness")
+			if rep.Fetch, err = env.measureFetch(ctx, c.PostgresURL, 300); err != nil {
+				return fmt.Errorf("fetch: %w", err)
+			}
+		}
 	}
 	if env != nil && c.Modes["memory"] {
 		p.note(fmt.Sprintf("memory: an idle worker with %d warm tags", c.MemoryTags))
@@ -646,7 +657,9 @@ func (rep *benchReport) print(w io.Writer) {
 		rows = append(rows, []string{label, r.Endpoint, fmtCount(r.RPS), fmtCount(r.IDsPerSec),
 			fmtLatency(r.Latency.P50), fmtLatency(r.Latency.P99), fmtLatency(r.Latency.P999), fmtLatency(r.Latency.Max), ratio})
 	}
-	writeTable(w, rows, 2)
+	if len(rep.Runs) > 0 {
+		writeTable(w, rows, 2)
+	}
 
 	var lines []string
 	for _, r := range rep.Runs {
@@ -657,6 +670,10 @@ func (rep *benchReport) print(w io.Writer) {
 	for _, s := range rep.Step {
 		lines = append(lines, fmt.Sprintf("segment switches, %d in flight: p999 with step 100 %s, with step 1,000,000 %s: ratio %.2f",
 			s.Inflight, fmtLatency(s.P999Step100US), fmtLatency(s.P999Step1MUS), s.Ratio))
+	}
+	if f := rep.Fetch; f != nil {
+		lines = append(lines, fmt.Sprintf("segment fetch latency (%d each, alternating): PostgreSQL alone p50 %s p99 %s; through the witness p50 %s p99 %s",
+			f.Fetches, fmtLatency(f.PlainP50US), fmtLatency(f.PlainP99US), fmtLatency(f.WitnessP50US), fmtLatency(f.WitnessP99US)))
 	}
 	if m := rep.Memory; m != nil {
 		lines = append(lines, fmt.Sprintf("idle worker (dispenser serve, %s store) with %d warm tags: RSS %s", m.Store, m.Tags, fmtMB(m.RSSBytes)))
