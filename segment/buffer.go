@@ -1,0 +1,321 @@
+package segment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// segment is one range of IDs, start through end-1, taken from the store.
+//
+// Its cursor only moves by compare-and-swap, from c to at most end, and only
+// while c < end: a spent segment's cursor stays at end, whatever is asked of
+// it, so no sum can overflow even when end is 2^63-1, and freezing it on
+// Close (moving it to end) can never produce an ID.
+type segment struct {
+	cursor    atomic.Int64 // next ID to hand out; end when spent
+	start     int64
+	end       int64
+	threshold int64 // when cursor passes it, the next segment is fetched
+	step      int64
+	fetchedAt time.Time
+}
+
+// takeUpTo takes min(k, what is left) IDs, k >= 1, and returns the first
+// and how many it took; 0 when the segment is spent.
+func (s *segment) takeUpTo(k int64) (first, got int64) {
+	for {
+		c := s.cursor.Load()
+		if c >= s.end {
+			return 0, 0
+		}
+		got = min(k, s.end-c)
+		if s.cursor.CompareAndSwap(c, c+got) {
+			return c, got
+		}
+	}
+}
+
+// freeze marks the segment spent and returns its first unissued ID (end if
+// none was left). No take succeeds after it.
+func (s *segment) freeze() int64 {
+	for {
+		c := s.cursor.Load()
+		if c >= s.end {
+			return s.end
+		}
+		if s.cursor.CompareAndSwap(c, s.end) {
+			return c
+		}
+	}
+}
+
+// buffer is the double buffer of one tag. cur is taken from without locks;
+// next holds the segment that takes over when cur is spent.
+type buffer struct {
+	a    *Allocator
+	tag  string
+	born time.Time // when the allocator learned of the tag
+
+	cur      atomic.Pointer[segment] // nil until the first fetch
+	next     atomic.Pointer[segment] // a ready, untouched segment, or nil
+	loading  atomic.Bool             // a loader runs; at most one per tag
+	waits    atomic.Int64            // requests that had to wait
+	timeouts atomic.Int64            // waits that expired
+	// exhausted: the store has no segment left for the tag (ErrExhausted
+	// at the tag's own step). Requests fail with ErrExhausted once the
+	// buffers are spent; this allocator never fetches the tag again. It is
+	// set with mu held, before wake is closed.
+	exhausted atomic.Bool
+
+	mu sync.Mutex // protects the fields below
+	// wake is closed and replaced whenever a fetch ends, well or not.
+	wake        chan struct{}
+	step        int64 // step of the last fetch; 0 before the first
+	minStep     int64 // the tag's configured step, as of the last fetch
+	lastFetch   time.Time
+	fetches     int64
+	lastLatency time.Duration
+	lastErr     error
+	removed     bool
+}
+
+func newBuffer(a *Allocator, tag string) *buffer {
+	return &buffer{a: a, tag: tag, born: time.Now(), wake: make(chan struct{})}
+}
+
+// take takes up to n IDs without waiting, appending them to dst, and returns
+// how many are still missing. It switches to the next segment when the
+// current one is spent and starts fetches as needed.
+func (b *buffer) take(n int, dst []Run) ([]Run, int) {
+	for n > 0 {
+		seg := b.cur.Load()
+		if seg == nil {
+			b.prefetch()
+			return dst, n
+		}
+		k := int64(n)
+		if k > 1 {
+			// A batch that would cross into a next segment that is not
+			// ready waits before taking anything, so that a request that
+			// times out (store down) does not drain the buffer that keeps
+			// serving smaller requests. Concurrent takers can still make a
+			// batch straddle; then the part taken is skipped if it fails.
+			if c := seg.cursor.Load(); c < seg.end && k > seg.end-c {
+				if nxt := b.next.Load(); nxt == nil || nxt == seg {
+					b.prefetch()
+					return dst, n
+				}
+			}
+		}
+		if first, got := seg.takeUpTo(k); got > 0 {
+			dst = append(dst, Run{first, first + got - 1})
+			if first+got > seg.threshold {
+				b.prefetch()
+			}
+			if n -= int(got); n == 0 {
+				return dst, 0
+			}
+		}
+		// seg is spent: switch to the next segment if it is ready.
+		nxt := b.next.Load()
+		if nxt == nil || nxt == seg {
+			b.prefetch()
+			return dst, n
+		}
+		if b.cur.CompareAndSwap(seg, nxt) {
+			b.next.CompareAndSwap(nxt, nil)
+		}
+	}
+	return dst, 0
+}
+
+// prefetch starts a background fetch unless one runs or the next segment is
+// ready. At most one loader runs per tag.
+func (b *buffer) prefetch() {
+	if b.loading.Load() || !b.wantsLoad() || b.exhausted.Load() || !b.loading.CompareAndSwap(false, true) {
+		return
+	}
+	// A loader may have published between the check and the swap.
+	if !b.wantsLoad() {
+		b.loading.Store(false)
+		return
+	}
+	b.a.startLoad(b)
+}
+
+// wantsLoad reports whether there is no current segment or no ready next one.
+// (next may briefly equal cur while a switch completes.)
+func (b *buffer) wantsLoad() bool {
+	cur := b.cur.Load()
+	if cur == nil {
+		return true
+	}
+	nxt := b.next.Load()
+	return nxt == nil || nxt == cur
+}
+
+// load fetches one segment, retrying with backoff until it succeeds, the tag
+// turns out to be gone, or the allocator closes. Only a fetched segment is
+// ever published.
+func (b *buffer) load() {
+	a := b.a
+	defer a.wg.Done()
+	backoff := a.retryMin
+	for {
+		b.mu.Lock()
+		step := b.nextStep(a.now())
+		b.mu.Unlock()
+		ctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
+		start := time.Now()
+		alloc, err := a.store.Fetch(ctx, b.tag, step)
+		latency := time.Since(start)
+		cancel()
+		if err == nil && (alloc.Start < 1 || alloc.End <= alloc.Start || alloc.TagStep < 1) {
+			err = fmt.Errorf("segment: store returned a bad allocation %+v for tag %q", alloc, b.tag)
+		}
+		if a.onFetch != nil {
+			a.onFetch(b.tag, latency, err)
+		}
+		if err == nil {
+			b.publish(alloc, latency)
+			return
+		}
+		exhausted := errors.Is(err, ErrExhausted)
+		if exhausted && step > 0 {
+			// The dynamic step no longer fits below 2^63-1; the tag's
+			// own step may.
+			b.mu.Lock()
+			b.step = 0
+			b.mu.Unlock()
+			continue
+		}
+		gone := errors.Is(err, ErrUnknownTag)
+		b.mu.Lock()
+		b.lastErr = err
+		b.lastLatency = latency
+		if gone {
+			b.removed = true
+		}
+		if exhausted {
+			b.exhausted.Store(true)
+		}
+		close(b.wake)
+		b.wake = make(chan struct{})
+		b.mu.Unlock()
+		if gone {
+			a.removeTag(b.tag, b)
+			b.loading.Store(false)
+			return
+		}
+		if exhausted {
+			a.log.Error("segment: tag exhausted: its IDs would pass 2^63-1; requests for it fail once its buffers are spent",
+				"tag", b.tag, "err", err)
+			b.loading.Store(false)
+			return
+		}
+		if a.ctx.Err() != nil {
+			b.loading.Store(false)
+			return
+		}
+		a.log.Warn("segment: fetch failed", "tag", b.tag, "err", err, "retry_in", backoff)
+		select {
+		case <-a.ctx.Done():
+			b.loading.Store(false)
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, a.retryMax)
+	}
+}
+
+// nextStep returns the step of the next fetch (0: the tag's own step), as
+// Leaf does: double it when the last segment lasted under 15 minutes, halve
+// it when over 30, within [the tag's step, MaxStep]. b.mu must be held.
+func (b *buffer) nextStep(now time.Time) int64 {
+	if b.step == 0 {
+		return 0
+	}
+	step := b.step
+	switch d := now.Sub(b.lastFetch); {
+	case d < stepGrowBelow:
+		if step*2 <= b.a.maxStep {
+			step *= 2
+		}
+	case d < stepShrinkAbove:
+	default:
+		step /= 2
+	}
+	return max(step, b.minStep)
+}
+
+// publish makes a fetched allocation the next (or first) segment and wakes
+// the waiters.
+func (b *buffer) publish(alloc Allocation, latency time.Duration) {
+	size := alloc.End - alloc.Start
+	seg := &segment{
+		start:     alloc.Start,
+		end:       alloc.End,
+		threshold: alloc.Start + int64(math.Ceil(float64(size)*b.a.ratio)),
+		step:      size,
+		fetchedAt: b.a.now(),
+	}
+	seg.cursor.Store(alloc.Start)
+	b.mu.Lock()
+	b.step = size
+	b.minStep = alloc.TagStep
+	b.lastFetch = seg.fetchedAt
+	b.fetches++
+	b.lastLatency = latency
+	b.lastErr = nil
+	if !b.cur.CompareAndSwap(nil, seg) {
+		b.next.Store(seg)
+	}
+	b.loading.Store(false)
+	close(b.wake)
+	b.wake = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// remove marks the tag as no longer served and wakes its waiters.
+func (b *buffer) remove() {
+	b.mu.Lock()
+	b.removed = true
+	close(b.wake)
+	b.wake = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// giveBack freezes b's segments and returns the unissued rest of the last
+// one to the store. It runs on Close, after all loaders have stopped.
+func (b *buffer) giveBack(ctx context.Context) error {
+	cur, nxt := b.cur.Load(), b.next.Load()
+	if cur == nil {
+		return nil
+	}
+	if nxt == cur {
+		nxt = nil
+	}
+	curCursor := cur.freeze()
+	last, first := cur, curCursor
+	if nxt != nil {
+		last = nxt
+		first = nxt.freeze()
+		if first == nxt.start && cur.end == nxt.start {
+			first = curCursor // contiguous: give back the rest of both
+		}
+	}
+	if first >= last.end {
+		return nil
+	}
+	ok, err := b.a.store.GiveBack(ctx, b.tag, last.end, first)
+	if err != nil {
+		return fmt.Errorf("segment: giving back %d..%d of tag %q: %w", first, last.end-1, b.tag, err)
+	}
+	b.a.log.Debug("segment: give back", "tag", b.tag, "first", first, "end", last.end, "done", ok)
+	return nil
+}
