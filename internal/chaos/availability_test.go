@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -301,15 +302,47 @@ func TestNATSClusterFailover(t *testing.T) {
 	l := startLoad(t, connect(t, cl.URLs(), "cluster-load"), availSpec())
 	waitBuffers(t, nc, procs)
 
+	// The effect of stopping a server: a client connected to it, here one
+	// connected to each server on purpose, reconnects to another.
+	var watchers []*atomic.Int64
+	for i, node := range cl.nodes {
+		urls := []string{node.URL()}
+		for j, other := range cl.nodes {
+			if j != i {
+				urls = append(urls, other.URL())
+			}
+		}
+		n := &atomic.Int64{}
+		watchers = append(watchers, n)
+		wc, err := nats.Connect(strings.Join(urls, ","), nats.DontRandomize(), nats.MaxReconnects(-1),
+			nats.ReconnectWait(100*time.Millisecond), nats.ReconnectHandler(func(*nats.Conn) { n.Add(1) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(wc.Close)
+		if got := wc.ConnectedUrl(); got != node.URL() {
+			t.Fatalf("watcher of %s connected to %s", node.opts.ServerName, got)
+		}
+	}
+
 	faults := &faultLog{l: l, grace: availGrace}
 	for i, node := range cl.nodes {
 		w := faults.begin(fmt.Sprintf("%s stopped", node.opts.ServerName))
+		before := watchers[i].Load()
 		node.stop()
 		time.Sleep(3 * time.Second)
 		if err := node.start(); err != nil {
 			t.Fatal(err)
 		}
 		cl.waitHealthy(t)
+		if err := waitFor(20*time.Second, func() error {
+			if watchers[i].Load() == before {
+				return fmt.Errorf("the client connected to %s did not reconnect", node.opts.ServerName)
+			}
+			return nil
+		}); err == nil {
+			faults.observed(w, "a client connected to %s reconnected to another server", node.opts.ServerName)
+		}
 		faults.end(w)
 		t.Logf("server %d back at %.1fs", i, float64(l.now())/1e9)
 		time.Sleep(500 * time.Millisecond)
@@ -321,6 +354,7 @@ func TestNATSClusterFailover(t *testing.T) {
 	requests, ok, ids := l.totals()
 	t.Logf("%d requests, %d answered, %d IDs; failed requests by stopped server:\n%s", requests, ok, ids, table)
 	t.Logf("example errors: %v", l.firstErrors())
+	faults.checkEffects(t)
 	for fault, byKind := range fails {
 		for kind, n := range byKind {
 			if fault == "none" {
