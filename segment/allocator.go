@@ -33,8 +33,14 @@ type Settings struct {
 	// RetryMin and RetryMax bound the backoff between failed fetches of one
 	// tag. Defaults 10 ms and 1 s.
 	RetryMin, RetryMax time.Duration
-	// RefreshInterval is how often the tag list is reloaded. Default 60 s.
+	// RefreshInterval is how often the allocator asks the store what
+	// changed (a ChangeLister) or lists all tags (any other Store). Default
+	// 60 s.
 	RefreshInterval time.Duration
+	// IdleTimeout is how long a tag may go without requests before it gives
+	// its unused IDs back and drops its buffers; its next request brings it
+	// back like a new tag. Default 1 h; negative never drops a tag.
+	IdleTimeout time.Duration
 	// NegativeTTL is how long an unknown tag is remembered as unknown before
 	// the store is asked again. Default 2 s.
 	NegativeTTL time.Duration
@@ -86,6 +92,7 @@ type Allocator struct {
 	retryMin        time.Duration
 	retryMax        time.Duration
 	refreshInterval time.Duration
+	idleTimeout     time.Duration
 	negativeTTL     time.Duration
 	maxStep         int64
 	autoCreateStep  int64
@@ -93,18 +100,21 @@ type Allocator struct {
 	log             *slog.Logger
 	onFetch         func(tag string, latency time.Duration, err error)
 
-	ctx    context.Context // canceled by Close; parent of all store calls
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // background goroutines
-	lookup singleflight.Group
-	ready  atomic.Bool   // the tag list has been loaded once
-	loaded chan struct{} // closed when ready turns true
+	ctx      context.Context // canceled by Close; parent of all store calls
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup // background goroutines
+	lookup   singleflight.Group
+	ready    atomic.Bool   // the tag list has been loaded once
+	loaded   chan struct{} // closed when ready turns true
+	released atomic.Uint64 // idle tags dropped
 
-	// tags maps tag names to buffers. Readers load it without locking; writers
-	// hold mu and store a modified copy.
-	tags atomic.Pointer[map[string]*buffer]
+	// tags maps tag names to the buffers of the tags in use.
+	tags *tagMap
 
-	mu sync.Mutex // protects the fields below and writes to tags
+	refreshMu sync.Mutex // serializes Refresh; protects cursor
+	cursor    int64      // ChangeLister cursor of the last refresh
+
+	mu sync.Mutex // protects the fields below
 	// negative holds tags the store did not know, and when that expires.
 	negative map[string]time.Time
 	closed   bool
@@ -133,6 +143,7 @@ func New(s Settings) (*Allocator, error) {
 	def(&s.RetryMin, 10*time.Millisecond)
 	def(&s.RetryMax, time.Second)
 	def(&s.RefreshInterval, time.Minute)
+	def(&s.IdleTimeout, time.Hour)
 	def(&s.NegativeTTL, 2*time.Second)
 	for name, d := range map[string]time.Duration{
 		"MaxWait": s.MaxWait, "FetchTimeout": s.FetchTimeout, "RetryMin": s.RetryMin,
@@ -171,6 +182,7 @@ func New(s Settings) (*Allocator, error) {
 		retryMin:        s.RetryMin,
 		retryMax:        s.RetryMax,
 		refreshInterval: s.RefreshInterval,
+		idleTimeout:     s.IdleTimeout,
 		negativeTTL:     s.NegativeTTL,
 		maxStep:         s.MaxStep,
 		autoCreateStep:  s.AutoCreateStep,
@@ -181,9 +193,13 @@ func New(s Settings) (*Allocator, error) {
 		loaded:          make(chan struct{}),
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	a.tags.Store(&map[string]*buffer{})
+	a.tags = newTagMap()
 	a.wg.Add(1)
 	go a.refreshLoop()
+	if a.idleTimeout > 0 {
+		a.wg.Add(1)
+		go a.idleLoop()
+	}
 	return a, nil
 }
 
@@ -200,7 +216,7 @@ func (a *Allocator) Take(ctx context.Context, tag string, n int, dst []Run) ([]R
 	if n < 1 {
 		return dst, fmt.Errorf("%w: %d", ErrInvalidCount, n)
 	}
-	b := (*a.tags.Load())[tag]
+	b := a.tags.get(tag)
 	if b != nil {
 		var rest int
 		if dst, rest = b.take(n, dst); rest == 0 {
@@ -225,7 +241,7 @@ func (a *Allocator) TakeNow(tag string, n int, dst []Run) ([]Run, *Pending, erro
 	if n < 1 {
 		return dst, nil, fmt.Errorf("%w: %d", ErrInvalidCount, n)
 	}
-	b := (*a.tags.Load())[tag]
+	b := a.tags.get(tag)
 	if b == nil {
 		return dst, &Pending{a: a, tag: tag, n: n, deadline: a.deadline()}, nil
 	}
@@ -278,7 +294,7 @@ func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run, 
 // buffer returns the tag's buffer, asking the store about a tag not yet
 // known; it waits for the store until deadline.
 func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) (*buffer, error) {
-	if b := (*a.tags.Load())[tag]; b != nil {
+	if b := a.tags.get(tag); b != nil {
 		return b, nil
 	}
 	a.mu.Lock()
@@ -338,39 +354,17 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 
 // addTag returns the buffer of tag, adding an empty one if there is none.
 func (a *Allocator) addTag(tag string) *buffer {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	old := *a.tags.Load()
-	if b := old[tag]; b != nil {
-		return b
+	b, added := a.tags.add(tag, func() *buffer { return newBuffer(a, tag) })
+	if added {
+		a.mu.Lock()
+		delete(a.negative, tag)
+		a.mu.Unlock()
 	}
-	m := make(map[string]*buffer, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	b := newBuffer(a, tag)
-	m[tag] = b
-	a.tags.Store(&m)
-	delete(a.negative, tag)
 	return b
 }
 
 // removeTag stops serving tag, if b is still its buffer.
-func (a *Allocator) removeTag(tag string, b *buffer) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	old := *a.tags.Load()
-	if old[tag] != b {
-		return
-	}
-	m := make(map[string]*buffer, len(old))
-	for k, v := range old {
-		if k != tag {
-			m[k] = v
-		}
-	}
-	a.tags.Store(&m)
-}
+func (a *Allocator) removeTag(tag string, b *buffer) { a.tags.drop(tag, b) }
 
 // wait takes the remaining n IDs of b, waiting for segments until deadline.
 func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadline time.Time) ([]Run, error) {
@@ -388,6 +382,11 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 		}
 		if removed {
 			return dst, fmt.Errorf("%w %q", ErrUnknownTag, b.tag)
+		}
+		if b.dropped.Load() {
+			// Released as idle while we held it: serve the rest from
+			// the tag's new buffer.
+			return a.takeSlow(ctx, b.tag, n, dst, deadline)
 		}
 		if dst, n = b.take(n, dst); n == 0 {
 			return dst, nil
@@ -437,46 +436,130 @@ func (a *Allocator) refreshLoop() {
 	}
 }
 
-// Refresh reloads the tag list from the store now: new tags are served,
-// removed tags are no longer served. It normally runs in the background.
+// Refresh asks the store what changed since the last refresh (a
+// ChangeLister; the first call only takes the store's cursor) or lists all
+// tags (any other Store), and applies it: a created tag is served at once
+// (it leaves the negative cache), a changed step takes effect at the next
+// fetch, a removed tag is no longer served. Tags are not loaded ahead of
+// their first request, so a refresh costs what changed, not the number of
+// tags, with a ChangeLister. It normally runs in the background.
 func (a *Allocator) Refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, a.fetchTimeout)
 	defer cancel()
-	listed := time.Now()
-	names, err := a.store.Tags(ctx)
-	if err != nil {
-		return fmt.Errorf("segment: listing tags: %w", err)
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	old := *a.tags.Load()
-	m := make(map[string]*buffer, len(names))
-	for _, name := range names {
-		if b := old[name]; b != nil {
-			m[name] = b
-		} else {
-			m[name] = newBuffer(a, name)
+	a.refreshMu.Lock()
+	defer a.refreshMu.Unlock()
+	if cl, ok := a.store.(ChangeLister); ok {
+		changes, next, err := cl.Changes(ctx, a.cursor)
+		if err != nil {
+			return fmt.Errorf("segment: listing changed tags: %w", err)
 		}
-		delete(a.negative, name)
-	}
-	for name, b := range old {
-		switch {
-		case m[name] != nil:
-		case b.born.After(listed):
-			m[name] = b // looked up after the listing began: not removed
-		default:
-			b.remove()
+		a.cursor = next
+		for _, c := range changes {
+			a.apply(c)
+		}
+	} else {
+		listed := time.Now()
+		names, err := a.store.Tags(ctx)
+		if err != nil {
+			return fmt.Errorf("segment: listing tags: %w", err)
+		}
+		exists := make(map[string]bool, len(names))
+		for _, name := range names {
+			exists[name] = true
+		}
+		a.mu.Lock()
+		for tag := range a.negative {
+			if exists[tag] {
+				delete(a.negative, tag)
+			}
+		}
+		a.mu.Unlock()
+		for _, b := range a.tags.all() {
+			if !exists[b.tag] && !b.born.After(listed) { // looked up after the listing began: not removed
+				b.remove()
+				a.removeTag(b.tag, b)
+			}
 		}
 	}
-	a.tags.Store(&m)
 	if !a.ready.Swap(true) {
 		close(a.loaded)
 	}
 	return nil
 }
 
+// apply applies one change from a ChangeLister.
+func (a *Allocator) apply(c TagChange) {
+	b := a.tags.get(c.Tag.Name)
+	if c.Deleted {
+		if b != nil {
+			b.remove()
+			a.removeTag(b.tag, b)
+		}
+		return
+	}
+	a.mu.Lock()
+	delete(a.negative, c.Tag.Name)
+	a.mu.Unlock()
+	if b != nil && c.Tag.Step > 0 {
+		b.mu.Lock()
+		b.minStep = c.Tag.Step
+		b.mu.Unlock()
+	}
+}
+
+// idleLoop drops the buffers of tags without requests for IdleTimeout, until
+// Close. It looks every IdleTimeout/2: a tag unused in two looks in a row is
+// dropped, so after between one and one and a half IdleTimeouts.
+func (a *Allocator) idleLoop() {
+	defer a.wg.Done()
+	t := time.NewTicker(a.idleTimeout / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, b := range a.tags.all() {
+			if b.used.Swap(false) {
+				b.idleLooks = 0
+				continue
+			}
+			if b.idleLooks++; b.idleLooks >= 2 {
+				a.release(b)
+			}
+		}
+	}
+}
+
+// release drops an idle tag's buffers and gives their unused IDs back, unless
+// a fetch runs for it (then the next look tries again).
+func (a *Allocator) release(b *buffer) {
+	// Holding loading for good keeps any loader from starting for b.
+	if !b.loading.CompareAndSwap(false, true) {
+		return
+	}
+	if !a.tags.drop(b.tag, b) {
+		b.loading.Store(false)
+		return
+	}
+	b.mu.Lock()
+	close(b.wake) // requests holding b take the tag's new buffer
+	b.wake = make(chan struct{})
+	b.mu.Unlock()
+	a.released.Add(1)
+	ctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
+	defer cancel()
+	if err := b.giveBack(ctx); err != nil {
+		a.log.Warn("segment: idle tag's IDs not given back; they are skipped", "tag", b.tag, "err", err)
+	}
+}
+
+// Released returns how many idle tags dropped their buffers.
+func (a *Allocator) Released() uint64 { return a.released.Load() }
+
 // Known reports whether tag is served without asking the store.
-func (a *Allocator) Known(tag string) bool { return (*a.tags.Load())[tag] != nil }
+func (a *Allocator) Known(tag string) bool { return a.tags.get(tag) != nil }
 
 // Ready reports whether the tag list has been loaded at least once.
 func (a *Allocator) Ready() bool { return a.ready.Load() }
@@ -513,7 +596,7 @@ func (a *Allocator) Close(ctx context.Context) error {
 	a.cancel()
 	a.wg.Wait()
 
-	tags := *a.tags.Load()
+	tags := a.tags.all()
 	work := make(chan *buffer)
 	errs := make(chan error, len(tags))
 	var wg sync.WaitGroup

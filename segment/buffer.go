@@ -61,11 +61,16 @@ type buffer struct {
 	tag  string
 	born time.Time // when the allocator learned of the tag
 
-	cur      atomic.Pointer[segment] // nil until the first fetch
-	next     atomic.Pointer[segment] // a ready, untouched segment, or nil
-	loading  atomic.Bool             // a loader runs; at most one per tag
-	waits    atomic.Int64            // requests that had to wait
-	timeouts atomic.Int64            // waits that expired
+	cur     atomic.Pointer[segment] // nil until the first fetch
+	next    atomic.Pointer[segment] // a ready, untouched segment, or nil
+	loading atomic.Bool             // a loader runs; at most one per tag
+	dropped atomic.Bool             // no longer in the tag map (removed or idle)
+	used    atomic.Bool             // requested since the idle loop last looked
+	// idleLooks counts the idle loop's looks in a row that found b
+	// unused; only the idle loop touches it.
+	idleLooks int
+	waits     atomic.Int64 // requests that had to wait
+	timeouts  atomic.Int64 // waits that expired
 	// exhausted: the store has no segment left for the tag (ErrExhausted
 	// at the tag's own step). Requests fail with ErrExhausted once the
 	// buffers are spent; this allocator never fetches the tag again. It is
@@ -92,6 +97,9 @@ func newBuffer(a *Allocator, tag string) *buffer {
 // how many are still missing. It switches to the next segment when the
 // current one is spent and starts fetches as needed.
 func (b *buffer) take(n int, dst []Run) ([]Run, int) {
+	if !b.used.Load() {
+		b.used.Store(true)
+	}
 	for n > 0 {
 		seg := b.cur.Load()
 		if seg == nil {

@@ -56,7 +56,7 @@ func TestExhaustedTagAtMaxInt64(t *testing.T) {
 	if got := st.fetchCount("edge"); got != fetches {
 		t.Errorf("fetches after exhaustion = %d, want %d (no store call per request)", got, fetches)
 	}
-	b := (*a.tags.Load())["edge"]
+	b := a.tags.get("edge")
 	for _, seg := range []*segment{b.cur.Load(), b.next.Load()} {
 		if seg != nil && seg.cursor.Load() != seg.end {
 			t.Errorf("spent segment's cursor = %d, want its end %d", seg.cursor.Load(), seg.end)

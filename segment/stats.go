@@ -41,7 +41,7 @@ func segmentStats(s *segment) *SegmentStats {
 
 // Stats returns the state of every known tag, sorted by tag name.
 func (a *Allocator) Stats() []TagStats {
-	tags := *a.tags.Load()
+	tags := a.tags.all()
 	out := make([]TagStats, 0, len(tags))
 	for _, b := range tags {
 		cur, nxt := b.cur.Load(), b.next.Load()

@@ -156,3 +156,20 @@ func CheckGiveBack(end, firstUnissued int64) error {
 	}
 	return nil
 }
+
+// ChangeLister is implemented by stores that can tell what changed since an
+// earlier call, so that an Allocator's refresh costs what changed rather than
+// the number of tags.
+type ChangeLister interface {
+	// Changes returns the tags created or changed since cursor (and, where
+	// the store can tell, deleted), possibly with some listed again, and
+	// the cursor to pass next time. Cursor 0 lists nothing and returns the
+	// store's current cursor.
+	Changes(ctx context.Context, cursor int64) (changes []TagChange, next int64, err error)
+}
+
+// TagChange is one entry of ChangeLister.Changes.
+type TagChange struct {
+	Tag     Tag  // Name always; the other fields unless Deleted
+	Deleted bool // the tag was deleted
+}
