@@ -10,11 +10,14 @@ import (
 )
 
 // metrics are the service's Prometheus metrics. A nil *metrics records
-// nothing.
+// nothing. Only the tags named in Config.MetricsTags get a label value of
+// their own, so that the number of series is bounded whatever the number of
+// tags.
 type metrics struct {
 	requests *prometheus.CounterVec   // endpoint, tag, code
 	ids      *prometheus.CounterVec   // endpoint, tag
 	latency  *prometheus.HistogramVec // endpoint
+	named    map[string]bool          // Config.MetricsTags; read only
 }
 
 func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
@@ -35,10 +38,14 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 			Help:    "Time from receiving a request to publishing its reply, including any wait for a segment.",
 			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1},
 		}, []string{"endpoint"}),
+		named: map[string]bool{},
+	}
+	for _, t := range s.cfg.MetricsTags {
+		m.named[t] = true
 	}
 	cs := []prometheus.Collector{m.requests, m.ids, m.latency}
 	if s.cfg.Segments != nil {
-		cs = append(cs, segmentCollector{s.cfg.Segments})
+		cs = append(cs, segmentCollector{s.cfg.Segments, s.cfg.MetricsTags})
 	}
 	if s.cfg.Snowflake != nil {
 		cs = append(cs, snowflakeCollector{s.cfg.Snowflake})
@@ -51,11 +58,14 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 	return m, nil
 }
 
-// observe records one answered request. tag is "" for requests without a
-// valid, known tag, so that random tag names cannot blow up the label set.
+// observe records one answered request. tag is counted under its own label
+// value only if it is named in Config.MetricsTags, else under "".
 func (m *metrics) observe(endpoint, tag, code string, ids int, start time.Time) {
 	if m == nil {
 		return
+	}
+	if !m.named[tag] {
+		tag = ""
 	}
 	m.requests.WithLabelValues(endpoint, tag, code).Inc()
 	if ids > 0 {
@@ -79,20 +89,45 @@ var (
 		"Requests that waited for a segment because both buffers were empty.", []string{"tag"}, nil)
 	segTimeouts = prometheus.NewDesc("dispenser_segment_wait_timeouts_total",
 		"Waits for a segment that expired (answered 503).", []string{"tag"}, nil)
+
+	segTags = prometheus.NewDesc("dispenser_segment_tags",
+		"Tags in memory (requested and not released as idle).", nil, nil)
+	segReleased = prometheus.NewDesc("dispenser_segment_released_tags_total",
+		"Idle tags that gave their unused IDs back and dropped their buffers.", nil, nil)
+	segAllFetches = prometheus.NewDesc("dispenser_segment_all_fetches_total",
+		"Segments fetched from the store, all tags in memory.", nil, nil)
+	segAllWaits = prometheus.NewDesc("dispenser_segment_all_waits_total",
+		"Requests that waited for a segment, all tags in memory.", nil, nil)
+	segAllTimeouts = prometheus.NewDesc("dispenser_segment_all_wait_timeouts_total",
+		"Waits for a segment that expired, all tags in memory.", nil, nil)
+	segAllRemaining = prometheus.NewDesc("dispenser_segment_all_remaining_ids",
+		"IDs left in memory, all tags.", nil, nil)
 )
 
-// segmentCollector exports the allocator's per-tag state at scrape time, so
-// that the hot path pays nothing for it.
-type segmentCollector struct{ a *segment.Allocator }
+// segmentCollector exports at scrape time, so that the hot path pays
+// nothing for it, the totals over all tags and the per-tag state of the
+// tags named in Config.MetricsTags: a bounded set of series.
+type segmentCollector struct {
+	a     *segment.Allocator
+	named []string
+}
 
 func (c segmentCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{segFetches, segLastFetch, segStep, segNextReady, segRemaining, segWaits, segTimeouts} {
+	for _, d := range []*prometheus.Desc{segFetches, segLastFetch, segStep, segNextReady, segRemaining, segWaits, segTimeouts,
+		segTags, segReleased, segAllFetches, segAllWaits, segAllTimeouts, segAllRemaining} {
 		ch <- d
 	}
 }
 
 func (c segmentCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, t := range c.a.Stats() {
+	tot := c.a.Totals()
+	ch <- prometheus.MustNewConstMetric(segTags, prometheus.GaugeValue, float64(tot.Tags))
+	ch <- prometheus.MustNewConstMetric(segReleased, prometheus.CounterValue, float64(tot.Released))
+	ch <- prometheus.MustNewConstMetric(segAllFetches, prometheus.CounterValue, float64(tot.Fetches))
+	ch <- prometheus.MustNewConstMetric(segAllWaits, prometheus.CounterValue, float64(tot.Waits))
+	ch <- prometheus.MustNewConstMetric(segAllTimeouts, prometheus.CounterValue, float64(tot.WaitTimeouts))
+	ch <- prometheus.MustNewConstMetric(segAllRemaining, prometheus.GaugeValue, float64(tot.Remaining))
+	for _, t := range c.a.StatsOf(c.named) {
 		ready, left := 0.0, int64(0)
 		if t.NextReady {
 			ready = 1

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,6 +79,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer, if set, receives the service's Prometheus metrics.
 	Registerer prometheus.Registerer
+	// MetricsTags names the tags whose requests and buffers get metric
+	// series of their own; all others are counted together (tag ""), so
+	// that a scrape stays small whatever the number of tags.
+	MetricsTags []string
 	// ReadyTimeout is how long New waits for the allocator's tag list
 	// before it serves without the segment endpoint, which it then adds
 	// once the list has loaded: a worker that cannot reach its store must
@@ -307,10 +312,20 @@ func (s *Service) stop() error {
 	return s.svc.Stop()
 }
 
+// StatsTags is the most tags whose state micro stats shows: beyond it, those
+// fetched most recently, so that the reply fits in a NATS message.
+const StatsTags = 1000
+
 func (s *Service) stats(e *micro.Endpoint) any {
 	switch e.Name {
 	case "segment":
-		return map[string]any{"tags": s.cfg.Segments.Stats()}
+		tags := s.cfg.Segments.Stats()
+		shown := len(tags)
+		if shown > StatsTags {
+			slices.SortFunc(tags, func(x, y segment.TagStats) int { return y.LastFetch.Compare(x.LastFetch) })
+			tags, shown = tags[:StatsTags], StatsTags
+		}
+		return map[string]any{"totals": s.cfg.Segments.Totals(), "shown": shown, "tags": tags}
 	case "snowflake":
 		return s.cfg.Snowflake.Stats()
 	}
@@ -363,9 +378,6 @@ func (r replier) respond(data []byte, ids int) {
 
 func (r replier) fail(err error) {
 	code, desc := r.s.classify(err)
-	if r.tag != "" && (code == CodeBadRequest || code == CodeNotFound || !r.s.cfg.Segments.Known(r.tag)) {
-		r.tag = "" // keep unknown names out of the label set
-	}
 	r.s.metrics.observe(r.endpoint, r.tag, code, 0, r.start)
 	var perr error
 	switch {

@@ -39,34 +39,88 @@ func segmentStats(s *segment) *SegmentStats {
 	return &SegmentStats{Start: s.start, Cursor: min(s.cursor.Load(), s.end), End: s.end, Step: s.step}
 }
 
-// Stats returns the state of every known tag, sorted by tag name.
+// Stats returns the state of every tag in memory, sorted by tag name. It
+// costs memory in proportion to the number of tags; see Totals and StatsOf.
 func (a *Allocator) Stats() []TagStats {
 	tags := a.tags.all()
 	out := make([]TagStats, 0, len(tags))
 	for _, b := range tags {
-		cur, nxt := b.cur.Load(), b.next.Load()
-		if nxt == cur {
-			nxt = nil
-		}
-		st := TagStats{
-			Tag:          b.tag,
-			Current:      segmentStats(cur),
-			Next:         segmentStats(nxt),
-			NextReady:    nxt != nil,
-			Loading:      b.loading.Load(),
-			Waits:        b.waits.Load(),
-			WaitTimeouts: b.timeouts.Load(),
-		}
-		b.mu.Lock()
-		st.Step, st.MinStep, st.Fetches = b.step, b.minStep, b.fetches
-		st.LastFetchLatencyMS = float64(b.lastLatency.Microseconds()) / 1000
-		st.LastFetch = b.lastFetch
-		if b.lastErr != nil {
-			st.LastError = b.lastErr.Error()
-		}
-		b.mu.Unlock()
-		out = append(out, st)
+		out = append(out, b.stats())
 	}
 	slices.SortFunc(out, func(x, y TagStats) int { return strings.Compare(x.Tag, y.Tag) })
 	return out
+}
+
+// StatsOf returns the state of the named tags that are in memory, in the
+// order given.
+func (a *Allocator) StatsOf(tags []string) []TagStats {
+	var out []TagStats
+	for _, tag := range tags {
+		if b := a.tags.get(tag); b != nil {
+			out = append(out, b.stats())
+		}
+	}
+	return out
+}
+
+// Totals sums the state of all tags in memory.
+type Totals struct {
+	Tags         int   `json:"tags"`          // tags in memory
+	Remaining    int64 `json:"remaining_ids"` // IDs in memory, all tags
+	Fetches      int64 `json:"fetches"`
+	Waits        int64 `json:"waits"`
+	WaitTimeouts int64 `json:"wait_timeouts"`
+	// Released counts idle tags that gave their IDs back and dropped
+	// their buffers.
+	Released uint64 `json:"released"`
+}
+
+// Totals returns the sums over all tags in memory, without allocating per
+// tag.
+func (a *Allocator) Totals() Totals {
+	t := Totals{Released: a.released.Load()}
+	for _, b := range a.tags.all() {
+		t.Tags++
+		cur, nxt := b.cur.Load(), b.next.Load()
+		if nxt == cur {
+			nxt = nil // a switch in progress
+		}
+		for _, s := range []*segment{cur, nxt} {
+			if s != nil {
+				t.Remaining += s.end - min(s.cursor.Load(), s.end)
+			}
+		}
+		t.Waits += b.waits.Load()
+		t.WaitTimeouts += b.timeouts.Load()
+		b.mu.Lock()
+		t.Fetches += b.fetches
+		b.mu.Unlock()
+	}
+	return t
+}
+
+// stats returns b's state.
+func (b *buffer) stats() TagStats {
+	cur, nxt := b.cur.Load(), b.next.Load()
+	if nxt == cur {
+		nxt = nil
+	}
+	st := TagStats{
+		Tag:          b.tag,
+		Current:      segmentStats(cur),
+		Next:         segmentStats(nxt),
+		NextReady:    nxt != nil,
+		Loading:      b.loading.Load(),
+		Waits:        b.waits.Load(),
+		WaitTimeouts: b.timeouts.Load(),
+	}
+	b.mu.Lock()
+	st.Step, st.MinStep, st.Fetches = b.step, b.minStep, b.fetches
+	st.LastFetchLatencyMS = float64(b.lastLatency.Microseconds()) / 1000
+	st.LastFetch = b.lastFetch
+	if b.lastErr != nil {
+		st.LastError = b.lastErr.Error()
+	}
+	b.mu.Unlock()
+	return st
 }
