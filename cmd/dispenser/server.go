@@ -46,6 +46,7 @@ type serveConfig struct {
 	NATSTLSKey  string
 
 	MetricsAddr string
+	MetricsTags []string
 
 	PostgresURL     string
 	Migrate         bool
@@ -186,6 +187,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	if reg != nil {
 		cfg.Registerer = reg
+		cfg.MetricsTags = s.cfg.MetricsTags
 	}
 	cfg.Store = s.storeName
 	cfg.SnowflakeLeases = s.leaseName
@@ -479,10 +481,8 @@ func (s *Server) ready(ctx context.Context) error {
 	if err == nil {
 		return nil
 	}
-	for _, t := range s.alloc.Stats() {
-		if t.Current != nil && t.Current.Cursor < t.Current.End {
-			return nil // warm buffers keep serving while the store is away
-		}
+	if s.alloc.Totals().Remaining > 0 {
+		return nil // warm buffers keep serving while the store is away
 	}
 	return fmt.Errorf("store unreachable and no warm buffers: %w", err)
 }
