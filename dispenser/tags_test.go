@@ -1,0 +1,129 @@
+package dispenser_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// createTags inserts n tags t0000.. with step 10 in one statement.
+func (st *stack) createTags(tb testing.TB, n int) {
+	tb.Helper()
+	_, err := st.pool.Exec(context.Background(), `INSERT INTO leaf_alloc (biz_tag, max_id, step)
+SELECT 't' || lpad(i::text, 4, '0'), 1, 10 FROM generate_series(0, $1 - 1) AS i`, n)
+	if err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// TestMetricSeriesBounded: requests for many tags add no series beyond the
+// tags named in MetricsTags; the totals cover every tag.
+func TestMetricSeriesBounded(t *testing.T) {
+	st := newStack(t, nil)
+	st.createTags(t, 300)
+	alloc, err := segment.New(segment.Settings{Store: st.store, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, st.ns), Segments: alloc, Logger: quiet,
+		Registerer: reg, MetricsTags: []string{"t0007"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()); alloc.Close(context.Background()) })
+	nc := testenv.Connect(t, st.ns)
+	for i := range 300 {
+		if body, code := request(t, nc, fmt.Sprintf("id.segment.t%04d", i), "", nil); code != "" {
+			t.Fatalf("t%04d: %q code %s", i, body, code)
+		}
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := 0
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			series++
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "tag" && l.GetValue() != "" && l.GetValue() != "t0007" {
+					t.Fatalf("%s has a series for tag %q, not named in MetricsTags", f.GetName(), l.GetValue())
+				}
+			}
+		}
+	}
+	if series > 60 {
+		t.Errorf("%d series for 300 tags; want a bounded set", series)
+	}
+	for _, tt := range []struct {
+		metric string
+		labels map[string]string
+		want   float64
+	}{
+		{"dispenser_segment_tags", map[string]string{}, 300},
+		{"dispenser_segment_all_fetches_total", map[string]string{}, 300},
+		{"dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "", "code": "200"}, 299},
+		{"dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "t0007", "code": "200"}, 1},
+		{"dispenser_segment_fetches_total", map[string]string{"tag": "t0007"}, 1},
+	} {
+		if got, ok := metricValue(families, tt.metric, tt.labels); !ok || got != tt.want {
+			t.Errorf("%s%v = %v (found %v), want %v", tt.metric, tt.labels, got, ok, tt.want)
+		}
+	}
+}
+
+// TestMicroStatsBounded: with more tags in memory than StatsTags, micro
+// stats shows the totals and the most recently fetched StatsTags tags, and
+// the reply fits in a NATS message.
+func TestMicroStatsBounded(t *testing.T) {
+	st := newStack(t, nil)
+	n := dispenser.StatsTags + 50
+	st.createTags(t, n)
+	w := st.worker(t, segment.Settings{})
+	nc := testenv.Connect(t, st.ns)
+	for i := range n {
+		if body, code := request(t, nc, fmt.Sprintf("id.segment.t%04d", i), "", nil); code != "" {
+			t.Fatalf("t%04d: %q code %s", i, body, code)
+		}
+	}
+	last := fmt.Sprintf("t%04d", n-1) // fetched last
+	resp, err := nc.Request("$SRV.STATS.dispenser."+w.svc.ID(), nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats micro.Stats
+	if err := json.Unmarshal(resp.Data, &stats); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range stats.Endpoints {
+		if e.Name != "segment" {
+			continue
+		}
+		var data struct {
+			Totals segment.Totals     `json:"totals"`
+			Shown  int                `json:"shown"`
+			Tags   []segment.TagStats `json:"tags"`
+		}
+		if err := json.Unmarshal(e.Data, &data); err != nil {
+			t.Fatal(err)
+		}
+		if data.Totals.Tags != n || data.Shown != dispenser.StatsTags || len(data.Tags) != dispenser.StatsTags {
+			t.Fatalf("totals.tags %d, shown %d, %d tags; want %d, %d, %d", data.Totals.Tags, data.Shown, len(data.Tags), n, dispenser.StatsTags, dispenser.StatsTags)
+		}
+		if data.Tags[0].Tag != last {
+			t.Errorf("first tag shown %s, want the one fetched last, %s", data.Tags[0].Tag, last)
+		}
+		return
+	}
+	t.Fatal("no segment endpoint in micro stats")
+}
