@@ -35,7 +35,7 @@ func serve(tb testing.TB, tags map[string]int64) (*nats.Conn, *server.Server) {
 	}
 	store := postgres.New(pool)
 	for name, step := range tags {
-		if err := store.CreateTag(ctx, name, step, 1, ""); err != nil {
+		if err := store.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1}); err != nil {
 			tb.Fatal(err)
 		}
 	}

@@ -23,7 +23,7 @@ import (
 func TestExhaustedTagIs410(t *testing.T) {
 	const start = 9223372036854775000
 	st := newStack(t, map[string]int64{"other": 10})
-	if err := st.store.CreateTag(context.Background(), "edge", 100, start, ""); err != nil {
+	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "edge", Step: 100, MaxID: start}); err != nil {
 		t.Fatal(err)
 	}
 	st.worker(t, segment.Settings{})

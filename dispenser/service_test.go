@@ -53,7 +53,7 @@ func newStack(tb testing.TB, tags map[string]int64) *stack {
 	}
 	st := &stack{ns: testenv.NATS(tb), pool: pool, store: postgres.New(pool)}
 	for name, step := range tags {
-		if err := st.store.CreateTag(ctx, name, step, 1, ""); err != nil {
+		if err := st.store.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1}); err != nil {
 			tb.Fatal(err)
 		}
 	}

@@ -39,14 +39,18 @@ func migrateOK(tb testing.TB, db *pgxpool.Pool) []string {
 
 // dump describes the tables of the public schema, their columns, the
 // recorded versions and the rows of leaf_alloc, so that tests can see
-// whether anything changed.
+// whether anything changed. A row's ordered flag (migration 002) shows only
+// when it is not NULL, so that the rows of a Leaf table read the same
+// before and after the migration, unless something set the flag. A row's ordered flag (migration 002) is shown
+// only when it is set (not NULL), so that the rows of a Leaf table read the
+// same before and after the migration as long as nothing sets the flag.
 func dump(tb testing.TB, db *pgxpool.Pool) string {
 	tb.Helper()
 	queries := []string{
 		`SELECT table_name || '.' || column_name || ' ' || data_type || ' null=' || is_nullable || ' default=' || coalesce(column_default, '')
 		   FROM information_schema.columns WHERE table_schema = 'public' ORDER BY table_name, ordinal_position`,
 		`SELECT version || ' ' || applied_at::text FROM ` + VersionTable + ` ORDER BY version`,
-		`SELECT concat_ws(' ', biz_tag, max_id, step, description, update_time) FROM leaf_alloc ORDER BY biz_tag`,
+		`SELECT concat_ws(' ', biz_tag, max_id, step, description, update_time, 'ordered=' || (to_jsonb(l) ->> 'ordered')) FROM leaf_alloc l ORDER BY biz_tag`,
 	}
 	var exists bool
 	if err := db.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
@@ -102,11 +106,12 @@ func TestMigrateAppliesAll(t *testing.T) {
 	}
 	var maxID int64
 	var step int32
-	if err := db.QueryRow(ctx, "SELECT max_id, step FROM leaf_alloc WHERE biz_tag = 't'").Scan(&maxID, &step); err != nil {
+	var ordered *bool
+	if err := db.QueryRow(ctx, "SELECT max_id, step, ordered FROM leaf_alloc WHERE biz_tag = 't'").Scan(&maxID, &step, &ordered); err != nil {
 		t.Fatal(err)
 	}
-	if maxID != 1 || step != 1000 {
-		t.Errorf("max_id, step = %d, %d, want 1, 1000", maxID, step)
+	if maxID != 1 || step != 1000 || ordered != nil {
+		t.Errorf("max_id, step, ordered = %d, %d, %v, want 1, 1000, NULL", maxID, step, ordered)
 	}
 	d := dump(t, db)
 	for _, want := range []string{
@@ -115,7 +120,9 @@ func TestMigrateAppliesAll(t *testing.T) {
 		"leaf_alloc.step integer null=NO",
 		"leaf_alloc.description character varying null=YES",
 		"leaf_alloc.update_time timestamp with time zone null=NO default=now()",
+		"leaf_alloc.ordered boolean null=YES default=\n",
 		"\n001_leaf_alloc ",
+		"\n002_ordered_tags ",
 	} {
 		if !strings.Contains(d, want) {
 			t.Errorf("schema lacks %q; have:\n%s", want, d)
@@ -170,22 +177,50 @@ func TestMigrateConcurrently(t *testing.T) {
 	}
 }
 
+// leafDDL is the leaf_alloc table of Leaf's own scripts, with its example
+// row and one more.
+const leafDDL = `
+	CREATE TABLE leaf_alloc (
+		biz_tag     varchar(128) NOT NULL DEFAULT '' PRIMARY KEY,
+		max_id      bigint       NOT NULL DEFAULT 1,
+		step        int          NOT NULL,
+		description varchar(256) DEFAULT NULL,
+		update_time timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP
+	);
+	INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES
+		('leaf-segment-test', 1, 2000, 'Test leaf Segment Mode Get Id'),
+		('orders', 987654321, 5000, NULL);`
+
+// leafStatements are the statements Leaf's segment mode runs on the table
+// (IDAllocMapper, and the README's INSERT), which must keep working after
+// every migration.
+var leafStatements = []string{
+	`INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ('leaf-new', 1, 100, 'added by Leaf')`,
+	`SELECT biz_tag, max_id, step, update_time FROM leaf_alloc`,
+	`SELECT biz_tag FROM leaf_alloc`,
+	`UPDATE leaf_alloc SET max_id = max_id + step WHERE biz_tag = 'leaf-new'`,
+	`UPDATE leaf_alloc SET max_id = max_id + 50 WHERE biz_tag = 'leaf-new'`,
+	`SELECT biz_tag, max_id, step FROM leaf_alloc WHERE biz_tag = 'leaf-new'`,
+}
+
+// notOrdered fails the test unless every row of leaf_alloc has a NULL
+// ordered flag (a plain tag, for dispenser).
+func notOrdered(tb testing.TB, db *pgxpool.Pool) {
+	tb.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(), "SELECT count(*) FROM leaf_alloc WHERE ordered IS NOT NULL").Scan(&n); err != nil {
+		tb.Fatal(err)
+	}
+	if n != 0 {
+		tb.Errorf("%d rows have a non-NULL ordered flag, want none", n)
+	}
+}
+
 func TestMigrateKeepsLeafTable(t *testing.T) {
 	db := newPool(t, testenv.Postgres(t))
 	ctx := context.Background()
 	// A leaf_alloc that a team brings from Leaf, with its data.
-	_, err := db.Exec(ctx, `
-		CREATE TABLE leaf_alloc (
-			biz_tag     varchar(128) NOT NULL DEFAULT '' PRIMARY KEY,
-			max_id      bigint       NOT NULL DEFAULT 1,
-			step        int          NOT NULL,
-			description varchar(256) DEFAULT NULL,
-			update_time timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP
-		);
-		INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES
-			('leaf-segment-test', 1, 2000, 'Test leaf Segment Mode Get Id'),
-			('orders', 987654321, 5000, NULL);`)
-	if err != nil {
+	if _, err := db.Exec(ctx, leafDDL); err != nil {
 		t.Fatal(err)
 	}
 	before := dump(t, db)
@@ -193,18 +228,95 @@ func TestMigrateKeepsLeafTable(t *testing.T) {
 		t.Fatalf("applied %q, want %q", got, want)
 	}
 	after := dump(t, db)
-	// Only the version table is new; the Leaf table and its rows are as they were.
+	// The version table and the nullable column ordered are new; the rest
+	// of the Leaf table and its rows are as they were.
+	const orderedColumn = "leaf_alloc.ordered boolean null=YES default="
 	var kept []string
+	added := 0
 	for _, line := range strings.Split(after, "\n") {
-		if !strings.HasPrefix(line, VersionTable+".") && !strings.HasPrefix(line, "001_") {
+		switch {
+		case line == orderedColumn:
+			added++
+		case strings.HasPrefix(line, VersionTable+"."):
+		case slices.ContainsFunc(Versions(), func(v string) bool { return strings.HasPrefix(line, v+" ") }):
+		default:
 			kept = append(kept, line)
 		}
+	}
+	if added != 1 {
+		t.Errorf("Migrate added the column %q %d times, want once:\n%s", orderedColumn, added, after)
 	}
 	if got := strings.Join(kept, "\n"); got != before {
 		t.Errorf("Migrate changed the Leaf table:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 	if !strings.Contains(before, "orders 987654321 5000") {
 		t.Errorf("test setup: rows missing from dump:\n%s", before)
+	}
+	notOrdered(t, db)
+
+	// Leaf itself keeps working on the migrated table, and its rows are
+	// plain tags.
+	for _, sql := range leafStatements {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Errorf("Leaf's %s: %v", sql, err)
+		}
+	}
+	var maxID int64
+	if err := db.QueryRow(ctx, "SELECT max_id FROM leaf_alloc WHERE biz_tag = 'leaf-new'").Scan(&maxID); err != nil || maxID != 151 {
+		t.Errorf("max_id of Leaf's new row = %d, %v, want 151", maxID, err)
+	}
+	notOrdered(t, db)
+
+	// Migrating again changes nothing.
+	again := dump(t, db)
+	if got := migrateOK(t, db); len(got) != 0 {
+		t.Errorf("second Migrate applied %q, want nothing", got)
+	}
+	if d := dump(t, db); d != again {
+		t.Errorf("second Migrate changed the database:\nbefore:\n%s\nafter:\n%s", again, d)
+	}
+}
+
+// A database that dispenser migrated before ordered tags existed gets the
+// column once, its rows untouched and plain; once more changes nothing.
+func TestMigrateOrderedTagsOnExistingDatabase(t *testing.T) {
+	db := newPool(t, testenv.Postgres(t))
+	ctx := context.Background()
+	migrateOK(t, db)
+	// Back to the schema of 001, as an older dispenser left it, with rows.
+	_, err := db.Exec(ctx, `
+		ALTER TABLE leaf_alloc DROP COLUMN ordered;
+		DELETE FROM `+VersionTable+` WHERE version = '002_ordered_tags';
+		INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ('orders', 1001, 1000, 'order numbers'), ('users', 42, 10, NULL);`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := dump(t, db)
+	if strings.Contains(before, "ordered") || !strings.Contains(before, "orders 1001 1000 order numbers") {
+		t.Fatalf("test setup: want the schema of 001 with rows:\n%s", before)
+	}
+	if got, want := migrateOK(t, db), []string{"002_ordered_tags"}; !slices.Equal(got, want) {
+		t.Fatalf("applied %q, want %q", got, want)
+	}
+	after := dump(t, db)
+	for _, want := range []string{"leaf_alloc.ordered boolean null=YES default=\n", "orders 1001 1000 order numbers ", "users 42 10 ", "\n002_ordered_tags "} {
+		if !strings.Contains(after, want) {
+			t.Errorf("after Migrate: lacks %q:\n%s", want, after)
+		}
+	}
+	notOrdered(t, db)
+	if got := migrateOK(t, db); len(got) != 0 {
+		t.Errorf("second Migrate applied %q, want nothing", got)
+	}
+	if d := dump(t, db); d != after {
+		t.Errorf("second Migrate changed the database:\nbefore:\n%s\nafter:\n%s", after, d)
+	}
+	// The flag holds true, false and NULL, and dump shows a set one.
+	if _, err := db.Exec(ctx, "UPDATE leaf_alloc SET ordered = true WHERE biz_tag = 'orders'"); err != nil {
+		t.Fatal(err)
+	}
+	if d := dump(t, db); !strings.Contains(d, "ordered=true") {
+		t.Errorf("dump does not show a set ordered flag:\n%s", d)
 	}
 }
 

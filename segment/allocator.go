@@ -312,7 +312,7 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 		defer cancel()
 		_, err := a.store.Tag(lctx, tag)
 		if errors.Is(err, ErrUnknownTag) && a.autoCreateStep > 0 {
-			err = a.store.(Admin).CreateTag(lctx, tag, a.autoCreateStep, 1, "created on first use")
+			err = a.store.(Admin).CreateTag(lctx, Tag{Name: tag, Step: a.autoCreateStep, MaxID: 1, Description: "created on first use"})
 			if errors.Is(err, ErrTagExists) {
 				err = nil // another worker created it first
 			}

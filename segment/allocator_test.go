@@ -753,17 +753,17 @@ func BenchmarkTakeOneParallel(b *testing.B) {
 // adminStore is a memStore that can create tags.
 type adminStore struct{ *memStore }
 
-func (s adminStore) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
+func (s adminStore) CreateTag(ctx context.Context, t Tag) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.tags[name] != nil {
+	if s.tags[t.Name] != nil {
 		return ErrTagExists
 	}
-	s.tags[name] = &Tag{Name: name, MaxID: start, Step: step, Description: description}
+	s.tags[t.Name] = &t
 	return nil
 }
 
-func (s adminStore) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
+func (s adminStore) UpdateTag(ctx context.Context, name string, u TagUpdate) error {
 	return errors.New("not used")
 }
 

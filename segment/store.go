@@ -50,7 +50,24 @@ type Tag struct {
 	MaxID       int64 // the next segment starts here
 	Step        int64 // configured step; the dynamic step never goes below it
 	Description string
-	UpdateTime  time.Time
+	// Ordered marks a tag created or updated with --ordered: its IDs are
+	// linearizably increasing across all workers (once a client has
+	// received IDs of the tag, every request sent after that, by any
+	// client to any worker, gets larger ones), not only within each
+	// worker as for a plain tag. Stores keep it with the tag; a tag stored
+	// without it (a Leaf row, a value written before ordered tags) is not
+	// ordered.
+	Ordered    bool
+	UpdateTime time.Time
+}
+
+// TagUpdate is a change of a tag's settings for Admin.UpdateTag: each
+// non-nil field is set, each nil one left as it is. MaxID cannot be
+// changed this way.
+type TagUpdate struct {
+	Step        *int64  // new configured step, in 1..MaxStepLimit
+	Description *string // new description (CheckTagFields)
+	Ordered     *bool   // make the tag ordered or plain (see Tag.Ordered)
 }
 
 // Allocation is a segment fetched from the store: the IDs Start..End-1 now
@@ -79,14 +96,19 @@ type Store interface {
 	GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error)
 }
 
-// Admin is implemented by stores that can create and change tags.
+// Admin is implemented by stores that can create and change tags. Invalid
+// fields (CheckTagFields, CheckStart) yield ErrInvalidTag, ErrInvalidStep
+// or ErrInvalidArgument and change nothing.
 type Admin interface {
-	// CreateTag adds a tag whose first ID is start (>= 1). An existing tag
-	// yields ErrTagExists and changes nothing.
-	CreateTag(ctx context.Context, name string, step, start int64, description string) error
-	// UpdateTag changes a tag's step and/or description; nil leaves a field
-	// as it is. An unknown tag yields ErrUnknownTag.
-	UpdateTag(ctx context.Context, name string, step *int64, description *string) error
+	// CreateTag adds the tag t: t.Name with step t.Step, first ID t.MaxID
+	// (>= 1), t.Description and t.Ordered; the store sets the update time
+	// (t.UpdateTime is ignored). An existing tag yields ErrTagExists and
+	// changes nothing.
+	CreateTag(ctx context.Context, t Tag) error
+	// UpdateTag sets the fields of u that are not nil on the tag name and
+	// leaves the others, and max_id, as they are. An unknown tag yields
+	// ErrUnknownTag.
+	UpdateTag(ctx context.Context, name string, u TagUpdate) error
 }
 
 // ValidTag reports whether name is a valid tag: 1 to 128 characters from

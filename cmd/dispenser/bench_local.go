@@ -198,11 +198,11 @@ func ensureTag(ctx context.Context, store segment.Store, name string, step int64
 	if !ok {
 		return fmt.Errorf("the store cannot create tags (%T)", store)
 	}
-	err := admin.CreateTag(ctx, name, step, 1, "dispenser bench")
+	err := admin.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1, Description: "dispenser bench"})
 	if errors.Is(err, segment.ErrTagExists) {
 		var t segment.Tag
 		if t, err = store.Tag(ctx, name); err == nil && t.Step != step {
-			err = admin.UpdateTag(ctx, name, &step, nil)
+			err = admin.UpdateTag(ctx, name, segment.TagUpdate{Step: &step})
 		}
 	}
 	if err != nil {

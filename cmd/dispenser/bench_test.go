@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -84,7 +85,7 @@ func TestBenchDeployment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.CreateTag(context.Background(), "orders", 1000, 1, ""); err != nil {
+	if err := st.CreateTag(context.Background(), segment.Tag{Name: "orders", Step: 1000, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	srv := NewServer(serveConfig{NATSURL: ns.ClientURL(), Instance: "w1", Snowflake: true, ShutdownTimeout: 10 * time.Second},

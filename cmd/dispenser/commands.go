@@ -325,7 +325,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if !given["step"] {
 			return errors.New("tags create: --step is required")
 		}
-		if err := st.CreateTag(ctx, pos[0], step, start, desc); err != nil {
+		if err := st.CreateTag(ctx, segment.Tag{Name: pos[0], Step: step, MaxID: start, Description: desc}); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d\n", pos[0], start, step)
@@ -342,7 +342,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if sp == nil && dp == nil {
 			return errors.New("tags update: nothing to change: give --step and/or --description")
 		}
-		if err := st.UpdateTag(ctx, pos[0], sp, dp); err != nil {
+		if err := st.UpdateTag(ctx, pos[0], segment.TagUpdate{Step: sp, Description: dp}); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "updated tag %s\n", pos[0])

@@ -622,7 +622,7 @@ func createTags(tb testing.TB, dbURL string, tags map[string]int64) {
 	}
 	st := postgres.New(pool)
 	for tag, step := range tags {
-		if err := st.CreateTag(ctx, tag, step, 1, "chaos test"); err != nil {
+		if err := st.CreateTag(ctx, segment.Tag{Name: tag, Step: step, MaxID: 1, Description: "chaos test"}); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -659,7 +659,7 @@ func createKVTags(tb testing.TB, urls, bucket string, replicas int, tags map[str
 		tb.Logf("creating bucket %s: %v; trying again", bucket, err)
 	}
 	for tag, step := range tags {
-		if err := st.CreateTag(ctx, tag, step, 1, "chaos test"); err != nil {
+		if err := st.CreateTag(ctx, segment.Tag{Name: tag, Step: step, MaxID: 1, Description: "chaos test"}); err != nil {
 			tb.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/nats-io/nats-server/v2/server"
@@ -45,7 +46,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := store.CreateTag(ctx, "orders", 1000, 1, "order numbers"); err != nil {
+	if err := store.CreateTag(ctx, segment.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: "order numbers"}); err != nil {
 		log.Fatal(err)
 	}
 	a, err := store.Fetch(ctx, "orders", 0) // 0: the tag's own step

@@ -5,7 +5,10 @@
 //
 // Each tag is one key, named after the tag, whose value is JSON:
 //
-//	{"max_id":1001,"step":1000,"description":"order numbers","update_time":"2025-01-02T03:04:05.123456789Z"}
+//	{"max_id":1001,"step":1000,"description":"order numbers","ordered":true,"update_time":"2025-01-02T03:04:05.123456789Z"}
+//
+// "ordered" is left out for a plain tag, so a value without it (written
+// before ordered tags existed) is a plain tag.
 //
 // Every change is a compare-and-swap on the key's revision, so any number of
 // Stores in any number of processes may share one bucket.
@@ -141,7 +144,8 @@ type value struct {
 	MaxID       int64     `json:"max_id"`
 	Step        int64     `json:"step"`
 	Description string    `json:"description"`
-	UpdateTime  time.Time `json:"update_time"` // RFC 3339 with nanoseconds
+	Ordered     bool      `json:"ordered,omitempty"` // absent: a plain tag
+	UpdateTime  time.Time `json:"update_time"`       // RFC 3339 with nanoseconds
 }
 
 // errNoChange makes modify return without writing.
@@ -342,49 +346,52 @@ func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
 	if err != nil {
 		return segment.Tag{}, fmt.Errorf("kv: tag %q: %w", name, err)
 	}
-	return segment.Tag{Name: name, MaxID: v.MaxID, Step: v.Step, Description: v.Description, UpdateTime: v.UpdateTime}, nil
+	return segment.Tag{Name: name, MaxID: v.MaxID, Step: v.Step, Description: v.Description, Ordered: v.Ordered, UpdateTime: v.UpdateTime}, nil
 }
 
-// CreateTag adds a tag with the given step whose first ID is start. A
-// deleted tag may be created again; it then starts over at start.
-// Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step not in
-// 1..segment.MaxStepLimit), segment.ErrInvalidArgument (start < 1,
-// description over segment.MaxDescription characters or not UTF-8 without
-// NUL), segment.ErrTagExists (nothing changes).
-func (s *Store) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
-	if err := segment.CheckTagFields(name, &step, &description); err != nil {
+// CreateTag adds the tag t with step t.Step, first ID t.MaxID, t.Description
+// and t.Ordered. A deleted tag may be created again; it then starts over at
+// its new first ID. Errors: segment.ErrInvalidTag, segment.ErrInvalidStep
+// (step not in 1..segment.MaxStepLimit), segment.ErrInvalidArgument (first
+// ID < 1, description over segment.MaxDescription characters or not UTF-8
+// without NUL), segment.ErrTagExists (nothing changes).
+func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
+	if err := segment.CheckTagFields(t.Name, &t.Step, &t.Description); err != nil {
 		return fmt.Errorf("kv: create tag: %w", err)
 	}
-	if err := segment.CheckStart(start); err != nil {
-		return fmt.Errorf("kv: create tag %q: %w", name, err)
+	if err := segment.CheckStart(t.MaxID); err != nil {
+		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
-	b, err := json.Marshal(value{MaxID: start, Step: step, Description: description, UpdateTime: time.Now().UTC()})
+	b, err := json.Marshal(value{MaxID: t.MaxID, Step: t.Step, Description: t.Description, Ordered: t.Ordered, UpdateTime: time.Now().UTC()})
 	if err != nil {
-		return fmt.Errorf("kv: create tag %q: %w", name, err)
+		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
-	_, err = s.kv.Create(ctx, name, b)
+	_, err = s.kv.Create(ctx, t.Name, b)
 	if conflict(err) {
-		return fmt.Errorf("kv: create tag %q: %w", name, segment.ErrTagExists)
+		return fmt.Errorf("kv: create tag %q: %w", t.Name, segment.ErrTagExists)
 	}
 	if err != nil {
-		return fmt.Errorf("kv: create tag %q: %w", name, err)
+		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
 	return nil
 }
 
-// UpdateTag sets the tag's step and/or description; nil leaves a field as
-// it is. It does not move max_id. Errors: as for CreateTag, and
-// segment.ErrUnknownTag.
-func (s *Store) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
-	if err := segment.CheckTagFields(name, step, description); err != nil {
+// UpdateTag sets the tag's step, description and/or ordered flag, those of
+// u that are not nil, in one compare-and-swap. It does not move max_id.
+// Errors: as for CreateTag, and segment.ErrUnknownTag.
+func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate) error {
+	if err := segment.CheckTagFields(name, u.Step, u.Description); err != nil {
 		return fmt.Errorf("kv: update tag: %w", err)
 	}
 	err := s.modify(ctx, name, func(v *value) error {
-		if step != nil {
-			v.Step = *step
+		if u.Step != nil {
+			v.Step = *u.Step
 		}
-		if description != nil {
-			v.Description = *description
+		if u.Description != nil {
+			v.Description = *u.Description
+		}
+		if u.Ordered != nil {
+			v.Ordered = *u.Ordered
 		}
 		return nil
 	})

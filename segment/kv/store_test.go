@@ -88,7 +88,7 @@ func TestSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	srv := testenv.StartNATS(t, testenv.NATSOptions(dir))
 	s := newStore(t, srv, kv.Settings{})
-	if err := s.CreateTag(ctx, "orders", 100, 1, "order numbers"); err != nil {
+	if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 100, MaxID: 1, Description: "order numbers"}); err != nil {
 		t.Fatal(err)
 	}
 	var last segment.Allocation
@@ -159,7 +159,7 @@ func TestNewKeepsExistingBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := newStore(t, srv, kv.Settings{}).CreateTag(ctx, "orders", 10, 1, ""); err != nil {
+	if err := newStore(t, srv, kv.Settings{}).CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	// Another Store, asking for memory storage, must neither change the
@@ -231,7 +231,7 @@ func TestNewRefusesForgetfulBucket(t *testing.T) {
 func TestValueFormat(t *testing.T) {
 	srv := testenv.NATS(t)
 	s := newStore(t, srv, kv.Settings{})
-	if err := s.CreateTag(ctx, "orders", 1000, 1, `say "hi"`); err != nil {
+	if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: `say "hi"`}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Fetch(ctx, "orders", 0); err != nil {
@@ -331,7 +331,7 @@ func rawValueOrDeleted(tb testing.TB, b jetstream.KeyValue, key string) string {
 func TestCanceledContext(t *testing.T) {
 	srv := testenv.NATS(t)
 	s := newStore(t, srv, kv.Settings{})
-	if err := s.CreateTag(ctx, "orders", 10, 1, ""); err != nil {
+	if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	canceled, cancel := context.WithCancel(ctx)

@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 )
 
@@ -22,7 +23,7 @@ func Example() {
 	if _, err := schema.Migrate(ctx, store.Pool()); err != nil {
 		log.Fatal(err)
 	}
-	if err := store.CreateTag(ctx, "orders", 1000, 1, "order numbers"); err != nil {
+	if err := store.CreateTag(ctx, segment.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: "order numbers"}); err != nil {
 		log.Fatal(err)
 	}
 	a, err := store.Fetch(ctx, "orders", 0) // 0: the tag's own step

@@ -199,15 +199,16 @@ func (s *Store) Tags(ctx context.Context) ([]string, error) {
 	return valid, nil
 }
 
-// Tag looks up one tag. A NULL description reads as "". Errors:
+// Tag looks up one tag. A NULL description reads as "", a NULL ordered
+// (a row of Leaf, or of a table before migration 002) as false. Errors:
 // segment.ErrInvalidTag, segment.ErrUnknownTag.
 func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
 	if err := segment.CheckTag(name); err != nil {
 		return segment.Tag{}, fmt.Errorf("postgres: tag: %w", err)
 	}
 	t := segment.Tag{Name: name}
-	err := s.pool.QueryRow(ctx, "SELECT max_id, step, coalesce(description, ''), update_time FROM leaf_alloc WHERE biz_tag = $1", name).
-		Scan(&t.MaxID, &t.Step, &t.Description, &t.UpdateTime)
+	err := s.pool.QueryRow(ctx, "SELECT max_id, step, coalesce(description, ''), coalesce(ordered, false), update_time FROM leaf_alloc WHERE biz_tag = $1", name).
+		Scan(&t.MaxID, &t.Step, &t.Description, &t.Ordered, &t.UpdateTime)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return segment.Tag{}, fmt.Errorf("postgres: tag %q: %w", name, segment.ErrUnknownTag)
 	}
@@ -217,39 +218,40 @@ func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
 	return t, nil
 }
 
-// CreateTag adds a tag with the given step whose first ID is start.
-// Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step not in
-// 1..segment.MaxStepLimit), segment.ErrInvalidArgument (start < 1,
+// CreateTag adds the tag t with step t.Step, first ID t.MaxID, t.Description
+// and t.Ordered. Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step
+// not in 1..segment.MaxStepLimit), segment.ErrInvalidArgument (first ID < 1,
 // description over segment.MaxDescription characters or not UTF-8 without
 // NUL), segment.ErrTagExists (nothing changes).
-func (s *Store) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
-	if err := segment.CheckTagFields(name, &step, &description); err != nil {
+func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
+	if err := segment.CheckTagFields(t.Name, &t.Step, &t.Description); err != nil {
 		return fmt.Errorf("postgres: create tag: %w", err)
 	}
-	if err := segment.CheckStart(start); err != nil {
-		return fmt.Errorf("postgres: create tag %q: %w", name, err)
+	if err := segment.CheckStart(t.MaxID); err != nil {
+		return fmt.Errorf("postgres: create tag %q: %w", t.Name, err)
 	}
-	ct, err := s.pool.Exec(ctx, `INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ($1, $2, $3, $4)
-ON CONFLICT (biz_tag) DO NOTHING`, name, start, step, description)
+	ct, err := s.pool.Exec(ctx, `INSERT INTO leaf_alloc (biz_tag, max_id, step, description, ordered) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (biz_tag) DO NOTHING`, t.Name, t.MaxID, t.Step, t.Description, t.Ordered)
 	if err != nil {
-		return fmt.Errorf("postgres: create tag %q: %w", name, err)
+		return fmt.Errorf("postgres: create tag %q: %w", t.Name, err)
 	}
 	if ct.RowsAffected() == 0 {
-		return fmt.Errorf("postgres: create tag %q: %w", name, segment.ErrTagExists)
+		return fmt.Errorf("postgres: create tag %q: %w", t.Name, segment.ErrTagExists)
 	}
 	return nil
 }
 
-// UpdateTag sets the tag's step and/or description; nil leaves a field as
-// it is. It does not move max_id. Errors: as for CreateTag, and
-// segment.ErrUnknownTag.
-func (s *Store) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
-	if err := segment.CheckTagFields(name, step, description); err != nil {
+// UpdateTag sets the tag's step, description and/or ordered flag, those of
+// u that are not nil, in one statement. It does not move max_id. Errors: as
+// for CreateTag, and segment.ErrUnknownTag.
+func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate) error {
+	if err := segment.CheckTagFields(name, u.Step, u.Description); err != nil {
 		return fmt.Errorf("postgres: update tag: %w", err)
 	}
 	ct, err := s.pool.Exec(ctx, `UPDATE leaf_alloc
-SET step = coalesce($2::integer, step), description = coalesce($3::text, description), update_time = now()
-WHERE biz_tag = $1`, name, step, description)
+SET step = coalesce($2::integer, step), description = coalesce($3::text, description),
+    ordered = coalesce($4::boolean, ordered), update_time = now()
+WHERE biz_tag = $1`, name, u.Step, u.Description, u.Ordered)
 	if err != nil {
 		return fmt.Errorf("postgres: update tag %q: %w", name, err)
 	}

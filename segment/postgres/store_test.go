@@ -51,7 +51,7 @@ func newStore(tb testing.TB) *postgres.Store {
 // createTag creates a tag and fails the test on error.
 func createTag(tb testing.TB, s *postgres.Store, name string, step, start int64) {
 	tb.Helper()
-	if err := s.CreateTag(ctx, name, step, start, "test tag "+name); err != nil {
+	if err := s.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: start, Description: "test tag " + name}); err != nil {
 		tb.Fatalf("CreateTag(%q, %d, %d): %v", name, step, start, err)
 	}
 }
@@ -207,7 +207,7 @@ func TestLeafNamesThatAreNoTags(t *testing.T) {
 		if ok {
 			t.Errorf("GiveBack(%q) reported true with an error", name)
 		}
-		checkErr(t, s.UpdateTag(ctx, name, nil, nil), segment.ErrInvalidTag)
+		checkErr(t, s.UpdateTag(ctx, name, segment.TagUpdate{}), segment.ErrInvalidTag)
 	}
 	if after := snapshot(t, s); after != before {
 		t.Errorf("operations on Leaf's names changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
@@ -226,7 +226,7 @@ func TestNullDescription(t *testing.T) {
 		t.Errorf("Fetch(legacy, 0) = %+v, want %+v", got, want)
 	}
 	step := int64(8)
-	if err := s.UpdateTag(ctx, "legacy", &step, nil); err != nil {
+	if err := s.UpdateTag(ctx, "legacy", segment.TagUpdate{Step: &step}); err != nil {
 		t.Fatal(err)
 	}
 	var isNull bool

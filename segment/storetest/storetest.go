@@ -95,7 +95,7 @@ func ctx(tb testing.TB) context.Context {
 // createTag creates a tag and fails the test on error.
 func createTag(tb testing.TB, s Store, name string, step, start int64) {
 	tb.Helper()
-	if err := s.CreateTag(ctx(tb), name, step, start, "test tag "+name); err != nil {
+	if err := s.CreateTag(ctx(tb), segment.Tag{Name: name, Step: step, MaxID: start, Description: "test tag " + name}); err != nil {
 		tb.Fatalf("CreateTag(%q, %d, %d): %v", name, step, start, err)
 	}
 }
@@ -328,7 +328,7 @@ func testConcurrentUpdates(t *testing.T, c Config) {
 	wg.Go(func() {
 		for i := range updates {
 			step, desc := int64(i+2), fmt.Sprintf("version %d", i+2)
-			if err := ss[i%len(ss)].UpdateTag(ctx, "orders", &step, &desc); err != nil {
+			if err := ss[i%len(ss)].UpdateTag(ctx, "orders", segment.TagUpdate{Step: &step, Description: &desc}); err != nil {
 				res.fail(err)
 			}
 		}
@@ -542,7 +542,7 @@ func testGiveBackInvalid(t *testing.T, c Config) {
 
 func testCreateTag(t *testing.T, c Config) {
 	s := newStore(t, c)
-	if err := s.CreateTag(ctx(t), "orders", 1000, 42, "order numbers"); err != nil {
+	if err := s.CreateTag(ctx(t), segment.Tag{Name: "orders", Step: 1000, MaxID: 42, Description: "order numbers"}); err != nil {
 		t.Fatal(err)
 	}
 	got := tag(t, s, "orders")
@@ -565,7 +565,7 @@ func testCreateTag(t *testing.T, c Config) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := s.CreateTag(ctx(t), tt.tag, tt.step, tt.start, tt.description); err != nil {
+			if err := s.CreateTag(ctx(t), segment.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description}); err != nil {
 				t.Fatalf("CreateTag: %v", err)
 			}
 			got := tag(t, s, tt.tag)
@@ -605,7 +605,7 @@ func testCreateTagInvalid(t *testing.T, c Config) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := snapshot(t, s)
-			checkErr(t, c, s.CreateTag(ctx(t), tt.tag, tt.step, tt.start, tt.description), tt.want)
+			checkErr(t, c, s.CreateTag(ctx(t), segment.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description}), tt.want)
 			checkUnchanged(t, s, before, "failed CreateTag")
 		})
 	}
@@ -631,7 +631,7 @@ func testUpdateTag(t *testing.T, c Config) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := s.UpdateTag(ctx(t), "orders", tt.step, tt.description); err != nil {
+			if err := s.UpdateTag(ctx(t), "orders", segment.TagUpdate{Step: tt.step, Description: tt.description}); err != nil {
 				t.Fatal(err)
 			}
 			got := tag(t, s, "orders")
@@ -669,7 +669,7 @@ func testUpdateTagInvalid(t *testing.T, c Config) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := snapshot(t, s)
-			checkErr(t, c, s.UpdateTag(ctx(t), tt.tag, tt.step, tt.description), tt.want)
+			checkErr(t, c, s.UpdateTag(ctx(t), tt.tag, segment.TagUpdate{Step: tt.step, Description: tt.description}), tt.want)
 			checkUnchanged(t, s, before, "failed UpdateTag")
 		})
 	}
@@ -742,7 +742,7 @@ func testDeleteTag(t *testing.T, c Config) {
 	checkErr(t, c, err, segment.ErrUnknownTag)
 	_, err = s.Tag(ctx(t), "orders")
 	checkErr(t, c, err, segment.ErrUnknownTag)
-	checkErr(t, c, s.UpdateTag(ctx(t), "orders", ptr[int64](5), nil), segment.ErrUnknownTag)
+	checkErr(t, c, s.UpdateTag(ctx(t), "orders", segment.TagUpdate{Step: ptr[int64](5)}), segment.ErrUnknownTag)
 	if ok, err := s.GiveBack(ctx(t), "orders", a.End, a.Start); ok || err != nil {
 		t.Errorf("GiveBack to a deleted tag = %v, %v, want false, nil", ok, err)
 	}
@@ -752,7 +752,7 @@ func testDeleteTag(t *testing.T, c Config) {
 	checkUnchanged(t, s, before, "operations on a deleted tag")
 
 	// It can be created again, afresh.
-	if err := s.CreateTag(ctx(t), "orders", 5, 1000, "again"); err != nil {
+	if err := s.CreateTag(ctx(t), segment.Tag{Name: "orders", Step: 5, MaxID: 1000, Description: "again"}); err != nil {
 		t.Fatalf("CreateTag of a deleted tag: %v", err)
 	}
 	if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 1000, End: 1005, TagStep: 5}); got != want {

@@ -271,21 +271,21 @@ func (w *Store) Ping(ctx context.Context) error {
 
 // CreateTag and UpdateTag pass through to the inner store if it is a
 // segment.Admin.
-func (w *Store) CreateTag(ctx context.Context, name string, step, start int64, description string) error {
+func (w *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 	a, ok := w.Raiser.(segment.Admin)
 	if !ok {
 		return errors.New("witness: the inner store cannot create tags")
 	}
-	return a.CreateTag(ctx, name, step, start, description)
+	return a.CreateTag(ctx, t)
 }
 
 // UpdateTag: see CreateTag.
-func (w *Store) UpdateTag(ctx context.Context, name string, step *int64, description *string) error {
+func (w *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate) error {
 	a, ok := w.Raiser.(segment.Admin)
 	if !ok {
 		return errors.New("witness: the inner store cannot update tags")
 	}
-	return a.UpdateTag(ctx, name, step, description)
+	return a.UpdateTag(ctx, name, u)
 }
 
 // mark returns the tag's mark, from the cache (cached true) or the bucket.

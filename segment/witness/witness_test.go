@@ -48,7 +48,7 @@ func newEnv(tb testing.TB) *env {
 		tb.Fatal(err)
 	}
 	e := &env{pool: pool, pg: postgres.New(pool), ns: testenv.NATS(tb)}
-	if err := e.pg.CreateTag(ctx, "t", 10, 1, ""); err != nil {
+	if err := e.pg.CreateTag(ctx, segment.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
 		tb.Fatal(err)
 	}
 	if e.js, err = jetstream.New(testenv.Connect(tb, e.ns)); err != nil {
