@@ -69,6 +69,20 @@ func rawValue(tb testing.TB, b jetstream.KeyValue, key string) string {
 	return string(e.Value())
 }
 
+// legacy adds the PutLegacyTag that the conformance suite needs.
+type legacy struct {
+	*kv.Store
+	b jetstream.KeyValue
+}
+
+// PutLegacyTag creates the key with a value as dispenser wrote it before
+// ordered tags: no "ordered" field.
+func (s legacy) PutLegacyTag(ctx context.Context, name string, maxID, step int64) error {
+	v := fmt.Sprintf(`{"max_id":%d,"step":%d,"description":"","update_time":%q}`, maxID, step, time.Now().UTC().Format(time.RFC3339Nano))
+	_, err := s.b.Create(ctx, name, []byte(v))
+	return err
+}
+
 func TestConformance(t *testing.T) {
 	storetest.Run(t, storetest.Config{
 		NewBackend: func(tb testing.TB) func(testing.TB) storetest.Store {
@@ -77,7 +91,7 @@ func TestConformance(t *testing.T) {
 			// Each Store has a connection of its own, as another process would.
 			return func(tb testing.TB) storetest.Store {
 				tb.Helper()
-				return newStore(tb, srv, kv.Settings{})
+				return legacy{newStore(tb, srv, kv.Settings{}), bucket(tb, srv, kv.DefaultBucket)}
 			}
 		},
 		Prefix: "kv: ",
@@ -231,33 +245,71 @@ func TestNewRefusesForgetfulBucket(t *testing.T) {
 func TestValueFormat(t *testing.T) {
 	srv := testenv.NATS(t)
 	s := newStore(t, srv, kv.Settings{})
+	b := bucket(t, srv, kv.DefaultBucket)
 	if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: `say "hi"`}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Fetch(ctx, "orders", 0); err != nil {
 		t.Fatal(err)
 	}
-	raw := rawValue(t, bucket(t, srv, kv.DefaultBucket), "orders")
-	var m map[string]any
-	if err := json.Unmarshal([]byte(raw), &m); err != nil {
-		t.Fatalf("value %s is not JSON: %v", raw, err)
+	// "ordered" appears only while the tag is ordered, so that a plain
+	// tag's value is the same as before ordered tags existed.
+	plainKeys := []string{"description", "max_id", "step", "update_time"}
+	orderedKeys := []string{"description", "max_id", "ordered", "step", "update_time"}
+	tests := []struct {
+		name     string
+		update   *segment.TagUpdate // applied first, if any
+		wantKeys []string
+	}{
+		{name: "plain", wantKeys: plainKeys},
+		{name: "made ordered", update: &segment.TagUpdate{Ordered: ptr(true)}, wantKeys: orderedKeys},
+		{name: "step changed, still ordered", update: &segment.TagUpdate{Step: ptr[int64](1000)}, wantKeys: orderedKeys},
+		{name: "made plain again", update: &segment.TagUpdate{Ordered: ptr(false)}, wantKeys: plainKeys},
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.update != nil {
+				if err := s.UpdateTag(ctx, "orders", *tt.update); err != nil {
+					t.Fatal(err)
+				}
+			}
+			raw := rawValue(t, b, "orders")
+			var m map[string]any
+			if err := json.Unmarshal([]byte(raw), &m); err != nil {
+				t.Fatalf("value %s is not JSON: %v", raw, err)
+			}
+			keys := make([]string, 0, len(m))
+			for k := range m {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			if !slices.Equal(keys, tt.wantKeys) {
+				t.Errorf("value %s has keys %q, want %q", raw, keys, tt.wantKeys)
+			}
+			if m["max_id"] != 1001.0 || m["step"] != 1000.0 || m["description"] != `say "hi"` {
+				t.Errorf("value %s: want max_id 1001, step 1000, description %q", raw, `say "hi"`)
+			}
+			if o, ok := m["ordered"]; ok && o != true {
+				t.Errorf("value %s: ordered is %v, want true or absent", raw, o)
+			}
+			ts, _ := m["update_time"].(string)
+			if got, err := time.Parse(time.RFC3339Nano, ts); err != nil || got.IsZero() {
+				t.Errorf("update_time %q is not an RFC 3339 time: %v", ts, err)
+			}
+		})
 	}
-	slices.Sort(keys)
-	if want := []string{"description", "max_id", "step", "update_time"}; !slices.Equal(keys, want) {
-		t.Errorf("value %s has keys %q, want %q", raw, keys, want)
-	}
-	if m["max_id"] != 1001.0 || m["step"] != 1000.0 || m["description"] != `say "hi"` {
-		t.Errorf("value %s: want max_id 1001, step 1000, description %q", raw, `say "hi"`)
-	}
-	ts, _ := m["update_time"].(string)
-	if got, err := time.Parse(time.RFC3339Nano, ts); err != nil || got.IsZero() {
-		t.Errorf("update_time %q is not an RFC 3339 time: %v", ts, err)
+	// A value that a Store before ordered tags wrote, and one with the
+	// flag, as written by hand.
+	put(t, b, "old", `{"max_id":5,"step":10,"description":"","update_time":"2025-01-02T03:04:05Z"}`)
+	put(t, b, "new", `{"max_id":5,"step":10,"description":"","ordered":true,"update_time":"2025-01-02T03:04:05Z"}`)
+	for name, want := range map[string]bool{"old": false, "new": true} {
+		if got, err := s.Tag(ctx, name); err != nil || got.Ordered != want {
+			t.Errorf("Tag(%s) = %+v, %v, want ordered %v", name, got, err, want)
+		}
 	}
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // Values written by something else: the store must neither crash nor
 // change them, nor serve what is no tag.

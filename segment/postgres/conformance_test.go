@@ -10,9 +10,16 @@ import (
 	"github.com/dispenser-dev/dispenser/segment/storetest"
 )
 
-// deletable adds the DeleteTag that the conformance suite needs; the Store
-// itself has none.
+// deletable adds the DeleteTag and PutLegacyTag that the conformance suite
+// needs; the Store itself has neither.
 type deletable struct{ *postgres.Store }
+
+// PutLegacyTag inserts a row as Leaf does, naming only its own columns, so
+// that ordered stays NULL.
+func (s deletable) PutLegacyTag(ctx context.Context, name string, maxID, step int64) error {
+	_, err := s.Pool().Exec(ctx, "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ($1, $2, $3, NULL)", name, maxID, step)
+	return err
+}
 
 func (s deletable) DeleteTag(ctx context.Context, name string) error {
 	if err := segment.CheckTag(name); err != nil {

@@ -215,7 +215,7 @@ func TestLeafNamesThatAreNoTags(t *testing.T) {
 }
 
 // A row inherited from Leaf may have no description: it reads as "" and
-// stays NULL until it is set.
+// stays NULL until it is set, also when only the ordered flag is.
 func TestNullDescription(t *testing.T) {
 	s := newStore(t)
 	exec(t, s, "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES ('legacy', 77, 5, NULL)")
@@ -232,6 +232,16 @@ func TestNullDescription(t *testing.T) {
 	var isNull bool
 	if err := s.Pool().QueryRow(ctx, "SELECT description IS NULL FROM leaf_alloc WHERE biz_tag = 'legacy'").Scan(&isNull); err != nil || !isNull {
 		t.Errorf("description after updating the step only: NULL %v, %v; want it still NULL", isNull, err)
+	}
+	ordered := true
+	if err := s.UpdateTag(ctx, "legacy", segment.TagUpdate{Ordered: &ordered}); err != nil {
+		t.Fatal(err)
+	}
+	if got := tag(t, s, "legacy"); !got.Ordered || got.Step != 8 || got.Description != "" {
+		t.Errorf("Tag(legacy) after setting ordered = %+v, want ordered, step 8, empty description", got)
+	}
+	if err := s.Pool().QueryRow(ctx, "SELECT description IS NULL FROM leaf_alloc WHERE biz_tag = 'legacy'").Scan(&isNull); err != nil || !isNull {
+		t.Errorf("description after updating ordered only: NULL %v, %v; want it still NULL", isNull, err)
 	}
 }
 

@@ -25,14 +25,20 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 )
 
-// Store is what the suite tests: a segment store with administration and a
-// way to delete tags.
+// Store is what the suite tests: a segment store with administration, a
+// way to delete tags and a way to write a tag as older software did.
 type Store interface {
 	segment.Store
 	segment.Admin
 	// DeleteTag removes a tag, which then is unknown to every operation and
 	// may be created again. An unknown tag yields segment.ErrUnknownTag.
 	DeleteTag(ctx context.Context, name string) error
+	// PutLegacyTag adds the tag name, first ID maxID, with step and no
+	// description, stored as software that knows nothing of ordered tags
+	// stores it: for PostgreSQL a row inserted as Leaf inserts it, naming
+	// only Leaf's columns; for a KV store a value without the "ordered"
+	// field. The tag must not exist.
+	PutLegacyTag(ctx context.Context, name string, maxID, step int64) error
 }
 
 // Config describes the store under test.
@@ -68,6 +74,8 @@ func Run(t *testing.T, c Config) {
 		{"CreateTagInvalid", testCreateTagInvalid},
 		{"UpdateTag", testUpdateTag},
 		{"UpdateTagInvalid", testUpdateTagInvalid},
+		{"Ordered", testOrdered},
+		{"LegacyTagsNotOrdered", testLegacyTagsNotOrdered},
 		{"Tags", testTags},
 		{"Tag", testTag},
 		{"DeleteTag", testDeleteTag},
@@ -131,7 +139,7 @@ func snapshot(tb testing.TB, s Store) string {
 	var b strings.Builder
 	for _, n := range names {
 		t := tag(tb, s, n)
-		fmt.Fprintf(&b, "%s|%d|%d|%q|%s\n", t.Name, t.MaxID, t.Step, t.Description, t.UpdateTime.UTC().Format(time.RFC3339Nano))
+		fmt.Fprintf(&b, "%s|%d|%d|%q|ordered=%v|%s\n", t.Name, t.MaxID, t.Step, t.Description, t.Ordered, t.UpdateTime.UTC().Format(time.RFC3339Nano))
 	}
 	return b.String()
 }
@@ -327,8 +335,10 @@ func testConcurrentUpdates(t *testing.T, c Config) {
 	var res results
 	wg.Go(func() {
 		for i := range updates {
-			step, desc := int64(i+2), fmt.Sprintf("version %d", i+2)
-			if err := ss[i%len(ss)].UpdateTag(ctx, "orders", segment.TagUpdate{Step: &step, Description: &desc}); err != nil {
+			// The flag alternates, ending set: a store that writes back
+			// what it read before an update loses it.
+			step, desc, ordered := int64(i+2), fmt.Sprintf("version %d", i+2), i%2 == 1
+			if err := ss[i%len(ss)].UpdateTag(ctx, "orders", segment.TagUpdate{Step: &step, Description: &desc, Ordered: &ordered}); err != nil {
 				res.fail(err)
 			}
 		}
@@ -348,8 +358,8 @@ func testConcurrentUpdates(t *testing.T, c Config) {
 	wg.Wait()
 	res.check(t)
 	got := tag(t, ss[1], "orders")
-	if got.Step != updates+1 || got.Description != fmt.Sprintf("version %d", updates+1) {
-		t.Errorf("after the updates: %+v, want step %d and description \"version %d\", the last update", got, updates+1, updates+1)
+	if got.Step != updates+1 || got.Description != fmt.Sprintf("version %d", updates+1) || !got.Ordered {
+		t.Errorf("after the updates: %+v, want step %d, description \"version %d\" and ordered, the last update", got, updates+1, updates+1)
 	}
 	checkTiling(t, res.allocs, 1, got.MaxID)
 }
@@ -546,8 +556,8 @@ func testCreateTag(t *testing.T, c Config) {
 		t.Fatal(err)
 	}
 	got := tag(t, s, "orders")
-	if got.Name != "orders" || got.MaxID != 42 || got.Step != 1000 || got.Description != "order numbers" || got.UpdateTime.IsZero() {
-		t.Errorf("Tag(orders) = %+v, want max_id 42, step 1000, description \"order numbers\", an update time", got)
+	if got.Name != "orders" || got.MaxID != 42 || got.Step != 1000 || got.Description != "order numbers" || got.Ordered || got.UpdateTime.IsZero() {
+		t.Errorf("Tag(orders) = %+v, want max_id 42, step 1000, description \"order numbers\", not ordered, an update time", got)
 	}
 
 	// Boundary values are accepted and come back unchanged.
@@ -557,22 +567,31 @@ func testCreateTag(t *testing.T, c Config) {
 		tag         string
 		step, start int64
 		description string
+		ordered     bool
 	}{
-		{name: "largest values", tag: "edges", step: segment.MaxStepLimit, start: math.MaxInt64, description: longest},
+		{name: "largest values", tag: "edges", step: segment.MaxStepLimit, start: math.MaxInt64, description: longest, ordered: true},
 		{name: "smallest values", tag: "x", step: 1, start: 1, description: ""},
 		{name: "longest name", tag: strings.Repeat("Z", 128), step: 7, start: 3, description: `quotes " and \ and <html> & tabs	`},
 		{name: "all name characters", tag: "aZ09_-", step: 7, start: 3, description: "中文 ✓"},
+		{name: "ordered", tag: "ordered", step: 1000, start: 1, description: "invoice numbers", ordered: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := s.CreateTag(ctx(t), segment.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description}); err != nil {
+			if err := s.CreateTag(ctx(t), segment.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description, Ordered: tt.ordered}); err != nil {
 				t.Fatalf("CreateTag: %v", err)
 			}
 			got := tag(t, s, tt.tag)
-			if got.Name != tt.tag || got.MaxID != tt.start || got.Step != tt.step || got.Description != tt.description {
-				t.Errorf("Tag(%q) = %+v, want max_id %d, step %d, description %q", tt.tag, got, tt.start, tt.step, tt.description)
+			if got.Name != tt.tag || got.MaxID != tt.start || got.Step != tt.step || got.Description != tt.description || got.Ordered != tt.ordered {
+				t.Errorf("Tag(%q) = %+v, want max_id %d, step %d, description %q, ordered %v", tt.tag, got, tt.start, tt.step, tt.description, tt.ordered)
 			}
 		})
+	}
+	// The update time is the store's, not the caller's.
+	if err := s.CreateTag(ctx(t), segment.Tag{Name: "dated", Step: 5, MaxID: 1, UpdateTime: time.Unix(0, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := tag(t, s, "dated"); got.UpdateTime.Before(time.Now().Add(-time.Hour)) {
+		t.Errorf("Tag(dated).UpdateTime = %v, want the time of creation, not the caller's", got.UpdateTime)
 	}
 }
 
@@ -585,10 +604,13 @@ func testCreateTagInvalid(t *testing.T, c Config) {
 		tag         string
 		step, start int64
 		description string
+		ordered     bool
 		want        error
 	}{
 		{name: "existing tag", tag: "orders", step: 99, start: 500, description: "again", want: segment.ErrTagExists},
 		{name: "existing tag, same values", tag: "orders", step: 10, start: 1, description: "test tag orders", want: segment.ErrTagExists},
+		{name: "existing tag, ordered", tag: "orders", step: 10, start: 1, ordered: true, want: segment.ErrTagExists},
+		{name: "zero step, ordered", tag: "new", step: 0, start: 1, ordered: true, want: segment.ErrInvalidStep},
 		{name: "empty name", tag: "", step: 10, start: 1, want: segment.ErrInvalidTag},
 		{name: "space in name", tag: "new orders", step: 10, start: 1, want: segment.ErrInvalidTag},
 		{name: "dot in name", tag: "new.orders", step: 10, start: 1, want: segment.ErrInvalidTag},
@@ -605,7 +627,7 @@ func testCreateTagInvalid(t *testing.T, c Config) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := snapshot(t, s)
-			checkErr(t, c, s.CreateTag(ctx(t), segment.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description}), tt.want)
+			checkErr(t, c, s.CreateTag(ctx(t), segment.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description, Ordered: tt.ordered}), tt.want)
 			checkUnchanged(t, s, before, "failed CreateTag")
 		})
 	}
@@ -654,9 +676,14 @@ func testUpdateTagInvalid(t *testing.T, c Config) {
 		tag         string
 		step        *int64
 		description *string
+		ordered     *bool
 		want        error
 	}{
 		{name: "unknown tag", tag: "nosuch", step: ptr[int64](5), want: segment.ErrUnknownTag},
+		{name: "unknown tag, ordered only", tag: "nosuch", ordered: ptr(true), want: segment.ErrUnknownTag},
+		{name: "invalid name, ordered only", tag: "a.b", ordered: ptr(false), want: segment.ErrInvalidTag},
+		{name: "zero step with ordered", tag: "orders", step: ptr[int64](0), ordered: ptr(true), want: segment.ErrInvalidStep},
+		{name: "description with NUL with ordered", tag: "orders", description: ptr("a\x00"), ordered: ptr(true), want: segment.ErrInvalidArgument},
 		{name: "unknown tag, no change", tag: "nosuch", want: segment.ErrUnknownTag},
 		{name: "invalid name", tag: "a/b", step: ptr[int64](5), want: segment.ErrInvalidTag},
 		{name: "zero step", tag: "orders", step: ptr[int64](0), description: ptr("x"), want: segment.ErrInvalidStep},
@@ -669,9 +696,134 @@ func testUpdateTagInvalid(t *testing.T, c Config) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := snapshot(t, s)
-			checkErr(t, c, s.UpdateTag(ctx(t), tt.tag, segment.TagUpdate{Step: tt.step, Description: tt.description}), tt.want)
+			checkErr(t, c, s.UpdateTag(ctx(t), tt.tag, segment.TagUpdate{Step: tt.step, Description: tt.description, Ordered: tt.ordered}), tt.want)
 			checkUnchanged(t, s, before, "failed UpdateTag")
 		})
+	}
+}
+
+// checkTag fails the test unless the tag's fields are want's (the update
+// time aside).
+func checkTag(tb testing.TB, s Store, want segment.Tag, what string) {
+	tb.Helper()
+	got := tag(tb, s, want.Name)
+	got.UpdateTime = time.Time{}
+	if got != want {
+		tb.Errorf("%s: Tag(%q) = %+v, want %+v", what, want.Name, got, want)
+	}
+}
+
+// An ordered tag keeps its flag through fetches, give-backs and updates of
+// its other fields; updates turn it off and on; plain tags are unaffected.
+func testOrdered(t *testing.T, c Config) {
+	s := newStore(t, c)
+	if err := s.CreateTag(ctx(t), segment.Tag{Name: "invoices", Step: 10, MaxID: 1, Description: "invoice numbers", Ordered: true}); err != nil {
+		t.Fatal(err)
+	}
+	createTag(t, s, "plain", 10, 1)
+	want := segment.Tag{Name: "invoices", MaxID: 1, Step: 10, Description: "invoice numbers", Ordered: true}
+	checkTag(t, s, want, "created ordered")
+	plain := segment.Tag{Name: "plain", MaxID: 1, Step: 10, Description: "test tag plain"}
+	checkTag(t, s, plain, "created plain")
+
+	// Fetches and give-backs move max_id only.
+	if got, wantA := fetch(t, s, "invoices", 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != wantA {
+		t.Fatalf("Fetch(invoices, 0) = %+v, want %+v", got, wantA)
+	}
+	if got, wantA := fetch(t, s, "invoices", 25), (segment.Allocation{Start: 11, End: 36, TagStep: 10}); got != wantA {
+		t.Fatalf("Fetch(invoices, 25) = %+v, want %+v", got, wantA)
+	}
+	want.MaxID = 36
+	checkTag(t, s, want, "after fetches")
+	if ok, err := s.GiveBack(ctx(t), "invoices", 36, 20); err != nil || !ok {
+		t.Fatalf("GiveBack(invoices, 36, 20) = %v, %v, want true", ok, err)
+	}
+	want.MaxID = 20
+	checkTag(t, s, want, "after a give-back")
+	if ok, err := s.GiveBack(ctx(t), "invoices", 36, 30); err != nil || ok {
+		t.Fatalf("GiveBack(invoices, 36, 30) after a give-back = %v, %v, want false", ok, err)
+	}
+	checkTag(t, s, want, "after a refused give-back")
+
+	tests := []struct {
+		name string
+		u    segment.TagUpdate
+		want segment.Tag // Name and MaxID as before
+	}{
+		{name: "off", u: segment.TagUpdate{Ordered: ptr(false)}, want: segment.Tag{Step: 10, Description: "invoice numbers"}},
+		{name: "off again", u: segment.TagUpdate{Ordered: ptr(false)}, want: segment.Tag{Step: 10, Description: "invoice numbers"}},
+		{name: "on", u: segment.TagUpdate{Ordered: ptr(true)}, want: segment.Tag{Step: 10, Description: "invoice numbers", Ordered: true}},
+		{name: "step only keeps it", u: segment.TagUpdate{Step: ptr[int64](20)}, want: segment.Tag{Step: 20, Description: "invoice numbers", Ordered: true}},
+		{name: "description only keeps it", u: segment.TagUpdate{Description: ptr("")}, want: segment.Tag{Step: 20, Ordered: true}},
+		{name: "nothing keeps it", want: segment.Tag{Step: 20, Ordered: true}},
+		{name: "all three", u: segment.TagUpdate{Step: ptr[int64](5), Description: ptr("again plain"), Ordered: ptr(false)}, want: segment.Tag{Step: 5, Description: "again plain"}},
+		{name: "on with a step", u: segment.TagUpdate{Step: ptr[int64](7), Ordered: ptr(true)}, want: segment.Tag{Step: 7, Description: "again plain", Ordered: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := s.UpdateTag(ctx(t), "invoices", tt.u); err != nil {
+				t.Fatalf("UpdateTag: %v", err)
+			}
+			tt.want.Name, tt.want.MaxID = "invoices", 20
+			checkTag(t, s, tt.want, "after UpdateTag")
+			checkTag(t, s, plain, "the other tag after UpdateTag")
+		})
+	}
+	// The flag survives fetching with the new step, and a give-back.
+	if got, wantA := fetch(t, s, "invoices", 0), (segment.Allocation{Start: 20, End: 27, TagStep: 7}); got != wantA {
+		t.Errorf("Fetch(invoices, 0) after the updates = %+v, want %+v", got, wantA)
+	}
+	if ok, err := s.GiveBack(ctx(t), "invoices", 27, 27); err != nil || !ok {
+		t.Errorf("GiveBack(invoices, 27, 27) = %v, %v, want true", ok, err)
+	}
+	checkTag(t, s, segment.Tag{Name: "invoices", MaxID: 27, Step: 7, Description: "again plain", Ordered: true}, "after the last fetch")
+
+	// Deleted and created again as a plain tag, it is plain.
+	if err := s.DeleteTag(ctx(t), "invoices"); err != nil {
+		t.Fatal(err)
+	}
+	createTag(t, s, "invoices", 10, 100)
+	checkTag(t, s, segment.Tag{Name: "invoices", MaxID: 100, Step: 10, Description: "test tag invoices"}, "created again, plain")
+}
+
+// Tags stored by software that knows nothing of ordered tags (Leaf, or
+// dispenser before them) read as plain and work as before; the flag can be
+// set on them.
+func testLegacyTagsNotOrdered(t *testing.T, c Config) {
+	s := newStore(t, c)
+	if err := s.PutLegacyTag(ctx(t), "legacy", 100, 10); err != nil {
+		t.Fatalf("PutLegacyTag: %v", err)
+	}
+	want := segment.Tag{Name: "legacy", MaxID: 100, Step: 10}
+	checkTag(t, s, want, "stored without the flag")
+	if names, err := s.Tags(ctx(t)); err != nil || !slices.Equal(names, []string{"legacy"}) {
+		t.Errorf("Tags() = %q, %v, want [legacy]", names, err)
+	}
+	if got, wantA := fetch(t, s, "legacy", 0), (segment.Allocation{Start: 100, End: 110, TagStep: 10}); got != wantA {
+		t.Fatalf("Fetch(legacy, 0) = %+v, want %+v", got, wantA)
+	}
+	if ok, err := s.GiveBack(ctx(t), "legacy", 110, 105); err != nil || !ok {
+		t.Fatalf("GiveBack(legacy, 110, 105) = %v, %v, want true", ok, err)
+	}
+	want.MaxID = 105
+	checkTag(t, s, want, "after a fetch and a give-back")
+	if err := s.UpdateTag(ctx(t), "legacy", segment.TagUpdate{Step: ptr[int64](20)}); err != nil {
+		t.Fatal(err)
+	}
+	want.Step = 20
+	checkTag(t, s, want, "after updating the step")
+	if err := s.UpdateTag(ctx(t), "legacy", segment.TagUpdate{Ordered: ptr(true)}); err != nil {
+		t.Fatal(err)
+	}
+	want.Ordered = true
+	checkTag(t, s, want, "after setting the flag")
+	if err := s.UpdateTag(ctx(t), "legacy", segment.TagUpdate{Ordered: ptr(false)}); err != nil {
+		t.Fatal(err)
+	}
+	want.Ordered = false
+	checkTag(t, s, want, "after clearing the flag")
+	if got, wantA := fetch(t, s, "legacy", 0), (segment.Allocation{Start: 105, End: 125, TagStep: 20}); got != wantA {
+		t.Errorf("Fetch(legacy, 0) after the updates = %+v, want %+v", got, wantA)
 	}
 }
 
