@@ -62,7 +62,6 @@ func newWorker(tb testing.TB, kv jetstream.KeyValue, owner string, skew time.Dur
 	return w
 }
 
-
 func claim(tb testing.TB, w *worker, tag string) Route {
 	tb.Helper()
 	r, err := w.Claim(context.Background(), tag)
