@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -49,6 +50,18 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&c.NATSTLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
 	fs.StringVar(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS TLS")
 	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS TLS")
+	fs.Func("metrics-tags", "comma-separated tags whose requests and buffers get metric series of their own (all others are counted together, so scrapes stay small)", func(v string) error {
+		c.MetricsTags = nil
+		for t := range strings.SplitSeq(v, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				if err := segment.CheckTag(t); err != nil {
+					return err
+				}
+				c.MetricsTags = append(c.MetricsTags, t)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "address for /metrics, /healthz and /readyz (off when empty), e.g. 127.0.0.1:9090")
 	fs.StringVar(&c.PostgresURL, "postgres-url", "", "PostgreSQL URL of the segment store (table leaf_alloc); empty keeps segments in a JetStream KV bucket")
 	fs.BoolVar(&c.Migrate, "migrate", false, "apply the database migrations before serving (PostgreSQL)")
@@ -73,6 +86,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.Float64Var(&c.Segment.PrefetchRatio, "prefetch-ratio", 0.1, "fetch the next segment once this fraction of the current one is used")
 	fs.DurationVar(&c.Segment.FetchTimeout, "fetch-timeout", 2*time.Second, "timeout of one store call")
 	fs.DurationVar(&c.Segment.RefreshInterval, "refresh-interval", time.Minute, "how often the tag list is reloaded")
+	fs.DurationVar(&c.Segment.IdleTimeout, "idle-timeout", time.Hour, "a tag without requests for this long gives its unused IDs back and drops its buffers (0 or less: never)")
 	fs.DurationVar(&c.Segment.NegativeTTL, "unknown-tag-ttl", 2*time.Second, "how long an unknown tag is answered from cache before the store is asked again")
 	fs.Int64Var(&c.Segment.MaxStep, "max-step", 1_000_000, "cap of the dynamic step; a value below a tag's step pins that tag's step")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take")
@@ -103,6 +117,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	c.SnowflakeSettings.Epoch = epoch
 	c.NoWitness = !*witnessOn
+	if c.Segment.IdleTimeout <= 0 {
+		c.Segment.IdleTimeout = -1 // never
+	}
 	if err := c.validate(); err != nil {
 		return err
 	}
