@@ -448,16 +448,22 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 	defer cancel()
 	a.refreshMu.Lock()
 	defer a.refreshMu.Unlock()
-	if cl, ok := a.store.(ChangeLister); ok {
+	cl, ok := a.store.(ChangeLister)
+	if ok {
 		changes, next, err := cl.Changes(ctx, a.cursor)
-		if err != nil {
+		switch {
+		case errors.Is(err, errors.ErrUnsupported):
+			ok = false // a wrapper whose store lists no changes
+		case err != nil:
 			return fmt.Errorf("segment: listing changed tags: %w", err)
+		default:
+			a.cursor = next
+			for _, c := range changes {
+				a.apply(c)
+			}
 		}
-		a.cursor = next
-		for _, c := range changes {
-			a.apply(c)
-		}
-	} else {
+	}
+	if !ok {
 		listed := time.Now()
 		names, err := a.store.Tags(ctx)
 		if err != nil {

@@ -416,3 +416,57 @@ func (s *Store) DeleteTag(ctx context.Context, name string) error {
 	}
 	return nil
 }
+
+// Changes lists the tags written since revision cursor of the bucket
+// (created, fetched, given back, updated or deleted), with their values, and
+// returns the bucket's last revision as the next cursor: it reads only what
+// changed. Cursor 0 lists nothing. A key written several times is listed
+// once per write.
+func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
+	st, err := s.kv.Status(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("kv: changes: %w", err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return nil, 0, fmt.Errorf("kv: changes: status of type %T", st)
+	}
+	last := int64(bs.StreamInfo().State.LastSeq)
+	if cursor <= 0 || cursor >= last {
+		return nil, last, nil
+	}
+	w, err := s.kv.WatchAll(ctx, jetstream.IncludeHistory(), jetstream.ResumeFromRevision(uint64(cursor)+1))
+	if err != nil {
+		return nil, 0, fmt.Errorf("kv: changes: %w", err)
+	}
+	defer w.Stop()
+	var out []segment.TagChange
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, 0, fmt.Errorf("kv: changes: watcher stopped: %w", cmp.Or(ctx.Err(), errors.New("subscription closed")))
+			}
+			if e == nil {
+				return out, last, nil
+			}
+			if !segment.ValidTag(e.Key()) {
+				continue
+			}
+			c := segment.TagChange{Tag: segment.Tag{Name: e.Key()}}
+			var v value
+			switch {
+			case e.Operation() != jetstream.KeyValuePut:
+				c.Deleted = true
+			case json.Unmarshal(e.Value(), &v) == nil:
+				c.Tag = segment.Tag{Name: e.Key(), MaxID: v.MaxID, Step: v.Step, Description: v.Description, Ordered: v.Ordered, UpdateTime: v.UpdateTime}
+			}
+			out = append(out, c)
+			if int64(e.Revision()) >= last {
+				return out, last, nil
+			}
+		case <-ctx.Done():
+			return nil, 0, fmt.Errorf("kv: changes: %w", ctx.Err())
+		}
+	}
+}

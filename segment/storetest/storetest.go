@@ -68,6 +68,7 @@ func Run(t *testing.T, c Config) {
 		{"NewTagStartsAtStart", testNewTagStartsAtStart},
 		{"FetchErrorsChangeNothing", testFetchErrors},
 		{"FetchExhausted", testFetchExhausted},
+		{"ChangesListWhatChanged", testChanges},
 		{"GiveBack", testGiveBack},
 		{"GiveBackInvalid", testGiveBackInvalid},
 		{"CreateTag", testCreateTag},
@@ -912,5 +913,73 @@ func testDeleteTag(t *testing.T, c Config) {
 	}
 	if got := tag(t, s, "keep"); got.MaxID != 1 {
 		t.Errorf("Tag(keep) = %+v, want it untouched at max_id 1", got)
+	}
+}
+
+// testChanges: every store is a segment.ChangeLister. A first call lists
+// nothing; later calls list the tags created, fetched or updated since (a
+// store may list some again), with their current values; a tag deleted is
+// either not listed or listed as Deleted.
+func testChanges(t *testing.T, c Config) {
+	s := newStore(t, c)
+	cl, ok := s.(segment.ChangeLister)
+	if !ok {
+		t.Fatalf("%T is not a segment.ChangeLister", s)
+	}
+	createTag(t, s, "before", 10, 1)
+	changes, cursor, err := cl.Changes(ctx(t), 0)
+	if err != nil || len(changes) != 0 {
+		t.Fatalf("Changes(0) = %v, %v; want nothing", changes, err)
+	}
+	createTag(t, s, "created", 10, 1)
+	fetch(t, s, "before", 0)
+	step := int64(77)
+	updated := "updated"
+	createTag(t, s, updated, 10, 1)
+	mustUpdate(t, s, updated, segment.TagUpdate{Step: &step})
+	createTag(t, s, "gone", 10, 1)
+	if err := s.DeleteTag(ctx(t), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	changes, next, err := cl.Changes(ctx(t), cursor)
+	if err != nil {
+		t.Fatalf("Changes: %v", err)
+	}
+	last := map[string]segment.TagChange{}
+	for _, ch := range changes {
+		last[ch.Tag.Name] = ch
+	}
+	for _, name := range []string{"created", "before", updated} {
+		if ch, ok := last[name]; !ok || ch.Deleted {
+			t.Errorf("Changes after creating, fetching and updating: %s listed %v (%+v), want listed", name, ok, ch)
+		}
+	}
+	if got := last[updated].Tag.Step; got != step {
+		t.Errorf("updated tag listed with step %d, want %d", got, step)
+	}
+	if got := last["before"].Tag.MaxID; got != 11 {
+		t.Errorf("fetched tag listed with max_id %d, want 11", got)
+	}
+	if ch, ok := last["gone"]; ok && !ch.Deleted {
+		t.Errorf("deleted tag listed as %+v, want Deleted or not listed", ch)
+	}
+	if next == 0 {
+		t.Fatal("next cursor 0")
+	}
+	again, _, err := cl.Changes(ctx(t), next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range again {
+		if !ch.Deleted && tag(t, s, ch.Tag.Name).MaxID != ch.Tag.MaxID {
+			t.Errorf("listed again with a stale value: %+v", ch)
+		}
+	}
+}
+
+func mustUpdate(tb testing.TB, s Store, name string, u segment.TagUpdate) {
+	tb.Helper()
+	if err := s.UpdateTag(ctx(tb), name, u); err != nil {
+		tb.Fatalf("UpdateTag(%q): %v", name, err)
 	}
 }

@@ -256,6 +256,17 @@ func (w *Store) Mark(ctx context.Context, tag string) (int64, bool, error) {
 	return r.Mark, true, nil
 }
 
+// Changes passes through to the inner store if it is a
+// segment.ChangeLister, and fails with errors.ErrUnsupported otherwise (the
+// allocator then lists all tags).
+func (w *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
+	cl, ok := w.Raiser.(segment.ChangeLister)
+	if !ok {
+		return nil, 0, fmt.Errorf("witness: %T lists no changes: %w", w.Raiser, errors.ErrUnsupported)
+	}
+	return cl.Changes(ctx, cursor)
+}
+
 // Ping checks that the inner store and the witness bucket answer.
 func (w *Store) Ping(ctx context.Context) error {
 	if p, ok := w.Raiser.(interface{ Ping(context.Context) error }); ok {
