@@ -218,13 +218,16 @@ func (a *Allocator) Take(ctx context.Context, tag string, n int, dst []Run) ([]R
 	}
 	b := a.tags.get(tag)
 	if b != nil {
+		if b.ordered.Load() {
+			return dst, fmt.Errorf("%w %q", ErrOrdered, tag)
+		}
 		var rest int
 		if dst, rest = b.take(n, dst); rest == 0 {
 			return dst, nil
 		}
-		return a.wait(ctx, b, rest, dst, a.deadline())
+		return a.wait(ctx, b, rest, dst, a.deadline(), false)
 	}
-	return a.takeSlow(ctx, tag, n, dst, a.deadline())
+	return a.takeSlow(ctx, tag, n, dst, a.deadline(), false)
 }
 
 // deadline returns when a request that starts waiting now must give up:
@@ -236,20 +239,64 @@ func (a *Allocator) deadline() time.Time { return a.now().Add(a.maxWait) }
 // memory it appends them to dst and returns them with a nil Pending, without
 // allocating. Otherwise it returns a Pending holding what it took so far:
 // the caller finishes it with Pending.Wait on a goroutine of its own.
-// Errors are those of Take that need no waiting: ErrInvalidCount.
+// Errors are those of Take that need no waiting: ErrInvalidCount, and
+// ErrOrdered for an ordered tag (from Pending.Wait if the tag was not known
+// yet).
 func (a *Allocator) TakeNow(tag string, n int, dst []Run) ([]Run, *Pending, error) {
+	return a.takeNow(tag, n, dst, false)
+}
+
+// TakeOwned is TakeNow for a caller that owns tag (package ownership): it
+// serves ordered tags too. The caller must own the tag when it calls; Reset
+// the tag whenever ownership is gained or lost, so that an owner serves only
+// segments fetched while it owned the tag.
+func (a *Allocator) TakeOwned(tag string, n int, dst []Run) ([]Run, *Pending, error) {
+	return a.takeNow(tag, n, dst, true)
+}
+
+func (a *Allocator) takeNow(tag string, n int, dst []Run, owned bool) ([]Run, *Pending, error) {
 	if n < 1 {
 		return dst, nil, fmt.Errorf("%w: %d", ErrInvalidCount, n)
 	}
 	b := a.tags.get(tag)
 	if b == nil {
-		return dst, &Pending{a: a, tag: tag, n: n, deadline: a.deadline()}, nil
+		return dst, &Pending{a: a, tag: tag, n: n, deadline: a.deadline(), owned: owned}, nil
+	}
+	if !owned && b.ordered.Load() {
+		return dst, nil, fmt.Errorf("%w %q", ErrOrdered, tag)
 	}
 	var rest int
 	if dst, rest = b.take(n, dst); rest == 0 {
 		return dst, nil, nil
 	}
-	return dst, &Pending{a: a, b: b, tag: tag, n: rest, runs: slices.Clone(dst), deadline: a.deadline()}, nil
+	return dst, &Pending{a: a, b: b, tag: tag, n: rest, runs: slices.Clone(dst), deadline: a.deadline(), owned: owned}, nil
+}
+
+// Reset drops tag's buffers, unissued IDs included, so that its next
+// request fetches a new segment; an owner of an ordered tag calls it when
+// it gains or loses ownership. Requests holding the old buffers go on with
+// the new ones.
+func (a *Allocator) Reset(tag string) {
+	b := a.tags.get(tag)
+	if b == nil || !a.tags.drop(tag, b) {
+		return
+	}
+	b.loading.Store(true) // no loader starts for b any more
+	for _, seg := range []*segment{b.cur.Load(), b.next.Load()} {
+		if seg != nil {
+			seg.freeze()
+		}
+	}
+	b.mu.Lock()
+	close(b.wake)
+	b.wake = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// Ordered reports whether tag is known to be ordered.
+func (a *Allocator) Ordered(tag string) bool {
+	b := a.tags.get(tag)
+	return b != nil && b.ordered.Load()
 }
 
 // Pending is a request that TakeNow could not serve from memory.
@@ -261,6 +308,7 @@ type Pending struct {
 	runs []Run // IDs already taken
 	// deadline is MaxWait after TakeNow: the request gives up then.
 	deadline time.Time
+	owned    bool // from TakeOwned: ordered tags may be served
 }
 
 // Wait takes the rest of the request's IDs, waiting for a segment at most
@@ -268,15 +316,15 @@ type Pending struct {
 // IDs are as for Take. Call it once.
 func (p *Pending) Wait(ctx context.Context) ([]Run, error) {
 	if p.b == nil {
-		return p.a.takeSlow(ctx, p.tag, p.n, p.runs, p.deadline)
+		return p.a.takeSlow(ctx, p.tag, p.n, p.runs, p.deadline, p.owned)
 	}
-	return p.a.wait(ctx, p.b, p.n, p.runs, p.deadline)
+	return p.a.wait(ctx, p.b, p.n, p.runs, p.deadline, p.owned)
 }
 
 // takeSlow serves a tag that is not in the map: it looks the tag up in the
 // store (once for all concurrent callers), remembering unknown tags for
 // NegativeTTL. It gives up at deadline.
-func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run, deadline time.Time) ([]Run, error) {
+func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run, deadline time.Time, owned bool) ([]Run, error) {
 	if err := CheckTag(tag); err != nil {
 		return dst, err
 	}
@@ -284,11 +332,14 @@ func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run, 
 	if err != nil {
 		return dst, err
 	}
+	if !owned && b.ordered.Load() {
+		return dst, fmt.Errorf("%w %q", ErrOrdered, tag)
+	}
 	dst, rest := b.take(n, dst)
 	if rest == 0 {
 		return dst, nil
 	}
-	return a.wait(ctx, b, rest, dst, deadline)
+	return a.wait(ctx, b, rest, dst, deadline, owned)
 }
 
 // buffer returns the tag's buffer, asking the store about a tag not yet
@@ -310,7 +361,7 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 	ch := a.lookup.DoChan(tag, func() (any, error) {
 		lctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
 		defer cancel()
-		_, err := a.store.Tag(lctx, tag)
+		t, err := a.store.Tag(lctx, tag)
 		if errors.Is(err, ErrUnknownTag) && a.autoCreateStep > 0 {
 			err = a.store.(Admin).CreateTag(lctx, Tag{Name: tag, Step: a.autoCreateStep, MaxID: 1, Description: "created on first use"})
 			if errors.Is(err, ErrTagExists) {
@@ -335,7 +386,9 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 			}
 			return nil, fmt.Errorf("%w: looking up tag %q: %w", ErrUnavailable, tag, err)
 		}
-		return a.addTag(tag), nil
+		b := a.addTag(tag)
+		b.ordered.Store(t.Ordered)
+		return b, nil
 	})
 	timer := time.NewTimer(deadline.Sub(a.now()))
 	defer timer.Stop()
@@ -367,7 +420,7 @@ func (a *Allocator) addTag(tag string) *buffer {
 func (a *Allocator) removeTag(tag string, b *buffer) { a.tags.drop(tag, b) }
 
 // wait takes the remaining n IDs of b, waiting for segments until deadline.
-func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadline time.Time) ([]Run, error) {
+func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadline time.Time, owned bool) ([]Run, error) {
 	b.waits.Add(1)
 	timer := time.NewTimer(deadline.Sub(a.now()))
 	defer timer.Stop()
@@ -386,7 +439,7 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 		if b.dropped.Load() {
 			// Released as idle while we held it: serve the rest from
 			// the tag's new buffer.
-			return a.takeSlow(ctx, b.tag, n, dst, deadline)
+			return a.takeSlow(ctx, b.tag, n, dst, deadline, owned)
 		}
 		if dst, n = b.take(n, dst); n == 0 {
 			return dst, nil
@@ -506,10 +559,13 @@ func (a *Allocator) apply(c TagChange) {
 	a.mu.Lock()
 	delete(a.negative, c.Tag.Name)
 	a.mu.Unlock()
-	if b != nil && c.Tag.Step > 0 {
-		b.mu.Lock()
-		b.minStep = c.Tag.Step
-		b.mu.Unlock()
+	if b != nil {
+		b.ordered.Store(c.Tag.Ordered)
+		if c.Tag.Step > 0 {
+			b.mu.Lock()
+			b.minStep = c.Tag.Step
+			b.mu.Unlock()
+		}
 	}
 }
 

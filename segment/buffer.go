@@ -66,6 +66,7 @@ type buffer struct {
 	loading atomic.Bool             // a loader runs; at most one per tag
 	dropped atomic.Bool             // no longer in the tag map (removed or idle)
 	used    atomic.Bool             // requested since the idle loop last looked
+	ordered atomic.Bool             // served only by its owner (TakeOwned)
 	// idleLooks counts the idle loop's looks in a row that found b
 	// unused; only the idle loop touches it.
 	idleLooks int

@@ -34,6 +34,9 @@ var (
 	ErrUnavailable = errors.New("segment: no segment available")
 	// ErrClosed means the allocator is shutting down.
 	ErrClosed = errors.New("segment: allocator closed")
+	// ErrOrdered means the tag is ordered: only its owner serves it, with
+	// TakeOwned (see package ownership).
+	ErrOrdered = errors.New("segment: ordered tag")
 )
 
 // MaxStepLimit is the largest step a tag may have: leaf_alloc.step is a
