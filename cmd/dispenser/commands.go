@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -285,8 +286,8 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 const tagsUsage = `dispenser tags list [store flags]
-dispenser tags create TAG --step N [--start M] [--description D] [store flags]
-dispenser tags update TAG [--step N] [--description D] [store flags]
+dispenser tags create TAG --step N [--start M] [--description D] [--ordered] [store flags]
+dispenser tags update TAG [--step N] [--description D] [--ordered=true|false] [store flags]
 store flags: --postgres-url URL, or --nats-url URL [--segment-bucket B] for the JetStream KV store`
 
 func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -303,15 +304,18 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sf := addStoreFlags(fs)
 	var step, start int64
 	var desc string
+	var ordered bool
 	switch sub {
 	case "list":
 	case "create":
 		fs.Int64Var(&step, "step", 0, "IDs per segment (required)")
 		fs.Int64Var(&start, "start", 1, "first ID of the tag")
 		fs.StringVar(&desc, "description", "", "free text, at most 256 characters")
+		fs.BoolVar(&ordered, "ordered", false, "an ordered tag: its IDs increase across all workers, not only within each")
 	case "update":
 		fs.Int64Var(&step, "step", 0, "new step (0 leaves it)")
 		fs.StringVar(&desc, "description", "", "new description")
+		fs.BoolVar(&ordered, "ordered", false, "--ordered=true makes the tag ordered (IDs increase across all workers), --ordered=false plain")
 	default:
 		fmt.Fprintln(stderr, "usage:\n"+tagsUsage)
 		return fmt.Errorf("tags: unknown subcommand %q", sub)
@@ -325,6 +329,10 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		wantArgs = 0
 	}
 	if len(pos) != wantArgs {
+		if sub != "list" && slices.ContainsFunc(pos[1:], func(a string) bool { _, err := strconv.ParseBool(a); return err == nil }) {
+			// "--ordered false" sets the flag and leaves "false" behind.
+			return fmt.Errorf("tags %s: want 1 argument, got %d: write a boolean flag with =, e.g. --ordered=false\nusage:\n%s", sub, len(pos), tagsUsage)
+		}
 		return fmt.Errorf("tags %s: want %d argument(s), got %d\nusage:\n%s", sub, wantArgs, len(pos), tagsUsage)
 	}
 	given := map[string]bool{}
@@ -342,34 +350,41 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if !given["step"] {
 			return errors.New("tags create: --step is required")
 		}
-		if err := st.CreateTag(ctx, segment.Tag{Name: pos[0], Step: step, MaxID: start, Description: desc}); err != nil {
+		if err := st.CreateTag(ctx, segment.Tag{Name: pos[0], Step: step, MaxID: start, Description: desc, Ordered: ordered}); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d\n", pos[0], start, step)
+		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d, ordered %s\n", pos[0], start, step, yesNo(ordered))
 		return nil
 	default: // update
-		var sp *int64
-		var dp *string
+		var u segment.TagUpdate
+		var changes []string
 		if given["step"] {
-			sp = &step
+			u.Step = &step
+			changes = append(changes, fmt.Sprintf("step %d", step))
 		}
 		if given["description"] {
-			dp = &desc
+			u.Description = &desc
+			changes = append(changes, fmt.Sprintf("description %q", desc))
 		}
-		if sp == nil && dp == nil {
-			return errors.New("tags update: nothing to change: give --step and/or --description")
+		if given["ordered"] {
+			u.Ordered = &ordered
+			changes = append(changes, "ordered "+yesNo(ordered))
 		}
-		if err := st.UpdateTag(ctx, pos[0], segment.TagUpdate{Step: sp, Description: dp}); err != nil {
+		if len(changes) == 0 {
+			return errors.New("tags update: nothing to change: give --step, --description and/or --ordered=true|false")
+		}
+		if err := st.UpdateTag(ctx, pos[0], u); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "updated tag %s\n", pos[0])
+		fmt.Fprintf(stdout, "updated tag %s: %s\n", pos[0], strings.Join(changes, ", "))
 		return nil
 	}
 }
 
 // listTags prints the tags; with marks, a WITNESS column shows a tag's
 // witness mark where it differs from the next ID (the store lost writes, or
-// a fetch is in flight), "none" where the tag has no mark yet.
+// a fetch is in flight), "none" where the tag has no mark yet. ORDERED is
+// yes for an ordered tag, no for a plain one.
 func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Writer) error {
 	names, err := st.Tags(ctx)
 	if err != nil {
@@ -377,9 +392,9 @@ func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Wri
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	if marks != nil {
-		fmt.Fprintln(w, "TAG\tNEXT ID\tWITNESS\tSTEP\tUPDATED\tDESCRIPTION")
+		fmt.Fprintln(w, "TAG\tNEXT ID\tWITNESS\tSTEP\tORDERED\tUPDATED\tDESCRIPTION")
 	} else {
-		fmt.Fprintln(w, "TAG\tNEXT ID\tSTEP\tUPDATED\tDESCRIPTION")
+		fmt.Fprintln(w, "TAG\tNEXT ID\tSTEP\tORDERED\tUPDATED\tDESCRIPTION")
 	}
 	for _, name := range names {
 		t, err := st.Tag(ctx, name)
@@ -402,9 +417,17 @@ func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Wri
 			}
 			fmt.Fprint(w, "\t")
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\n", t.Step, t.UpdateTime.UTC().Format(time.RFC3339), t.Description)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", t.Step, yesNo(t.Ordered), t.UpdateTime.UTC().Format(time.RFC3339), t.Description)
 	}
 	return w.Flush()
+}
+
+// yesNo shows a flag in tags' output.
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 func decode(args []string, stdout, stderr io.Writer) error {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -73,6 +74,133 @@ func TestAdminCommands(t *testing.T) {
 	}
 	if strings.Contains(out, "users") {
 		t.Errorf("list %q shows a tag whose creation failed", out)
+	}
+}
+
+// listTable runs tags list with storeArgs and returns, per tag, its cells
+// by column name, cut at the header's column offsets (so that empty cells
+// stay in place), and the raw output.
+func listTable(t *testing.T, storeArgs []string) (map[string]map[string]string, string) {
+	t.Helper()
+	out, err := runCmd(t, append([]string{"tags", "list"}, storeArgs...)...)
+	if err != nil {
+		t.Fatalf("tags list: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	header := lines[0]
+	var names []string
+	var starts []int
+	for i := 0; i < len(header); {
+		j := strings.Index(header[i:], "  ")
+		if j < 0 {
+			j = len(header) - i
+		}
+		names, starts = append(names, header[i:i+j]), append(starts, i)
+		i += j
+		for i < len(header) && header[i] == ' ' {
+			i++
+		}
+	}
+	rows := map[string]map[string]string{}
+	for _, line := range lines[1:] {
+		row := map[string]string{}
+		for k, name := range names {
+			end := len(line)
+			if k+1 < len(starts) {
+				end = min(starts[k+1], len(line))
+			}
+			if starts[k] < end {
+				row[name] = strings.TrimSpace(line[starts[k]:end])
+			}
+		}
+		rows[row["TAG"]] = row
+	}
+	return rows, out
+}
+
+// TestOrderedTagCommands: tags create --ordered, tags update
+// --ordered=true|false, the ORDERED column of tags list, on every store;
+// bad values fail and change nothing.
+func TestOrderedTagCommands(t *testing.T) {
+	pg := testenv.Postgres(t)
+	if out, err := runCmd(t, "migrate", "--postgres-url", pg); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, out)
+	}
+	ns := testenv.NATS(t)
+	stores := []struct {
+		name string
+		args []string
+	}{
+		{name: "postgres", args: []string{"--postgres-url", pg}},
+		{name: "kv", args: []string{"--nats-url", ns.ClientURL(), "--segment-bucket", "ordered_cli"}},
+	}
+	// state is what tags list must show after a step: per tag "STEP ORDERED
+	// DESCRIPTION".
+	type state map[string]string
+	steps := []struct {
+		name    string
+		args    []string
+		env     string // DISPENSER_ORDERED, if not empty
+		wantErr string // "": success
+		want    string // in the output of a success
+		state   state  // after a success; after an error, the list must be as before
+	}{
+		{name: "create ordered", args: []string{"create", "invoices", "--step", "10", "--ordered", "--description", "invoice numbers"},
+			want: "created tag invoices: first ID 1, step 10, ordered yes", state: state{"invoices": "10 yes invoice numbers"}},
+		{name: "create plain", args: []string{"create", "orders", "--step", "20"},
+			want: "created tag orders: first ID 1, step 20, ordered no", state: state{"invoices": "10 yes invoice numbers", "orders": "20 no "}},
+		{name: "create with a bad flag value", args: []string{"create", "users", "--step", "5", "--ordered=maybe"}, wantErr: `invalid boolean value "maybe"`},
+		{name: "create with a bad environment value", args: []string{"create", "users", "--step", "5"}, env: "maybe", wantErr: "DISPENSER_ORDERED"},
+		{name: "create ordered existing", args: []string{"create", "orders", "--step", "20", "--ordered"}, wantErr: "already exists"},
+		{name: "set on a plain tag, only --ordered", args: []string{"update", "orders", "--ordered=true"},
+			want: "updated tag orders: ordered yes", state: state{"invoices": "10 yes invoice numbers", "orders": "20 yes "}},
+		{name: "clear, step and description kept", args: []string{"update", "invoices", "--ordered=false"},
+			want: "updated tag invoices: ordered no", state: state{"invoices": "10 no invoice numbers", "orders": "20 yes "}},
+		{name: "bad value", args: []string{"update", "invoices", "--ordered=maybe"}, wantErr: `invalid boolean value "maybe"`},
+		{name: "value without =", args: []string{"update", "invoices", "--ordered", "false"}, wantErr: "--ordered=false"},
+		{name: "empty value", args: []string{"update", "invoices", "--ordered="}, wantErr: "invalid boolean value"},
+		{name: "bare flag sets it", args: []string{"update", "invoices", "--ordered"},
+			want: "ordered yes", state: state{"invoices": "10 yes invoice numbers", "orders": "20 yes "}},
+		{name: "step only keeps it", args: []string{"update", "invoices", "--step", "30"},
+			want: "updated tag invoices: step 30", state: state{"invoices": "30 yes invoice numbers", "orders": "20 yes "}},
+		{name: "from the environment", args: []string{"update", "orders"}, env: "false",
+			want: "ordered no", state: state{"invoices": "30 yes invoice numbers", "orders": "20 no "}},
+		{name: "with other fields", args: []string{"update", "orders", "--ordered=1", "--step", "25", "--description", "order numbers"},
+			want: `step 25, description "order numbers", ordered yes`, state: state{"invoices": "30 yes invoice numbers", "orders": "25 yes order numbers"}},
+		{name: "unknown tag", args: []string{"update", "nope", "--ordered=true"}, wantErr: "unknown tag"},
+		{name: "invalid tag", args: []string{"update", "a.b", "--ordered=false"}, wantErr: "invalid tag"},
+	}
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			for _, s := range steps {
+				_, before := listTable(t, st.args)
+				if s.env != "" {
+					t.Setenv("DISPENSER_ORDERED", s.env)
+				}
+				out, err := runCmd(t, append(append([]string{"tags"}, s.args...), st.args...)...)
+				os.Unsetenv("DISPENSER_ORDERED")
+				if s.wantErr != "" {
+					if err == nil || !strings.Contains(err.Error(), s.wantErr) {
+						t.Fatalf("%s: got error %v, want one containing %q; output %q", s.name, err, s.wantErr, out)
+					}
+					if _, after := listTable(t, st.args); after != before {
+						t.Fatalf("%s: a failed command changed the tags:\nbefore:\n%s\nafter:\n%s", s.name, before, after)
+					}
+					continue
+				}
+				if err != nil || !strings.Contains(out, s.want) {
+					t.Fatalf("%s: got %q, %v, want output containing %q", s.name, out, err, s.want)
+				}
+				rows, raw := listTable(t, st.args)
+				got := state{}
+				for name, row := range rows {
+					got[name] = row["STEP"] + " " + row["ORDERED"] + " " + row["DESCRIPTION"]
+				}
+				if !maps.Equal(got, s.state) {
+					t.Fatalf("%s: tags list shows %q, want %q:\n%s", s.name, got, s.state, raw)
+				}
+			}
+		})
 	}
 }
 
