@@ -97,6 +97,7 @@ func TestDatabaseOutage(t *testing.T) {
 	nc := connect(t, ns.URL(), "db-stats")
 	l := startLoad(t, connect(t, ns.URL(), "db-load"), availSpec())
 	waitBuffers(t, nc, procs)
+	warm := l.now()
 
 	faults := &faultLog{l: l, grace: availGrace}
 	w := faults.begin("postgres stopped 10s")
@@ -158,8 +159,8 @@ func TestDatabaseOutage(t *testing.T) {
 	requests, ok, ids := l.totals()
 	t.Logf("%d requests, %d answered, %d IDs:\n%s", requests, ok, ids, table)
 	faults.checkEffects(t)
-	if failed := requests - ok; failed > 0 {
-		t.Errorf("%d requests failed with the database down for %v, want 0; e.g. %v", failed, outage, l.firstErrors())
+	if failed := failedAfterWarmUp(t, l, warm); len(failed) > 0 {
+		t.Errorf("%d requests failed with the database down for %v, want 0; e.g. %+v; error replies by worker: %v", len(failed), outage, failed[0], l.failedBy(f.describe))
 	}
 	l.check(t, f.describe)
 }
@@ -184,6 +185,7 @@ func TestRestartDuringDatabaseOutage(t *testing.T) {
 	nc := connect(t, ns.URL(), "restart-stats")
 	l := startLoad(t, connect(t, ns.URL(), "restart-load"), availSpec())
 	waitBuffers(t, nc, procs)
+	warm := l.now()
 
 	faults := &faultLog{l: l, grace: availGrace}
 	w := faults.begin("worker restarted, postgres down")
@@ -225,9 +227,9 @@ func TestRestartDuringDatabaseOutage(t *testing.T) {
 	requests, ok, ids := l.totals()
 	t.Logf("%d requests, %d answered, %d IDs:\n%s", requests, ok, ids, table)
 	faults.checkEffects(t)
-	if failed := requests - ok; failed > 0 {
-		t.Errorf("%d of %d requests failed while a worker started with the database down and two workers had full buffers, want 0; e.g. %v",
-			failed, requests, l.firstErrors())
+	if failed := failedAfterWarmUp(t, l, warm); len(failed) > 0 {
+		t.Errorf("%d of %d requests failed while a worker started with the database down and two workers had full buffers, want 0; e.g. %+v; error replies by worker: %v",
+			len(failed), requests, failed[0], l.failedBy(f.describe))
 	}
 	answered := l.answeredSince(since)
 	for _, tg := range l.spec.targets {
@@ -294,13 +296,16 @@ func TestNATSClusterFailover(t *testing.T) {
 	nc := connect(t, cl.URLs(), "cluster-stats")
 	f := newFleet(t, append(availFlags(), "--nats-url", cl.URLs(),
 		"--segment-replicas", "3", "--snowflake-replicas", "3",
-		"--snowflake-lease", "5s", "--snowflake-heartbeat", "1s")...)
+		// The default lease: a stream leader election on a busy machine
+		// can stall heartbeats for seconds.
+		"--snowflake-lease", "10s", "--snowflake-heartbeat", "1s")...)
 	var procs []*proc
 	for i := range 3 {
 		procs = append(procs, f.start(fmt.Sprintf("cluster-%d", i)))
 	}
 	l := startLoad(t, connect(t, cl.URLs(), "cluster-load"), availSpec())
 	waitBuffers(t, nc, procs)
+	warm := l.now()
 
 	// The effect of stopping a server: a client connected to it, here one
 	// connected to each server on purpose, reconnects to another.
@@ -357,11 +362,14 @@ func TestNATSClusterFailover(t *testing.T) {
 	faults.checkEffects(t)
 	for fault, byKind := range fails {
 		for kind, n := range byKind {
-			if fault == "none" {
-				t.Errorf("%d requests failed (%s) while all servers ran", n, kind)
-			} else if kind == "500" || kind == "503" {
+			if fault != "none" && (kind == "500" || kind == "503") {
 				t.Errorf("%s: %d requests failed with error %s, want only failures while clients reconnect", fault, n, kind)
 			}
+		}
+	}
+	for _, fl := range failedAfterWarmUp(t, l, warm) {
+		if faults.attribute(fl.got) == "none" {
+			t.Errorf("a request failed while all servers ran: %+v", fl)
 		}
 	}
 	var leases []string
@@ -454,6 +462,28 @@ func TestSustainedLoad(t *testing.T) {
 // sustainedShare is the share of the offered rate that TestSustainedLoad
 // must achieve.
 const sustainedShare = 0.9
+
+// failedAfterWarmUp returns the failures of requests sent at or after warm
+// (nanoseconds since the load started) and logs how many failed before:
+// until its buffers are warm, a worker fetches a tag's first segment on the
+// tag's first request, and a busy machine may take longer than --max-wait
+// for that (503, as documented). The zero-failure claims are about warm
+// workers.
+func failedAfterWarmUp(tb testing.TB, l *load, warm int64) []failure {
+	tb.Helper()
+	var before int
+	for _, c := range l.clients {
+		for _, f := range c.fails {
+			if f.sent < warm {
+				before++
+			}
+		}
+	}
+	if before > 0 {
+		tb.Logf("%d requests failed while the buffers warmed up (not counted)", before)
+	}
+	return l.failuresSince(warm)
+}
 
 // TestExitZeroWhenGiveBackAndReleaseFail stops a worker with SIGTERM after
 // its nats-server went away: giving its segments back (to the JetStream KV

@@ -101,6 +101,7 @@ type failure struct {
 	sent, got int64
 	kind      string // error code ("503", "500") or transport failure ("timeout", "no responders", "nats")
 	err       string
+	worker    string // micro service ID of the worker that answered with an error; "" for transport failures
 }
 
 type lastKey struct {
@@ -242,7 +243,7 @@ func (c *client) request(n int) bool {
 		if code != dispenser.CodeUnavailable && code != dispenser.CodeInternal {
 			c.violate("error %s %q for a valid request for %d IDs", code, desc, n)
 		}
-		c.fails = append(c.fails, failure{sent: sent, got: got, kind: code, err: desc})
+		c.fails = append(c.fails, failure{sent: sent, got: got, kind: code, err: desc, worker: resp.Header.Get(dispenser.WorkerHeader)})
 		return false
 	}
 	wid := resp.Header.Get(dispenser.WorkerHeader)
@@ -616,13 +617,27 @@ func (fl *faultLog) report() (string, map[string]map[string]int) {
 	return b.String(), fails
 }
 
+// failedBy returns the number of error replies per worker (named by
+// describe) and target, for messages.
+func (l *load) failedBy(describe func(string) string) map[string]int {
+	out := map[string]int{}
+	for _, c := range l.clients {
+		for _, f := range c.fails {
+			if f.worker != "" {
+				out[describe(f.worker)+" "+c.target.name+" "+f.kind]++
+			}
+		}
+	}
+	return out
+}
+
 // firstErrors returns one example message per failure kind.
 func (l *load) firstErrors() map[string]string {
 	out := map[string]string{}
 	for _, c := range l.clients {
 		for _, f := range c.fails {
 			if _, ok := out[f.kind]; !ok {
-				out[f.kind] = f.err
+				out[f.kind] = fmt.Sprintf("%s (%s, sent at %.3fs, failed at %.3fs)", f.err, c.target.name, float64(f.sent)/1e9, float64(f.got)/1e9)
 			}
 		}
 	}
