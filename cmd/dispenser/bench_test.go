@@ -15,10 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
 
+	"github.com/dispenser-dev/dispenser/internal/bench"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -52,7 +51,7 @@ func TestBenchSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench --smoke: %v\n%s", err, out.String())
 	}
-	var rep benchReport
+	var rep bench.Report
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("--json output: %v\n%s", err, out.String())
 	}
@@ -132,137 +131,13 @@ func TestBenchPostgres(t *testing.T) {
 	}
 }
 
-// TestLoadFindsDuplicatesAndErrors points the load generator at broken
-// responders.
-func TestLoadFindsDuplicatesAndErrors(t *testing.T) {
-	ns := testenv.NATS(t)
-	nc := testenv.Connect(t, ns)
-	nc.Subscribe("same", func(m *nats.Msg) { m.Respond([]byte("7")) })
-	nc.Subscribe("overlap", func(m *nats.Msg) { m.Respond([]byte("1-10")) })
-	nc.Subscribe("short", func(m *nats.Msg) { m.Respond([]byte("1\n2")) })
-	nc.Subscribe("fail", func(m *nats.Msg) {
-		r := nats.NewMsg(m.Reply)
-		r.Header.Set(micro.ErrorCodeHeader, "503")
-		r.Header.Set(micro.ErrorHeader, "no segment")
-		nc.PublishMsg(r)
-	})
-	nc.Flush()
-	cfg := loadConfig{URL: ns.ClientURL(), Inflight: 4, Batch: 1, Format: "list", Warmup: 10 * time.Millisecond,
-		Duration: 100 * time.Millisecond, Drain: time.Second, Verify: true}
-	tests := []struct {
-		subject, format string
-		batch           int
-		dups, errs      bool
-		errText         string
-	}{
-		{"same", "list", 1, true, false, ""},
-		{"overlap", "range", 10, true, false, ""},
-		{"short", "list", 3, false, true, "2 IDs, want 3"},
-		{"fail", "list", 1, false, true, "error reply 503: no segment"},
-		{"nobody", "list", 1, false, true, "status 503"},
-	}
-	for _, tt := range tests {
-		c := cfg
-		c.Subjects, c.Format, c.Batch = []string{tt.subject}, tt.format, tt.batch
-		rs, err := runLoad(context.Background(), c, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.subject, err)
-		}
-		r := rs[0]
-		if (r.Duplicates > 0) != tt.dups || (r.Errors > 0) != tt.errs || !strings.Contains(r.FirstError, tt.errText) {
-			t.Errorf("%s: %d duplicates, %d errors (%q); want duplicates %v, errors %v (%q)", tt.subject, r.Duplicates, r.Errors, r.FirstError, tt.dups, tt.errs, tt.errText)
-		}
-		if r.Lost != 0 {
-			t.Errorf("%s: %d lost", tt.subject, r.Lost)
-		}
-	}
-
-	// Subjects loaded in turn keep their results apart.
-	var counter int64
-	nc.Subscribe("good", func(m *nats.Msg) { counter++; m.Respond(fmt.Appendf(nil, "%d", counter)) })
-	nc.Flush()
-	c := cfg
-	c.Subjects, c.Slice = []string{"good", "fail", "good2"}, 20*time.Millisecond
-	nc.Subscribe("good2", func(m *nats.Msg) { counter++; m.Respond(fmt.Appendf(nil, "%d", counter)) })
-	nc.Flush()
-	rs, err := runLoad(context.Background(), c, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, r := range rs {
-		if r.Subject != c.Subjects[i] || (r.Errors > 0) != (i == 1) || (r.Requests > 0) != (i != 1) || r.Duplicates != 0 {
-			t.Errorf("result %d: %s: %d requests, %d errors, %d duplicates", i, r.Subject, r.Requests, r.Errors, r.Duplicates)
-		}
-		// A subject's time counts from the first reply of each of its own
-		// slices to the slice's end: at most its Duration, however slow
-		// the machine (the first reply of a slice may come late), and far
-		// below the 0.3 s that counting the other subjects' slices would
-		// give.
-		if i != 1 && (r.Seconds <= 0 || r.Seconds > c.Duration.Seconds()) {
-			t.Errorf("%s measured for %vs, want more than 0 and at most its %v", r.Subject, r.Seconds, c.Duration)
-		}
-	}
-}
-
-func TestHistogram(t *testing.T) {
-	var h histogram
-	for v := int64(1); v <= 100_000; v++ {
-		h.record(v * 1000) // 1µs .. 100ms
-	}
-	for _, tt := range []struct{ q, want float64 }{{0.5, 50_000}, {0.99, 99_000}, {0.999, 99_900}} {
-		got := float64(h.quantile(tt.q)) / 1000
-		if got < tt.want*0.995 || got > tt.want*1.005 {
-			t.Errorf("quantile %v = %vµs, want %vµs ± 0.5%%", tt.q, got, tt.want)
-		}
-	}
-	if s := h.stats(); s.Max != 100_000 || s.Mean < 50_000 || s.Mean > 50_001 {
-		t.Errorf("stats %+v", s)
-	}
-	for _, v := range []int64{0, 1, 255, 256, 257, 1 << 20, 1<<40 - 1, 1 << 50} {
-		i := histIndex(v)
-		if i < 0 || i >= histBuckets {
-			t.Fatalf("histIndex(%d) = %d out of range", v, i)
-		}
-		if mid := histValue(i); v < 1<<40 && (mid < v-v/200-1 || mid > v+v/200+1) {
-			t.Errorf("histValue(histIndex(%d)) = %d: off by more than 0.5%%", v, mid)
-		}
-	}
-	if n := testing.AllocsPerRun(100, func() { h.record(12345) }); n != 0 {
-		t.Errorf("record allocates %v times", n)
-	}
-}
-
-func TestMergeRuns(t *testing.T) {
-	runs := []segmentRun{{10, 20}, {1, 5}, {21, 30}, {15, 16}, {30, 31}, {6, 6}}
-	got, dups := mergeRuns(runs)
-	want := []segmentRun{{1, 6}, {10, 31}}
-	if fmt.Sprint(got) != fmt.Sprint(want) || dups != 3 { // 15, 16, 30
-		t.Errorf("mergeRuns = %v, %d duplicates; want %v, 3", got, dups, want)
-	}
-}
-
-func TestParseReplyParts(t *testing.T) {
-	for s, want := range map[string]int{"x.y.0": 0, "_INBOX.abc.255": 255, "a.": -1, "a.b": -1, "a.1234567890": -1} {
-		n, ok := slotOf(s)
-		if (want >= 0) != ok || (ok && n != want) {
-			t.Errorf("slotOf(%q) = %d, %v; want %d", s, n, ok, want)
-		}
-	}
-	for s, want := range map[string]int64{"1": 1, "9223372036854775807": 1<<63 - 1, "0": -1, "": -1, "-1": -1, "9223372036854775808": -1, "1 ": -1} {
-		n, ok := parseID([]byte(s))
-		if (want > 0) != ok || (ok && n != want) {
-			t.Errorf("parseID(%q) = %d, %v; want %d", s, n, ok, want)
-		}
-	}
-}
-
 func TestBenchFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--modes", "fast"}, {"--format", "json"}, {"--inflight", "0"}, {"--batch", "10001"},
 		{"--duration", "0s"}, {"--tag", "a.b"}, {"--nats-url", "nats://x", "--postgres-url", "postgres://y"}, {"extra"},
 	} {
 		err := run(context.Background(), append([]string{"bench"}, args...), io.Discard, io.Discard)
-		if err == nil || errors.Is(err, errBenchFailed) {
+		if err == nil || errors.Is(err, bench.ErrFailed) {
 			t.Errorf("bench %v: err = %v, want a usage error", args, err)
 		}
 	}

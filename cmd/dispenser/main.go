@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/dispenser-dev/dispenser/internal/bench"
 )
 
 func main() {
@@ -60,8 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "decode":
 		return decode(args, stdout, stderr)
 	case "bench":
-		return bench(ctx, args, stdout, stderr)
-	case "bench-load": // hidden: bench's load generator process
+		return runBench(ctx, args, stdout, stderr)
+	case bench.LoadCommand: // hidden: bench's load generator process
 		return benchLoad(ctx, args, stdout, stderr)
 	case "help", "-h", "--help":
 		if len(args) > 0 {

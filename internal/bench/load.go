@@ -1,14 +1,14 @@
-package main
+package bench
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
-	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,11 +22,12 @@ import (
 	"github.com/dispenser-dev/dispenser/dispenser"
 )
 
-// The load generator of `dispenser bench`. It runs in a process of its own
-// (the hidden `dispenser bench-load`), so that it shares no runtime with the
-// service it measures, and keeps a fixed number of requests in flight on one
-// connection: requests go out with per-slot reply subjects under one
-// wildcard subscription, a reply frees its slot, and the sender refills it.
+// The load generator. It runs in a process of its own (the program's
+// hidden LoadCommand, which calls ServeLoad), so that it shares no runtime
+// with the service it measures, and keeps a fixed number of requests in
+// flight on one connection: requests go out with per-slot reply subjects
+// under one wildcard subscription, a reply frees its slot, and the sender
+// refills it.
 //
 // It loads its subjects in turn, a slice of time each, waiting for the
 // replies still out before it switches, until each subject had its
@@ -42,24 +43,31 @@ var (
 	errLost = errors.New("replies lost")
 )
 
-// loadConfig describes one load run.
-type loadConfig struct {
-	URL      string
-	Auth     serveConfig // only the NATS credential and TLS fields are used
-	Subjects []string    // loaded in turn
-	Inflight int
-	Batch    int           // IDs per request; 1 sends an empty body
-	Format   string        // "list" or "range"
-	Warmup   time.Duration // per subject, not measured
-	Duration time.Duration // per subject, measured
-	Slice    time.Duration // how long one subject is loaded before the next
-	Drain    time.Duration // how long to wait for the replies still out
-	Verify   bool          // parse every ID and check for duplicates
+// LoadConfig describes one load run.
+type LoadConfig struct {
+	URL string
+	// NATSOptions are the options of the load generator's connection
+	// (credentials, TLS). A child process gets them from ChildArgs.
+	NATSOptions []nats.Option
+	// ChildArgs are flags that the command line of a child running this
+	// load gets besides the load's own: those that give the child's
+	// program NATSOptions (see Config.ChildArgs).
+	ChildArgs []string
+	Subjects  []string // loaded in turn
+	Inflight  int
+	Batch     int           // IDs per request; 1 sends an empty body
+	Format    string        // "list" or "range"
+	Warmup    time.Duration // per subject, not measured
+	Duration  time.Duration // per subject, measured
+	Slice     time.Duration // how long one subject is loaded before the next
+	Drain     time.Duration // how long to wait for the replies still out
+	Verify    bool          // parse every ID and check for duplicates
 }
 
-// args returns the command line of a child that runs c.
-func (c loadConfig) args() []string {
-	a := []string{"bench-load",
+// args returns the command line of a child that runs c: LoadCommand, the
+// flags that AddFlags defines, and ChildArgs.
+func (c LoadConfig) args() []string {
+	a := []string{LoadCommand,
 		"--nats-url", c.URL,
 		"--inflight", strconv.Itoa(c.Inflight),
 		"--batch", strconv.Itoa(c.Batch),
@@ -75,24 +83,14 @@ func (c loadConfig) args() []string {
 	if c.Verify {
 		a = append(a, "--verify")
 	}
-	return append(a, benchAuthArgs(c.Auth)...)
+	return append(a, c.ChildArgs...)
 }
 
-// latencyStats are percentiles of the round trips of a run, in µs.
-type latencyStats struct {
-	P50  float64 `json:"p50"`
-	P90  float64 `json:"p90"`
-	P99  float64 `json:"p99"`
-	P999 float64 `json:"p999"`
-	Max  float64 `json:"max"`
-	Mean float64 `json:"mean"`
-}
-
-// loadResult is what a load run measured for one subject. Requests and IDs
+// LoadResult is what a load run measured for one subject. Requests and IDs
 // count the replies received in its measured slices, Latency the round
 // trips of the requests sent in them; Sent, Errors and Lost cover the whole
 // run, warm-up included.
-type loadResult struct {
+type LoadResult struct {
 	Subject    string       `json:"subject"`
 	Inflight   int          `json:"inflight"`
 	Batch      int          `json:"batch"`
@@ -102,7 +100,7 @@ type loadResult struct {
 	IDs        uint64       `json:"ids"`
 	RPS        float64      `json:"requests_per_sec"`
 	IDsPerSec  float64      `json:"ids_per_sec"`
-	Latency    latencyStats `json:"latency_us"`
+	Latency    LatencyStats `json:"latency_us"`
 	Sent       uint64       `json:"sent"`
 	Errors     uint64       `json:"errors"`
 	Lost       uint64       `json:"lost"`
@@ -141,7 +139,7 @@ type target struct {
 
 // loader is one load run in progress.
 type loader struct {
-	cfg     loadConfig
+	cfg     LoadConfig
 	nc      *nats.Conn
 	base    time.Time
 	inbox   string
@@ -167,9 +165,9 @@ type segmentRun struct{ First, Last int64 }
 
 func (l *loader) now() int64 { return int64(time.Since(l.base)) }
 
-// runLoad runs one load run and returns a result per subject. progress,
-// if not nil, receives a progress line twice a second.
-func runLoad(ctx context.Context, cfg loadConfig, progress io.Writer) ([]*loadResult, error) {
+// RunLoad runs one load run in this process and returns a result per
+// subject. progress, if not nil, receives a progress line twice a second.
+func RunLoad(ctx context.Context, cfg LoadConfig, progress io.Writer) ([]*LoadResult, error) {
 	if len(cfg.Subjects) == 0 || cfg.Inflight < 1 || cfg.Batch < 1 || cfg.Duration <= 0 || cfg.Warmup < 0 {
 		return nil, fmt.Errorf("load: %d subjects, inflight %d, batch %d, duration %v, warm-up %v: want positive values",
 			len(cfg.Subjects), cfg.Inflight, cfg.Batch, cfg.Duration, cfg.Warmup)
@@ -180,11 +178,7 @@ func runLoad(ctx context.Context, cfg loadConfig, progress io.Writer) ([]*loadRe
 	if cfg.Slice <= 0 || cfg.Slice > cfg.Duration {
 		cfg.Slice = cfg.Duration
 	}
-	opts, err := cfg.Auth.natsOptions()
-	if err != nil {
-		return nil, err
-	}
-	nc, err := nats.Connect(cfg.URL, append(opts, nats.Name("dispenser-bench-load"))...)
+	nc, err := nats.Connect(cfg.URL, append(slices.Clip(cfg.NATSOptions), nats.Name("dispenser-bench-load"))...)
 	if err != nil {
 		return nil, fmt.Errorf("load: connecting to %s: %w", cfg.URL, err)
 	}
@@ -240,11 +234,11 @@ func runLoad(ctx context.Context, cfg loadConfig, progress io.Writer) ([]*loadRe
 		return nil, ctx.Err()
 	}
 
-	var out []*loadResult
+	var out []*LoadResult
 	for i, t := range l.targets {
 		t.mu.Lock()
 		secs := t.measured.Seconds()
-		r := &loadResult{
+		r := &LoadResult{
 			Subject:    t.subject,
 			Inflight:   cfg.Inflight,
 			Batch:      cfg.Batch,
@@ -599,14 +593,15 @@ func (l *loader) reportProgress(w io.Writer) (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
-// benchLoad is the hidden `dispenser bench-load`: one load run, its
-// results as a JSON array on stdout, one per --subject, and progress lines
-// on stderr.
-func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench-load", "dispenser bench-load --subject SUBJECT... [flags]", stderr)
-	var c loadConfig
+// LoadCommand is the program's hidden command that runs a load generator
+// child: it defines its flags with LoadConfig.AddFlags, sets NATSOptions
+// from the flags in ChildArgs and calls ServeLoad.
+const LoadCommand = "bench-load"
+
+// AddFlags defines on fs the flags of a load child, which args writes: all
+// of c but NATSOptions and ChildArgs, whose flags are the program's.
+func (c *LoadConfig) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.URL, "nats-url", nats.DefaultURL, "NATS server URL(s)")
-	benchAuthFlags(fs, &c.Auth)
 	fs.Func("subject", "subject to request IDs from; repeat it to load several in turn", func(s string) error {
 		if s = strings.TrimSpace(s); s == "" {
 			return errors.New("empty subject")
@@ -622,91 +617,18 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.DurationVar(&c.Slice, "slice", 250*time.Millisecond, "how long one subject is loaded before the next")
 	fs.DurationVar(&c.Drain, "drain", 2*time.Second, "how long to wait for the replies still out")
 	fs.BoolVar(&c.Verify, "verify", false, "parse every ID and count duplicates")
-	pos, err := parse(fs, args)
+}
+
+// ServeLoad is a load child's side of the protocol: it runs c, writing
+// progress lines to stderr, then writes the results to stdout as a JSON
+// array, one per subject.
+func ServeLoad(ctx context.Context, c LoadConfig, stdout, stderr io.Writer) error {
+	r, err := RunLoad(ctx, c, stderr)
 	if err != nil {
 		return err
 	}
-	if len(pos) > 0 || len(c.Subjects) == 0 {
-		return errors.New("bench-load: want --subject and no arguments")
+	if err := json.NewEncoder(stdout).Encode(r); err != nil {
+		return fmt.Errorf("load: writing the results: %w", err)
 	}
-	r, err := runLoad(ctx, c, stderr)
-	if err != nil {
-		return err
-	}
-	return json.NewEncoder(stdout).Encode(r)
-}
-
-// histogram counts latencies in nanoseconds in log-linear buckets: exact
-// below 256 ns, then histSub buckets per power of two, so that a percentile
-// is off by at most 1/256 (0.4%). Values from 2^40 ns (18 minutes) up share
-// the last bucket. The zero value is empty; it does not allocate.
-type histogram struct {
-	counts [histBuckets]uint64
-	n      uint64
-	sum    float64
-	max    int64
-}
-
-const (
-	histSub     = 128
-	histMaxBits = 40
-	histBuckets = (histMaxBits - 6) * histSub
-)
-
-func histIndex(v int64) int {
-	if v < 2*histSub {
-		return int(max(v, 0))
-	}
-	v = min(v, 1<<histMaxBits-1)
-	e := bits.Len64(uint64(v)) - 8 // v>>e is in [histSub, 2*histSub)
-	return (e+1)*histSub + int(v>>e) - histSub
-}
-
-// histValue returns the middle of bucket i.
-func histValue(i int) int64 {
-	if i < 2*histSub {
-		return int64(i)
-	}
-	e := i/histSub - 1
-	m := int64(i%histSub + histSub)
-	return m<<e + (1<<e)/2
-}
-
-func (h *histogram) record(ns int64) {
-	h.counts[histIndex(ns)]++
-	h.n++
-	h.sum += float64(ns)
-	h.max = max(h.max, ns)
-}
-
-// quantile returns the value at quantile q in ns: the middle of the bucket
-// holding the ceil(q*n)-th value, at most the maximum.
-func (h *histogram) quantile(q float64) int64 {
-	if h.n == 0 {
-		return 0
-	}
-	rank := uint64(math.Ceil(q * float64(h.n)))
-	rank = max(rank, 1)
-	var seen uint64
-	for i, c := range h.counts {
-		if seen += c; seen >= rank {
-			return min(histValue(i), h.max)
-		}
-	}
-	return h.max
-}
-
-func (h *histogram) stats() latencyStats {
-	us := func(ns int64) float64 { return math.Round(float64(ns)/10) / 100 }
-	s := latencyStats{
-		P50:  us(h.quantile(0.50)),
-		P90:  us(h.quantile(0.90)),
-		P99:  us(h.quantile(0.99)),
-		P999: us(h.quantile(0.999)),
-		Max:  us(h.max),
-	}
-	if h.n > 0 {
-		s.Mean = us(int64(h.sum / float64(h.n)))
-	}
-	return s
+	return nil
 }

@@ -1,10 +1,9 @@
-package main
+package bench
 
 import (
 	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,30 +30,69 @@ import (
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 )
 
-// What `dispenser bench` starts in its own process when --nats-url is empty,
-// and the child processes it measures memory and start-up with.
+// What Run starts in its own process without Config.URL, and the child
+// processes it measures memory and start-up with.
+
+// Local is what the local set-up needs from the program that runs the
+// bench: the service under test and the nats-server it uses, configured as
+// the program's serve command configures them. This package cannot import
+// the program, so the program supplies them.
+//
+// The memory and start-up runs start the program itself (os.Executable)
+// with its `serve` command and serve's flags, as an operator would.
+type Local struct {
+	// NATSServerOptions returns the options of an embedded nats-server
+	// named name, listening on host:port and storing JetStream under
+	// storeDir; syncAlways makes JetStream write every message to disk
+	// before acknowledging it.
+	NATSServerOptions func(name, host string, port int, storeDir string, syncAlways bool) *server.Options
+	// StartWorker starts the service under test on the NATS server at
+	// s.NATSURL, serving segment and snowflake IDs under the subject
+	// prefix "id", and returns once it serves.
+	StartWorker func(ctx context.Context, s WorkerSettings) (Worker, error)
+}
+
+// WorkerSettings are the settings of the service under test.
+type WorkerSettings struct {
+	NATSURL  string
+	Instance string
+	// PostgresURL is the segment store; empty: the default JetStream KV
+	// bucket.
+	PostgresURL string
+	// Segment are the allocator's settings; zero fields keep the defaults.
+	Segment segment.Settings
+	Log     *slog.Logger
+}
+
+// Worker is a running service under test.
+type Worker interface {
+	// SegmentStats returns the allocator's state of every tag.
+	SegmentStats() []segment.TagStats
+	// Close stops the worker gracefully.
+	Close() error
+}
 
 // Tags of the local service under test. The service runs with MaxStep
-// benchMaxStep, which pins every tag at its configured step.
+// localMaxStep, which pins every tag at its configured step.
 const (
-	benchStep100 = "bench_step100"
-	benchStep1M  = "bench_step1m"
-	benchMaxStep = 100
-	// benchTagStep is the step of --tag and bench_step1m.
-	benchTagStep = 1_000_000
-	// benchMemBucket is the KV bucket of the memory measurement's tags.
-	benchMemBucket = "dispenser_bench_mem"
-	// benchMemPrefix is the subject prefix of the memory measurement's
-	// worker, so that it takes no part in the other runs.
-	benchMemPrefix = "benchmem"
-	// benchBaselineSubject is the baseline responder's subject.
-	benchBaselineSubject = "bench.baseline"
+	tagStep100   = "bench_step100"
+	tagStep1M    = "bench_step1m"
+	localMaxStep = 100
+	// tagStep is the step of Config.Tag and bench_step1m.
+	tagStep = 1_000_000
+	// memBucket is the KV bucket of the memory measurement's tags.
+	memBucket = "dispenser_bench_mem"
+	// memPrefix is the subject prefix of the memory measurement's worker,
+	// so that it takes no part in the other runs.
+	memPrefix = "benchmem"
+	// baselineSubject is the baseline responder's subject.
+	baselineSubject = "bench.baseline"
 )
 
-// benchEnv is the local set-up: an embedded nats-server, the baseline
-// responder and the service under test (a Server, as `dispenser serve`
-// runs it), each on connections of their own.
-type benchEnv struct {
+// env is the local set-up: an embedded nats-server, the baseline responder
+// and the service under test (a worker as `dispenser serve` runs it), each
+// on connections of their own.
+type env struct {
 	dir   string // temporary; removed by Close
 	ns    *server.Server
 	url   string
@@ -62,13 +101,16 @@ type benchEnv struct {
 	ctlNC  *nats.Conn // bench's own requests and tag set-up
 	baseNC *nats.Conn // baseline responder
 	js     jetstream.JetStream
-	srv    *Server
+	srv    Worker
 }
 
-// startBenchEnv starts the local set-up with tag as the segment tag.
-// maxWait, if not zero, replaces the service's default --max-wait.
-func startBenchEnv(ctx context.Context, tag, postgresURL string, maxWait time.Duration, syncAlways bool, log *slog.Logger) (_ *benchEnv, err error) {
-	e := &benchEnv{store: "kv"}
+// startEnv starts the local set-up with tag as the segment tag. maxWait,
+// if not zero, replaces the service's default --max-wait.
+func startEnv(ctx context.Context, local Local, tag, postgresURL string, maxWait time.Duration, syncAlways bool, log *slog.Logger) (_ *env, err error) {
+	if local.NATSServerOptions == nil || local.StartWorker == nil {
+		return nil, errors.New("the local set-up needs Local.NATSServerOptions and Local.StartWorker")
+	}
+	e := &env{store: "kv"}
 	defer func() {
 		if err != nil {
 			e.Close()
@@ -77,7 +119,7 @@ func startBenchEnv(ctx context.Context, tag, postgresURL string, maxWait time.Du
 	if e.dir, err = os.MkdirTemp("", "dispenser-bench-"); err != nil {
 		return nil, err
 	}
-	e.ns, err = server.NewServer(embeddedOptions("dispenser-bench", "127.0.0.1", server.RANDOM_PORT,
+	e.ns, err = server.NewServer(local.NATSServerOptions("dispenser-bench", "127.0.0.1", server.RANDOM_PORT,
 		filepath.Join(e.dir, "jetstream"), syncAlways))
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
@@ -93,31 +135,30 @@ func startBenchEnv(ctx context.Context, tag, postgresURL string, maxWait time.Du
 	if e.baseNC, err = nats.Connect(e.url, nats.Name("bench-baseline")); err != nil {
 		return nil, fmt.Errorf("connecting to the embedded nats-server: %w", err)
 	}
-	if err := startBaseline(e.baseNC, benchBaselineSubject); err != nil {
+	if err := startBaseline(e.baseNC, baselineSubject); err != nil {
 		return nil, err
 	}
 	if e.js, err = jetstream.New(e.ctlNC); err != nil {
 		return nil, err
 	}
-	if err := createBenchTags(ctx, e.js, tag, postgresURL); err != nil {
+	if err := createTags(ctx, e.js, tag, postgresURL); err != nil {
 		return nil, err
 	}
 	if postgresURL != "" {
 		e.store = "postgres"
 	}
-	e.srv = NewServer(serveConfig{
-		NATSURL:         e.url,
-		Instance:        "bench",
-		PostgresURL:     postgresURL,
-		Snowflake:       true,
-		Segment:         segment.Settings{MaxStep: benchMaxStep, MaxWait: maxWait},
-		ShutdownTimeout: 10 * time.Second,
-	}, log)
-	if err := e.srv.Start(ctx); err != nil {
+	e.srv, err = local.StartWorker(ctx, WorkerSettings{
+		NATSURL:     e.url,
+		Instance:    "bench",
+		PostgresURL: postgresURL,
+		Segment:     segment.Settings{MaxStep: localMaxStep, MaxWait: maxWait},
+		Log:         log,
+	})
+	if err != nil {
 		return nil, fmt.Errorf("service under test: %w", err)
 	}
 	// Fetch the first segments, so that no run waits for them.
-	for _, subj := range []string{"id.segment." + tag, "id.segment." + benchStep100, "id.segment." + benchStep1M} {
+	for _, subj := range []string{"id.segment." + tag, "id.segment." + tagStep100, "id.segment." + tagStep1M} {
 		if _, err := requestID(ctx, e.ctlNC, subj, 5*time.Second); err != nil {
 			return nil, fmt.Errorf("warming up %s: %w", subj, err)
 		}
@@ -125,10 +166,10 @@ func startBenchEnv(ctx context.Context, tag, postgresURL string, maxWait time.Du
 	return e, nil
 }
 
-// createBenchTags creates (or sets the step of) the tags of the local
+// createTags creates (or sets the step of) the tags of the local
 // service under test: tag and bench_step1m with step 1,000,000 and
 // bench_step100 with step 100, in the KV bucket or in PostgreSQL.
-func createBenchTags(ctx context.Context, js jetstream.JetStream, tag, postgresURL string) error {
+func createTags(ctx context.Context, js jetstream.JetStream, tag, postgresURL string) error {
 	var store segment.Store
 	if postgresURL == "" {
 		st, err := kv.New(ctx, js, kv.Settings{})
@@ -150,7 +191,7 @@ func createBenchTags(ctx context.Context, js jetstream.JetStream, tag, postgresU
 	for _, t := range []struct {
 		name string
 		step int64
-	}{{tag, benchTagStep}, {benchStep100, 100}, {benchStep1M, benchTagStep}} {
+	}{{tag, tagStep}, {tagStep100, 100}, {tagStep1M, tagStep}} {
 		if err := ensureTag(ctx, store, t.name, t.step); err != nil {
 			return err
 		}
@@ -160,19 +201,19 @@ func createBenchTags(ctx context.Context, js jetstream.JetStream, tag, postgresU
 
 // segmentStats returns the allocator's state of every tag of the service
 // under test; nil without a local set-up.
-func (e *benchEnv) segmentStats() map[string]segment.TagStats {
-	if e == nil || e.srv == nil || e.srv.alloc == nil {
+func (e *env) segmentStats() map[string]segment.TagStats {
+	if e == nil || e.srv == nil {
 		return nil
 	}
 	m := map[string]segment.TagStats{}
-	for _, t := range e.srv.alloc.Stats() {
+	for _, t := range e.srv.SegmentStats() {
 		m[t.Tag] = t
 	}
 	return m
 }
 
-// Close stops everything startBenchEnv started and removes its files.
-func (e *benchEnv) Close() error {
+// Close stops everything startEnv started and removes its files.
+func (e *env) Close() error {
 	var errs []error
 	if e.srv != nil {
 		errs = append(errs, e.srv.Close())
@@ -269,11 +310,11 @@ func requestID(ctx context.Context, nc *nats.Conn, subject string, timeout time.
 	}
 }
 
-// benchChildEnv marks the processes that `dispenser bench` starts from
-// os.Executable(). The dispenser binary needs no marker: the command line
-// says what to do. A test binary's TestMain sees it and runs the command
-// line instead of the tests.
-const benchChildEnv = "DISPENSER_BENCH_CHILD"
+// ChildEnv is set (to 1) in the environment of the processes that Run
+// starts from os.Executable(). The program needs no marker: the command
+// line says what to do. A test binary's TestMain sees it and runs the
+// command line instead of the tests.
+const ChildEnv = "DISPENSER_BENCH_CHILD"
 
 // childCommand returns a command that runs this program with args, with the
 // DISPENSER_* variables removed from its environment so that only args
@@ -289,7 +330,7 @@ func childCommand(ctx context.Context, args ...string) (*exec.Cmd, error) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env, benchChildEnv+"=1")
+	cmd.Env = append(cmd.Env, ChildEnv+"=1")
 	if os.Getenv("GORACE") == "" {
 		// A race-enabled binary (go test -race) otherwise sleeps a second
 		// when it exits with status 0.
@@ -299,8 +340,8 @@ func childCommand(ctx context.Context, args ...string) (*exec.Cmd, error) {
 	return cmd, nil
 }
 
-// memoryResult is the resident size of an idle worker with warm tags.
-type memoryResult struct {
+// MemoryResult is the resident size of an idle worker with warm tags.
+type MemoryResult struct {
 	Tags        int     `json:"tags"`
 	Store       string  `json:"store"`
 	RSSBytes    int64   `json:"rss_bytes"`
@@ -357,11 +398,11 @@ func (c *child) stop() {
 }
 
 // measureMemory starts `dispenser serve` as an idle worker on the KV
-// bucket benchMemBucket with n tags, takes an ID of every tag, waits a
+// bucket memBucket with n tags, takes an ID of every tag, waits a
 // second and returns the worker process's resident size. It forces no GC:
 // a worker in production gets none either.
-func (e *benchEnv) measureMemory(ctx context.Context, n int) (*memoryResult, error) {
-	store, err := kv.New(ctx, e.js, kv.Settings{Bucket: benchMemBucket})
+func (e *env) measureMemory(ctx context.Context, n int) (*MemoryResult, error) {
+	store, err := kv.New(ctx, e.js, kv.Settings{Bucket: memBucket})
 	if err != nil {
 		return nil, err
 	}
@@ -372,15 +413,15 @@ func (e *benchEnv) measureMemory(ctx context.Context, n int) (*memoryResult, err
 	if err := parallel(ctx, tags, 16, func(tag string) error { return ensureTag(ctx, store, tag, 1000) }); err != nil {
 		return nil, err
 	}
-	c, err := startChild(ctx, "serve", "--nats-url", e.url, "--segment-bucket", benchMemBucket,
-		"--prefix", benchMemPrefix, "--queue-group", benchMemPrefix, "--instance", "bench-memory", "--log-level", "warn")
+	c, err := startChild(ctx, "serve", "--nats-url", e.url, "--segment-bucket", memBucket,
+		"--prefix", memPrefix, "--queue-group", memPrefix, "--instance", "bench-memory", "--log-level", "warn")
 	if err != nil {
 		return nil, err
 	}
 	defer c.stop()
 	start := time.Now()
 	err = parallel(ctx, tags, 32, func(tag string) error {
-		_, err := requestID(ctx, e.ctlNC, benchMemPrefix+".segment."+tag, 30*time.Second)
+		_, err := requestID(ctx, e.ctlNC, memPrefix+".segment."+tag, 30*time.Second)
 		return err
 	})
 	if err != nil {
@@ -395,7 +436,7 @@ func (e *benchEnv) measureMemory(ctx context.Context, n int) (*memoryResult, err
 	if err != nil {
 		return nil, err
 	}
-	return &memoryResult{Tags: n, Store: "kv", RSSBytes: rss, WarmSeconds: round(warm.Seconds(), 3)}, nil
+	return &MemoryResult{Tags: n, Store: "kv", RSSBytes: rss, WarmSeconds: round(warm.Seconds(), 3)}, nil
 }
 
 // processRSS reads the resident set size of a process from /proc (Linux).
@@ -450,10 +491,10 @@ func parallel(ctx context.Context, items []string, n int, f func(string) error) 
 	return first
 }
 
-// startupResult is how long `dispenser serve` takes from the start of its
+// StartupResult is how long `dispenser serve` takes from the start of its
 // process to serving in zero-setup mode: no flags but a free listen address
 // and a fresh data directory.
-type startupResult struct {
+type StartupResult struct {
 	ServingMS     float64 `json:"serving_ms"`      // the micro service answers a ping
 	SegmentIDMS   float64 `json:"segment_id_ms"`   // first ID of a tag created on first use
 	SnowflakeIDMS float64 `json:"snowflake_id_ms"` // first snowflake ID
@@ -462,7 +503,7 @@ type startupResult struct {
 
 // measureStartup starts `dispenser serve` in zero-setup mode in dir and
 // times it until it serves.
-func measureStartup(ctx context.Context, dir string) (*startupResult, error) {
+func measureStartup(ctx context.Context, dir string) (*StartupResult, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -497,7 +538,7 @@ func measureStartup(ctx context.Context, dir string) (*startupResult, error) {
 		}
 	}
 	defer nc.Close()
-	r := &startupResult{}
+	r := &StartupResult{}
 	for {
 		if _, err := nc.Request("$SRV.PING."+dispenser.Name, nil, 100*time.Millisecond); err == nil {
 			r.ServingMS = msSince(start)
@@ -547,25 +588,15 @@ func (t *tailBuffer) String() string {
 	return string(t.b)
 }
 
-// benchAuthFlags adds the NATS credential and TLS flags of serve to fs.
-func benchAuthFlags(fs *flag.FlagSet, c *serveConfig) {
-	fs.StringVar(&c.NATSCreds, "nats-creds", "", "NATS credentials file (JWT and seed); user/password or token go in --nats-url")
-	fs.StringVar(&c.NATSNKey, "nats-nkey", "", "NATS NKey seed file")
-	fs.StringVar(&c.NATSTLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
-	fs.StringVar(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS TLS")
-	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS TLS")
-}
-
-// benchAuthArgs returns the flags that benchAuthFlags reads for c.
-func benchAuthArgs(c serveConfig) []string {
-	var a []string
-	for _, f := range []struct{ name, v string }{
-		{"nats-creds", c.NATSCreds}, {"nats-nkey", c.NATSNKey}, {"nats-tls-ca", c.NATSTLSCA},
-		{"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey},
-	} {
-		if f.v != "" {
-			a = append(a, "--"+f.name, f.v)
-		}
+// openPostgres connects to the PostgreSQL segment store at url.
+func openPostgres(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	return a
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	return pool, nil
 }

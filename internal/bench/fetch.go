@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -11,13 +11,13 @@ import (
 	"github.com/dispenser-dev/dispenser/segment/witness"
 )
 
-// benchFetchTag is the tag whose fetches the fetch run times; no request
+// fetchTag is the tag whose fetches the fetch run times; no request
 // uses it.
-const benchFetchTag = "bench_fetch"
+const fetchTag = "bench_fetch"
 
-// fetchResult compares the latency of a segment fetch from PostgreSQL alone
+// FetchResult compares the latency of a segment fetch from PostgreSQL alone
 // with one through the witness (PostgreSQL, then one KV compare-and-swap).
-type fetchResult struct {
+type FetchResult struct {
 	Fetches      int     `json:"fetches"` // of each kind
 	PlainP50US   float64 `json:"plain_p50_us"`
 	PlainP99US   float64 `json:"plain_p99_us"`
@@ -27,14 +27,14 @@ type fetchResult struct {
 
 // measureFetch times n fetches of each kind, alternating, so that noise
 // from the rest of the machine falls on both alike.
-func (e *benchEnv) measureFetch(ctx context.Context, postgresURL string, n int) (*fetchResult, error) {
+func (e *env) measureFetch(ctx context.Context, postgresURL string, n int) (*FetchResult, error) {
 	pool, err := openPostgres(ctx, postgresURL)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
 	pg := postgres.New(pool)
-	if err := ensureTag(ctx, pg, benchFetchTag, 100); err != nil {
+	if err := ensureTag(ctx, pg, fetchTag, 100); err != nil {
 		return nil, err
 	}
 	w, err := witness.Open(ctx, e.js, pg, witness.Settings{})
@@ -48,8 +48,8 @@ func (e *benchEnv) measureFetch(ctx context.Context, postgresURL string, n int) 
 			st = w
 		}
 		t0 := time.Now()
-		if _, err := st.Fetch(ctx, benchFetchTag, 0); err != nil {
-			return nil, fmt.Errorf("fetch %s: %w", benchFetchTag, err)
+		if _, err := st.Fetch(ctx, fetchTag, 0); err != nil {
+			return nil, fmt.Errorf("fetch %s: %w", fetchTag, err)
 		}
 		us := float64(time.Since(t0).Microseconds())
 		if i%2 == 1 {
@@ -61,7 +61,7 @@ func (e *benchEnv) measureFetch(ctx context.Context, postgresURL string, n int) 
 	slices.Sort(plain)
 	slices.Sort(witnessed)
 	q := func(xs []float64, p float64) float64 { return xs[min(len(xs)-1, int(p*float64(len(xs))))] }
-	return &fetchResult{
+	return &FetchResult{
 		Fetches:    n,
 		PlainP50US: q(plain, 0.5), PlainP99US: q(plain, 0.99),
 		WitnessP50US: q(witnessed, 0.5), WitnessP99US: q(witnessed, 0.99),

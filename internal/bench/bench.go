@@ -1,0 +1,351 @@
+// Package bench is the harness of `dispenser bench`: it measures, in one
+// run with one load generator, a baseline responder, the segment endpoint
+// and the snowflake endpoint, and reports requests/s, IDs/s, latency
+// percentiles and each endpoint's ratio to the baseline.
+//
+// The parts:
+//
+//   - the load generator (load.go) keeps a fixed number of requests in
+//     flight and checks every reply. It runs in a child process, the
+//     program started again from os.Executable() with its hidden
+//     LoadCommand, so that it shares no runtime with the service it loads;
+//   - the measurement: a latency histogram (latency.go), the local
+//     set-up (local.go: an embedded nats-server, the baseline responder and
+//     the service under test, which the program supplies through Local),
+//     idle memory, start-up time and segment fetch latency (fetch.go);
+//   - the report (report.go): tables or JSON, targets, progress lines.
+//
+// The program (cmd/dispenser) parses the flags into a Config and calls
+// Run; its LoadCommand parses a load child's flags (LoadConfig.AddFlags)
+// and calls ServeLoad.
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// ErrFailed means a run saw error replies, lost requests or duplicate IDs.
+var ErrFailed = errors.New("bench failed")
+
+// Modes are the measurements Config.Modes selects from, in the order they
+// run: pipelined, sequential, batch and step are load runs; fetch, memory
+// and startup need the local set-up.
+var Modes = []string{"pipelined", "sequential", "batch", "step", "fetch", "memory", "startup"}
+
+// Config describes one bench. The program's flags fill it; the names in
+// brackets are those of `dispenser bench`.
+type Config struct {
+	// URL names a running deployment to load, starting nothing
+	// (--nats-url); empty starts the local set-up in this process.
+	URL string
+	// NATSOptions are the options of the connections to URL: credentials
+	// and TLS.
+	NATSOptions []nats.Option
+	// ChildArgs are flags that every load child's command line gets
+	// besides its own: those that give the child the same NATSOptions.
+	ChildArgs []string
+	// Prefix is the subject prefix of the deployment (--prefix).
+	Prefix string
+	// Tag is the segment tag to load (--tag); with URL it must exist.
+	Tag string
+	// PostgresURL is the segment store of the local service under test
+	// (--postgres-url); empty: a JetStream KV bucket.
+	PostgresURL string
+	// Warmup and Duration are the time per endpoint and run, not measured
+	// and measured.
+	Warmup, Duration time.Duration
+	// Inflight is the number of requests in flight in the pipelined, batch
+	// and step runs.
+	Inflight int
+	// Batch is the number of IDs per request of the batch runs, Formats
+	// their Id-Formats ("range", "list").
+	Batch   int
+	Formats []string
+	// Modes are the measurements to make, out of Modes.
+	Modes map[string]bool
+	// MemoryTags is the number of warm tags of the idle worker whose
+	// memory is measured.
+	MemoryTags int
+	// JSON prints the report as JSON instead of tables.
+	JSON bool
+	// Smoke checks every ID for duplicates across runs and lets requests
+	// wait for segments; the caller also shortens the runs.
+	Smoke bool
+	// CPUProfile, if not empty, is the file of a CPU profile of this
+	// process during the runs.
+	CPUProfile string
+	// SyncAlways makes the embedded nats-server write every JetStream
+	// message to disk before acknowledging it, as `dispenser serve`'s does.
+	SyncAlways bool
+	// Local supplies the service under test of the local set-up.
+	Local Local
+}
+
+// Run runs the bench that c describes, writing the report to stdout and
+// progress to stderr. It returns an error wrapping ErrFailed if a run saw
+// errors, lost requests or duplicate IDs.
+func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
+	rep := &Report{
+		Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, CPUs: runtime.NumCPU(),
+		Local: c.URL == "", Warmup: c.Warmup.String(), Duration: c.Duration.String(),
+		Inflight: c.Inflight, Smoke: c.Smoke, StartedAt: time.Now().UTC().Truncate(time.Second),
+	}
+	p := &progress{w: stderr, tty: isTerminal(stderr)}
+	// Errors only: the service under test logs every closed connection as
+	// a warning when it stops.
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+
+	url, prefix := c.URL, c.Prefix
+	var e *env
+	if rep.Local {
+		p.note("starting nats-server, baseline responder and service under test")
+		// A smoke run checks correctness, on machines as slow as CI with
+		// the race detector: requests wait for segments instead of
+		// failing with 503 after the default 100ms.
+		var maxWait time.Duration
+		if c.Smoke {
+			maxWait = 5 * time.Second
+		}
+		e, err = startEnv(ctx, c.Local, c.Tag, c.PostgresURL, maxWait, c.SyncAlways, log)
+		if err != nil {
+			return fmt.Errorf("local set-up: %w", err)
+		}
+		defer func() {
+			if cerr := e.Close(); err == nil && cerr != nil {
+				err = fmt.Errorf("stopping the local set-up: %w", cerr)
+			}
+		}()
+		url, prefix, rep.Store = e.url, "id", e.store
+		rep.Sync = "always"
+		if !c.SyncAlways {
+			rep.Sync = "interval"
+		}
+	} else {
+		rep.NATSURL = c.URL
+		var skipped []string
+		for _, m := range []string{"step", "fetch", "memory", "startup"} {
+			if c.Modes[m] {
+				skipped = append(skipped, m)
+			}
+		}
+		if len(skipped) > 0 {
+			rep.Notes = append(rep.Notes, strings.Join(skipped, ", ")+": left out, they need the local set-up (no --nats-url)")
+		}
+	}
+
+	eps, err := endpoints(ctx, c, url, prefix, rep)
+	if err != nil {
+		return err
+	}
+	groups := plan(c, eps, prefix)
+
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("CPU profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("CPU profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	for i, g := range groups {
+		lc := LoadConfig{
+			URL: url, ChildArgs: c.ChildArgs, Inflight: g.inflight, Batch: g.batch, Format: g.format,
+			Warmup: c.Warmup, Duration: c.Duration, Slice: slice, Drain: 2 * time.Second, Verify: c.Smoke,
+		}
+		for _, r := range g.runs {
+			lc.Subjects = append(lc.Subjects, r.Subject)
+		}
+		p.start(fmt.Sprintf("[%d/%d] %s", i+1, len(groups), g.label), g.runs)
+		before := e.segmentStats()
+		res, err := runLoadChild(ctx, lc, p)
+		if err != nil {
+			return fmt.Errorf("%s: %w", g.label, err)
+		}
+		after := e.segmentStats()
+		for j, r := range g.runs {
+			r.LoadResult = *res[j]
+			if tag, ok := strings.CutPrefix(r.Subject, prefix+".segment."); ok && after != nil {
+				a, b := after[tag], before[tag]
+				fetches, waits := a.Fetches-b.Fetches, a.Waits-b.Waits
+				r.Fetches, r.Waits = &fetches, &waits
+			}
+		}
+		p.done()
+		rep.Runs = append(rep.Runs, g.runs...)
+	}
+	if e != nil && c.Modes["fetch"] {
+		if c.PostgresURL == "" {
+			rep.Notes = append(rep.Notes, "fetch: left out, it times PostgreSQL fetches with and without the witness (needs --postgres-url)")
+		} else {
+			p.note("fetch: segment fetches from PostgreSQL, alone and through the witness")
+			if rep.Fetch, err = e.measureFetch(ctx, c.PostgresURL, 300); err != nil {
+				return fmt.Errorf("fetch: %w", err)
+			}
+		}
+	}
+	if e != nil && c.Modes["memory"] {
+		p.note(fmt.Sprintf("memory: an idle worker with %d warm tags", c.MemoryTags))
+		if rep.Memory, err = e.measureMemory(ctx, c.MemoryTags); err != nil {
+			return fmt.Errorf("memory: %w", err)
+		}
+	}
+	if e != nil && c.Modes["startup"] {
+		p.note("start-up: dispenser serve in zero-setup mode")
+		if rep.Startup, err = measureStartup(ctx, filepath.Join(e.dir, "startup")); err != nil {
+			return fmt.Errorf("start-up: %w", err)
+		}
+	}
+	p.clear()
+
+	rep.finish()
+	if c.JSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return fmt.Errorf("writing the report: %w", err)
+		}
+	} else if err := rep.Print(stdout); err != nil {
+		return fmt.Errorf("writing the report: %w", err)
+	}
+	if rep.Errors > 0 || rep.Lost > 0 || rep.Dups > 0 {
+		return fmt.Errorf("%w: %d errors, %d lost requests, %d duplicate IDs", ErrFailed, rep.Errors, rep.Lost, rep.Dups)
+	}
+	return nil
+}
+
+// endpoint is an endpoint to load.
+type endpoint struct {
+	name    string // baseline, segment, snowflake
+	subject string
+}
+
+// endpoints returns the endpoints to load: the baseline when local, the
+// segment tag, and the snowflake endpoint if it answers.
+func endpoints(ctx context.Context, c Config, url, prefix string, rep *Report) ([]endpoint, error) {
+	var eps []endpoint
+	if rep.Local {
+		eps = append(eps, endpoint{"baseline", baselineSubject})
+	}
+	nc, err := nats.Connect(url, append(slices.Clip(c.NATSOptions), nats.Name("dispenser-bench"))...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", url, err)
+	}
+	defer nc.Close()
+	seg := prefix + ".segment." + c.Tag
+	if _, err := requestID(ctx, nc, seg, 5*time.Second); err != nil {
+		return nil, fmt.Errorf("segment tag %s: %w (create it with: dispenser tags create %s --step 1000000)", c.Tag, err, c.Tag)
+	}
+	eps = append(eps, endpoint{"segment", seg})
+	sf := prefix + ".snowflake"
+	if _, err := requestID(ctx, nc, sf, 2*time.Second); err != nil {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("snowflake left out: %s: %v", sf, err))
+	} else {
+		eps = append(eps, endpoint{"snowflake", sf})
+	}
+	return eps, nil
+}
+
+// slice is how long the load generator loads one endpoint before it turns
+// to the next of its run.
+const slice = 250 * time.Millisecond
+
+// group is a load run of one mode: its endpoints are loaded in turn by one
+// load generator.
+type group struct {
+	label           string
+	inflight, batch int
+	format          string
+	runs            []*Result // one per endpoint
+}
+
+// plan lists the load runs of c's modes.
+func plan(c Config, eps []endpoint, prefix string) []*group {
+	var groups []*group
+	add := func(mode, label string, inflight, batch int, format string, eps []endpoint) {
+		g := &group{label: label, inflight: inflight, batch: batch, format: format}
+		for _, ep := range eps {
+			g.runs = append(g.runs, &Result{Mode: mode, Endpoint: ep.name, Label: label, space: ep.subject,
+				LoadResult: LoadResult{Subject: ep.subject, Inflight: inflight, Batch: batch, Format: format}})
+		}
+		groups = append(groups, g)
+	}
+	if c.Modes["pipelined"] {
+		add("pipelined", fmt.Sprintf("%d in flight, 1 ID", c.Inflight), c.Inflight, 1, "list", eps)
+	}
+	if c.Modes["sequential"] {
+		add("sequential", "1 in flight, 1 ID", 1, 1, "list", eps)
+	}
+	if c.Modes["batch"] {
+		for _, f := range c.Formats {
+			add("batch_"+f, fmt.Sprintf("%d in flight, %d IDs, %s", c.Inflight, c.Batch, f), c.Inflight, c.Batch, f, eps)
+		}
+	}
+	if c.Modes["step"] && c.URL == "" {
+		steps := []endpoint{{"step 100", prefix + ".segment." + tagStep100}, {"step 1,000,000", prefix + ".segment." + tagStep1M}}
+		for _, inflight := range []int{1, c.Inflight} {
+			add("step", fmt.Sprintf("segment switches, %d in flight", inflight), inflight, 1, "list", steps)
+		}
+	}
+	return groups
+}
+
+// runLoadChild runs one load run in a child process, showing its progress,
+// and returns a result per subject.
+func runLoadChild(ctx context.Context, lc LoadConfig, p *progress) ([]*LoadResult, error) {
+	cmd, err := childCommand(ctx, lc.args()...)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	errPipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, fmt.Errorf("load generator: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the load generator: %w", err)
+	}
+	var other tailBuffer // stderr lines that are not progress
+	sc := bufio.NewScanner(errPipe)
+	for sc.Scan() {
+		line := sc.Text()
+		if !p.update(line) {
+			fmt.Fprintln(&other, line)
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		return nil, fmt.Errorf("load generator: %w: %s", err, strings.TrimSpace(other.String()))
+	}
+	var rs []*LoadResult
+	if err := json.Unmarshal(out.Bytes(), &rs); err != nil {
+		return nil, fmt.Errorf("load generator's result %q: %w", truncateBytes(out.Bytes()), err)
+	}
+	if len(rs) != len(lc.Subjects) {
+		return nil, fmt.Errorf("load generator returned %d results for %d subjects", len(rs), len(lc.Subjects))
+	}
+	for i, r := range rs {
+		if r.Subject != lc.Subjects[i] {
+			return nil, fmt.Errorf("load generator's result %d is for %s, want %s", i, r.Subject, lc.Subjects[i])
+		}
+	}
+	return rs, nil
+}

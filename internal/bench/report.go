@@ -1,0 +1,306 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Result is one endpoint's load run of the report.
+type Result struct {
+	Mode     string `json:"mode"`     // pipelined, sequential, batch_range, batch_list, step
+	Endpoint string `json:"endpoint"` // baseline, segment, snowflake
+	Label    string `json:"label"`
+	space    string // ID space, for duplicates across runs
+	LoadResult
+	// VsBaseline is the requests/s over the baseline's in the same mode.
+	VsBaseline float64 `json:"vs_baseline,omitempty"`
+	// For a segment tag of the local service: the store fetches during the
+	// run and the requests that found both buffers empty and waited.
+	Fetches *int64 `json:"fetches,omitempty"`
+	Waits   *int64 `json:"waits,omitempty"`
+}
+
+// StepResult compares the p999 of a tag fetching every 100 IDs with one
+// fetching every 1,000,000.
+type StepResult struct {
+	Inflight      int     `json:"inflight"`
+	P999Step100US float64 `json:"p999_step100_us"`
+	P999Step1MUS  float64 `json:"p999_step1m_us"`
+	Ratio         float64 `json:"ratio"`
+}
+
+// Target is one performance target, checked against the runs.
+type Target struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	OK   bool   `json:"ok"`
+}
+
+// Report is the whole result; Config.JSON prints it as JSON.
+type Report struct {
+	Go      string `json:"go"`
+	OS      string `json:"os"`
+	CPUs    int    `json:"cpus"`
+	NATSURL string `json:"nats_url,omitempty"` // only for Config.URL
+	Local   bool   `json:"local"`
+	Store   string `json:"store,omitempty"`
+	// Sync is the embedded nats-server's JetStream sync: "always" or
+	// "interval" (local runs only).
+	Sync      string         `json:"jetstream_sync,omitempty"`
+	Warmup    string         `json:"warmup"`
+	Duration  string         `json:"duration"`
+	Inflight  int            `json:"inflight"`
+	Runs      []*Result      `json:"runs"`
+	Step      []StepResult   `json:"step,omitempty"`
+	Fetch     *FetchResult   `json:"fetch,omitempty"`
+	Memory    *MemoryResult  `json:"memory,omitempty"`
+	Startup   *StartupResult `json:"startup,omitempty"`
+	Targets   []Target       `json:"targets,omitempty"`
+	Notes     []string       `json:"notes,omitempty"`
+	Errors    uint64         `json:"errors"`
+	Lost      uint64         `json:"lost"`
+	Dups      uint64         `json:"duplicates"`
+	Checked   uint64         `json:"checked_ids"`
+	Smoke     bool           `json:"smoke"`
+	StartedAt time.Time      `json:"started_at"`
+}
+
+// finish computes the ratios, the step comparison, the duplicates across
+// runs, the totals and the targets.
+func (rep *Report) finish() {
+	base := map[string]*Result{}
+	for _, r := range rep.Runs {
+		if r.Endpoint == "baseline" {
+			base[r.Mode] = r
+		}
+	}
+	for _, r := range rep.Runs {
+		if b := base[r.Mode]; b != nil && b.RPS > 0 {
+			r.VsBaseline = round(r.RPS/b.RPS, 3)
+		}
+		rep.Errors += r.Errors
+		rep.Lost += r.Lost
+		rep.Dups += r.Duplicates
+		rep.Checked += r.Checked
+	}
+	// Duplicates across runs of one ID space.
+	spaces := map[string][]segmentRun{}
+	for _, r := range rep.Runs {
+		for _, x := range r.Runs {
+			spaces[r.space] = append(spaces[r.space], segmentRun{x[0], x[1]})
+		}
+		r.Runs = nil
+	}
+	for _, runs := range spaces {
+		_, dups := mergeRuns(runs) // each run's runs are disjoint already
+		rep.Dups += dups
+	}
+
+	find := func(mode, endpoint string) *Result {
+		for _, r := range rep.Runs {
+			if r.Mode == mode && r.Endpoint == endpoint {
+				return r
+			}
+		}
+		return nil
+	}
+	for _, r := range rep.Runs {
+		if r.Mode != "step" || !strings.HasSuffix(r.Subject, "."+tagStep100) {
+			continue
+		}
+		for _, o := range rep.Runs {
+			if o.Mode == "step" && o.Inflight == r.Inflight && strings.HasSuffix(o.Subject, "."+tagStep1M) && o.Latency.P999 > 0 {
+				rep.Step = append(rep.Step, StepResult{Inflight: r.Inflight, P999Step100US: r.Latency.P999, P999Step1MUS: o.Latency.P999,
+					Ratio: round(r.Latency.P999/o.Latency.P999, 3)})
+			}
+		}
+	}
+
+	add := func(name, want, got string, ok bool) {
+		rep.Targets = append(rep.Targets, Target{name, want, got, ok})
+	}
+	for _, ep := range []string{"segment", "snowflake"} {
+		if r := find("pipelined", ep); r != nil && r.VsBaseline > 0 {
+			add(ep+", "+r.Label+": requests/s", "≥ 0.9× baseline", fmt.Sprintf("%.3f×", r.VsBaseline), r.VsBaseline >= 0.9)
+		}
+	}
+	b := base["sequential"]
+	for _, ep := range []string{"segment", "snowflake"} {
+		r := find("sequential", ep)
+		if r == nil {
+			continue
+		}
+		if b != nil {
+			d := r.Latency.P50 - b.Latency.P50
+			add(ep+", 1 in flight: p50", "≤ baseline + 20µs", fmt.Sprintf("%+.1fµs", d), d <= 20)
+		}
+		add(ep+", 1 in flight: p999", "< 1ms", fmtLatency(r.Latency.P999), r.Latency.P999 < 1000)
+	}
+	for _, st := range rep.Step {
+		add(fmt.Sprintf("step 100 vs 1,000,000, %d in flight: p999 ratio", st.Inflight), "≤ 1.5", fmt.Sprintf("%.2f", st.Ratio), st.Ratio <= 1.5)
+	}
+	if r := find("batch_range", "segment"); r != nil && r.VsBaseline > 0 {
+		add("segment, "+r.Label+": requests/s", "≥ 0.8× baseline", fmt.Sprintf("%.3f×", r.VsBaseline), r.VsBaseline >= 0.8)
+	}
+	if r := find("batch_list", "segment"); r != nil {
+		add("segment, "+r.Label+": IDs/s", "≥ 20,000,000", fmtCount(r.IDsPerSec), r.IDsPerSec >= 20e6)
+	}
+	if m := rep.Memory; m != nil {
+		add(fmt.Sprintf("idle worker, %d warm tags: RSS", m.Tags), "< 64 MB", fmtMB(m.RSSBytes), m.RSSBytes < 64<<20)
+	}
+	if s := rep.Startup; s != nil {
+		add("zero-setup start-up to serving", "< 1s", fmt.Sprintf("%.0fms", s.ServingMS), s.ServingMS < 1000)
+	}
+}
+
+// Print writes the report as tables.
+func (rep *Report) Print(w io.Writer) error {
+	var b bytes.Buffer
+	rep.print(&b)
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
+// print writes the report as tables to b.
+func (rep *Report) print(w *bytes.Buffer) {
+	where := "local: embedded nats-server (JetStream sync " + rep.Sync + "), baseline responder and service in one process, store " + rep.Store
+	if !rep.Local {
+		where = "deployment " + rep.NATSURL
+	}
+	fmt.Fprintf(w, "dispenser bench: %s %s, %d CPUs; %s; load from a child process; warm-up %s, %s per endpoint and run\n\n",
+		rep.Go, rep.OS, rep.CPUs, where, rep.Warmup, rep.Duration)
+	rows := [][]string{{"run", "endpoint", "req/s", "IDs/s", "p50", "p99", "p999", "max", "vs base"}}
+	prev := ""
+	for _, r := range rep.Runs {
+		label := r.Label
+		if label == prev {
+			label = ""
+		}
+		prev = r.Label
+		ratio := "-"
+		if r.VsBaseline > 0 {
+			ratio = fmt.Sprintf("%.2f×", r.VsBaseline)
+		}
+		rows = append(rows, []string{label, r.Endpoint, fmtCount(r.RPS), fmtCount(r.IDsPerSec),
+			fmtLatency(r.Latency.P50), fmtLatency(r.Latency.P99), fmtLatency(r.Latency.P999), fmtLatency(r.Latency.Max), ratio})
+	}
+	if len(rep.Runs) > 0 {
+		writeTable(w, rows, 2)
+	}
+
+	var lines []string
+	for _, r := range rep.Runs {
+		if r.Fetches != nil && *r.Fetches > 0 {
+			lines = append(lines, fmt.Sprintf("%s, %s: %d store fetches, %d requests found both buffers empty and waited", r.Label, r.Endpoint, *r.Fetches, *r.Waits))
+		}
+	}
+	for _, s := range rep.Step {
+		lines = append(lines, fmt.Sprintf("segment switches, %d in flight: p999 with step 100 %s, with step 1,000,000 %s: ratio %.2f",
+			s.Inflight, fmtLatency(s.P999Step100US), fmtLatency(s.P999Step1MUS), s.Ratio))
+	}
+	if f := rep.Fetch; f != nil {
+		lines = append(lines, fmt.Sprintf("segment fetch latency (%d each, alternating): PostgreSQL alone p50 %s p99 %s; through the witness p50 %s p99 %s",
+			f.Fetches, fmtLatency(f.PlainP50US), fmtLatency(f.PlainP99US), fmtLatency(f.WitnessP50US), fmtLatency(f.WitnessP99US)))
+	}
+	if m := rep.Memory; m != nil {
+		lines = append(lines, fmt.Sprintf("idle worker (dispenser serve, %s store) with %d warm tags: RSS %s", m.Store, m.Tags, fmtMB(m.RSSBytes)))
+	}
+	if s := rep.Startup; s != nil {
+		lines = append(lines, fmt.Sprintf("zero-setup start-up (new data directory): serving after %.0fms, first segment ID after %.0fms, first snowflake ID after %.0fms; RSS with the embedded nats-server %s",
+			s.ServingMS, s.SegmentIDMS, s.SnowflakeIDMS, fmtMB(s.RSSBytes)))
+	}
+	for _, n := range rep.Notes {
+		lines = append(lines, "note: "+n)
+	}
+	if len(lines) > 0 {
+		fmt.Fprintf(w, "\n%s\n", strings.Join(lines, "\n"))
+	}
+	if len(rep.Targets) > 0 {
+		rows := [][]string{{"", "target", "want", "got"}}
+		for _, t := range rep.Targets {
+			mark := "ok"
+			if !t.OK {
+				mark = "MISS"
+			}
+			rows = append(rows, []string{mark, t.Name, t.Want, t.Got})
+		}
+		fmt.Fprintln(w)
+		writeTable(w, rows, 4)
+	}
+	fmt.Fprintf(w, "\nerrors %d, lost %d, duplicates %d", rep.Errors, rep.Lost, rep.Dups)
+	if rep.Checked > 0 {
+		fmt.Fprintf(w, " (%s IDs checked)", fmtCount(float64(rep.Checked)))
+	}
+	fmt.Fprintln(w)
+}
+
+// writeTable writes rows in columns padded by characters, not bytes; the
+// first left columns are aligned left, the others right.
+func writeTable(w *bytes.Buffer, rows [][]string, left int) {
+	var width []int
+	for _, row := range rows {
+		for i, c := range row {
+			if i == len(width) {
+				width = append(width, 0)
+			}
+			width[i] = max(width[i], utf8.RuneCountInString(c))
+		}
+	}
+	for _, row := range rows {
+		var b strings.Builder
+		for i, c := range row {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(c))
+			if i > 0 {
+				b.WriteString("  ")
+			}
+			if i < left {
+				b.WriteString(c + pad)
+			} else {
+				b.WriteString(pad + c)
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+}
+
+// fmtCount formats a count with thousands separators.
+func fmtCount(v float64) string {
+	s := strconv.FormatInt(int64(v+0.5), 10)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// fmtLatency formats µs.
+func fmtLatency(us float64) string {
+	switch {
+	case us < 10:
+		return fmt.Sprintf("%.1fµs", us)
+	case us < 1000:
+		return fmt.Sprintf("%.0fµs", us)
+	case us < 10_000:
+		return fmt.Sprintf("%.2fms", us/1000)
+	}
+	return fmt.Sprintf("%.1fms", us/1000)
+}
+
+func fmtMB(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/(1<<20)) }
+
+func round(v float64, digits int) float64 {
+	p := 1.0
+	for range digits {
+		p *= 10
+	}
+	return float64(int64(v*p+0.5)) / p
+}
