@@ -12,12 +12,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
@@ -83,6 +85,14 @@ type Config struct {
 	// series of their own; all others are counted together (tag ""), so
 	// that a scrape stays small whatever the number of tags.
 	MetricsTags []string
+	// Owners, if set, serves ordered tags: only a tag's owner serves it,
+	// other workers forward its requests to the owner. Without it, requests
+	// for ordered tags get 503.
+	Owners Owners
+	// OwnerSubject is where this worker takes forwarded requests
+	// (OwnerSubject.<tag>); it must be the subject its Owners records.
+	// Required with Owners.
+	OwnerSubject string
 	// ReadyTimeout is how long New waits for the allocator's tag list
 	// before it serves without the segment endpoint, which it then adds
 	// once the list has loaded: a worker that cannot reach its store must
@@ -105,8 +115,12 @@ type Service struct {
 	segScratch scratch // the segment handler's
 	sfScratch  scratch // the snowflake handler's
 	group      micro.Group
-	bg         sync.WaitGroup // adds the segment endpoint late
-	done       chan struct{}  // closed by Stop
+	bg         sync.WaitGroup     // adds the segment endpoint late
+	done       chan struct{}      // closed by Stop
+	fwdSub     *nats.Subscription // OwnerSubject.*; nil without Owners
+	forwarded  atomic.Uint64      // requests forwarded to an owner
+	// orderedWait bounds the search for an ordered tag's owner.
+	orderedWait time.Duration
 
 	mu      sync.Mutex // protects stopped and adding endpoints
 	stopped bool
@@ -164,7 +178,13 @@ func New(cfg Config) (*Service, error) {
 	if limit := cfg.Conn.MaxPayload() / 20; cfg.MaxBatch < 1 || int64(cfg.MaxBatch) > limit || cfg.MaxBatch > 1e9 {
 		return nil, fmt.Errorf("dispenser: MaxBatch %d: want 1..%d (the server's max payload / 20 bytes)", cfg.MaxBatch, limit)
 	}
-	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions()}
+	if cfg.Owners != nil && (cfg.OwnerSubject == "" || !validSubjectPrefix(cfg.OwnerSubject)) {
+		return nil, fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
+	}
+	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), orderedWait: orderedWait}
+	if cfg.Segments != nil {
+		s.orderedWait = max(cfg.Segments.MaxWait(), orderedWait)
+	}
 	s.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
 	m, err := newMetrics(cfg.Registerer, s)
 	if err != nil {
@@ -211,6 +231,9 @@ func New(cfg Config) (*Service, error) {
 					"description": "body a snowflake ID; replies JSON with time, worker and sequence",
 				}))
 		}
+	}
+	if err == nil && cfg.Owners != nil && cfg.Segments != nil {
+		s.fwdSub, err = cfg.Conn.Subscribe(cfg.OwnerSubject+".*", s.handleForwarded)
 	}
 	if err != nil {
 		s.stop()
@@ -309,6 +332,11 @@ func (s *Service) stop() error {
 	}
 	s.mu.Unlock()
 	s.bg.Wait()
+	if s.fwdSub != nil {
+		if err := s.fwdSub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			s.cfg.Logger.Warn("dispenser: draining forwarded requests", "err", err)
+		}
+	}
 	return s.svc.Stop()
 }
 
@@ -325,7 +353,14 @@ func (s *Service) stats(e *micro.Endpoint) any {
 			slices.SortFunc(tags, func(x, y segment.TagStats) int { return y.LastFetch.Compare(x.LastFetch) })
 			tags, shown = tags[:StatsTags], StatsTags
 		}
-		return map[string]any{"totals": s.cfg.Segments.Totals(), "shown": shown, "tags": tags}
+		m := map[string]any{"totals": s.cfg.Segments.Totals(), "shown": shown, "tags": tags}
+		if s.cfg.Owners != nil {
+			m["ordered"] = struct {
+				ownership.Stats
+				Forwarded uint64 `json:"forwarded"`
+			}{s.cfg.Owners.Stats(), s.forwarded.Load()}
+		}
+		return m
 	case "snowflake":
 		return s.cfg.Snowflake.Stats()
 	}
@@ -415,6 +450,12 @@ func (s *Service) classify(err error) (code, desc string) {
 		return CodeGone, err.Error()
 	case errors.Is(err, segment.ErrClosed):
 		return CodeUnavailable, segment.ErrClosed.Error()
+	case errors.Is(err, ErrOwnershipMoving):
+		return CodeUnavailable, err.Error() + "; try again"
+	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
+		return CodeUnavailable, ErrOwnershipMoving.Error() + "; try again"
+	case errors.Is(err, segment.ErrOrdered):
+		return CodeUnavailable, err.Error() + ": this worker serves no ordered tags"
 	case errors.Is(err, segment.ErrUnavailable):
 		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
 		return CodeUnavailable, segment.ErrUnavailable.Error() + " (store slow or unreachable); try again"
@@ -475,10 +516,12 @@ func (s *Service) handleSegment(req micro.Request) {
 	var arr [2]segment.Run
 	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
 	switch {
+	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
+		s.takeOrdered(r, tag, n, format)
 	case err != nil:
 		r.fail(err)
 	case pending != nil:
-		s.park(r, pending, format, n)
+		s.park(r, pending, format, n, false)
 	default:
 		s.reply(r, format, runs, n)
 	}
@@ -486,12 +529,25 @@ func (s *Service) handleSegment(req micro.Request) {
 
 // park answers a request that waits for a segment from a goroutine of its
 // own, so that the handler goes on with other requests (and other tags).
-func (s *Service) park(r replier, p *segment.Pending, format Format, n int) {
+// owned says the request was admitted as the owner of an ordered tag.
+func (s *Service) park(r replier, p *segment.Pending, format Format, n int, owned bool) {
 	r.inline = false
 	s.parked.Add(1)
 	go func() {
 		defer s.parked.Done()
 		runs, err := p.Wait(context.Background())
+		if s.cfg.Owners != nil && (errors.Is(err, segment.ErrOrdered) || owned && err == nil && !s.cfg.Owners.Owns(r.tag)) {
+			// Known to be ordered only now, the owner's buffers were
+			// reset, or this worker stopped owning the tag while the
+			// request waited (its IDs may come from a segment fetched
+			// since: they are skipped). Route it again from here.
+			if s.cfg.Owners.Owns(r.tag) {
+				s.takeOwned(r, r.tag, n, format)
+			} else {
+				s.routeOrdered(r, r.tag, n, format, r.req.Data(), nats.Header(r.req.Headers()))
+			}
+			return
+		}
 		if err != nil {
 			r.fail(err)
 			return

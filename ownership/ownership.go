@@ -204,7 +204,42 @@ func start(kv jetstream.KeyValue, s Settings) *Leases {
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	go l.run()
+	go l.watch()
 	return l
+}
+
+// watch keeps the route cache current with every change of the bucket, so
+// that a release or a takeover redirects this worker's requests at once.
+func (l *Leases) watch() {
+	for l.ctx.Err() == nil {
+		w, err := l.kv.WatchAll(l.ctx, jetstream.UpdatesOnly())
+		if err != nil {
+			select {
+			case <-l.ctx.Done():
+				return
+			case <-time.After(time.Second):
+				continue
+			}
+		}
+		for e := range w.Updates() {
+			if e == nil {
+				continue
+			}
+			var r record
+			if e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &r) != nil {
+				l.Forget(e.Key())
+				continue
+			}
+			l.remember(e.Key(), r)
+			l.mu.Lock()
+			h := l.owned[e.Key()]
+			l.mu.Unlock()
+			if h != nil && r.Session != l.session {
+				l.lose(e.Key(), h, "its key was rewritten by another worker")
+			}
+		}
+		w.Stop()
+	}
 }
 
 func (l *Leases) mono() time.Duration {
@@ -238,6 +273,7 @@ func (l *Leases) Route(ctx context.Context, tag string) (Route, error) {
 	}
 	l.mu.Lock()
 	rec, ok := l.routes[tag]
+	ok = ok && !l.closed // closed: the watcher no longer keeps the cache
 	l.mu.Unlock()
 	if !ok {
 		e, err := latest(ctx, l.kv, tag)

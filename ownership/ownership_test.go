@@ -3,6 +3,7 @@ package ownership
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -86,7 +87,10 @@ func TestClaimAndRoute(t *testing.T) {
 	if r, err := b.Route(context.Background(), "orders"); err != nil || r.Subject != "owner.a" {
 		t.Fatalf("b's route: %+v, %v; want owner.a", r, err)
 	}
-	if got := a.acquired; len(got) != 1 || got[0] != "orders" {
+	a.mu.Lock()
+	got := slices.Clone(a.acquired)
+	a.mu.Unlock()
+	if len(got) != 1 || got[0] != "orders" {
 		t.Errorf("a's OnAcquire calls %v, want [orders]", got)
 	}
 }
@@ -123,9 +127,12 @@ func TestTakeoverOnlyAfterFencing(t *testing.T) {
 	if got := b.Stats().Handovers; got != 1 {
 		t.Errorf("handovers = %d, want 1", got)
 	}
-	a.renew("orders")
-	if a.Owns("orders") || len(a.lost) != 1 {
-		t.Fatalf("a after b's takeover: owns %v, lost %v; want false, [orders]", a.Owns("orders"), a.lost)
+	a.renew("orders") // if the watcher has not told it already
+	a.mu.Lock()
+	lost := slices.Clone(a.lost)
+	a.mu.Unlock()
+	if a.Owns("orders") || len(lost) != 1 {
+		t.Fatalf("a after b's takeover: owns %v, lost %v; want false, [orders]", a.Owns("orders"), lost)
 	}
 }
 

@@ -293,6 +293,9 @@ func (a *Allocator) Reset(tag string) {
 	b.mu.Unlock()
 }
 
+// MaxWait returns how long a request waits for a segment at most.
+func (a *Allocator) MaxWait() time.Duration { return a.maxWait }
+
 // Ordered reports whether tag is known to be ordered.
 func (a *Allocator) Ordered(tag string) bool {
 	b := a.tags.get(tag)
@@ -437,6 +440,11 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 			return dst, fmt.Errorf("%w %q", ErrUnknownTag, b.tag)
 		}
 		if b.dropped.Load() {
+			if owned {
+				// Reset (ownership changed) or released while we
+				// waited: the caller must check ownership again.
+				return dst, fmt.Errorf("%w %q: its buffers were reset", ErrOrdered, b.tag)
+			}
 			// Released as idle while we held it: serve the rest from
 			// the tag's new buffer.
 			return a.takeSlow(ctx, b.tag, n, dst, deadline, owned)

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
@@ -71,6 +72,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	witnessOn := fs.Bool("witness", true, "with --postgres-url: record every segment in a JetStream KV witness before serving it, so that a failover to a replica that missed writes (or a restored backup) never hands out IDs twice")
 	fs.StringVar(&c.WitnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks")
 	fs.IntVar(&c.WitnessReplicas, "witness-replicas", 1, "replicas of the witness bucket when it is created; an existing bucket with fewer is refused")
+	fs.StringVar(&c.OwnersBucket, "ordered-bucket", ownership.DefaultBucket, "JetStream KV bucket of the owners of ordered tags")
+	fs.IntVar(&c.OwnersReplicas, "ordered-replicas", 1, "replicas of that bucket when it is created; an existing bucket with fewer is refused")
+	fs.DurationVar(&c.OwnersLease, "ordered-lease", ownership.DefaultLease, "lease of an ordered tag's owner: one that could not renew for this long stops serving the tag, and another takes it over a lease later")
 	fs.BoolVar(&c.AutoCreateTags, "auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url and no --postgres-url)")
 	fs.Int64Var(&c.AutoCreateStep, "auto-create-step", 1000, "step of tags created on first use")
 	fs.BoolVar(&c.Snowflake, "snowflake", true, "serve snowflake IDs (needs JetStream for worker-ID leases)")
@@ -144,6 +148,10 @@ func (c serveConfig) validate() error {
 		return errors.New("--max-wait, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
 	case c.WitnessReplicas < 1 || c.WitnessReplicas > 5:
 		return fmt.Errorf("--witness-replicas %d: want 1..5", c.WitnessReplicas)
+	case c.OwnersReplicas < 1 || c.OwnersReplicas > 5:
+		return fmt.Errorf("--ordered-replicas %d: want 1..5", c.OwnersReplicas)
+	case c.OwnersLease < 10*time.Millisecond:
+		return fmt.Errorf("--ordered-lease %v: want at least 10ms", c.OwnersLease)
 	case c.SnowflakeSettings.Lease < 0 || c.SnowflakeSettings.Heartbeat < 0:
 		return errors.New("--snowflake-lease and --snowflake-heartbeat must not be negative")
 	case c.SnowflakeSettings.Lease > 0 && c.SnowflakeSettings.Heartbeat >= c.SnowflakeSettings.Lease:

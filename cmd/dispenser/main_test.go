@@ -303,7 +303,7 @@ func TestMetricsAndHealth(t *testing.T) {
 	done := make(chan error, 1)
 	var logs syncBuffer
 	go func() {
-		done <- run(ctx, []string{"--nats-url", ns.ClientURL(), "--postgres-url", url, "--metrics-addr", addr}, &logs, &logs)
+		done <- run(ctx, []string{"--nats-url", ns.ClientURL(), "--postgres-url", url, "--metrics-addr", addr, "--metrics-tags", "orders"}, &logs, &logs)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	nc := testenv.Connect(t, ns)

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
@@ -53,6 +55,9 @@ type serveConfig struct {
 	SegmentBucket   string
 	SegmentReplicas int
 	NoWitness       bool // --witness=false
+	OwnersBucket    string
+	OwnersReplicas  int
+	OwnersLease     time.Duration
 	WitnessBucket   string
 	WitnessReplicas int
 	AutoCreateTags  bool
@@ -86,6 +91,7 @@ type Server struct {
 	storeName string
 	leaseName string // snowflake lease bucket identity and epoch; "" without snowflake
 	alloc     *segment.Allocator
+	owners    *ownership.Leases
 	worker    *snowflake.Worker
 	svc       *dispenser.Service
 	http      *http.Server // metrics and health; nil without --metrics-addr
@@ -159,6 +165,16 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.alloc, err = segment.New(st); err != nil {
 		return err
 	}
+	ownerToken := strings.ToLower(rand.Text()[:16])
+	ownerSubject := cmp.Or(s.cfg.Prefix, "id") + ".owner." + ownerToken
+	s.owners, err = ownership.Open(ctx, js, ownership.Settings{
+		Bucket: s.cfg.OwnersBucket, Replicas: s.cfg.OwnersReplicas, Lease: s.cfg.OwnersLease,
+		Owner: s.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: s.log,
+		OnAcquire: s.alloc.Reset, OnLose: s.alloc.Reset,
+	})
+	if err != nil {
+		return err
+	}
 	var sf dispenser.Snowflake
 	if s.cfg.Snowflake {
 		sfs := s.cfg.SnowflakeSettings
@@ -177,13 +193,15 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 
 	cfg := dispenser.Config{
-		Conn:       s.nc,
-		Segments:   s.alloc,
-		Snowflake:  sf,
-		Prefix:     s.cfg.Prefix,
-		QueueGroup: s.cfg.QueueGroup,
-		MaxBatch:   s.cfg.MaxBatch,
-		Logger:     s.log,
+		Conn:         s.nc,
+		Segments:     s.alloc,
+		Owners:       s.owners,
+		OwnerSubject: ownerSubject,
+		Snowflake:    sf,
+		Prefix:       s.cfg.Prefix,
+		QueueGroup:   s.cfg.QueueGroup,
+		MaxBatch:     s.cfg.MaxBatch,
+		Logger:       s.log,
 	}
 	if reg != nil {
 		cfg.Registerer = reg
@@ -349,6 +367,11 @@ func (s *Server) Close() error {
 	var errs []error
 	if s.http != nil {
 		errs = append(errs, s.http.Shutdown(ctx))
+	}
+	if s.owners != nil {
+		// Hand ordered tags over at once: stop serving them, release the
+		// leases. Requests for them from here on go to the new owners.
+		s.owners.Close()
 	}
 	if s.svc != nil {
 		errs = append(errs, s.svc.Stop(ctx))

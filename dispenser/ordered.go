@@ -1,0 +1,176 @@
+package dispenser
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/ownership"
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// Owners says which worker owns an ordered tag; *ownership.Leases
+// implements it.
+type Owners interface {
+	// Owns reports whether this worker may serve tag now.
+	Owns(tag string) bool
+	// Route says where tag's requests go, from what this worker last saw.
+	Route(ctx context.Context, tag string) (ownership.Route, error)
+	// Claim makes this worker the owner if nobody holds a live lease.
+	Claim(ctx context.Context, tag string) (ownership.Route, error)
+	// Stats describes the ownership for micro stats and metrics.
+	Stats() ownership.Stats
+}
+
+// ForwardedHeader marks a request one worker forwarded to the owner of its
+// ordered tag; its value names the forwarding worker. A forwarded request is
+// never forwarded again.
+const ForwardedHeader = "Id-Forwarded"
+
+// ErrOwnershipMoving means no worker could be found to own an ordered tag
+// within the wait (the owner died, paused past its lease, or is handing the
+// tag over): try again.
+var ErrOwnershipMoving = errors.New("dispenser: ordered tag's owner is changing")
+
+// orderedWait bounds how long a request for an ordered tag looks for its
+// owner when the allocator says nothing else.
+const orderedWait = 2 * time.Second
+
+// takeOrdered serves a request for an ordered tag: from this worker if it
+// owns the tag, else by forwarding it to the owner (who answers the
+// requester directly), else by claiming the tag. It runs on the handler's
+// goroutine and parks anything that may wait.
+func (s *Service) takeOrdered(r replier, tag string, n int, format Format) {
+	if s.cfg.Owners.Owns(tag) {
+		s.takeOwned(r, tag, n, format)
+		return
+	}
+	if _, fwd := r.req.Headers()[ForwardedHeader]; fwd {
+		r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
+		return
+	}
+	data, hdr := r.req.Data(), nats.Header(r.req.Headers())
+	r.inline = false
+	s.parked.Add(1)
+	go func() {
+		defer s.parked.Done()
+		s.routeOrdered(r, tag, n, format, data, hdr)
+	}()
+}
+
+// takeOwned serves an ordered tag this worker owns.
+func (s *Service) takeOwned(r replier, tag string, n int, format Format) {
+	var arr [2]segment.Run
+	runs, pending, err := s.cfg.Segments.TakeOwned(tag, n, arr[:0])
+	switch {
+	case err != nil:
+		r.fail(err)
+	case pending != nil:
+		s.park(r, pending, format, n, true)
+	default:
+		s.reply(r, format, runs, n)
+	}
+}
+
+// routeOrdered finds the owner of tag, claiming it if it has none, until
+// the wait runs out. It runs on a goroutine of its own.
+func (s *Service) routeOrdered(r replier, tag string, n int, format Format, data []byte, hdr nats.Header) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.orderedWait)
+	defer cancel()
+	for {
+		rt, err := s.cfg.Owners.Route(ctx, tag)
+		if err == nil && !rt.Self && rt.Subject == "" {
+			rt, err = s.cfg.Owners.Claim(ctx, tag)
+		}
+		switch {
+		case err == nil && rt.Self:
+			s.takeOwned(r, tag, n, format)
+			return
+		case err == nil && rt.Subject != "":
+			s.forward(r, rt.Subject+"."+tag, data, hdr)
+			return
+		case err != nil:
+			s.cfg.Logger.Debug("dispenser: looking for the owner of an ordered tag", "tag", tag, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			r.fail(fmt.Errorf("%w: %q has no owner within %v", ErrOwnershipMoving, tag, s.orderedWait))
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// forward hands the request to the owner's subject, keeping its reply
+// subject: the owner answers the requester directly.
+func (s *Service) forward(r replier, subject string, data []byte, hdr nats.Header) {
+	msg := &nats.Msg{Subject: subject, Reply: r.req.Reply(), Data: data, Header: nats.Header{}}
+	for k, v := range hdr {
+		msg.Header[k] = v
+	}
+	msg.Header.Set(ForwardedHeader, s.id)
+	if err := s.cfg.Conn.PublishMsg(msg); err != nil {
+		r.fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+		return
+	}
+	s.forwarded.Add(1)
+}
+
+// handleForwarded serves requests other workers forwarded to this one as
+// the owner of their ordered tag, on <OwnerSubject>.<tag>.
+func (s *Service) handleForwarded(msg *nats.Msg) {
+	r := s.newReplier(forwardedRequest{msg}, "segment")
+	r.inline = false
+	tag := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
+	if !segment.ValidTag(tag) {
+		r.fail(fmt.Errorf("%w %q", ErrBadSubject, msg.Subject))
+		return
+	}
+	r.tag = tag
+	n, format, err := s.parse(r.req)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	if !s.cfg.Owners.Owns(tag) {
+		r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
+		return
+	}
+	s.takeOwned(r, tag, n, format)
+}
+
+// forwardedRequest is a forwarded *nats.Msg as a micro.Request, so that it is
+// answered like any other request.
+type forwardedRequest struct{ msg *nats.Msg }
+
+func (f forwardedRequest) Respond(data []byte, opts ...micro.RespondOpt) error {
+	m := &nats.Msg{Subject: f.msg.Reply, Data: data}
+	for _, o := range opts {
+		o(m)
+	}
+	return f.msg.RespondMsg(m)
+}
+
+func (f forwardedRequest) RespondJSON(any, ...micro.RespondOpt) error {
+	return errors.New("dispenser: forwarded requests answer IDs only")
+}
+
+func (f forwardedRequest) Error(code, description string, data []byte, opts ...micro.RespondOpt) error {
+	m := &nats.Msg{Subject: f.msg.Reply, Data: data, Header: nats.Header{}}
+	m.Header.Set(micro.ErrorHeader, description)
+	m.Header.Set(micro.ErrorCodeHeader, code)
+	for _, o := range opts {
+		o(m)
+	}
+	return f.msg.RespondMsg(m)
+}
+
+func (f forwardedRequest) Data() []byte           { return f.msg.Data }
+func (f forwardedRequest) Headers() micro.Headers { return micro.Headers(f.msg.Header) }
+func (f forwardedRequest) Subject() string        { return f.msg.Subject }
+func (f forwardedRequest) Reply() string          { return f.msg.Reply }
