@@ -50,6 +50,9 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 	if s.cfg.Snowflake != nil {
 		cs = append(cs, snowflakeCollector{s.cfg.Snowflake})
 	}
+	if s.cfg.Owners != nil {
+		cs = append(cs, ownersCollector{s})
+	}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -144,6 +147,32 @@ func (c segmentCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(segWaits, prometheus.CounterValue, float64(t.Waits), t.Tag)
 		ch <- prometheus.MustNewConstMetric(segTimeouts, prometheus.CounterValue, float64(t.WaitTimeouts), t.Tag)
 	}
+}
+
+var (
+	ordOwned     = prometheus.NewDesc("dispenser_ordered_owned_tags", "Ordered tags this worker owns.", nil, nil)
+	ordClaims    = prometheus.NewDesc("dispenser_ordered_claims_total", "Ordered tags this worker took ownership of.", nil, nil)
+	ordHandovers = prometheus.NewDesc("dispenser_ordered_handovers_total", "Claims that took an ordered tag over from another worker.", nil, nil)
+	ordLosses    = prometheus.NewDesc("dispenser_ordered_losses_total", "Ordered tags this worker lost to another (not released).", nil, nil)
+	ordForwarded = prometheus.NewDesc("dispenser_ordered_forwarded_total", "Requests forwarded to the owner of their ordered tag.", nil, nil)
+)
+
+// ownersCollector exports the ownership of ordered tags at scrape time.
+type ownersCollector struct{ s *Service }
+
+func (c ownersCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{ordOwned, ordClaims, ordHandovers, ordLosses, ordForwarded} {
+		ch <- d
+	}
+}
+
+func (c ownersCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.cfg.Owners.Stats()
+	ch <- prometheus.MustNewConstMetric(ordOwned, prometheus.GaugeValue, float64(len(st.Owned)))
+	ch <- prometheus.MustNewConstMetric(ordClaims, prometheus.CounterValue, float64(st.Claims))
+	ch <- prometheus.MustNewConstMetric(ordHandovers, prometheus.CounterValue, float64(st.Handovers))
+	ch <- prometheus.MustNewConstMetric(ordLosses, prometheus.CounterValue, float64(st.Losses))
+	ch <- prometheus.MustNewConstMetric(ordForwarded, prometheus.CounterValue, float64(c.s.forwarded.Load()))
 }
 
 func sfDesc(name, help string) *prometheus.Desc {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/ownership"
@@ -78,6 +79,7 @@ func TestCheckLinearizable(t *testing.T) {
 type orderedWorker struct {
 	*worker
 	owners *ownership.Leases
+	reg    *prometheus.Registry
 }
 
 func (st *stack) orderedWorker(tb testing.TB, name string) *orderedWorker {
@@ -99,12 +101,13 @@ func (st *stack) orderedWorker(tb testing.TB, name string) *orderedWorker {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	reg := prometheus.NewPedanticRegistry()
 	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(tb, st.ns), Segments: alloc, Logger: quiet,
-		Owners: owners, OwnerSubject: subject})
+		Owners: owners, OwnerSubject: subject, Registerer: reg})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w := &orderedWorker{worker: &worker{rec: rec, alloc: alloc, svc: svc}, owners: owners}
+	w := &orderedWorker{worker: &worker{rec: rec, alloc: alloc, svc: svc}, owners: owners, reg: reg}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -204,6 +207,22 @@ func TestOrderedTagIsLinearizable(t *testing.T) {
 	}
 	if owners != 1 {
 		t.Fatalf("%d workers own the ordered tag, want 1", owners)
+	}
+	var owned, forwarded float64
+	for _, w := range workers {
+		families, err := w.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, ok1 := metricValue(families, "dispenser_ordered_owned_tags", map[string]string{})
+		f, ok2 := metricValue(families, "dispenser_ordered_forwarded_total", map[string]string{})
+		if !ok1 || !ok2 {
+			t.Fatal("ownership metrics missing")
+		}
+		owned, forwarded = owned+o, forwarded+f
+	}
+	if owned != 1 || forwarded == 0 {
+		t.Errorf("metrics: %v tags owned, %v requests forwarded over all workers; want 1 and some", owned, forwarded)
 	}
 }
 
