@@ -1,6 +1,8 @@
 package chaos
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -267,15 +270,18 @@ func (c *chaos) terminate(p *proc) string {
 // sigstop freezes a worker for longer than its lease, then thaws it; the
 // worker must recover by itself.
 //
-// The effect to observe is a fenced episode: the requests that reached the
-// frozen worker wait in its socket, and on waking it finds its lease a
-// lease old and refuses them until a heartbeat renews it.
+// The effect to observe: the worker's lease expired in the bucket while it
+// was frozen, and on waking the worker either refused requests until a
+// heartbeat renewed it (a fenced episode: the requests that reached it
+// wait in its socket) or renewed it before it issued again; which of the
+// two comes first on waking is a race between its goroutines.
 func (c *chaos) sigstop(name string) {
 	p := c.slots[c.pick()]
 	before := c.stats(p)
 	w := c.log.begin(name)
 	p.signal(c.t, syscall.SIGSTOP)
 	c.pause(chaosLease+500*time.Millisecond, chaosLease+1500*time.Millisecond)
+	lease, leaseErr := c.lease(before.Snowflake.WorkerID)
 	p.signal(c.t, syscall.SIGCONT)
 	var after *workerStats
 	err := waitFor(20*time.Second, func() error {
@@ -293,11 +299,47 @@ func (c *chaos) sigstop(name string) {
 	if err != nil {
 		c.t.Errorf("worker %v did not recover within 20s of SIGCONT: %v", p, err)
 	}
-	if after != nil && after.Snowflake.FencedEpisodes > before.Snowflake.FencedEpisodes {
-		c.log.observed(w, "%v fenced (episodes %d -> %d), then renewed its lease", p,
-			before.Snowflake.FencedEpisodes, after.Snowflake.FencedEpisodes)
+	expired := leaseErr == nil && !lease.Released && time.Now().After(lease.Expires)
+	switch {
+	case !expired:
+		c.t.Errorf("worker %v frozen beyond its lease, but its lease in the bucket: %+v, %v", p, lease, leaseErr)
+	case after == nil:
+	case after.Snowflake.FencedEpisodes > before.Snowflake.FencedEpisodes:
+		c.log.observed(w, "%v: lease expired in the bucket while frozen (%v); fenced (episodes %d -> %d), then renewed", p,
+			lease.Expires.Format("15:04:05.000"), before.Snowflake.FencedEpisodes, after.Snowflake.FencedEpisodes)
+	case after.Snowflake.WorkerID == before.Snowflake.WorkerID && after.Snowflake.LostLeases == before.Snowflake.LostLeases:
+		c.log.observed(w, "%v: lease expired in the bucket while frozen (%v); renewed it on waking before issuing", p,
+			lease.Expires.Format("15:04:05.000"))
 	}
 	c.logf("%s: %v", name, p)
+}
+
+// leaseRecord is the part of a worker-ID lease value (see package
+// snowflake) that the test reads.
+type leaseRecord struct {
+	Instance string    `json:"instance"`
+	Expires  time.Time `json:"expires"`
+	Released bool      `json:"released"`
+}
+
+// lease reads the lease of worker ID id from the bucket dispenser_workers.
+func (c *chaos) lease(id int) (leaseRecord, error) {
+	var rec leaseRecord
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return rec, err
+	}
+	bucket, err := js.KeyValue(ctx, "dispenser_workers")
+	if err != nil {
+		return rec, err
+	}
+	e, err := bucket.Get(ctx, fmt.Sprintf("worker.%04d", id))
+	if err != nil {
+		return rec, err
+	}
+	return rec, json.Unmarshal(e.Value(), &rec)
 }
 
 // stats returns p's stats and fails the test if it cannot.
