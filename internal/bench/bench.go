@@ -9,7 +9,7 @@
 //     flight and checks every reply. It runs in a child process, the
 //     program started again from os.Executable() with its hidden
 //     LoadCommand, so that it shares no runtime with the service it loads;
-//   - the measurement: a latency histogram (latency.go), the local
+//   - the measurement: latencies in an HdrHistogram (latency.go), the local
 //     set-up (local.go: an embedded nats-server, the baseline responder and
 //     the service under test, which the program supplies through Local),
 //     idle memory, start-up time and segment fetch latency (fetch.go);

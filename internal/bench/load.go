@@ -124,7 +124,7 @@ type target struct {
 	msgs    []*nats.Msg // each slot's request
 
 	mu        sync.Mutex
-	hist      histogram
+	hist      *latencies
 	ok, ids   uint64
 	sent      uint64
 	errors    uint64
@@ -198,7 +198,7 @@ func RunLoad(ctx context.Context, cfg LoadConfig, progress io.Writer) ([]*LoadRe
 		body = []byte(strconv.Itoa(cfg.Batch))
 	}
 	for _, subj := range cfg.Subjects {
-		t := &target{subject: subj, msgs: make([]*nats.Msg, cfg.Inflight)}
+		t := &target{subject: subj, msgs: make([]*nats.Msg, cfg.Inflight), hist: newLatencies()}
 		for i := range t.msgs {
 			m := &nats.Msg{Subject: subj, Reply: l.inbox + "." + strconv.Itoa(i), Data: body}
 			if cfg.Format == "range" {
