@@ -174,23 +174,14 @@ func Open(ctx context.Context, js jetstream.JetStream, s Settings) (*Leases, err
 	if s.Logger == nil {
 		s.Logger = slog.Default()
 	}
-	kv, err := js.KeyValue(ctx, s.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      s.Bucket,
-			Description: "dispenser: owners of ordered tags",
-			History:     1,
-			Replicas:    s.Replicas,
-			Storage:     jetstream.FileStorage,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, s.Bucket)
-		}
-	}
+	kv, err := kvbucket.Open(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      s.Bucket,
+		Description: "dispenser: owners of ordered tags",
+		History:     1,
+		Replicas:    s.Replicas,
+		Storage:     jetstream.FileStorage,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("ownership: bucket %q: %w", s.Bucket, err)
-	}
-	if err := kvbucket.Check(ctx, kv, kvbucket.Requirements{MinReplicas: s.Replicas}); err != nil {
 		return nil, fmt.Errorf("ownership: %w", err)
 	}
 	return start(kv, s), nil
@@ -276,7 +267,7 @@ func (l *Leases) Route(ctx context.Context, tag string) (Route, error) {
 	ok = ok && !l.closed // closed: the watcher no longer keeps the cache
 	l.mu.Unlock()
 	if !ok {
-		e, err := latest(ctx, l.kv, tag)
+		e, err := kvbucket.Latest(ctx, l.kv, tag)
 		if err != nil {
 			return Route{}, fmt.Errorf("ownership: read %q: %w", tag, err)
 		}
@@ -313,7 +304,7 @@ func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 	if closed {
 		return Route{}, ErrClosed
 	}
-	e, err := latest(ctx, l.kv, tag)
+	e, err := kvbucket.Latest(ctx, l.kv, tag)
 	if err != nil {
 		return Route{}, fmt.Errorf("ownership: read %q: %w", tag, err)
 	}
@@ -573,19 +564,6 @@ func (l *Leases) Close() {
 		h.validUntil.Store(0)
 		l.release(tag, h)
 	}
-}
-
-// latest returns the latest message under key, a delete or purge marker
-// included, or nil if the key has none.
-func latest(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
-	es, err := kv.History(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return es[len(es)-1], nil
 }
 
 func conflict(err error) bool {

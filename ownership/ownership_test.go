@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -174,7 +175,7 @@ func TestDeletedKey(t *testing.T) {
 	if err := kv.Delete(context.Background(), "orders"); err != nil {
 		t.Fatal(err)
 	}
-	e, err := latest(context.Background(), kv, "orders")
+	e, err := kvbucket.Latest(context.Background(), kv, "orders")
 	if err != nil || e == nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 )
 
 // TestWorkerRefusesHostileBucket: a lease bucket that can forget values, or
@@ -183,7 +185,7 @@ func TestWorkerDeletedKey(t *testing.T) {
 			if err := del(ctx, workerKey(aid)); err != nil {
 				t.Fatal(err)
 			}
-			e, err := latest(ctx, kv, workerKey(aid))
+			e, err := kvbucket.Latest(ctx, kv, workerKey(aid))
 			if err != nil || e == nil || e.Operation() == jetstream.KeyValuePut {
 				t.Fatalf("marker: got %v, %v", e, err)
 			}

@@ -104,25 +104,14 @@ func later(a, b time.Time) time.Time {
 // values, another retention policy, memory storage, fewer replicas than
 // configured.
 func openBucket(ctx context.Context, js jetstream.JetStream, s *WorkerSettings) (jetstream.KeyValue, error) {
-	// Open first: an existing bucket is used as it is (if it passes the
-	// checks below), whatever configuration it was created with.
-	kv, err := js.KeyValue(ctx, s.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:      s.Bucket,
-			Description: "dispenser snowflake worker ID leases",
-			History:     1,
-			Replicas:    s.Replicas,
-			Storage:     jetstream.FileStorage,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, s.Bucket)
-		}
-	}
+	kv, err := kvbucket.Open(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      s.Bucket,
+		Description: "dispenser snowflake worker ID leases",
+		History:     1,
+		Replicas:    s.Replicas,
+		Storage:     jetstream.FileStorage,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", s.Bucket, err)
-	}
-	if err := kvbucket.Check(ctx, kv, kvbucket.Requirements{MinReplicas: s.Replicas}); err != nil {
 		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", s.Bucket, err)
 	}
 	return kv, nil
@@ -150,7 +139,7 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time) err
 		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
 			lastSeq = bs.StreamInfo().State.LastSeq
 		}
-		e, err := latest(ctx, kv, configKey)
+		e, err := kvbucket.Latest(ctx, kv, configKey)
 		if err != nil {
 			return fmt.Errorf("snowflake: read epoch: %w", err)
 		}
@@ -187,19 +176,6 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time) err
 		}
 		return nil
 	}
-}
-
-// latest returns the latest message under key, a delete or purge marker
-// included, or nil if the key has none.
-func latest(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
-	es, err := kv.History(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return es[len(es)-1], nil
 }
 
 func markerVerb(op jetstream.KeyValueOp) string {

@@ -118,3 +118,40 @@ func limits(cfg jetstream.StreamConfig) string {
 		return fmt.Sprintf("%d bytes", cfg.MaxBytes)
 	}
 }
+
+// Open opens the bucket cfg.Bucket, creating it with cfg if it does not
+// exist, and refuses it (Check) unless it keeps every value; the
+// requirements are cfg's replicas, and memory storage only if cfg asks for
+// it. An existing bucket is used as it is if it passes: CreateKeyValue never
+// changes a bucket of another configuration, and the checks, not the
+// server's objections to cfg, judge it.
+func Open(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kvbucket: open bucket %q: %w", cfg.Bucket, err)
+	}
+	req := Requirements{MinReplicas: cfg.Replicas, AllowMemory: cfg.Storage == jetstream.MemoryStorage}
+	if err := Check(ctx, kv, req); err != nil {
+		return nil, err
+	}
+	return kv, nil
+}
+
+// Latest returns the latest message under key, a delete or purge marker
+// included (KeyValue.Get hides them), or nil if the key has none.
+func Latest(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
+	es, err := kv.History(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return es[len(es)-1], nil
+}

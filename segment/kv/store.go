@@ -111,22 +111,9 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 		Replicas:    cmp.Or(s.Replicas, 1),
 		Storage:     s.Storage,
 	}
-	// Open first, so that an existing bucket is judged by the checks below
-	// rather than by the server's objections to cfg. CreateKeyValue never
-	// changes a bucket of another configuration.
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, cfg)
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, cfg.Bucket)
-		}
-	}
+	kv, err := kvbucket.Open(ctx, js, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kv: open bucket %q: %w", cfg.Bucket, err)
-	}
-	req := kvbucket.Requirements{MinReplicas: cfg.Replicas, AllowMemory: cfg.Storage == jetstream.MemoryStorage}
-	if err := kvbucket.Check(ctx, kv, req); err != nil {
-		return nil, fmt.Errorf("kv: open bucket %q: %w", cfg.Bucket, err)
+		return nil, fmt.Errorf("kv: %w", err)
 	}
 	return &Store{kv: kv, last: map[string]entry{}}, nil
 }

@@ -127,20 +127,14 @@ func Open(ctx context.Context, js jetstream.JetStream, inner Raiser, s Settings)
 	if s.Logger == nil {
 		s.Logger = slog.Default()
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := kvbucket.Open(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      s.Bucket,
 		Description: "dispenser: high-water marks of served segments",
 		History:     1,
 		Replicas:    s.Replicas,
 		Storage:     jetstream.FileStorage,
 	})
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		kv, err = js.KeyValue(ctx, s.Bucket)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("witness: bucket %q: %w", s.Bucket, err)
-	}
-	if err := kvbucket.Check(ctx, kv, kvbucket.Requirements{MinReplicas: s.Replicas}); err != nil {
 		return nil, fmt.Errorf("witness: %w", err)
 	}
 	return New(kv, inner, s), nil
@@ -307,7 +301,7 @@ func (w *Store) mark(ctx context.Context, tag string) (_ mark, cached bool, _ er
 	if ok {
 		return m, true, nil
 	}
-	e, err := latest(ctx, w.kv, tag)
+	e, err := kvbucket.Latest(ctx, w.kv, tag)
 	if err != nil {
 		return mark{}, false, fmt.Errorf("witness: read mark of %q: %w", tag, err)
 	}
@@ -362,19 +356,6 @@ func decode(tag string, data []byte) (record, error) {
 		return record{}, fmt.Errorf("witness: tag %q: unreadable mark %q", tag, data)
 	}
 	return r, nil
-}
-
-// latest returns the latest message under key, a delete or purge marker
-// included, or nil if the key has none.
-func latest(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
-	es, err := kv.History(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return es[len(es)-1], nil
 }
 
 // conflict reports whether err is a lost compare-and-swap.
