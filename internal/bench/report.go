@@ -4,10 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 )
 
 // Result is one endpoint's load run of the report.
@@ -240,33 +241,43 @@ func (rep *Report) print(w *bytes.Buffer) {
 	fmt.Fprintln(w)
 }
 
-// writeTable writes rows in columns padded by characters, not bytes; the
-// first left columns are aligned left, the others right.
+// gap is the space between two columns of a table.
+const gap = "  "
+
+// writeTable writes rows as columns, the first left of them aligned left,
+// the others right, gap apart, with no trailing spaces. text/tabwriter
+// aligns them, counting characters, not bytes ("µs", "×"). A tabwriter
+// aligns all its columns one way, so the right-aligned columns are laid out
+// first, by one with AlignRight and no padding, each cell but a row's first
+// carrying the gap before it (padding would put it before the first too);
+// each line of that becomes the last cell of its row in the left-aligned
+// table. Writes to a bytes.Buffer do not fail.
 func writeTable(w *bytes.Buffer, rows [][]string, left int) {
-	var width []int
+	var rb bytes.Buffer
+	tw := tabwriter.NewWriter(&rb, 0, 0, 0, ' ', tabwriter.AlignRight)
 	for _, row := range rows {
-		for i, c := range row {
-			if i == len(width) {
-				width = append(width, 0)
-			}
-			width[i] = max(width[i], utf8.RuneCountInString(c))
-		}
-	}
-	for _, row := range rows {
-		var b strings.Builder
-		for i, c := range row {
-			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(c))
+		for i, c := range row[min(left, len(row)):] {
 			if i > 0 {
-				b.WriteString("  ")
+				tw.Write([]byte(gap))
 			}
-			if i < left {
-				b.WriteString(c + pad)
-			} else {
-				b.WriteString(pad + c)
-			}
+			tw.Write([]byte(c + "\t"))
 		}
-		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+		tw.Write([]byte("\n"))
 	}
+	tw.Flush()
+	right := strings.Split(strings.TrimSuffix(rb.String(), "\n"), "\n")
+
+	tw = tabwriter.NewWriter(w, 0, 0, len(gap), ' ', 0)
+	for i, row := range rows {
+		cells := row[:min(left, len(row))]
+		if right[i] != "" {
+			cells = append(slices.Clip(cells), right[i])
+		}
+		// The last cell is not terminated: it is no column, so it gets no
+		// padding after it.
+		tw.Write([]byte(strings.Join(cells, "\t") + "\n"))
+	}
+	tw.Flush()
 }
 
 // fmtCount formats a count with thousands separators.
