@@ -541,9 +541,11 @@ func waitUntil(tb testing.TB, what string, cond func() bool) {
 
 func TestMicroDiscovery(t *testing.T) {
 	st := newStack(t, map[string]int64{"orders": 100})
-	st.worker(t, segment.Settings{})
+	st.worker(t, segment.Settings{MaxWait: 5 * time.Second}) // a busy machine's first fetch may be slow
 	nc := testenv.Connect(t, st.ns)
-	request(t, nc, "id.segment.orders", "", nil)
+	if body, code := request(t, nc, "id.segment.orders", "", nil); code != "" {
+		t.Fatalf("first request: %q code %s", body, code)
+	}
 
 	resp, err := nc.Request("$SRV.INFO.dispenser", nil, 5*time.Second)
 	if err != nil {
