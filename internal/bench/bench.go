@@ -48,8 +48,8 @@ var ErrFailed = errors.New("bench failed")
 // and startup need the local set-up.
 var Modes = []string{"pipelined", "sequential", "batch", "step", "fetch", "memory", "startup"}
 
-// Config describes one bench. The program's flags fill it; the names in
-// brackets are those of `dispenser bench`.
+// Config describes one bench. The program's flags fill it; the flags in
+// parentheses are those of `dispenser bench`.
 type Config struct {
 	// URL names a running deployment to load, starting nothing
 	// (--nats-url); empty starts the local set-up in this process.
