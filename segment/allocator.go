@@ -207,7 +207,8 @@ func New(s Settings) (*Allocator, error) {
 // at once when the IDs are in memory; otherwise it waits for a segment at
 // most MaxWait (or until ctx ends) and then fails with ErrUnavailable.
 // Errors: ErrInvalidCount, ErrInvalidTag, ErrUnknownTag, ErrUnavailable,
-// ErrClosed, or ctx's error.
+// ErrExhausted (final: the tag's IDs would pass 2^63-1), ErrOrdered (an
+// ordered tag: see TakeOwned), ErrClosed, or ctx's error.
 //
 // When Take fails after part of the IDs were taken (the wait for a second
 // segment expired), those IDs are skipped: never handed out again, so never
