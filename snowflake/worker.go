@@ -527,11 +527,23 @@ func (w *Worker) close(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := w.kv.Update(ctx, workerKey(id), data, rev); err != nil {
+	_, err = w.kv.Update(ctx, workerKey(id), data, rev)
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		// A heartbeat whose reply was lost (or that Close canceled after
+		// it was sent) may have landed: if the key still holds our
+		// session's lease, release it on its revision.
+		if e, gerr := w.kv.Get(ctx, workerKey(id)); gerr == nil {
+			var cur leaseRecord
+			if json.Unmarshal(e.Value(), &cur) == nil && cur.Session == w.session && !cur.Released {
+				_, err = w.kv.Update(ctx, workerKey(id), data, e.Revision())
+			}
+		}
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 			w.log.Warn("snowflake: worker ID was taken over before release", "worker", id)
 			return nil
 		}
+	}
+	if err != nil {
 		return fmt.Errorf("snowflake: release worker ID %d: %w", id, err)
 	}
 	w.log.Info("snowflake: released worker ID", "worker", id, "last_timestamp", rec.Bound)

@@ -849,3 +849,29 @@ func TestWorkerDecode(t *testing.T) {
 		t.Errorf("Decode(%d) = %+v, want time %v worker %d", id, p, t0, workerID(t, w))
 	}
 }
+
+// TestCloseReleasesAfterALostHeartbeatReply: a heartbeat that landed although
+// the worker never learned its revision (its reply was lost, or Close
+// canceled it after it was sent) must not keep Close from releasing the
+// lease: the key still holds the worker's own session.
+func TestCloseReleasesAfterALostHeartbeatReply(t *testing.T) {
+	js := newJetStream(t)
+	c := newFakeClock(t, t0)
+	w := startWorker(t, js, fakeSettings(t, c, "alpha"))
+	id := workerID(t, w)
+	kv := openKV(t, js)
+	e, err := kv.Get(context.Background(), workerKey(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The heartbeat that landed: the same value, a newer revision.
+	if _, err := kv.Update(context.Background(), workerKey(id), e.Value(), e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if rec, _ := readLease(t, kv, id); !rec.Released {
+		t.Fatalf("after Close: lease not released: %+v", rec)
+	}
+}
