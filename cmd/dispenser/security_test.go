@@ -59,17 +59,14 @@ func waitForID(t *testing.T, nc *nats.Conn, subject string, logs *syncBuffer) st
 }
 
 // readmePermissions returns the nats-server configuration block that the
-// README gives as the least-privilege permission set, so that the test runs
-// exactly what the document says.
+// documentation (docs/operations.md) gives as the least-privilege permission
+// set, so that the test runs exactly what the document says.
 func readmePermissions(tb testing.TB) string {
 	tb.Helper()
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		tb.Fatal(err)
-	}
+	readme := readDocs(tb)
 	_, rest, ok := strings.Cut(string(readme), "A least-privilege permission set")
 	if !ok {
-		tb.Fatal(`README: no "A least-privilege permission set"`)
+		tb.Fatal(`README and docs/: no "A least-privilege permission set"`)
 	}
 	_, rest, ok = strings.Cut(rest, "```\n")
 	block, _, ok2 := strings.Cut(rest, "```")
