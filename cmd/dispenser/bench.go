@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -39,7 +40,8 @@ func startBenchWorker(ctx context.Context, s bench.WorkerSettings) (bench.Worker
 		NATSURL:         s.NATSURL,
 		Instance:        s.Instance,
 		PostgresURL:     s.PostgresURL,
-		Prefix:          "id",
+		Prefix:          cmp.Or(s.Prefix, "id"),
+		QueueGroup:      s.QueueGroup,
 		Snowflake:       true,
 		Segment:         s.Segment,
 		ShutdownTimeout: 10 * time.Second,
@@ -78,6 +80,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&formats, "format", "range,list", "Id-Format of the batch runs: range, list or both, comma-separated")
 	fs.StringVar(&modes, "modes", strings.Join(bench.Modes, ","), "what to measure, comma-separated: "+strings.Join(bench.Modes, ", "))
 	fs.IntVar(&c.MemoryTags, "memory-tags", 1000, "warm tags of the idle worker whose memory is measured")
+	fs.IntVar(&c.Tags, "tags", 20_000, "tags run: new tags asked for their first ID, then warm in its worker (KV: created on first use)")
+	fs.IntVar(&c.TagsStore, "tags-store", 1_000_000, "tags run with --postgres-url: tags in the PostgreSQL store, created in bulk where missing (at least --tags)")
+	fs.DurationVar(&c.TagsSettle, "tags-settle", 0, "tags run: wait up to this long for a garbage collection of the idle worker before measuring its memory with warm tags (Go collects at least every 2m; 0: measure at once)")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&c.Smoke, "smoke", false, "a few seconds of every run, checking every ID; fails on errors or duplicates, never on speed")
 	fs.BoolVar(&c.SyncAlways, "sync-always", true, "the embedded nats-server writes every JetStream message to disk before acknowledging it, as dispenser serve's does; false measures JetStream's default periodic sync for comparison")
@@ -100,6 +105,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		if !set["memory-tags"] {
 			c.MemoryTags = 50
+		}
+		if !set["tags"] {
+			c.Tags = 200
+		}
+		if !set["tags-store"] {
+			c.TagsStore = 1000
 		}
 	}
 	c.Modes = map[string]bool{}
@@ -126,7 +137,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("bench: --warmup %v, --duration %v: want a positive duration", c.Warmup, c.Duration)
 	case c.MemoryTags < 1 || c.MemoryTags > 10_000:
 		return fmt.Errorf("bench: --memory-tags %d: want 1..10000", c.MemoryTags)
+	case c.Tags < 4 || c.Tags > 1_000_000:
+		return fmt.Errorf("bench: --tags %d: want 4..1000000", c.Tags)
+	case c.TagsSettle < 0 || c.TagsSettle > 10*time.Minute:
+		return fmt.Errorf("bench: --tags-settle %v: want 0..10m", c.TagsSettle)
+	case c.TagsStore > 10_000_000:
+		return fmt.Errorf("bench: --tags-store %d: want at most 10000000", c.TagsStore)
 	}
+	c.TagsStore = max(c.TagsStore, c.Tags)
 	if !segment.ValidTag(c.Tag) {
 		return fmt.Errorf("bench: --tag %q: want 1-128 characters of [A-Za-z0-9_-]", c.Tag)
 	}

@@ -55,9 +55,10 @@ func TestBenchSmoke(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("--json output: %v\n%s", err, out.String())
 	}
-	// 3 endpoints × (pipelined, sequential, range, list) + 4 step runs.
-	if len(rep.Runs) != 16 {
-		t.Errorf("%d runs, want 16", len(rep.Runs))
+	// 3 endpoints × (pipelined, sequential, range, list) + 4 step runs
+	// + 3 ordered (baseline, ordered, plain) + 2 × 3 tags_refresh.
+	if len(rep.Runs) != 25 {
+		t.Errorf("%d runs, want 25", len(rep.Runs))
 	}
 	for _, r := range rep.Runs {
 		if r.Requests == 0 || r.Checked == 0 {
@@ -69,6 +70,13 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	if rep.Memory == nil || rep.Memory.RSSBytes == 0 || rep.Startup == nil || rep.Startup.ServingMS == 0 || len(rep.Step) != 2 {
 		t.Errorf("memory %+v, start-up %+v, step %+v: want all measured", rep.Memory, rep.Startup, rep.Step)
+	}
+	if o := rep.Ordered; o == nil || o.Workers != 3 || o.VsBaseline <= 0 || o.VsPlain <= 0 {
+		t.Errorf("ordered %+v: want three workers measured against the baseline and the plain tag", o)
+	}
+	if tg := rep.Tags; tg == nil || tg.NewTags != 200 || len(tg.BlocksPerSec) != 4 || tg.FirstPerSec <= 0 || tg.LastPerSec <= 0 ||
+		tg.RSSWarmBytes == 0 || tg.ScrapeBytes == 0 || tg.FullListTags < 200 || tg.RefreshChanged == 0 {
+		t.Errorf("tags %+v: want 200 new tags in 4 blocks, memory, scrape and refresh measured", tg)
 	}
 }
 
@@ -117,24 +125,28 @@ func TestBenchDeployment(t *testing.T) {
 	}
 }
 
-// TestBenchPostgres runs the local service under test on PostgreSQL.
+// TestBenchPostgres runs the local service under test on PostgreSQL: the
+// step runs, the ordered run and the tags run with tags created in bulk.
 func TestBenchPostgres(t *testing.T) {
 	url := testenv.Postgres(t)
 	var out bytes.Buffer
-	err := run(context.Background(), []string{"bench", "--postgres-url", url, "--modes", "sequential,step",
-		"--inflight", "16", "--warmup", "50ms", "--duration", "200ms", "--smoke"}, &out, io.Discard)
+	err := run(context.Background(), []string{"bench", "--postgres-url", url, "--modes", "sequential,step,ordered,tags",
+		"--inflight", "16", "--warmup", "50ms", "--duration", "200ms", "--tags", "100", "--tags-store", "500", "--smoke"}, &out, io.Discard)
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
-	if text := out.String(); !strings.Contains(text, "store postgres") || !strings.Contains(text, "step 100") {
-		t.Errorf("output:\n%s", text)
+	for _, want := range []string{"store postgres (witness on)", "step 100", "ordered over plain",
+		"created beforehand (PostgreSQL with 500 tags, witness on)", "refresh on a store of 500 tags"} {
+		if text := out.String(); !strings.Contains(text, want) {
+			t.Errorf("output lacks %q:\n%s", want, text)
+		}
 	}
 }
 
 func TestBenchFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--modes", "fast"}, {"--format", "json"}, {"--inflight", "0"}, {"--batch", "10001"},
-		{"--duration", "0s"}, {"--tag", "a.b"}, {"--nats-url", "nats://x", "--postgres-url", "postgres://y"}, {"extra"},
+		{"--duration", "0s"}, {"--tag", "a.b"}, {"--tags", "3"}, {"--tags-store", "10000001"}, {"--nats-url", "nats://x", "--postgres-url", "postgres://y"}, {"extra"},
 	} {
 		err := run(context.Background(), append([]string{"bench"}, args...), io.Discard, io.Discard)
 		if err == nil || errors.Is(err, bench.ErrFailed) {

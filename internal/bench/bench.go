@@ -13,6 +13,9 @@
 //     set-up (local.go: an embedded nats-server, the baseline responder and
 //     the service under test, which the program supplies through Local),
 //     idle memory, start-up time and segment fetch latency (fetch.go);
+//   - the feature runs: an ordered tag served by three workers (ordered.go)
+//     and many tags: new-tag rate, memory and /metrics per warm tag,
+//     refresh time and latency during refreshes (tags.go);
 //   - the report (report.go): tables or JSON, targets, progress lines.
 //
 // The program (cmd/dispenser) parses the flags into a Config and calls
@@ -44,9 +47,13 @@ import (
 var ErrFailed = errors.New("bench failed")
 
 // Modes are the measurements Config.Modes selects from, in the order they
-// run: pipelined, sequential, batch and step are load runs; fetch, memory
-// and startup need the local set-up.
-var Modes = []string{"pipelined", "sequential", "batch", "step", "fetch", "memory", "startup"}
+// run: pipelined, sequential, batch and step are load runs; ordered (three
+// workers, an ordered tag), tags (many tags), fetch, memory and startup
+// need the local set-up.
+var Modes = []string{"pipelined", "sequential", "batch", "step", "ordered", "tags", "fetch", "memory", "startup"}
+
+// localModes are the modes that need the local set-up.
+var localModes = []string{"step", "ordered", "tags", "fetch", "memory", "startup"}
 
 // Config describes one bench. The program's flags fill it; the flags in
 // parentheses are those of `dispenser bench`.
@@ -82,6 +89,14 @@ type Config struct {
 	// MemoryTags is the number of warm tags of the idle worker whose
 	// memory is measured.
 	MemoryTags int
+	// Tags is the number of new tags of the tags run, which end up warm in
+	// its worker (--tags); TagsStore the number of tags in its PostgreSQL
+	// store, at least Tags (--tags-store; the KV store holds Tags).
+	Tags, TagsStore int
+	// TagsSettle, if not zero, makes the tags run wait up to this long for
+	// a garbage collection of its idle worker before it measures the
+	// worker's memory with warm tags (--tags-settle).
+	TagsSettle time.Duration
 	// JSON prints the report as JSON instead of tables.
 	JSON bool
 	// Smoke checks every ID for duplicates across runs and lets requests
@@ -139,7 +154,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 	} else {
 		rep.NATSURL = c.URL
 		var skipped []string
-		for _, m := range []string{"step", "fetch", "memory", "startup"} {
+		for _, m := range localModes {
 			if c.Modes[m] {
 				skipped = append(skipped, m)
 			}
@@ -166,31 +181,43 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	for i, g := range groups {
-		lc := LoadConfig{
-			URL: url, ChildArgs: c.ChildArgs, Inflight: g.inflight, Batch: g.batch, Format: g.format,
-			Warmup: c.Warmup, Duration: c.Duration, Slice: slice, Drain: 2 * time.Second, Verify: c.Smoke,
+	total := len(groups)
+	if e != nil && c.Modes["ordered"] {
+		total++
+	}
+	if e != nil && c.Modes["tags"] {
+		total += 2
+	}
+	done := 0
+	run := func(g *group) error {
+		done++
+		return runGroup(ctx, c, e, g, url, prefix, fmt.Sprintf("[%d/%d] %s", done, total, g.label), p, rep)
+	}
+	for _, g := range groups {
+		if err := run(g); err != nil {
+			return err
 		}
-		for _, r := range g.runs {
-			lc.Subjects = append(lc.Subjects, r.Subject)
-		}
-		p.start(fmt.Sprintf("[%d/%d] %s", i+1, len(groups), g.label), g.runs)
-		before := e.segmentStats()
-		res, err := runLoadChild(ctx, lc, p)
+	}
+	if e != nil && c.Modes["ordered"] {
+		p.note(fmt.Sprintf("ordered: starting %d workers, an ordered and a plain tag", orderedWorkers))
+		ws, err := e.startOrdered(ctx, c.Local, c.PostgresURL, e.maxWait, log)
 		if err != nil {
-			return fmt.Errorf("%s: %w", g.label, err)
+			return fmt.Errorf("ordered: %w", err)
 		}
-		after := e.segmentStats()
-		for j, r := range g.runs {
-			r.LoadResult = *res[j]
-			if tag, ok := strings.CutPrefix(r.Subject, prefix+".segment."); ok && after != nil {
-				a, b := after[tag], before[tag]
-				fetches, waits := a.Fetches-b.Fetches, a.Waits-b.Waits
-				r.Fetches, r.Waits = &fetches, &waits
-			}
+		g := newGroup("ordered", fmt.Sprintf("%d workers, %d in flight, 1 ID", orderedWorkers, c.Inflight), c.Inflight, 1, "list", []endpoint{
+			{"baseline", baselineSubject}, {"ordered", orderedPrefix + ".segment." + tagOrdered}, {"plain", orderedPrefix + ".segment." + tagPlain}})
+		err = run(g)
+		if cerr := ws.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("stopping the ordered workers: %w", cerr)
 		}
-		p.done()
-		rep.Runs = append(rep.Runs, g.runs...)
+		if err != nil {
+			return fmt.Errorf("ordered: %w", err)
+		}
+	}
+	if e != nil && c.Modes["tags"] {
+		if err := runTags(ctx, c, e, rep, p, run); err != nil {
+			return fmt.Errorf("tags: %w", err)
+		}
 	}
 	if e != nil && c.Modes["fetch"] {
 		if c.PostgresURL == "" {
@@ -264,6 +291,90 @@ func endpoints(ctx context.Context, c Config, url, prefix string, rep *Report) (
 	return eps, nil
 }
 
+// runGroup runs the load run g, showing it as label, and appends its results
+// to rep.
+func runGroup(ctx context.Context, c Config, e *env, g *group, url, prefix, label string, p *progress, rep *Report) error {
+	lc := LoadConfig{
+		URL: url, ChildArgs: c.ChildArgs, Inflight: g.inflight, Batch: g.batch, Format: g.format,
+		Warmup: c.Warmup, Duration: c.Duration, Slice: slice, Drain: 2 * time.Second, Verify: c.Smoke,
+	}
+	for _, r := range g.runs {
+		lc.Subjects = append(lc.Subjects, r.Subject)
+	}
+	p.start(label, g.runs)
+	before := e.segmentStats()
+	res, err := runLoadChild(ctx, lc, p)
+	if err != nil {
+		return fmt.Errorf("%s: %w", g.label, err)
+	}
+	after := e.segmentStats()
+	for j, r := range g.runs {
+		r.LoadResult = *res[j]
+		if tag, ok := strings.CutPrefix(r.Subject, prefix+".segment."); ok && after != nil {
+			a, b := after[tag], before[tag]
+			fetches, waits := a.Fetches-b.Fetches, a.Waits-b.Waits
+			r.Fetches, r.Waits = &fetches, &waits
+		}
+	}
+	p.done()
+	rep.Runs = append(rep.Runs, g.runs...)
+	return nil
+}
+
+// runTags runs the tags run (tags.go): the measurements of measureTags,
+// then the load runs of the refreshing worker, at 1 and at c.Inflight in
+// flight, while tags change in the store.
+func runTags(ctx context.Context, c Config, e *env, rep *Report, p *progress, run func(*group) error) (err error) {
+	r, workers, err := e.measureTags(ctx, c.PostgresURL, c.Tags, c.TagsStore, c.TagsSettle, p)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, w := range workers {
+			w.stop()
+		}
+	}()
+	rep.Tags = r
+	st, closeStore, err := e.tagsStore(ctx, c.PostgresURL, r.StoreTags)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	cctx, stop := context.WithCancel(ctx)
+	type churned struct {
+		n   int
+		err error
+	}
+	ch := make(chan churned, 1)
+	go func() {
+		n, err := churn(cctx, st, r.StoreTags)
+		ch <- churned{n, err}
+	}()
+	eps := []endpoint{{"baseline", baselineSubject}, {"refreshing", tagsPrefix + ".segment." + tagName(0)},
+		{"not refreshing", tagsCtlPrefix + ".segment." + tagName(0)}}
+	for _, inflight := range []int{1, c.Inflight} {
+		g := newGroup("tags_refresh", fmt.Sprintf("refresh every %v, %d in flight", tagsRefresh, inflight), inflight, 1, "list", eps)
+		if err = run(g); err != nil {
+			break
+		}
+	}
+	stop()
+	res := <-ch
+	if err != nil {
+		return err
+	}
+	if res.err != nil {
+		return fmt.Errorf("changing tags during the load: %w", res.err)
+	}
+	r.Churned = res.n
+	for _, w := range workers {
+		if w.gone() {
+			return fmt.Errorf("a tags worker exited: %s", strings.TrimSpace(w.stderr.String()))
+		}
+	}
+	return nil
+}
+
 // slice is how long the load generator loads one endpoint before it turns
 // to the next of its run.
 const slice = 250 * time.Millisecond
@@ -281,12 +392,7 @@ type group struct {
 func plan(c Config, eps []endpoint, prefix string) []*group {
 	var groups []*group
 	add := func(mode, label string, inflight, batch int, format string, eps []endpoint) {
-		g := &group{label: label, inflight: inflight, batch: batch, format: format}
-		for _, ep := range eps {
-			g.runs = append(g.runs, &Result{Mode: mode, Endpoint: ep.name, Label: label, space: ep.subject,
-				LoadResult: LoadResult{Subject: ep.subject, Inflight: inflight, Batch: batch, Format: format}})
-		}
-		groups = append(groups, g)
+		groups = append(groups, newGroup(mode, label, inflight, batch, format, eps))
 	}
 	if c.Modes["pipelined"] {
 		add("pipelined", fmt.Sprintf("%d in flight, 1 ID", c.Inflight), c.Inflight, 1, "list", eps)
@@ -306,6 +412,16 @@ func plan(c Config, eps []endpoint, prefix string) []*group {
 		}
 	}
 	return groups
+}
+
+// newGroup returns a load run of mode that loads eps in turn.
+func newGroup(mode, label string, inflight, batch int, format string, eps []endpoint) *group {
+	g := &group{label: label, inflight: inflight, batch: batch, format: format}
+	for _, ep := range eps {
+		g.runs = append(g.runs, &Result{Mode: mode, Endpoint: ep.name, Label: label, space: ep.subject,
+			LoadResult: LoadResult{Subject: ep.subject, Inflight: inflight, Batch: batch, Format: format}})
+	}
+	return g
 }
 
 // runLoadChild runs one load run in a child process, showing its progress,

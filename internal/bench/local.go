@@ -59,6 +59,10 @@ type WorkerSettings struct {
 	// PostgresURL is the segment store; empty: the default JetStream KV
 	// bucket.
 	PostgresURL string
+	// Prefix and QueueGroup are the worker's subject prefix and queue
+	// group; empty: "id" and serve's default group. The ordered run starts
+	// three workers of their own under another prefix.
+	Prefix, QueueGroup string
 	// Segment are the allocator's settings; zero fields keep the defaults.
 	Segment segment.Settings
 	Log     *slog.Logger
@@ -102,6 +106,8 @@ type env struct {
 	baseNC *nats.Conn // baseline responder
 	js     jetstream.JetStream
 	srv    Worker
+	// maxWait is the service's --max-wait; zero keeps the default.
+	maxWait time.Duration
 }
 
 // startEnv starts the local set-up with tag as the segment tag. maxWait,
@@ -110,7 +116,7 @@ func startEnv(ctx context.Context, local Local, tag, postgresURL string, maxWait
 	if local.NATSServerOptions == nil || local.StartWorker == nil {
 		return nil, errors.New("the local set-up needs Local.NATSServerOptions and Local.StartWorker")
 	}
-	e := &env{store: "kv"}
+	e := &env{store: "kv", maxWait: maxWait}
 	defer func() {
 		if err != nil {
 			e.Close()
@@ -145,7 +151,9 @@ func startEnv(ctx context.Context, local Local, tag, postgresURL string, maxWait
 		return nil, err
 	}
 	if postgresURL != "" {
-		e.store = "postgres"
+		// The service under test records every segment in the witness
+		// before serving it, as serve does by default.
+		e.store = "postgres (witness on)"
 	}
 	e.srv, err = local.StartWorker(ctx, WorkerSettings{
 		NATSURL:     e.url,
@@ -170,24 +178,11 @@ func startEnv(ctx context.Context, local Local, tag, postgresURL string, maxWait
 // service under test: tag and bench_step1m with step 1,000,000 and
 // bench_step100 with step 100, in the KV bucket or in PostgreSQL.
 func createTags(ctx context.Context, js jetstream.JetStream, tag, postgresURL string) error {
-	var store segment.Store
-	if postgresURL == "" {
-		st, err := kv.New(ctx, js, kv.Settings{})
-		if err != nil {
-			return err
-		}
-		store = st
-	} else {
-		pool, err := openPostgres(ctx, postgresURL)
-		if err != nil {
-			return err
-		}
-		defer pool.Close()
-		if _, err := schema.Migrate(ctx, pool); err != nil {
-			return err
-		}
-		store = postgres.New(pool)
+	store, closeStore, err := openStore(ctx, js, postgresURL)
+	if err != nil {
+		return err
 	}
+	defer closeStore()
 	for _, t := range []struct {
 		name string
 		step int64
@@ -197,6 +192,33 @@ func createTags(ctx context.Context, js jetstream.JetStream, tag, postgresURL st
 		}
 	}
 	return nil
+}
+
+// openStore opens the segment store of the local service under test, the
+// default KV bucket or PostgreSQL (migrated), without the witness, and
+// returns it with the function that closes it.
+func openStore(ctx context.Context, js jetstream.JetStream, postgresURL string) (segment.Store, func(), error) {
+	if postgresURL == "" {
+		st, err := kv.New(ctx, js, kv.Settings{})
+		if err != nil {
+			return nil, nil, err
+		}
+		return st, func() {}, nil
+	}
+	pool, err := openPostgres(ctx, postgresURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("migrating: %w", err)
+	}
+	return postgres.New(pool), pool.Close, nil
+}
+
+// openStore opens the store of e's service under test (see openStore).
+func (e *env) openStore(ctx context.Context, postgresURL string) (segment.Store, func(), error) {
+	return openStore(ctx, e.js, postgresURL)
 }
 
 // segmentStats returns the allocator's state of every tag of the service

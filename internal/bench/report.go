@@ -59,6 +59,8 @@ type Report struct {
 	Inflight  int            `json:"inflight"`
 	Runs      []*Result      `json:"runs"`
 	Step      []StepResult   `json:"step,omitempty"`
+	Ordered   *OrderedResult `json:"ordered,omitempty"`
+	Tags      *TagsResult    `json:"tags,omitempty"`
 	Fetch     *FetchResult   `json:"fetch,omitempty"`
 	Memory    *MemoryResult  `json:"memory,omitempty"`
 	Startup   *StartupResult `json:"startup,omitempty"`
@@ -75,14 +77,16 @@ type Report struct {
 // finish computes the ratios, the step comparison, the duplicates across
 // runs, the totals and the targets.
 func (rep *Report) finish() {
+	// The baseline of a run is the one loaded in turn with it: the same
+	// label.
 	base := map[string]*Result{}
 	for _, r := range rep.Runs {
 		if r.Endpoint == "baseline" {
-			base[r.Mode] = r
+			base[r.Label] = r
 		}
 	}
 	for _, r := range rep.Runs {
-		if b := base[r.Mode]; b != nil && b.RPS > 0 {
+		if b := base[r.Label]; b != nil && b.RPS > 0 {
 			r.VsBaseline = round(r.RPS/b.RPS, 3)
 		}
 		rep.Errors += r.Errors
@@ -131,7 +135,7 @@ func (rep *Report) finish() {
 			add(ep+", "+r.Label+": requests/s", "≥ 0.9× baseline", fmt.Sprintf("%.3f×", r.VsBaseline), r.VsBaseline >= 0.9)
 		}
 	}
-	b := base["sequential"]
+	b := find("sequential", "baseline")
 	for _, ep := range []string{"segment", "snowflake"} {
 		r := find("sequential", ep)
 		if r == nil {
@@ -151,6 +155,20 @@ func (rep *Report) finish() {
 	}
 	if r := find("batch_list", "segment"); r != nil {
 		add("segment, "+r.Label+": IDs/s", "≥ 20,000,000", fmtCount(r.IDsPerSec), r.IDsPerSec >= 20e6)
+	}
+	if rep.Ordered = orderedSummary(rep.Runs); rep.Ordered != nil {
+		o := rep.Ordered
+		add(fmt.Sprintf("ordered tag, %d workers, %d in flight, 1 ID: requests/s", o.Workers, o.Inflight), "≥ 0.7× baseline",
+			fmt.Sprintf("%.3f×", o.VsBaseline), o.VsBaseline >= 0.7)
+	}
+	if t := rep.Tags; t != nil {
+		add(fmt.Sprintf("new tags, last %d of %d vs first %d: first requests/s", t.Block, t.NewTags, t.Block), "≥ 0.5×",
+			fmt.Sprintf("%.2f×", t.LastOverFirst), t.LastOverFirst >= 0.5)
+		add(fmt.Sprintf("RSS per warm tag (%d warm)", t.NewTags), "< 1 KB", fmt.Sprintf("%.0f B", t.RSSPerTagBytes), t.RSSPerTagBytes < 1024)
+		if t.NewTags >= 100_000 {
+			add(fmt.Sprintf("worker with %d warm tags: RSS", t.NewTags), "< 160 MB", fmtMB(t.RSSWarmBytes), t.RSSWarmBytes < 160<<20)
+		}
+		add(fmt.Sprintf("/metrics with %d warm tags", t.NewTags), "< 1 MB", fmt.Sprintf("%.1f KB", float64(t.ScrapeBytes)/1024), t.ScrapeBytes < 1<<20)
 	}
 	if m := rep.Memory; m != nil {
 		add(fmt.Sprintf("idle worker, %d warm tags: RSS", m.Tags), "< 64 MB", fmtMB(m.RSSBytes), m.RSSBytes < 64<<20)
@@ -204,6 +222,31 @@ func (rep *Report) print(w *bytes.Buffer) {
 	for _, s := range rep.Step {
 		lines = append(lines, fmt.Sprintf("segment switches, %d in flight: p999 with step 100 %s, with step 1,000,000 %s: ratio %.2f",
 			s.Inflight, fmtLatency(s.P999Step100US), fmtLatency(s.P999Step1MUS), s.Ratio))
+	}
+	if o := rep.Ordered; o != nil {
+		lines = append(lines, fmt.Sprintf("ordered tag, %d workers (one owner allocates, the others forward): %.3f× baseline; plain tag %.3f× baseline; ordered over plain %.3f×, p50 %+.0fµs (forwarding)",
+			o.Workers, o.VsBaseline, o.PlainVsBaseline, o.VsPlain, o.ForwardP50US))
+	}
+	if t := rep.Tags; t != nil {
+		how := "created on first use (KV, --auto-create-tags)"
+		if t.Store == "postgres" {
+			how = fmt.Sprintf("created beforehand (PostgreSQL with %s tags, witness on)", fmtCount(float64(t.StoreTags)))
+		}
+		settled := "no garbage collection awaited"
+		if t.SettledGC {
+			settled = "after the idle worker's next garbage collection"
+		}
+		blocks := make([]string, len(t.BlocksPerSec))
+		for i, b := range t.BlocksPerSec {
+			blocks[i] = fmtCount(b)
+		}
+		lines = append(lines,
+			fmt.Sprintf("new tags: first requests for %s tags %s, %d at a time, in %.1fs; per block of %s: %s/s; last/first %.2f×",
+				fmtCount(float64(t.NewTags)), how, t.Clients, t.NewSeconds, fmtCount(float64(t.Block)), strings.Join(blocks, ", "), t.LastOverFirst),
+			fmt.Sprintf("worker RSS: %s with no tag, %s with %s warm tags (%s): %.0f bytes per warm tag (Go heap in use: %.0f); /metrics %s bytes, %d samples",
+				fmtMB(t.RSSNoTagsBytes), fmtMB(t.RSSWarmBytes), fmtCount(float64(t.NewTags)), settled, t.RSSPerTagBytes, t.HeapPerTagBytes, fmtCount(float64(t.ScrapeBytes)), t.ScrapeSeries),
+			fmt.Sprintf("refresh on a store of %s tags: %.1fms with nothing changed, %.1fms with %d changed; a full listing (%s tags) %.0fms; the load runs saw %d changes, refreshed every %s",
+				fmtCount(float64(t.StoreTags)), t.RefreshIdleMS, t.RefreshMS, t.RefreshChanged, fmtCount(float64(t.FullListTags)), t.FullListMS, t.Churned, t.RefreshInterval))
 	}
 	if f := rep.Fetch; f != nil {
 		lines = append(lines, fmt.Sprintf("segment fetch latency (%d each, alternating): PostgreSQL alone p50 %s p99 %s; through the witness p50 %s p99 %s",

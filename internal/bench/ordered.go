@@ -1,0 +1,152 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// The ordered run (issue 11): three workers of the service under test in
+// this process, in a queue group and under a prefix of their own, serve an
+// ordered tag and a plain tag of the same step. Requests are spread over
+// the three by the queue group: for the ordered tag one worker (the owner)
+// allocates and the other two forward to it, for the plain tag each
+// allocates from its own segments. The load run loads the baseline, the
+// ordered tag and the plain tag in turn: the ordered tag against the
+// baseline is the target, against the plain tag the cost of forwarding.
+
+// Names of the ordered run.
+const (
+	orderedPrefix  = "benchord"
+	orderedWorkers = 3
+	tagOrdered     = "bench_ordered"
+	tagPlain       = "bench_ordered_plain"
+)
+
+// OrderedResult sums up the ordered run; the runs themselves are in the
+// report's runs (mode "ordered").
+type OrderedResult struct {
+	Workers  int `json:"workers"`
+	Inflight int `json:"inflight"`
+	// VsBaseline and PlainVsBaseline are the ordered and the plain tag's
+	// requests/s over the baseline's; VsPlain the ordered tag's over the
+	// plain tag's (the cost of forwarding and of one allocating worker).
+	VsBaseline      float64 `json:"vs_baseline"`
+	PlainVsBaseline float64 `json:"plain_vs_baseline"`
+	VsPlain         float64 `json:"vs_plain"`
+	// ForwardP50US is the ordered tag's p50 minus the plain tag's.
+	ForwardP50US float64 `json:"forward_p50_us"`
+}
+
+// orderedSet is the three workers of the ordered run.
+type orderedSet []Worker
+
+// Close stops the workers.
+func (ws orderedSet) Close() error {
+	var errs []error
+	for _, w := range ws {
+		errs = append(errs, w.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// startOrdered creates the ordered run's tags (the ordered one through
+// Admin.CreateTag with Tag.Ordered) and starts its workers; the first ID of
+// each tag is taken, so that the ordered tag has an owner before the load.
+func (e *env) startOrdered(ctx context.Context, local Local, postgresURL string, maxWait time.Duration, log *slog.Logger) (_ orderedSet, err error) {
+	st, closeStore, err := e.openStore(ctx, postgresURL)
+	if err != nil {
+		return nil, err
+	}
+	defer closeStore()
+	if err := ensureTag(ctx, st, tagPlain, tagStep); err != nil {
+		return nil, err
+	}
+	if err := ensureOrderedTag(ctx, st, tagOrdered, tagStep); err != nil {
+		return nil, err
+	}
+	var ws orderedSet
+	defer func() {
+		if err != nil {
+			ws.Close()
+		}
+	}()
+	for i := range orderedWorkers {
+		w, err := local.StartWorker(ctx, WorkerSettings{
+			NATSURL:     e.url,
+			Instance:    fmt.Sprintf("bench-ordered-%d", i+1),
+			PostgresURL: postgresURL,
+			Prefix:      orderedPrefix,
+			QueueGroup:  orderedPrefix,
+			Segment:     segment.Settings{MaxStep: localMaxStep, MaxWait: maxWait},
+			Log:         log,
+		})
+		if err != nil {
+			return ws, fmt.Errorf("ordered worker %d: %w", i+1, err)
+		}
+		ws = append(ws, w)
+	}
+	for _, tag := range []string{tagOrdered, tagPlain} {
+		// Three rounds, so that each worker likely saw each tag once.
+		for range orderedWorkers {
+			if _, err := requestID(ctx, e.ctlNC, orderedPrefix+".segment."+tag, 15*time.Second); err != nil {
+				return ws, fmt.Errorf("warming %s: %w", tag, err)
+			}
+		}
+	}
+	return ws, nil
+}
+
+// ensureOrderedTag creates an ordered tag with step, or makes an existing
+// tag ordered with step.
+func ensureOrderedTag(ctx context.Context, store segment.Store, name string, step int64) error {
+	admin, ok := store.(segment.Admin)
+	if !ok {
+		return fmt.Errorf("the store cannot create tags (%T)", store)
+	}
+	err := admin.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1, Ordered: true, Description: "dispenser bench, ordered"})
+	if errors.Is(err, segment.ErrTagExists) {
+		var t segment.Tag
+		if t, err = store.Tag(ctx, name); err == nil && (!t.Ordered || t.Step != step) {
+			ordered := true
+			err = admin.UpdateTag(ctx, name, segment.TagUpdate{Step: &step, Ordered: &ordered})
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("creating ordered tag %s: %w", name, err)
+	}
+	return nil
+}
+
+// orderedSummary sums up the ordered runs of runs; nil without them.
+func orderedSummary(runs []*Result) *OrderedResult {
+	var base, ord, plain *Result
+	for _, r := range runs {
+		if r.Mode != "ordered" {
+			continue
+		}
+		switch r.Endpoint {
+		case "baseline":
+			base = r
+		case "ordered":
+			ord = r
+		case "plain":
+			plain = r
+		}
+	}
+	if base == nil || ord == nil || plain == nil || base.RPS <= 0 || plain.RPS <= 0 {
+		return nil
+	}
+	return &OrderedResult{
+		Workers:         orderedWorkers,
+		Inflight:        ord.Inflight,
+		VsBaseline:      round(ord.RPS/base.RPS, 3),
+		PlainVsBaseline: round(plain.RPS/base.RPS, 3),
+		VsPlain:         round(ord.RPS/plain.RPS, 3),
+		ForwardP50US:    round(ord.Latency.P50-plain.Latency.P50, 1),
+	}
+}
