@@ -56,9 +56,10 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("--json output: %v\n%s", err, out.String())
 	}
 	// 3 endpoints × (pipelined, sequential, range, list) + 4 step runs
-	// + 3 ordered (baseline, ordered, plain) + 2 × 3 tags_refresh.
-	if len(rep.Runs) != 25 {
-		t.Errorf("%d runs, want 25", len(rep.Runs))
+	// + 2 × 3 ordered (baseline, ordered, plain; one worker, three) + 2 × 3
+	// tags_refresh.
+	if len(rep.Runs) != 28 {
+		t.Errorf("%d runs, want 28", len(rep.Runs))
 	}
 	for _, r := range rep.Runs {
 		if r.Requests == 0 || r.Checked == 0 {
@@ -71,8 +72,8 @@ func TestBenchSmoke(t *testing.T) {
 	if rep.Memory == nil || rep.Memory.RSSBytes == 0 || rep.Startup == nil || rep.Startup.ServingMS == 0 || len(rep.Step) != 2 {
 		t.Errorf("memory %+v, start-up %+v, step %+v: want all measured", rep.Memory, rep.Startup, rep.Step)
 	}
-	if o := rep.Ordered; o == nil || o.Workers != 3 || o.VsBaseline <= 0 || o.VsPlain <= 0 {
-		t.Errorf("ordered %+v: want three workers measured against the baseline and the plain tag", o)
+	if o := rep.Ordered; o == nil || o.Workers != 3 || o.VsBaseline <= 0 || o.VsPlain <= 0 || o.VsAlone <= 0 {
+		t.Errorf("ordered %+v: want three workers measured against the baseline, the plain tag and the owner alone", o)
 	}
 	if tg := rep.Tags; tg == nil || tg.NewTags != 200 || len(tg.BlocksPerSec) != 4 || tg.FirstPerSec <= 0 || tg.LastPerSec <= 0 ||
 		tg.RSSWarmBytes == 0 || tg.ScrapeBytes == 0 || tg.FullListTags < 200 || tg.RefreshChanged == 0 {

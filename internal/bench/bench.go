@@ -183,7 +183,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 	}
 	total := len(groups)
 	if e != nil && c.Modes["ordered"] {
-		total++
+		total += 2
 	}
 	if e != nil && c.Modes["tags"] {
 		total += 2
@@ -199,18 +199,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 		}
 	}
 	if e != nil && c.Modes["ordered"] {
-		p.note(fmt.Sprintf("ordered: starting %d workers, an ordered and a plain tag", orderedWorkers))
-		ws, err := e.startOrdered(ctx, c.Local, c.PostgresURL, e.maxWait, log)
-		if err != nil {
-			return fmt.Errorf("ordered: %w", err)
-		}
-		g := newGroup("ordered", fmt.Sprintf("%d workers, %d in flight, 1 ID", orderedWorkers, c.Inflight), c.Inflight, 1, "list", []endpoint{
-			{"baseline", baselineSubject}, {"ordered", orderedPrefix + ".segment." + tagOrdered}, {"plain", orderedPrefix + ".segment." + tagPlain}})
-		err = run(g)
-		if cerr := ws.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("stopping the ordered workers: %w", cerr)
-		}
-		if err != nil {
+		if err := runOrdered(ctx, c, e, log, p, run); err != nil {
 			return fmt.Errorf("ordered: %w", err)
 		}
 	}
@@ -319,6 +308,35 @@ func runGroup(ctx context.Context, c Config, e *env, g *group, url, prefix, labe
 	p.done()
 	rep.Runs = append(rep.Runs, g.runs...)
 	return nil
+}
+
+// runOrdered runs the ordered run (ordered.go): the owner alone, then three
+// workers.
+func runOrdered(ctx context.Context, c Config, e *env, log *slog.Logger, p *progress, run func(*group) error) (err error) {
+	p.note("ordered: an ordered and a plain tag, one worker")
+	if err := e.orderedTags(ctx, c.PostgresURL); err != nil {
+		return err
+	}
+	ws, err := e.startOrdered(ctx, c.Local, c.PostgresURL, e.maxWait, log, 0, 1)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := ws.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("stopping the ordered workers: %w", cerr)
+		}
+	}()
+	eps := []endpoint{{"baseline", baselineSubject}, {"ordered", orderedPrefix + ".segment." + tagOrdered}, {"plain", orderedPrefix + ".segment." + tagPlain}}
+	if err := run(newGroup("ordered_alone", fmt.Sprintf("1 worker (owner alone), %d in flight, 1 ID", c.Inflight), c.Inflight, 1, "list", eps)); err != nil {
+		return err
+	}
+	p.note(fmt.Sprintf("ordered: %d more workers", orderedWorkers-1))
+	more, err := e.startOrdered(ctx, c.Local, c.PostgresURL, e.maxWait, log, 1, orderedWorkers)
+	ws = append(ws, more...)
+	if err != nil {
+		return err
+	}
+	return run(newGroup("ordered", fmt.Sprintf("%d workers, %d in flight, 1 ID", orderedWorkers, c.Inflight), c.Inflight, 1, "list", eps))
 }
 
 // runTags runs the tags run (tags.go): the measurements of measureTags,

@@ -10,14 +10,16 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 )
 
-// The ordered run (issue 11): three workers of the service under test in
-// this process, in a queue group and under a prefix of their own, serve an
-// ordered tag and a plain tag of the same step. Requests are spread over
-// the three by the queue group: for the ordered tag one worker (the owner)
-// allocates and the other two forward to it, for the plain tag each
-// allocates from its own segments. The load run loads the baseline, the
-// ordered tag and the plain tag in turn: the ordered tag against the
-// baseline is the target, against the plain tag the cost of forwarding.
+// The ordered run (issue 11): workers of the service under test in this
+// process, in a queue group and under a prefix of their own, serve an
+// ordered tag and a plain tag of the same step. Two load runs load the
+// baseline, the ordered tag and the plain tag in turn: first with one
+// worker, the owner alone, then with three, over which the queue group
+// spreads the requests: for the ordered tag the owner allocates and the
+// other two forward to it, for the plain tag each allocates from its own
+// segments. The ordered tag against the baseline with three workers is the
+// target; against the plain tag, and against the owner alone, the cost of
+// forwarding.
 
 // Names of the ordered run.
 const (
@@ -40,6 +42,11 @@ type OrderedResult struct {
 	VsPlain         float64 `json:"vs_plain"`
 	// ForwardP50US is the ordered tag's p50 minus the plain tag's.
 	ForwardP50US float64 `json:"forward_p50_us"`
+	// AloneVsBaseline is the ordered tag's requests/s over the baseline's
+	// with the owner alone (mode "ordered_alone"); VsAlone is VsBaseline
+	// over it (each against the baseline of its own load run).
+	AloneVsBaseline float64 `json:"alone_vs_baseline,omitempty"`
+	VsAlone         float64 `json:"vs_alone,omitempty"`
 }
 
 // orderedSet is the three workers of the ordered run.
@@ -54,28 +61,32 @@ func (ws orderedSet) Close() error {
 	return errors.Join(errs...)
 }
 
-// startOrdered creates the ordered run's tags (the ordered one through
-// Admin.CreateTag with Tag.Ordered) and starts its workers; the first ID of
-// each tag is taken, so that the ordered tag has an owner before the load.
-func (e *env) startOrdered(ctx context.Context, local Local, postgresURL string, maxWait time.Duration, log *slog.Logger) (_ orderedSet, err error) {
+// orderedTags creates the ordered run's tags: the ordered one through
+// Admin.CreateTag with Tag.Ordered, the plain one as any tag.
+func (e *env) orderedTags(ctx context.Context, postgresURL string) error {
 	st, closeStore, err := e.openStore(ctx, postgresURL)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer closeStore()
 	if err := ensureTag(ctx, st, tagPlain, tagStep); err != nil {
-		return nil, err
+		return err
 	}
-	if err := ensureOrderedTag(ctx, st, tagOrdered, tagStep); err != nil {
-		return nil, err
-	}
+	return ensureOrderedTag(ctx, st, tagOrdered, tagStep)
+}
+
+// startOrdered starts workers from+1 through to of the ordered run and
+// takes IDs of both tags, so that the ordered tag has an owner (the first
+// worker started) and the new workers are likely to have seen both tags
+// before the load.
+func (e *env) startOrdered(ctx context.Context, local Local, postgresURL string, maxWait time.Duration, log *slog.Logger, from, to int) (_ orderedSet, err error) {
 	var ws orderedSet
 	defer func() {
 		if err != nil {
 			ws.Close()
 		}
 	}()
-	for i := range orderedWorkers {
+	for i := from; i < to; i++ {
 		w, err := local.StartWorker(ctx, WorkerSettings{
 			NATSURL:     e.url,
 			Instance:    fmt.Sprintf("bench-ordered-%d", i+1),
@@ -91,8 +102,7 @@ func (e *env) startOrdered(ctx context.Context, local Local, postgresURL string,
 		ws = append(ws, w)
 	}
 	for _, tag := range []string{tagOrdered, tagPlain} {
-		// Three rounds, so that each worker likely saw each tag once.
-		for range orderedWorkers {
+		for range to {
 			if _, err := requestID(ctx, e.ctlNC, orderedPrefix+".segment."+tag, 15*time.Second); err != nil {
 				return ws, fmt.Errorf("warming %s: %w", tag, err)
 			}
@@ -124,8 +134,16 @@ func ensureOrderedTag(ctx context.Context, store segment.Store, name string, ste
 
 // orderedSummary sums up the ordered runs of runs; nil without them.
 func orderedSummary(runs []*Result) *OrderedResult {
-	var base, ord, plain *Result
+	var base, ord, plain, aloneBase, alone *Result
 	for _, r := range runs {
+		if r.Mode == "ordered_alone" {
+			switch r.Endpoint {
+			case "baseline":
+				aloneBase = r
+			case "ordered":
+				alone = r
+			}
+		}
 		if r.Mode != "ordered" {
 			continue
 		}
@@ -141,7 +159,7 @@ func orderedSummary(runs []*Result) *OrderedResult {
 	if base == nil || ord == nil || plain == nil || base.RPS <= 0 || plain.RPS <= 0 {
 		return nil
 	}
-	return &OrderedResult{
+	o := &OrderedResult{
 		Workers:         orderedWorkers,
 		Inflight:        ord.Inflight,
 		VsBaseline:      round(ord.RPS/base.RPS, 3),
@@ -149,4 +167,9 @@ func orderedSummary(runs []*Result) *OrderedResult {
 		VsPlain:         round(ord.RPS/plain.RPS, 3),
 		ForwardP50US:    round(ord.Latency.P50-plain.Latency.P50, 1),
 	}
+	if aloneBase != nil && alone != nil && aloneBase.RPS > 0 && alone.RPS > 0 {
+		o.AloneVsBaseline = round(alone.RPS/aloneBase.RPS, 3)
+		o.VsAlone = round(ord.RPS/base.RPS/o.AloneVsBaseline, 3)
+	}
+	return o
 }

@@ -224,8 +224,12 @@ func (rep *Report) print(w *bytes.Buffer) {
 			s.Inflight, fmtLatency(s.P999Step100US), fmtLatency(s.P999Step1MUS), s.Ratio))
 	}
 	if o := rep.Ordered; o != nil {
-		lines = append(lines, fmt.Sprintf("ordered tag, %d workers (one owner allocates, the others forward): %.3f× baseline; plain tag %.3f× baseline; ordered over plain %.3f×, p50 %+.0fµs (forwarding)",
-			o.Workers, o.VsBaseline, o.PlainVsBaseline, o.VsPlain, o.ForwardP50US))
+		l := fmt.Sprintf("ordered tag, %d workers (one owner allocates, the others forward): %.3f× baseline; plain tag %.3f× baseline; ordered over plain %.3f×, p50 %+.0fµs (forwarding)",
+			o.Workers, o.VsBaseline, o.PlainVsBaseline, o.VsPlain, o.ForwardP50US)
+		if o.AloneVsBaseline > 0 {
+			l += fmt.Sprintf("; the owner alone %.3f× baseline, %d workers %.3f× of that", o.AloneVsBaseline, o.Workers, o.VsAlone)
+		}
+		lines = append(lines, l)
 	}
 	if t := rep.Tags; t != nil {
 		how := "created on first use (KV, --auto-create-tags)"

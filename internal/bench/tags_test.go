@@ -67,6 +67,9 @@ func TestOrderedAndTagsReport(t *testing.T) {
 	}
 	rep := &Report{Local: true, Store: "kv",
 		Runs: []*Result{
+			run("ordered_alone", "baseline", "1 worker", 2000, 500),
+			run("ordered_alone", "ordered", "1 worker", 1600, 500),
+			run("ordered_alone", "plain", "1 worker", 1800, 500),
 			run("ordered", "baseline", "3 workers", 1000, 500),
 			run("ordered", "ordered", "3 workers", 800, 700),
 			run("ordered", "plain", "3 workers", 900, 600),
@@ -79,14 +82,15 @@ func TestOrderedAndTagsReport(t *testing.T) {
 			RSSWarmBytes: 150 << 20, ScrapeBytes: 2 << 20},
 	}
 	rep.finish()
-	want := &OrderedResult{Workers: 3, Inflight: 256, VsBaseline: 0.8, PlainVsBaseline: 0.9, VsPlain: 0.889, ForwardP50US: 100}
+	want := &OrderedResult{Workers: 3, Inflight: 256, VsBaseline: 0.8, PlainVsBaseline: 0.9, VsPlain: 0.889, ForwardP50US: 100,
+		AloneVsBaseline: 0.8, VsAlone: 1}
 	if !reflect.DeepEqual(rep.Ordered, want) {
 		t.Errorf("ordered summary %+v, want %+v", rep.Ordered, want)
 	}
-	if r := rep.Runs[4]; r.VsBaseline != 0.5 {
+	if r := rep.Runs[7]; r.VsBaseline != 0.5 {
 		t.Errorf("refreshing at 1 in flight: %.3f× baseline, want 0.5 (its own baseline)", r.VsBaseline)
 	}
-	if r := rep.Runs[6]; r.VsBaseline != 0.5 {
+	if r := rep.Runs[9]; r.VsBaseline != 0.5 {
 		t.Errorf("refreshing at 256 in flight: %.3f× baseline, want 0.5 (its own baseline)", r.VsBaseline)
 	}
 	got := map[string]bool{}
@@ -108,7 +112,7 @@ func TestOrderedAndTagsReport(t *testing.T) {
 	if err := rep.Print(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"ordered over plain 0.889×", "created on first use", "per warm tag"} {
+	for _, s := range []string{"ordered over plain 0.889×", "the owner alone 0.800× baseline, 3 workers 1.000× of that", "created on first use", "per warm tag"} {
 		if !strings.Contains(b.String(), s) {
 			t.Errorf("report lacks %q:\n%s", s, b.String())
 		}
