@@ -19,6 +19,8 @@ import (
 type Owners interface {
 	// Owns reports whether this worker may serve tag now.
 	Owns(tag string) bool
+	// Cached says where tag's requests go without I/O, if it knows.
+	Cached(tag string) (ownership.Route, bool)
 	// Route says where tag's requests go, from what this worker last saw.
 	Route(ctx context.Context, tag string) (ownership.Route, error)
 	// Claim makes this worker the owner if nobody holds a live lease.
@@ -55,6 +57,10 @@ func (s *Service) takeOrdered(r replier, tag string, n int, format Format) {
 		return
 	}
 	data, hdr := r.req.Data(), nats.Header(r.req.Headers())
+	if rt, ok := s.cfg.Owners.Cached(tag); ok && rt.Subject != "" {
+		s.forward(r, rt.Subject+"."+tag, data, hdr) // the common case: no goroutine
+		return
+	}
 	r.inline = false
 	s.parked.Add(1)
 	go func() {

@@ -283,6 +283,22 @@ func (l *Leases) Route(ctx context.Context, tag string) (Route, error) {
 	return Route{}, nil
 }
 
+// Cached says where tag's requests go from what this worker already knows,
+// without I/O; ok is false when it knows of no live owner (then use Route).
+func (l *Leases) Cached(tag string) (r Route, ok bool) {
+	if l.Owns(tag) {
+		return Route{Self: true}, true
+	}
+	l.mu.Lock()
+	rec, ok := l.routes[tag]
+	ok = ok && !l.closed
+	l.mu.Unlock()
+	if ok && rec.Owner != "" && rec.Owner != l.cfg.Owner && !rec.Released && l.cfg.Now().Before(rec.Expires) {
+		return Route{Owner: rec.Owner, Subject: rec.Subject}, true
+	}
+	return Route{}, false
+}
+
 // Forget drops what this worker saw of tag's owner, so that the next Route
 // reads the key again (for example after a forwarded request went
 // unanswered).
