@@ -25,6 +25,15 @@ import (
 const (
 	chaosLease     = 2 * time.Second
 	chaosHeartbeat = 500 * time.Millisecond
+	orderedLease   = 2 * time.Second // --ordered-lease
+	chaosMaxStep   = 2000            // --max-step: small segments, many fetches and switches
+)
+
+// orderedTag is the chaos test's ordered tag; orderedClients concurrent
+// clients drive it.
+const (
+	orderedTag     = "ordered"
+	orderedClients = 4
 )
 
 // chaosSeed returns the seed of the fault schedule: DISPENSER_CHAOS_SEED or
@@ -47,7 +56,9 @@ func chaosSeed(tb testing.TB) uint64 {
 type chaos struct {
 	t       *testing.T
 	rng     *rand.Rand
-	pg      *testenv.PostgresCluster // nil with the KV store
+	pg      *testenv.PostgresCluster // the primary; nil with the KV store
+	replica *testenv.PostgresCluster // its streaming replica; nil once promoted, and with the KV store
+	db      string                   // the database's name on both
 	nats    *natsServer
 	fleet   *fleet
 	nc      *nats.Conn // the test's own connection, for stats
@@ -72,7 +83,11 @@ var allFaults = []fault{
 	{"sigstop-takeover", (*chaos).sigstopTakeover},
 	{"pg-restart", (*chaos).pgRestart},
 	{"pg-stop", (*chaos).pgStop},
-	{"nats-restart", (*chaos).natsRestart},
+	{natsRestartFault, (*chaos).natsRestart},
+	{"sigkill-owner", (*chaos).sigkillOwner},
+	{"sigterm-owner", (*chaos).sigtermOwner},
+	{"sigstop-owner", (*chaos).sigstopOwner},
+	{"pg-failover", (*chaos).pgFailover}, // once per run: it removes itself from c.faults
 }
 
 // TestChaos runs three workers against one nats-server and one PostgreSQL
@@ -95,21 +110,23 @@ func TestChaos(t *testing.T) {
 // runChaos runs the chaos test with the segment store "postgres" or "kv".
 func runChaos(t *testing.T, seed uint64, store string) {
 	c := &chaos{t: t, rng: rand.New(rand.NewPCG(seed, 0xc4a05))}
-	tags := map[string]int64{"small": 100, "medium": 500, "large": 2000}
+	tags := map[string]int64{"small": 100, "medium": 500, "large": 2000, orderedTag: 100}
 	c.nats = startNATS(t)
 	storeFlags := []string{"--segment-bucket", "chaos_segments"}
 	if store == "postgres" {
-		var dbURL string
-		c.pg, dbURL = postgresCluster(t, tags)
-		storeFlags = []string{"--postgres-url", dbURL}
+		// A primary and its streaming replica behind one multi-host URL
+		// with target_session_attrs=read-write, for pg-failover.
+		c.pg, c.replica, c.db = postgresPair(t, tags, orderedTag)
+		storeFlags = []string{"--postgres-url", testenv.MultiHostURL(c.db, c.pg, c.replica)}
 	} else {
-		createKVTags(t, c.nats.URL(), "chaos_segments", 1, tags)
+		createKVTags(t, c.nats.URL(), "chaos_segments", 1, tags, orderedTag)
 	}
 	c.fleet = newFleet(t, append(storeFlags,
 		"--nats-url", c.nats.URL(),
 		"--snowflake-lease", chaosLease.String(),
 		"--snowflake-heartbeat", chaosHeartbeat.String(),
-		"--max-step", "2000", // small segments: many fetches and switches
+		"--ordered-lease", orderedLease.String(),
+		"--max-step", strconv.Itoa(chaosMaxStep),
 		"--shutdown-timeout", "5s",
 		"--log-level", "debug", // give-backs are logged at debug
 	)...)
@@ -122,7 +139,11 @@ func runChaos(t *testing.T, seed uint64, store string) {
 	// timeout and a little more after it ended.
 	spec := loadSpec{clients: 2, rate: 100, maxCount: 5, timeout: 2 * time.Second, seed: seed}
 	for _, tag := range sortedKeys(tags) {
-		spec.targets = append(spec.targets, segmentTarget(tag))
+		if tag == orderedTag {
+			spec.targets = append(spec.targets, orderedTarget(tag, orderedClients))
+		} else {
+			spec.targets = append(spec.targets, segmentTarget(tag))
+		}
 	}
 	spec.targets = append(spec.targets, snowflakeTarget)
 	c.load = startLoad(t, connect(t, c.nats.URL(), "chaos-load"), spec)
@@ -149,8 +170,9 @@ func runChaos(t *testing.T, seed uint64, store string) {
 			c.pause(500*time.Millisecond, 3*time.Second)
 		}
 	} else {
-		for _, i := range c.rng.Perm(len(c.faults)) {
-			f := c.faults[i]
+		faults := slices.Clone(c.faults) // pg-failover removes itself from c.faults
+		for _, i := range c.rng.Perm(len(faults)) {
+			f := faults[i]
 			f.run(c, f.name)
 			c.pause(500*time.Millisecond, 1500*time.Millisecond)
 		}
@@ -166,10 +188,24 @@ func runChaos(t *testing.T, seed uint64, store string) {
 	table, fails := c.log.report()
 	requests, ok, ids := c.load.totals()
 	t.Logf("seed %d: %d requests, %d answered, %d IDs; failed requests by fault:\n%s", seed, requests, ok, ids, table)
+	orderedTable, _ := c.log.reportOf(func(cl *client) bool { return cl.target.ordered })
+	t.Logf("ordered tag %q (%d concurrent clients): requests and failed requests by fault:\n%s", orderedTag, orderedClients, orderedTable)
+	var outside []string // the ordered tag's failures outside the faults' windows
+	for _, cl := range c.load.clients {
+		for _, f := range cl.fails {
+			if cl.target.ordered && c.log.attribute(f.got) == "none" && len(outside) < 5 {
+				outside = append(outside, fmt.Sprintf("%s sent at %.3fs, failed at %.3fs: %s", f.kind, float64(f.sent)/1e9, float64(f.got)/1e9, f.err))
+			}
+		}
+	}
+	if len(outside) > 0 {
+		t.Logf("ordered tag: failures outside the faults' windows, e.g.:\n%s", strings.Join(outside, "\n"))
+	}
 	t.Logf("example errors: %v", c.load.firstErrors())
 	c.logWorkers()
 	c.log.checkEffects(t)
 	c.load.check(t, c.fleet.describe)
+	c.log.checkOrderedFailures(t)
 	if len(fails) > 0 {
 		t.Logf("failures by fault and kind: %v", fails)
 	}
@@ -178,6 +214,13 @@ func runChaos(t *testing.T, seed uint64, store string) {
 	}
 	answered := c.load.answeredSince(quiet)
 	for _, tg := range spec.targets {
+		if tg.ordered {
+			// Only the owner answers an ordered tag (the others forward).
+			if len(answered[tg.name]) == 0 {
+				t.Errorf("no worker answered a %s request after the last fault", tg.name)
+			}
+			continue
+		}
 		for _, p := range c.slots {
 			if !answered[tg.name][p.id] {
 				t.Errorf("worker %v answered no %s request after the last fault", p, tg.name)
@@ -546,6 +589,9 @@ func (c *chaos) logWorkers() {
 			ts := st.Tags[tag]
 			fmt.Fprintf(&b, " %s: %d fetches, step %d, %d wait timeouts;", tag, ts.Fetches, ts.Step, ts.WaitTimeouts)
 		}
+		o := st.Ordered
+		fmt.Fprintf(&b, " ordered: owns %v, claims %d, handovers %d, losses %d, fenced refusals %d;",
+			o.Owned, o.Claims, o.Handovers, o.Losses, o.FencedRefusals)
 	}
 	c.t.Logf("live workers:%s", b.String())
 }

@@ -5,15 +5,29 @@
 // and then check the two promises of an ID service: no ID is ever handed out
 // twice, and the service stays available.
 //
-//   - TestChaos: three workers, one nats-server, one PostgreSQL; SIGKILL,
-//     SIGTERM, SIGSTOP beyond the snowflake lease, SIGSTOP until a
-//     replacement takes the worker ID over, PostgreSQL crash and stop,
+//   - TestChaos: three workers, one nats-server, one PostgreSQL primary
+//     with a streaming replica behind one multi-host URL
+//     (target_session_attrs=read-write); load on three plain tags, one
+//     ordered tag (--ordered, --ordered-lease 2s, four concurrent clients)
+//     and snowflake; SIGKILL, SIGTERM, SIGSTOP beyond the snowflake lease,
+//     SIGSTOP until a replacement takes the worker ID over, SIGKILL,
+//     SIGTERM and SIGSTOP of the ordered tag's owner (found in the
+//     segment endpoint's stats, "ordered" → "owned"), PostgreSQL crash and
+//     stop, PostgreSQL failover to a replica that missed the last fetches,
 //     nats-server restart, on a seeded random schedule. Each fault must
 //     show its effect (a kill by SIGKILL, a clean exit, a fenced episode,
-//     a lost lease, a failed fetch, every worker reconnected), or the test
-//     fails. No duplicate, only IDs or 503 in replies, per-worker order,
-//     no two processes issuing with one snowflake worker ID at overlapping
-//     times, self-recovery; failed requests are reported by fault.
+//     a lost lease, the ordered tag owned by another process, a failed
+//     fetch, the primary's max_id moved past the replica's and a worker
+//     logged the witness's "the segment store lost writes", every worker
+//     reconnected), or the test fails. No duplicate, only IDs or 503 in
+//     replies, per-worker order, no two processes issuing with one
+//     snowflake worker ID at overlapping times, the ordered tag's replies
+//     linearizably increasing (for any request A answered before B was
+//     sent, max(A) < min(B), on the test's monotonic clock) and its
+//     failures only 503 or timeouts, self-recovery; failed requests are
+//     reported by fault, for all requests and for the ordered tag's. The
+//     failover happens at most once per run: the promoted replica is the
+//     primary from then on, and the later PostgreSQL faults break it.
 //   - TestDatabaseOutage: PostgreSQL down for 10 s under load with steps
 //     for 30 s of it: no failed request, and the workers refill their
 //     buffers by themselves afterwards.
@@ -30,12 +44,14 @@
 //     must still be 0.
 //
 // The checks are checked too: TestHarnessDetectsViolations,
-// TestCheckSnowflakeWorkers, TestCheckUnique and TestFaultEffects feed
-// every branch of the checker a misbehaving fake.
+// TestCheckSnowflakeWorkers, TestCheckUnique, TestCheckLinearizable,
+// TestCheckOrderedFailures and TestFaultEffects feed every branch of the
+// checker a misbehaving fake (for linearizability: a fake ordered tag
+// answered from two interleaved counters, unique and each increasing).
 //
 // Run it with
 //
-//	go test -race ./internal/chaos/                 # short mode, 60-90 s
+//	go test -race ./internal/chaos/                 # short mode, 80-120 s on 2 cores
 //	DISPENSER_CHAOS_LONG=1 go test -timeout 30m ./internal/chaos/
 //
 // Environment variables:

@@ -152,11 +152,20 @@ func TestHarnessDetectsViolations(t *testing.T) {
 	const bits = 7
 	fake("snowflake", "w9", everyOtherMs(1000, bits))
 	fake("snowflake", "w10", everyOtherMs(1001, bits))
+	// Ordered tags ("ord..."): one worker counting up is linearizable; two
+	// interleaved counters, one far above the other, are not, although
+	// neither repeats an ID nor goes down.
+	fake("ordgood", "w11", counter(1, 1))
+	fake("ordbad", "w12", counter(1, 1))
+	fake("ordbad", "w13", counter(1e6, 1))
 	nc.Flush()
 
 	spec := loadSpec{clients: 2, rate: 200, maxCount: 3, timeout: 5 * time.Second}
 	for _, tag := range sortedKeys(calls) {
-		if tag != "snowflake" {
+		switch {
+		case strings.HasPrefix(tag, "ord"):
+			spec.targets = append(spec.targets, orderedTarget(tag, 4))
+		case tag != "snowflake":
 			spec.targets = append(spec.targets, segmentTarget(tag))
 		}
 	}
@@ -193,6 +202,8 @@ func TestHarnessDetectsViolations(t *testing.T) {
 		{"wrong count", "IDs, got"},
 		{"missing Id-Worker", "without Id-Worker header"},
 		{"overlapping worker ID", "snowflake: worker ID 7 used by"},
+		{"ordered tag not linearizable", "ordbad: "},
+		{"ordered tag not linearizable", "broke linearizable increase"},
 	} {
 		if !strings.Contains(all, tt.want) {
 			t.Errorf("%s: check did not report %q; it reported:\n%s", tt.name, tt.want, all)
@@ -204,6 +215,9 @@ func TestHarnessDetectsViolations(t *testing.T) {
 		}
 		if strings.Contains(e, "good") {
 			t.Errorf("the well-behaved fake was reported: %s", e)
+		}
+		if strings.Contains(e, "ordbad") && !strings.Contains(e, "linearizable") {
+			t.Errorf("interleaved counters, unique and each increasing, reported for more than linearizability: %s", e)
 		}
 	}
 }
@@ -350,5 +364,72 @@ func TestFaultAttribution(t *testing.T) {
 		if got := fl.attribute(int64(c.got)); got != c.want {
 			t.Errorf("attribute(%.1fs) = %q, want %q", c.got/1e9, got, c.want)
 		}
+	}
+}
+
+// TestCheckLinearizable checks the checker of linearizable increase both
+// ways, as dispenser/ordered_test.go does with its own copy: a reply not
+// above one answered before the request was sent is caught; concurrent
+// requests may interleave.
+func TestCheckLinearizable(t *testing.T) {
+	ms := func(v int) int64 { return int64(v) * 1e6 }
+	tests := []struct {
+		name string
+		obs  []observation
+		want int
+	}{
+		{"increasing", []observation{{sent: ms(0), got: ms(1), lo: 1, hi: 2}, {sent: ms(2), got: ms(3), lo: 3, hi: 3}}, 0},
+		{"concurrent may interleave", []observation{{sent: ms(0), got: ms(5), lo: 5, hi: 5}, {sent: ms(1), got: ms(4), lo: 4, hi: 4}}, 0},
+		{"smaller after an answer", []observation{{sent: ms(0), got: ms(1), lo: 5, hi: 5}, {sent: ms(2), got: ms(3), lo: 4, hi: 4}}, 1},
+		{"equal after an answer", []observation{{sent: ms(0), got: ms(1), lo: 3, hi: 4}, {sent: ms(2), got: ms(3), lo: 4, hi: 5}}, 1},
+		{"later but not after", []observation{{sent: ms(0), got: ms(3), lo: 5, hi: 5}, {sent: ms(2), got: ms(4), lo: 4, hi: 4}}, 0},
+		{"sent the instant the other was answered", []observation{{sent: ms(0), got: ms(2), lo: 5, hi: 5}, {sent: ms(2), got: ms(3), lo: 4, hi: 4}}, 0},
+		{"below an earlier answer, not the latest", []observation{
+			{sent: ms(0), got: ms(1), lo: 9, hi: 9}, {sent: ms(2), got: ms(3), lo: 10, hi: 10}, {sent: ms(1), got: ms(4), lo: 2, hi: 2},
+			{sent: ms(5), got: ms(6), lo: 8, hi: 8}}, 1},
+		{"two counters interleaved", []observation{
+			{sent: ms(0), got: ms(1), lo: 1e6, hi: 1e6}, {sent: ms(2), got: ms(3), lo: 1, hi: 1},
+			{sent: ms(4), got: ms(5), lo: 1e6 + 1, hi: 1e6 + 1}, {sent: ms(6), got: ms(7), lo: 2, hi: 2}}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, examples := checkLinearizable(tt.obs)
+			if got != tt.want {
+				t.Fatalf("violations = %d, want %d (%v)", got, tt.want, examples)
+			}
+			if got > 0 && len(examples) == 0 {
+				t.Fatal("violations without an example")
+			}
+		})
+	}
+}
+
+// TestCheckOrderedFailures checks that a request for an ordered tag may
+// fail only with 503 or a timeout, or as any request may while the
+// nats-server restarts, and that plain tags are not held to it.
+func TestCheckOrderedFailures(t *testing.T) {
+	l := &load{index: map[string]int32{}}
+	ord := l.newClient(orderedTarget("o", 1), 1)
+	plain := l.newClient(segmentTarget("p"), 2)
+	fl := &faultLog{l: l, grace: time.Second, windows: []window{
+		{kind: "sigkill-owner", start: 10e9, end: 12e9},
+		{kind: natsRestartFault, start: 20e9, end: 22e9},
+	}}
+	ord.fails = []failure{
+		{got: 11e9, kind: "503"}, {got: 11e9, kind: "timeout"}, // allowed
+		{got: 21e9, kind: "no responders"}, {got: 21e9, kind: "nats"}, // allowed during the restart
+		{got: 11.5e9, kind: "no responders", err: "nats: no responders available for request"},
+	}
+	plain.fails = []failure{{got: 11e9, kind: "no responders"}}
+	rec := &recordingTB{TB: t}
+	fl.checkOrderedFailures(rec)
+	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "o no responders during sigkill-owner:1") {
+		t.Errorf("checkOrderedFailures reported %q, want one error for the no-responders failure during sigkill-owner", rec.errs)
+	}
+	ord.fails = ord.fails[:4]
+	rec = &recordingTB{TB: t}
+	fl.checkOrderedFailures(rec)
+	if len(rec.errs) != 0 {
+		t.Errorf("allowed failures reported: %q", rec.errs)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
@@ -607,8 +608,9 @@ func postgresCluster(tb testing.TB, tags map[string]int64) (*testenv.PostgresClu
 	return c, dbURL
 }
 
-// createTags migrates the database at dbURL and creates tags with steps.
-func createTags(tb testing.TB, dbURL string, tags map[string]int64) {
+// createTags migrates the database at dbURL and creates tags with steps;
+// those named in ordered are ordered tags.
+func createTags(tb testing.TB, dbURL string, tags map[string]int64, ordered ...string) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -622,15 +624,17 @@ func createTags(tb testing.TB, dbURL string, tags map[string]int64) {
 	}
 	st := postgres.New(pool)
 	for tag, step := range tags {
-		if err := st.CreateTag(ctx, segment.Tag{Name: tag, Step: step, MaxID: 1, Description: "chaos test"}); err != nil {
+		t := segment.Tag{Name: tag, Step: step, MaxID: 1, Description: "chaos test", Ordered: slices.Contains(ordered, tag)}
+		if err := st.CreateTag(ctx, t); err != nil {
 			tb.Fatal(err)
 		}
 	}
 }
 
 // createKVTags creates tags with steps in the JetStream KV segment store
-// bucket (with replicas, if it is new) on the NATS server(s) at urls.
-func createKVTags(tb testing.TB, urls, bucket string, replicas int, tags map[string]int64) {
+// bucket (with replicas, if it is new) on the NATS server(s) at urls; those
+// named in ordered are ordered tags.
+func createKVTags(tb testing.TB, urls, bucket string, replicas int, tags map[string]int64, ordered ...string) {
 	tb.Helper()
 	nc, err := nats.Connect(urls)
 	if err != nil {
@@ -659,7 +663,8 @@ func createKVTags(tb testing.TB, urls, bucket string, replicas int, tags map[str
 		tb.Logf("creating bucket %s: %v; trying again", bucket, err)
 	}
 	for tag, step := range tags {
-		if err := st.CreateTag(ctx, segment.Tag{Name: tag, Step: step, MaxID: 1, Description: "chaos test"}); err != nil {
+		t := segment.Tag{Name: tag, Step: step, MaxID: 1, Description: "chaos test", Ordered: slices.Contains(ordered, tag)}
+		if err := st.CreateTag(ctx, t); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -669,7 +674,8 @@ func createKVTags(tb testing.TB, urls, bucket string, replicas int, tags map[str
 type workerStats struct {
 	Tags      map[string]segment.TagStats
 	Snowflake snowflake.WorkerStats
-	Requests  map[string]int // per endpoint
+	Ordered   ownership.Stats // the segment endpoint's "ordered"
+	Requests  map[string]int  // per endpoint
 	Errors    map[string]int
 }
 
@@ -688,10 +694,14 @@ func statsOf(nc *nats.Conn, id string) (*workerStats, error) {
 		ws.Requests[e.Name], ws.Errors[e.Name] = e.NumRequests, e.NumErrors
 		switch e.Name {
 		case "segment":
-			var d struct{ Tags []segment.TagStats }
+			var d struct {
+				Tags    []segment.TagStats
+				Ordered ownership.Stats `json:"ordered"`
+			}
 			if err := json.Unmarshal(e.Data, &d); err != nil {
 				return nil, fmt.Errorf("segment stats of %s: %w", id, err)
 			}
+			ws.Ordered = d.Ordered
 			for _, t := range d.Tags {
 				ws.Tags[t.Tag] = t
 			}

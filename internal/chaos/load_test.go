@@ -30,9 +30,16 @@ type target struct {
 	name      string // the tag, or "snowflake"
 	subject   string
 	snowflake bool
+	ordered   bool // an ordered tag: its IDs must increase linearizably
+	clients   int  // clients of this target; 0: loadSpec.clients
 }
 
 func segmentTarget(tag string) target { return target{name: tag, subject: "id.segment." + tag} }
+
+// orderedTarget is an ordered tag driven by clients concurrent clients.
+func orderedTarget(tag string, clients int) target {
+	return target{name: tag, subject: "id.segment." + tag, ordered: true, clients: clients}
+}
 
 var snowflakeTarget = target{name: "snowflake", subject: "id.snowflake", snowflake: true}
 
@@ -122,7 +129,7 @@ func startLoad(tb testing.TB, nc *nats.Conn, spec loadSpec) *load {
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	tb.Cleanup(l.stop)
 	for i, tg := range spec.targets {
-		for j := range spec.clients {
+		for j := range cmp.Or(tg.clients, spec.clients) {
 			c := l.newClient(tg, spec.seed+uint64(i*1000+j))
 			l.wg.Add(1)
 			go c.loop()
@@ -406,6 +413,79 @@ func (l *load) check(tb testing.TB, describe func(string) string) {
 	if cs := byTarget[snowflakeTarget.name]; len(cs) > 0 {
 		l.checkSnowflakeWorkers(tb, cs, describe)
 	}
+	for _, name := range names {
+		if cs := byTarget[name]; cs[0].target.ordered {
+			l.checkOrdered(tb, name, cs, describe)
+		}
+	}
+}
+
+// observation is one answered request of an ordered tag as its client saw
+// it: when it was sent and when the reply was received, in nanoseconds on
+// the test process's monotonic clock (since the load started), and the
+// smallest and largest ID of the reply. sent is taken before the request
+// is published and got after the reply arrived, so the real interval lies
+// within [sent, got]: "A was answered before B was sent" judged from these
+// times holds for the real events too.
+type observation struct {
+	sent, got int64
+	lo, hi    int64
+	who       string // for messages: the client and the worker that answered
+}
+
+// checkLinearizable returns the number of requests B that got an ID not
+// above every ID of a request A answered before B was sent (A.got <
+// B.sent), and a few examples: zero means the observations are
+// linearizably increasing. As in dispenser/ordered_test.go: sort by receive
+// time, keep the running maximum, and compare each request's smallest ID
+// with the maximum of those received before it was sent.
+func checkLinearizable(obs []observation) (violations int, examples []string) {
+	byGot := slices.Clone(obs)
+	slices.SortFunc(byGot, func(a, b observation) int { return cmp.Compare(a.got, b.got) })
+	prefixMax := make([]int, len(byGot)) // index into byGot of the largest hi in byGot[:i+1]
+	for i, o := range byGot {
+		prefixMax[i] = i
+		if i > 0 && byGot[prefixMax[i-1]].hi >= o.hi {
+			prefixMax[i] = prefixMax[i-1]
+		}
+	}
+	for _, b := range obs {
+		// The requests answered before b was sent: byGot[:k].
+		k := sort.Search(len(byGot), func(i int) bool { return byGot[i].got >= b.sent })
+		if k == 0 {
+			continue
+		}
+		if a := byGot[prefixMax[k-1]]; a.hi >= b.lo {
+			violations++
+			if len(examples) < 5 {
+				examples = append(examples, fmt.Sprintf("request sent at %.6fs (%s) got %d..%d, but %d had been answered at %.6fs (%s)",
+					float64(b.sent)/1e9, b.who, b.lo, b.hi, a.hi, float64(a.got)/1e9, a.who))
+			}
+		}
+	}
+	return violations, examples
+}
+
+// checkOrdered fails the test if the replies of ordered tag name, over all
+// its clients, did not increase linearizably.
+func (l *load) checkOrdered(tb testing.TB, name string, cs []*client, describe func(string) string) {
+	tb.Helper()
+	var obs []observation
+	for i, c := range cs {
+		for _, r := range c.replies {
+			ids := c.ids[r.off : r.off+r.n]
+			if len(ids) == 0 {
+				continue
+			}
+			obs = append(obs, observation{sent: r.sent, got: r.got, lo: slices.Min(ids), hi: slices.Max(ids),
+				who: fmt.Sprintf("client %d, %s", i, describe(l.workerID(r.worker)))})
+		}
+	}
+	if n, examples := checkLinearizable(obs); n > 0 {
+		tb.Errorf("%s: %d of %d requests broke linearizable increase:\n%s", name, n, len(obs), strings.Join(examples, "\n"))
+	} else {
+		tb.Logf("%s: %d answered requests from %d concurrent clients increase linearizably", name, len(obs), len(cs))
+	}
 }
 
 // checkUnique fails the test for every ID that clients received twice.
@@ -563,10 +643,53 @@ func (fl *faultLog) attribute(got int64) string {
 	return kind
 }
 
+// orderedFailureKinds are the failures a request for an ordered tag may
+// have while its ownership moves: 503 (the owner is changing, or its
+// buffers ran dry) or a timeout (sent to a process that was killed or
+// frozen). The nats-server restart adds those of any request while clients
+// and workers reconnect.
+var orderedFailureKinds = map[string]bool{dispenser.CodeUnavailable: true, "timeout": true}
+
+// checkOrderedFailures fails the test for every request of an ordered tag
+// that failed otherwise than orderedFailureKinds allow, or otherwise than
+// any request may during a nats-server restart (the fault kind
+// natsRestartFault).
+func (fl *faultLog) checkOrderedFailures(tb testing.TB) {
+	tb.Helper()
+	bad := map[string]int{}
+	var example string
+	for _, c := range fl.l.clients {
+		if !c.target.ordered {
+			continue
+		}
+		for _, f := range c.fails {
+			if orderedFailureKinds[f.kind] || fl.attribute(f.got) == natsRestartFault {
+				continue
+			}
+			key := fmt.Sprintf("%s %s during %s", c.target.name, f.kind, fl.attribute(f.got))
+			if bad[key] == 0 && example == "" {
+				example = fmt.Sprintf("%s at %.3fs: %s", c.target.name, float64(f.got)/1e9, f.err)
+			}
+			bad[key]++
+		}
+	}
+	if len(bad) > 0 {
+		tb.Errorf("ordered tag: requests failed otherwise than with 503 or a timeout: %v, e.g. %s", bad, example)
+	}
+}
+
+// natsRestartFault is the kind of the nats-server restart fault.
+const natsRestartFault = "nats-restart"
+
 // report returns a table of faults injected, faults whose effect was
 // observed, and requests and failures by fault and failure kind; and the
 // failures per fault kind.
 func (fl *faultLog) report() (string, map[string]map[string]int) {
+	return fl.reportOf(func(*client) bool { return true })
+}
+
+// reportOf is report for the requests of the clients that keep selects.
+func (fl *faultLog) reportOf(keep func(*client) bool) (string, map[string]map[string]int) {
 	var kinds []string // fault kinds in order of first injection, then none
 	injected, effective := map[string]int{}, map[string]int{}
 	for _, w := range fl.windows {
@@ -583,6 +706,9 @@ func (fl *faultLog) report() (string, map[string]map[string]int) {
 	fails := map[string]map[string]int{}
 	failKinds := map[string]bool{}
 	for _, c := range fl.l.clients {
+		if !keep(c) {
+			continue
+		}
 		for _, r := range c.replies {
 			requests[fl.attribute(r.got)]++
 		}
