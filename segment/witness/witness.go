@@ -184,9 +184,12 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 			if err != nil {
 				return segment.Allocation{}, err
 			}
-			if before < m.end {
-				// Still behind after our own fetch: not a race. The
-				// store's max_id was refused.Start.
+			// A race leaves our segment wholly below the mark (the
+			// segment that set it was fetched after ours); a store
+			// still behind after our fetch, or a refused segment that
+			// reaches the mark (overlapping the segment that set it),
+			// means the store lost writes. Its max_id was refused.Start.
+			if before < m.end || refused.End >= m.end {
 				w.rollbacks.Add(1)
 				w.log.Error("witness: the segment store lost writes (failover, restored backup or max_id lowered by hand); "+
 					"moved max_id above the witness mark, no ID is handed out twice",

@@ -316,3 +316,21 @@ func TestOpenRefusesBucketsThatForget(t *testing.T) {
 		t.Fatalf("Open on a bucket with a TTL: %v, want kvbucket.ErrTTL", err)
 	}
 }
+
+// TestLostWritesLessThanAStepAreCaught: a store that lost less than one
+// segment (its refused segment reaches the mark) is reported as a rollback
+// too, not taken for a race between workers.
+func TestLostWritesLessThanAStepAreCaught(t *testing.T) {
+	e := newEnv(t)
+	w := e.open(t, witness.Settings{})
+	fetch(t, w, "t") // 1..10, mark 11
+	fetch(t, w, "t") // 11..20, mark 21
+	e.setMaxID(t, "t", 16) // lost half a segment
+	next := fetch(t, w, "t")
+	if next.Start < 21 {
+		t.Fatalf("segment %+v below the mark 21", next)
+	}
+	if got := w.Rollbacks(); got != 1 {
+		t.Fatalf("Rollbacks() = %d, want 1", got)
+	}
+}
