@@ -501,9 +501,11 @@ func TestStopAnswersRequestsInFlight(t *testing.T) {
 		stopped <- w.svc.Stop(ctx)
 	}()
 	// Stop has begun once the endpoint is gone; it must not return while
-	// the parked request waits.
+	// the parked request waits. The probes ask for an unknown tag: a probe
+	// for "a" that arrived before the endpoint went would park too and
+	// might take ID 1.
 	waitUntil(t, "the endpoint to go", func() bool {
-		_, err := nc.Request("id.segment.a", nil, time.Second)
+		_, err := nc.Request("id.segment.probe", nil, time.Second)
 		return errors.Is(err, nats.ErrNoResponders)
 	})
 	select {
