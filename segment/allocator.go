@@ -289,8 +289,7 @@ func (a *Allocator) Reset(tag string) {
 		}
 	}
 	b.mu.Lock()
-	close(b.wake)
-	b.wake = make(chan struct{})
+	b.wakeAll()
 	b.mu.Unlock()
 }
 
@@ -432,6 +431,9 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 		// Take the channel before trying, so that a load finishing in
 		// between is not missed.
 		b.mu.Lock()
+		if b.wake == nil {
+			b.wake = make(chan struct{})
+		}
 		wake, removed, exhausted, lastErr := b.wake, b.removed, b.exhausted.Load(), b.lastErr
 		b.mu.Unlock()
 		if a.ctx.Err() != nil {
@@ -615,8 +617,7 @@ func (a *Allocator) release(b *buffer) {
 		return
 	}
 	b.mu.Lock()
-	close(b.wake) // requests holding b take the tag's new buffer
-	b.wake = make(chan struct{})
+	b.wakeAll() // requests holding b take the tag's new buffer
 	b.mu.Unlock()
 	a.released.Add(1)
 	ctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)

@@ -79,7 +79,8 @@ type buffer struct {
 	exhausted atomic.Bool
 
 	mu sync.Mutex // protects the fields below
-	// wake is closed and replaced whenever a fetch ends, well or not.
+	// wake, made by the first waiter, is closed and dropped whenever a
+	// fetch ends, well or not (most tags never have a waiter: no channel).
 	wake        chan struct{}
 	step        int64 // step of the last fetch; 0 before the first
 	minStep     int64 // the tag's configured step, as of the last fetch
@@ -91,7 +92,7 @@ type buffer struct {
 }
 
 func newBuffer(a *Allocator, tag string) *buffer {
-	return &buffer{a: a, tag: tag, born: time.Now(), wake: make(chan struct{})}
+	return &buffer{a: a, tag: tag, born: time.Now()}
 }
 
 // take takes up to n IDs without waiting, appending them to dst, and returns
@@ -213,8 +214,7 @@ func (b *buffer) load() {
 		if exhausted {
 			b.exhausted.Store(true)
 		}
-		close(b.wake)
-		b.wake = make(chan struct{})
+		b.wakeAll()
 		b.mu.Unlock()
 		if gone {
 			a.removeTag(b.tag, b)
@@ -285,8 +285,7 @@ func (b *buffer) publish(alloc Allocation, latency time.Duration) {
 		b.next.Store(seg)
 	}
 	b.loading.Store(false)
-	close(b.wake)
-	b.wake = make(chan struct{})
+	b.wakeAll()
 	b.mu.Unlock()
 }
 
@@ -294,8 +293,7 @@ func (b *buffer) publish(alloc Allocation, latency time.Duration) {
 func (b *buffer) remove() {
 	b.mu.Lock()
 	b.removed = true
-	close(b.wake)
-	b.wake = make(chan struct{})
+	b.wakeAll()
 	b.mu.Unlock()
 }
 
@@ -327,4 +325,12 @@ func (b *buffer) giveBack(ctx context.Context) error {
 	}
 	b.a.log.Debug("segment: give back", "tag", b.tag, "first", first, "end", last.end, "done", ok)
 	return nil
+}
+
+// wakeAll wakes the requests waiting on b. b.mu must be held.
+func (b *buffer) wakeAll() {
+	if b.wake != nil {
+		close(b.wake)
+		b.wake = nil
+	}
 }

@@ -323,8 +323,8 @@ func TestOpenRefusesBucketsThatForget(t *testing.T) {
 func TestLostWritesLessThanAStepAreCaught(t *testing.T) {
 	e := newEnv(t)
 	w := e.open(t, witness.Settings{})
-	fetch(t, w, "t") // 1..10, mark 11
-	fetch(t, w, "t") // 11..20, mark 21
+	fetch(t, w, "t")       // 1..10, mark 11
+	fetch(t, w, "t")       // 11..20, mark 21
 	e.setMaxID(t, "t", 16) // lost half a segment
 	next := fetch(t, w, "t")
 	if next.Start < 21 {
