@@ -393,6 +393,9 @@ func (s *Service) newReplier(req micro.Request, endpoint string) replier {
 }
 
 func (r replier) respond(data []byte, ids int) {
+	// Counted before the reply goes out, so that a client that got its
+	// IDs finds them counted.
+	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
 	var err error
 	switch {
 	case r.worker && r.inline:
@@ -408,7 +411,6 @@ func (r replier) respond(data []byte, ids int) {
 	if err != nil {
 		r.s.cfg.Logger.Warn("dispenser: reply failed", "subject", r.req.Subject(), "err", err)
 	}
-	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
 }
 
 func (r replier) fail(err error) {
