@@ -205,13 +205,9 @@ func openStore(ctx context.Context, js jetstream.JetStream, postgresURL string) 
 		}
 		return st, func() {}, nil
 	}
-	pool, err := openPostgres(ctx, postgresURL)
+	pool, err := openMigrated(ctx, postgresURL)
 	if err != nil {
 		return nil, nil, err
-	}
-	if _, err := schema.Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, nil, fmt.Errorf("migrating: %w", err)
 	}
 	return postgres.New(pool), pool.Close, nil
 }
@@ -608,6 +604,20 @@ func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return string(t.b)
+}
+
+// openMigrated connects to the PostgreSQL segment store at url and applies
+// the migrations.
+func openMigrated(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pool, err := openPostgres(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := schema.Migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("migrating: %w", err)
+	}
+	return pool, nil
 }
 
 // openPostgres connects to the PostgreSQL segment store at url.

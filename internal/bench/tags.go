@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
@@ -153,13 +152,9 @@ func (e *env) tagsStore(ctx context.Context, postgresURL string, storeTags int) 
 		}
 		return st, func() {}, nil
 	}
-	pool, err := openPostgres(ctx, postgresURL)
+	pool, err := openMigrated(ctx, postgresURL)
 	if err != nil {
 		return nil, nil, err
-	}
-	if _, err := schema.Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, nil, fmt.Errorf("migrating: %w", err)
 	}
 	_, err = pool.Exec(ctx, `INSERT INTO leaf_alloc (biz_tag, max_id, step, description, update_time)
 SELECT $1 || g, 1, 1000, 'dispenser bench', now() - interval '1 day' FROM generate_series(0, $2::int - 1) g
