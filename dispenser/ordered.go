@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -71,6 +73,7 @@ func (s *Service) takeOrdered(r replier, tag string, n int, format Format) {
 
 // takeOwned serves an ordered tag this worker owns.
 func (s *Service) takeOwned(r replier, tag string, n int, format Format) {
+	s.attract(tag)
 	var arr [2]segment.Run
 	runs, pending, err := s.cfg.Segments.TakeOwned(tag, n, arr[:0])
 	switch {
@@ -180,3 +183,136 @@ func (f forwardedRequest) Data() []byte           { return f.msg.Data }
 func (f forwardedRequest) Headers() micro.Headers { return micro.Headers(f.msg.Header) }
 func (f forwardedRequest) Subject() string        { return f.msg.Subject }
 func (f forwardedRequest) Reply() string          { return f.msg.Reply }
+
+// The owner of an ordered tag draws the tag's requests to itself: it adds
+// Config.OwnerWeight queue subscriptions on the tag's own subject in the
+// service's queue group. NATS delivers a request to one of all the group's
+// subscriptions that match its subject (the workers' <prefix>.segment.>
+// ones and these), chosen uniformly, so most requests reach the owner
+// without the forwarding hop. This only moves load: a worker that receives
+// a request on one of these subscriptions without owning the tag (it lost
+// the lease) drops them and routes the request like any other.
+
+// attraction holds the queue subscriptions of the ordered tags this worker
+// owns. It is safe for concurrent use.
+type attraction struct {
+	// ch receives the requests of all the subscriptions; one goroutine
+	// (serveAttracted) answers them, as one goroutine answers an endpoint's.
+	ch     chan *nats.Msg
+	stop   chan struct{} // closed when ch is to be emptied and left
+	once   sync.Once     // closes stop
+	mu     sync.Mutex    // protects subs and closed
+	subs   map[string][]*nats.Subscription
+	closed bool
+	// has mirrors subs' keys for the request path's lock-free check.
+	has sync.Map
+}
+
+// attract draws tag's requests to this worker, its owner, unless it does
+// already.
+func (s *Service) attract(tag string) {
+	if s.cfg.OwnerWeight < 1 {
+		return
+	}
+	if _, ok := s.attracted.has.Load(tag); ok {
+		return
+	}
+	a := &s.attracted
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed || a.subs[tag] != nil {
+		return
+	}
+	subs := make([]*nats.Subscription, 0, s.cfg.OwnerWeight)
+	for range s.cfg.OwnerWeight {
+		sub, err := s.cfg.Conn.ChanQueueSubscribe(s.segPrefix+tag, s.cfg.QueueGroup, a.ch)
+		if err != nil {
+			s.cfg.Logger.Warn("dispenser: drawing an ordered tag's requests to its owner", "tag", tag, "err", err)
+			break
+		}
+		subs = append(subs, sub)
+	}
+	if a.subs == nil {
+		a.subs = make(map[string][]*nats.Subscription)
+	}
+	a.subs[tag] = subs
+	a.has.Store(tag, struct{}{})
+}
+
+// detach stops drawing tag's requests to this worker, which no longer owns
+// it. Requests already delivered to its subscriptions are still handled.
+func (s *Service) detach(tag string) {
+	a := &s.attracted
+	a.mu.Lock()
+	subs := a.subs[tag]
+	delete(a.subs, tag)
+	a.has.Delete(tag)
+	a.mu.Unlock()
+	drain(subs, s.cfg.Logger)
+}
+
+// close drains every subscription and adds no more.
+func (a *attraction) close(log *slog.Logger) {
+	a.mu.Lock()
+	a.closed = true
+	all := a.subs
+	a.subs = nil
+	a.mu.Unlock()
+	for tag, subs := range all {
+		a.has.Delete(tag)
+		drain(subs, log)
+	}
+}
+
+func drain(subs []*nats.Subscription, log *slog.Logger) {
+	for _, sub := range subs {
+		if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
+			log.Warn("dispenser: draining an ordered tag's subscription", "subject", sub.Subject, "err", err)
+		}
+	}
+}
+
+// serveAttracted answers the requests of the attraction's subscriptions
+// until Stop, then those left in the channel.
+func (s *Service) serveAttracted() {
+	defer s.parked.Done()
+	for {
+		select {
+		case m := <-s.attracted.ch:
+			s.handleAttracted(m)
+		case <-s.attracted.stop:
+			for {
+				select {
+				case m := <-s.attracted.ch:
+					s.handleAttracted(m)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// handleAttracted serves a request that reached this worker through one of
+// the subscriptions it added as an ordered tag's owner.
+func (s *Service) handleAttracted(msg *nats.Msg) {
+	r := s.newReplier(forwardedRequest{msg}, "segment")
+	r.inline = false
+	tag, err := ParseTag(msg.Subject, s.segPrefix)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	r.tag = tag
+	n, format, err := s.parse(r.req)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	if s.cfg.Owners.Owns(tag) {
+		s.takeOwned(r, tag, n, format)
+		return
+	}
+	s.detach(tag) // lost the lease since: stop drawing the tag's requests
+	s.serveSegment(r, tag, n, format)
+}

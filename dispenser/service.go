@@ -93,6 +93,13 @@ type Config struct {
 	// (OwnerSubject.<tag>); it must be the subject its Owners records.
 	// Required with Owners.
 	OwnerSubject string
+	// OwnerWeight is how many queue subscriptions the owner of an ordered
+	// tag adds on the tag's own subject, in QueueGroup: NATS picks one of
+	// all the group's subscriptions that match a request, so with W workers
+	// the owner receives OwnerWeight+1 of OwnerWeight+W requests directly
+	// and only the rest take the forwarding hop. Default DefaultOwnerWeight; negative: none
+	// (every request that reaches another worker is forwarded).
+	OwnerWeight int
 	// ReadyTimeout is how long New waits for the allocator's tag list
 	// before it serves without the segment endpoint, which it then adds
 	// once the list has loaded: a worker that cannot reach its store must
@@ -100,6 +107,10 @@ type Config struct {
 	// Default 2 s.
 	ReadyTimeout time.Duration
 }
+
+// DefaultOwnerWeight is Config.OwnerWeight's default: with three workers,
+// 2 of 35 requests for an ordered tag take the forwarding hop.
+const DefaultOwnerWeight = 32
 
 // Service is a running dispenser micro service. It is safe for concurrent use.
 type Service struct {
@@ -119,6 +130,7 @@ type Service struct {
 	done       chan struct{}      // closed by Stop
 	fwdSub     *nats.Subscription // OwnerSubject.*; nil without Owners
 	forwarded  atomic.Uint64      // requests forwarded to an owner
+	attracted  attraction         // owned ordered tags' queue subscriptions
 	// orderedWait bounds the search for an ordered tag's owner.
 	orderedWait time.Duration
 
@@ -170,6 +182,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 2 * time.Second
+	}
+	if cfg.OwnerWeight == 0 {
+		cfg.OwnerWeight = DefaultOwnerWeight
 	}
 	if !validSubjectPrefix(cfg.Prefix) {
 		return nil, fmt.Errorf("dispenser: subject prefix %q: want dot-separated tokens without wildcards or spaces", cfg.Prefix)
@@ -234,6 +249,8 @@ func New(cfg Config) (*Service, error) {
 	}
 	if err == nil && cfg.Owners != nil && cfg.Segments != nil {
 		s.fwdSub, err = cfg.Conn.Subscribe(cfg.OwnerSubject+".*", s.handleForwarded)
+		s.attracted.ch = make(chan *nats.Msg, nats.DefaultSubPendingMsgsLimit)
+		s.attracted.stop = make(chan struct{})
 	}
 	if err != nil {
 		s.stop()
@@ -243,6 +260,10 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.Conn.FlushTimeout(5 * time.Second); err != nil {
 		s.stop()
 		return nil, fmt.Errorf("dispenser: flushing subscriptions: %w", err)
+	}
+	if s.attracted.ch != nil {
+		s.parked.Add(1)
+		go s.serveAttracted()
 	}
 	return s, nil
 }
@@ -312,6 +333,9 @@ func (s *Service) Stop(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+	if s.attracted.stop != nil { // its subscriptions are drained: empty the channel
+		s.attracted.once.Do(func() { close(s.attracted.stop) })
+	}
 	done := make(chan struct{})
 	go func() { s.parked.Wait(); close(done) }()
 	select {
@@ -332,6 +356,7 @@ func (s *Service) stop() error {
 	}
 	s.mu.Unlock()
 	s.bg.Wait()
+	s.attracted.close(s.cfg.Logger)
 	if s.fwdSub != nil {
 		if err := s.fwdSub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			s.cfg.Logger.Warn("dispenser: draining forwarded requests", "err", err)
@@ -515,6 +540,11 @@ func (s *Service) handleSegment(req micro.Request) {
 		r.fail(err)
 		return
 	}
+	s.serveSegment(r, tag, n, format)
+}
+
+// serveSegment serves a parsed request for tag's IDs.
+func (s *Service) serveSegment(r replier, tag string, n int, format Format) {
 	var arr [2]segment.Run
 	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
 	switch {

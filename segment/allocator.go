@@ -242,7 +242,8 @@ func (a *Allocator) deadline() time.Time { return a.now().Add(a.maxWait) }
 // the caller finishes it with Pending.Wait on a goroutine of its own.
 // Errors are those of Take that need no waiting: ErrInvalidCount, and
 // ErrOrdered for an ordered tag (from Pending.Wait if the tag was not known
-// yet).
+// yet). A known ordered tag gets ErrOrdered itself, unwrapped: nothing is
+// allocated on a path every request for an ordered tag takes.
 func (a *Allocator) TakeNow(tag string, n int, dst []Run) ([]Run, *Pending, error) {
 	return a.takeNow(tag, n, dst, false)
 }
@@ -264,7 +265,7 @@ func (a *Allocator) takeNow(tag string, n int, dst []Run, owned bool) ([]Run, *P
 		return dst, &Pending{a: a, tag: tag, n: n, deadline: a.deadline(), owned: owned}, nil
 	}
 	if !owned && b.ordered.Load() {
-		return dst, nil, fmt.Errorf("%w %q", ErrOrdered, tag)
+		return dst, nil, ErrOrdered
 	}
 	var rest int
 	if dst, rest = b.take(n, dst); rest == 0 {

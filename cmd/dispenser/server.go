@@ -58,6 +58,7 @@ type serveConfig struct {
 	OwnersBucket    string
 	OwnersReplicas  int
 	OwnersLease     time.Duration
+	OwnerWeight     int // dispenser.Config.OwnerWeight: 0 its default, negative none
 	WitnessBucket   string
 	WitnessReplicas int
 	AutoCreateTags  bool
@@ -197,6 +198,7 @@ func (s *Server) Start(ctx context.Context) error {
 		Segments:     s.alloc,
 		Owners:       s.owners,
 		OwnerSubject: ownerSubject,
+		OwnerWeight:  s.cfg.OwnerWeight,
 		Snowflake:    sf,
 		Prefix:       s.cfg.Prefix,
 		QueueGroup:   s.cfg.QueueGroup,
