@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -192,6 +193,17 @@ func (f forwardedRequest) Reply() string          { return f.msg.Reply }
 // without the forwarding hop. This only moves load: a worker that receives
 // a request on one of these subscriptions without owning the tag (it lost
 // the lease) drops them and routes the request like any other.
+//
+// Each of these subscriptions ends, in the server, after drawnPerSub
+// requests, and the owner replaces it when it handles the last one. A
+// frozen owner (stopped, swapping, paused past its lease) replaces none, so
+// it swallows at most OwnerWeight*drawnPerSub requests more than any frozen
+// worker does; the rest go to the live workers, one of which takes the tag
+// over once the lease has expired.
+
+// drawnPerSub is how many requests one drawing subscription takes before
+// the server drops it. Tests change it; 0 means no limit.
+var drawnPerSub = 1000
 
 // attraction holds the queue subscriptions of the ordered tags this worker
 // owns. It is safe for concurrent use.
@@ -225,7 +237,7 @@ func (s *Service) attract(tag string) {
 	}
 	subs := make([]*nats.Subscription, 0, s.cfg.OwnerWeight)
 	for range s.cfg.OwnerWeight {
-		sub, err := s.cfg.Conn.ChanQueueSubscribe(s.segPrefix+tag, s.cfg.QueueGroup, a.ch)
+		sub, err := s.drawSub(tag)
 		if err != nil {
 			s.cfg.Logger.Warn("dispenser: drawing an ordered tag's requests to its owner", "tag", tag, "err", err)
 			break
@@ -237,6 +249,41 @@ func (s *Service) attract(tag string) {
 	}
 	a.subs[tag] = subs
 	a.has.Store(tag, struct{}{})
+}
+
+// drawSub adds one drawing subscription for tag.
+func (s *Service) drawSub(tag string) (*nats.Subscription, error) {
+	sub, err := s.cfg.Conn.ChanQueueSubscribe(s.segPrefix+tag, s.cfg.QueueGroup, s.attracted.ch)
+	if err != nil {
+		return nil, err
+	}
+	if drawnPerSub > 0 {
+		if err := sub.AutoUnsubscribe(drawnPerSub); err != nil {
+			_ = sub.Unsubscribe()
+			return nil, err
+		}
+	}
+	return sub, nil
+}
+
+// renew replaces spent, a drawing subscription of tag that has taken its
+// drawnPerSub requests, if it is still one of tag's.
+func (s *Service) renew(tag string, spent *nats.Subscription) {
+	a := &s.attracted
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	subs := a.subs[tag]
+	i := slices.Index(subs, spent)
+	if i < 0 || a.closed {
+		return // detached, or replaced already
+	}
+	sub, err := s.drawSub(tag)
+	if err != nil {
+		s.cfg.Logger.Warn("dispenser: renewing a subscription that draws an ordered tag's requests", "tag", tag, "err", err)
+		a.subs[tag] = slices.Delete(subs, i, i+1)
+		return
+	}
+	subs[i] = sub
 }
 
 // detach stops drawing tag's requests to this worker, which no longer owns
@@ -309,10 +356,13 @@ func (s *Service) handleAttracted(msg *nats.Msg) {
 		r.fail(err)
 		return
 	}
-	if s.cfg.Owners.Owns(tag) {
-		s.takeOwned(r, tag, n, format)
+	if !s.cfg.Owners.Owns(tag) {
+		s.detach(tag) // lost the lease since: stop drawing the tag's requests
+		s.serveSegment(r, tag, n, format)
 		return
 	}
-	s.detach(tag) // lost the lease since: stop drawing the tag's requests
-	s.serveSegment(r, tag, n, format)
+	s.takeOwned(r, tag, n, format)
+	if _, err := msg.Sub.Delivered(); err != nil { // it took its last request
+		s.renew(tag, msg.Sub)
+	}
 }
