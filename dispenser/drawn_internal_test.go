@@ -111,7 +111,7 @@ func TestFrozenOwnerSwallowsBoundedRequests(t *testing.T) {
 			}
 			// Freeze the owner's handling of drawn requests: its
 			// goroutine leaves, and they pile up in its channel.
-			owner.attracted.once.Do(func() { close(owner.attracted.stop) })
+			owner.attracted.leave()
 
 			var swallowed, failed atomic.Int64
 			var wg sync.WaitGroup

@@ -319,6 +319,13 @@ func drain(subs []*nats.Subscription, log *slog.Logger) {
 	}
 }
 
+// leave makes serveAttracted answer what is left in the channel and return.
+func (a *attraction) leave() {
+	if a.stop != nil {
+		a.once.Do(func() { close(a.stop) })
+	}
+}
+
 // serveAttracted answers the requests of the attraction's subscriptions
 // until Stop, then those left in the channel.
 func (s *Service) serveAttracted() {

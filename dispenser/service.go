@@ -329,13 +329,12 @@ func (s *Service) Stop(ctx context.Context) error {
 	for s.cfg.Conn.NumSubscriptions() > s.baseSub && s.cfg.Conn.IsConnected() {
 		select {
 		case <-ctx.Done():
+			s.attracted.leave()
 			return fmt.Errorf("dispenser: draining requests: %w", ctx.Err())
 		case <-tick.C:
 		}
 	}
-	if s.attracted.stop != nil { // its subscriptions are drained: empty the channel
-		s.attracted.once.Do(func() { close(s.attracted.stop) })
-	}
+	s.attracted.leave() // its subscriptions are drained
 	done := make(chan struct{})
 	go func() { s.parked.Wait(); close(done) }()
 	select {
