@@ -201,6 +201,10 @@ func (f forwardedRequest) Reply() string          { return f.msg.Reply }
 // worker does; the rest go to the live workers, one of which takes the tag
 // over once the lease has expired.
 
+// drawnBacklog is how many drawn requests may wait for the goroutine that
+// answers them; beyond it nats.go drops them (a slow consumer).
+const drawnBacklog = 1 << 16
+
 // drawnPerSub is how many requests one drawing subscription takes before
 // the server drops it. Tests change it; 0 means no limit.
 var drawnPerSub = 1000
@@ -232,7 +236,7 @@ func (s *Service) attract(tag string) {
 	a := &s.attracted
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed || a.subs[tag] != nil {
+	if a.closed || len(a.subs[tag]) > 0 {
 		return
 	}
 	subs := make([]*nats.Subscription, 0, s.cfg.OwnerWeight)
@@ -243,6 +247,9 @@ func (s *Service) attract(tag string) {
 			break
 		}
 		subs = append(subs, sub)
+	}
+	if len(subs) == 0 {
+		return // the next request tries again
 	}
 	if a.subs == nil {
 		a.subs = make(map[string][]*nats.Subscription)
@@ -280,7 +287,10 @@ func (s *Service) renew(tag string, spent *nats.Subscription) {
 	sub, err := s.drawSub(tag)
 	if err != nil {
 		s.cfg.Logger.Warn("dispenser: renewing a subscription that draws an ordered tag's requests", "tag", tag, "err", err)
-		a.subs[tag] = slices.Delete(subs, i, i+1)
+		if a.subs[tag] = slices.Delete(subs, i, i+1); len(a.subs[tag]) == 0 {
+			delete(a.subs, tag) // the next request for it draws it again
+			a.has.Delete(tag)
+		}
 		return
 	}
 	subs[i] = sub
@@ -352,24 +362,36 @@ func (s *Service) serveAttracted() {
 func (s *Service) handleAttracted(msg *nats.Msg) {
 	r := s.newReplier(forwardedRequest{msg}, "segment")
 	r.inline = false
-	tag, err := ParseTag(msg.Subject, s.segPrefix)
+	tag, err := ParseTag(msg.Subject, s.segPrefix) // cannot fail: our subscription's
 	if err != nil {
 		r.fail(err)
 		return
 	}
 	r.tag = tag
+	owned := s.cfg.Owners.Owns(tag)
+	switch {
+	case !owned:
+		s.detach(tag) // lost the lease since: stop drawing the tag's requests
+	case spent(msg.Sub):
+		s.renew(tag, msg.Sub) // whatever becomes of this request
+	}
 	n, format, err := s.parse(r.req)
 	if err != nil {
 		r.fail(err)
 		return
 	}
-	if !s.cfg.Owners.Owns(tag) {
-		s.detach(tag) // lost the lease since: stop drawing the tag's requests
+	if !owned {
 		s.serveSegment(r, tag, n, format)
 		return
 	}
 	s.takeOwned(r, tag, n, format)
-	if _, err := msg.Sub.Delivered(); err != nil { // it took its last request
-		s.renew(tag, msg.Sub)
-	}
+}
+
+// spent reports whether the server has delivered (or is about to drop
+// after delivering) the last request sub may take. nats.go counts a
+// channel subscription's deliveries under the lock it sends with, and
+// marks the subscription closed only later.
+func spent(sub *nats.Subscription) bool {
+	d, err := sub.Delivered()
+	return err != nil || drawnPerSub > 0 && d >= int64(drawnPerSub)
 }

@@ -197,6 +197,10 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
 	}
 	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), orderedWait: orderedWait}
+	if cfg.Owners != nil && cfg.Segments != nil { // before any request can claim a tag
+		s.attracted.ch = make(chan *nats.Msg, drawnBacklog)
+		s.attracted.stop = make(chan struct{})
+	}
 	if cfg.Segments != nil {
 		s.orderedWait = max(cfg.Segments.MaxWait(), orderedWait)
 	}
@@ -249,8 +253,6 @@ func New(cfg Config) (*Service, error) {
 	}
 	if err == nil && cfg.Owners != nil && cfg.Segments != nil {
 		s.fwdSub, err = cfg.Conn.Subscribe(cfg.OwnerSubject+".*", s.handleForwarded)
-		s.attracted.ch = make(chan *nats.Msg, nats.DefaultSubPendingMsgsLimit)
-		s.attracted.stop = make(chan struct{})
 	}
 	if err != nil {
 		s.stop()
@@ -318,6 +320,7 @@ func (s *Service) Info() micro.Info { return s.svc.Info() }
 // allocator or the snowflake worker: their owner does that after Stop.
 func (s *Service) Stop(ctx context.Context) error {
 	if err := s.stop(); err != nil {
+		s.attracted.leave()
 		return fmt.Errorf("dispenser: stopping: %w", err)
 	}
 	// micro drains the subscriptions: messages already received are still
