@@ -207,7 +207,7 @@ const drawnBacklog = 1 << 16
 
 // drawnPerSub is how many requests one drawing subscription takes before
 // the server drops it. Tests change it; 0 means no limit.
-var drawnPerSub = 1000
+var drawnPerSub = 500
 
 // attraction holds the queue subscriptions of the ordered tags this worker
 // owns. It is safe for concurrent use.

@@ -331,7 +331,7 @@ func TestOwnerDrawsItsTagsRequests(t *testing.T) {
 		// wantMax and wantMin bound the share of requests forwarded.
 		wantMin, wantMax float64
 	}{
-		// 3 workers: 2 of 35 matching subscriptions are other workers'.
+		// 3 workers: 2 of 67 matching subscriptions are other workers'.
 		{name: "default weight", weight: 0, wantMin: 0, wantMax: 0.25},
 		// 2 of 3.
 		{name: "no weight", weight: -1, wantMin: 0.45, wantMax: 1},
@@ -382,8 +382,8 @@ func TestOwnerStopsDrawingALostTag(t *testing.T) {
 	if workers[1].owners.Owns("seq") {
 		old, next = 1, 0
 	}
-	if got := workers[old].conn.NumSubscriptions() - base[old]; got != 32 {
-		t.Fatalf("the owner has %d more subscriptions, want 32 (Config.OwnerWeight's default)", got)
+	if got := workers[old].conn.NumSubscriptions() - base[old]; got != dispenser.DefaultOwnerWeight {
+		t.Fatalf("the owner has %d more subscriptions, want %d (Config.OwnerWeight's default)", got, dispenser.DefaultOwnerWeight)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -399,7 +399,7 @@ func TestOwnerStopsDrawingALostTag(t *testing.T) {
 	for _, w := range []int{old, next} {
 		want := base[w]
 		if w == next {
-			want += 32
+			want += dispenser.DefaultOwnerWeight
 		}
 		deadline := time.Now().Add(10 * time.Second) // drains finish in the background
 		for workers[w].conn.NumSubscriptions() != want && time.Now().Before(deadline) {

@@ -109,8 +109,8 @@ type Config struct {
 }
 
 // DefaultOwnerWeight is Config.OwnerWeight's default: with three workers,
-// 2 of 35 requests for an ordered tag take the forwarding hop.
-const DefaultOwnerWeight = 32
+// 2 of 67 requests for an ordered tag take the forwarding hop.
+const DefaultOwnerWeight = 64
 
 // Service is a running dispenser micro service. It is safe for concurrent use.
 type Service struct {
