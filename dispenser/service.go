@@ -100,6 +100,11 @@ type Config struct {
 	// and only the rest take the forwarding hop. Default DefaultOwnerWeight; negative: none
 	// (every request that reaches another worker is forwarded).
 	OwnerWeight int
+	// PeerCheck, if positive, is how long New waits for the running
+	// dispenser workers to describe themselves before it serves: it
+	// refuses (ErrPeerMismatch) to join a queue group whose workers use
+	// another Store or other SnowflakeLeases. Zero: no check.
+	PeerCheck time.Duration
 	// ReadyTimeout is how long New waits for the allocator's tag list
 	// before it serves without the segment endpoint, which it then adds
 	// once the list has loaded: a worker that cannot reach its store must
@@ -212,9 +217,10 @@ func New(cfg Config) (*Service, error) {
 	s.metrics = m
 
 	svc, err := micro.AddService(cfg.Conn, micro.Config{
-		Name:         Name,
-		Version:      cfg.Version,
-		Metadata:     map[string]string{StoreMetadata: cfg.Store, SnowflakeMetadata: cfg.SnowflakeLeases},
+		Name:    Name,
+		Version: cfg.Version,
+		Metadata: map[string]string{StoreMetadata: cfg.Store, SnowflakeMetadata: cfg.SnowflakeLeases,
+			PrefixMetadata: cfg.Prefix, QueueGroupMetadata: cfg.QueueGroup},
 		Description:  "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
 		QueueGroup:   cfg.QueueGroup,
 		StatsHandler: s.stats,
@@ -225,6 +231,16 @@ func New(cfg Config) (*Service, error) {
 	s.svc = svc
 	s.id = svc.Info().ID
 	s.segPrefix = cfg.Prefix + ".segment."
+	if cfg.PeerCheck > 0 {
+		err := cfg.Conn.FlushTimeout(5 * time.Second) // others can see this worker now
+		if err == nil {
+			err = s.checkPeers(cfg.PeerCheck)
+		}
+		if err != nil {
+			_ = svc.Stop()
+			return nil, err
+		}
+	}
 	g := svc.AddGroup(cfg.Prefix)
 	s.group = g
 	s.done = make(chan struct{})

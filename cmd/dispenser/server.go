@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,7 +18,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -211,9 +209,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	cfg.Store = s.storeName
 	cfg.SnowflakeLeases = s.leaseName
-	if err := s.checkPeers(ctx); err != nil {
-		return err
-	}
+	cfg.PeerCheck = peerCheck
 	s.svc, err = dispenser.New(cfg)
 	if err != nil {
 		return err
@@ -549,52 +545,6 @@ func bucketIdentity(ctx context.Context, js jetstream.JetStream, bucket string) 
 	return bucket, nil
 }
 
-// checkPeers refuses to join a queue group whose segment workers use another
-// store, or whose snowflake workers lease worker IDs from another bucket or
-// with another epoch: either way two workers would hand out the same IDs.
-// It asks the running dispenser workers for their info and waits a moment
-// for the answers.
-func (s *Server) checkPeers(ctx context.Context) error {
-	inbox := nats.NewInbox()
-	sub, err := s.nc.SubscribeSync(inbox)
-	if err != nil {
-		return err
-	}
-	defer sub.Unsubscribe()
-	if err := s.nc.PublishRequest("$SRV.INFO."+dispenser.Name, inbox, nil); err != nil {
-		return err
-	}
-	segSubject := s.cfg.Prefix + ".segment.>"
-	sfSubject := s.cfg.Prefix + ".snowflake"
-	deadline := time.Now().Add(150 * time.Millisecond)
-	for {
-		msg, err := sub.NextMsg(time.Until(deadline))
-		if err != nil {
-			return nil // no more answers: nothing conflicts
-		}
-		var info micro.Info
-		if json.Unmarshal(msg.Data, &info) != nil {
-			continue
-		}
-		for _, e := range info.Endpoints {
-			if e.QueueGroup != s.cfg.QueueGroup {
-				continue
-			}
-			switch {
-			case e.Subject == segSubject:
-				if other := info.Metadata[dispenser.StoreMetadata]; other != s.storeName {
-					return fmt.Errorf("worker %s in queue group %q serves %s from store %q, this one would use %q: "+
-						"workers of different stores hand out the same IDs; use the same store or another --queue-group or --prefix",
-						info.ID, s.cfg.QueueGroup, segSubject, other, s.storeName)
-				}
-			case e.Subject == sfSubject && s.leaseName != "":
-				if other := info.Metadata[dispenser.SnowflakeMetadata]; other != s.leaseName {
-					return fmt.Errorf("worker %s in queue group %q serves %s with worker IDs leased from %q, this one from %q: "+
-						"workers of different lease buckets or epochs hand out the same IDs; use the same --snowflake-bucket "+
-						"(in the same JetStream domain) and --snowflake-epoch, or another --queue-group or --prefix",
-						info.ID, s.cfg.QueueGroup, sfSubject, other, s.leaseName)
-				}
-			}
-		}
-	}
-}
+// peerCheck is how long a worker waits for the running workers to describe
+// themselves before it serves (dispenser.Config.PeerCheck).
+const peerCheck = 150 * time.Millisecond

@@ -1,0 +1,69 @@
+package dispenser
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// PrefixMetadata and QueueGroupMetadata are the micro metadata keys naming a
+// worker's subject prefix and queue group, so that a worker is known as a
+// peer of its queue group before it adds its endpoints.
+const (
+	PrefixMetadata     = "prefix"
+	QueueGroupMetadata = "queue_group"
+)
+
+// ErrPeerMismatch means a running worker of the same prefix and queue group
+// uses another segment store, or leases its snowflake worker IDs from
+// another bucket or with another epoch: both would hand out the same IDs.
+var ErrPeerMismatch = errors.New("dispenser: a worker of this queue group would hand out the same IDs")
+
+// checkPeers asks the running dispenser workers for their info and refuses
+// (ErrPeerMismatch) if one of this worker's prefix and queue group uses
+// another store or other snowflake leases. New calls it after registering
+// the service, so that others see this worker, and before adding the
+// endpoints, so that it serves nothing yet: of two workers that start at
+// the same instant, at least the one whose question reaches the server
+// second sees the other and refuses.
+func (s *Service) checkPeers(wait time.Duration) error {
+	inbox := s.cfg.Conn.NewRespInbox()
+	sub, err := s.cfg.Conn.SubscribeSync(inbox)
+	if err != nil {
+		return fmt.Errorf("dispenser: asking for peers: %w", err)
+	}
+	defer sub.Unsubscribe()
+	if err := s.cfg.Conn.PublishRequest("$SRV.INFO."+Name, inbox, nil); err != nil {
+		return fmt.Errorf("dispenser: asking for peers: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		msg, err := sub.NextMsg(time.Until(deadline))
+		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) {
+			return nil // no more answers (or none at all): nothing conflicts
+		}
+		if err != nil {
+			return fmt.Errorf("dispenser: asking for peers: %w", err)
+		}
+		var info micro.Info
+		if json.Unmarshal(msg.Data, &info) != nil || info.ID == s.id ||
+			info.Metadata[PrefixMetadata] != s.cfg.Prefix || info.Metadata[QueueGroupMetadata] != s.cfg.QueueGroup {
+			continue
+		}
+		if other := info.Metadata[StoreMetadata]; s.cfg.Segments != nil && other != "" && other != s.cfg.Store {
+			return fmt.Errorf("%w: worker %s in queue group %q serves %s<tag> from store %q, this one would use %q: "+
+				"workers of different stores hand out the same IDs; use the same store or another queue group or prefix",
+				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.segPrefix, other, s.cfg.Store)
+		}
+		if other := info.Metadata[SnowflakeMetadata]; s.cfg.Snowflake != nil && other != "" && s.cfg.SnowflakeLeases != "" && other != s.cfg.SnowflakeLeases {
+			return fmt.Errorf("%w: worker %s in queue group %q serves %s.snowflake with worker IDs leased from %q, this one from %q: "+
+				"workers of different lease buckets or epochs hand out the same IDs; use the same snowflake bucket "+
+				"(in the same JetStream domain) and epoch, or another queue group or prefix",
+				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.cfg.Prefix, other, s.cfg.SnowflakeLeases)
+		}
+	}
+}

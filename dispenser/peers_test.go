@@ -1,0 +1,126 @@
+package dispenser_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// peerSetup starts workers on one embedded nats-server; each is named by
+// its store and queue group only (the store behind is the same KV bucket).
+type peerSetup struct {
+	ns    *server.Server
+	store segment.Store
+}
+
+func newPeerSetup(t *testing.T) *peerSetup {
+	t.Helper()
+	ns := testenv.NATS(t)
+	js, err := jetstream.New(testenv.Connect(t, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.New(context.Background(), js, kv.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &peerSetup{ns: ns, store: st}
+}
+
+// start starts a worker that says it uses store, in queue group; it returns
+// New's error.
+func (p *peerSetup) start(t *testing.T, store, group string) error {
+	alloc, err := segment.New(segment.Settings{Store: p.store, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, p.ns), Segments: alloc, Store: store,
+		QueueGroup: group, PeerCheck: 150 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if svc != nil {
+			_ = svc.Stop(ctx)
+		}
+		_ = alloc.Close(ctx)
+	})
+	return err
+}
+
+// TestPeerOfAnotherStoreRefused: a worker does not join a queue group whose
+// workers use another store (both would hand out the same IDs), also when
+// both start at the same instant; the same store or another queue group is
+// fine.
+func TestPeerOfAnotherStoreRefused(t *testing.T) {
+	tests := []struct {
+		name         string
+		first, other string // stores
+		group        string // the other's queue group
+		together     bool   // started at the same instant
+		wantRefused  bool
+	}{
+		{name: "another store", first: "kv:a", other: "kv:b", wantRefused: true},
+		{name: "another store, started together", first: "kv:a", other: "kv:b", together: true, wantRefused: true},
+		{name: "same store", first: "kv:a", other: "kv:a"},
+		{name: "same store, started together", first: "kv:a", other: "kv:a", together: true},
+		{name: "another queue group", first: "kv:a", other: "kv:b", group: "others"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for round := range 5 { // starting together is a race: run it a few times
+				p := newPeerSetup(t)
+				group := fmt.Sprintf("g%d", round)
+				otherGroup := group
+				if tt.group != "" {
+					otherGroup = tt.group
+				}
+				var errs [2]error
+				if tt.together {
+					var wg sync.WaitGroup
+					ready := make(chan struct{})
+					for i, st := range []string{tt.first, tt.other} {
+						g := []string{group, otherGroup}[i]
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							<-ready
+							errs[i] = p.start(t, st, g)
+						}()
+					}
+					close(ready)
+					wg.Wait()
+				} else {
+					errs[0] = p.start(t, tt.first, group)
+					errs[1] = p.start(t, tt.other, otherGroup)
+				}
+				refused := 0
+				for _, err := range errs {
+					switch {
+					case errors.Is(err, dispenser.ErrPeerMismatch):
+						refused++
+					case err != nil:
+						t.Fatalf("round %d: unexpected error %v", round, err)
+					}
+				}
+				if got := refused > 0; got != tt.wantRefused {
+					t.Fatalf("round %d: errors %v; want a refusal: %v", round, errs, tt.wantRefused)
+				}
+				if !tt.together && errs[0] != nil {
+					t.Fatalf("round %d: the worker that ran first was refused: %v", round, errs[0])
+				}
+			}
+		})
+	}
+}
