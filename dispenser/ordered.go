@@ -360,6 +360,7 @@ func (s *Service) serveAttracted() {
 // handleAttracted serves a request that reached this worker through one of
 // the subscriptions it added as an ordered tag's owner.
 func (s *Service) handleAttracted(msg *nats.Msg) {
+	s.drawn.Add(1)
 	r := s.newReplier(forwardedRequest{msg}, "segment")
 	r.inline = false
 	tag, err := ParseTag(msg.Subject, s.segPrefix) // cannot fail: our subscription's

@@ -350,7 +350,7 @@ func TestOwnerDrawsItsTagsRequests(t *testing.T) {
 					t.Fatalf("warm-up request: %s", code)
 				}
 			}
-			before := forwardedTotal(t, workers)
+			before, drawnBefore := forwardedTotal(t, workers), metricSum(t, workers, "dispenser_ordered_drawn_total")
 			obs := load(t, st, "id.segment.seq", 9, total)
 			checkUnique(t, obs)
 			if n, example := checkLinearizable(obs); n != 0 {
@@ -359,6 +359,12 @@ func TestOwnerDrawsItsTagsRequests(t *testing.T) {
 			share := (forwardedTotal(t, workers) - before) / total
 			if share < tt.wantMin || share > tt.wantMax {
 				t.Fatalf("%.2f of the requests were forwarded, want %.2f..%.2f", share, tt.wantMin, tt.wantMax)
+			}
+			// What was neither forwarded nor drawn reached a worker's
+			// own endpoint: with 3 workers, a few; without drawing, all.
+			drawn := metricSum(t, workers, "dispenser_ordered_drawn_total") - drawnBefore
+			if tt.weight < 0 && drawn != 0 || tt.weight >= 0 && drawn < total/2 {
+				t.Fatalf("%v requests of %d taken on drawing subscriptions (weight %d)", drawn, total, tt.weight)
 			}
 		})
 	}
@@ -414,15 +420,21 @@ func TestOwnerStopsDrawingALostTag(t *testing.T) {
 // forwardedTotal sums dispenser_ordered_forwarded_total over workers.
 func forwardedTotal(tb testing.TB, workers []*orderedWorker) float64 {
 	tb.Helper()
+	return metricSum(tb, workers, "dispenser_ordered_forwarded_total")
+}
+
+// metricSum sums the unlabelled metric name over workers.
+func metricSum(tb testing.TB, workers []*orderedWorker, name string) float64 {
+	tb.Helper()
 	var sum float64
 	for _, w := range workers {
 		families, err := w.reg.Gather()
 		if err != nil {
 			tb.Fatal(err)
 		}
-		f, ok := metricValue(families, "dispenser_ordered_forwarded_total", map[string]string{})
+		f, ok := metricValue(families, name, map[string]string{})
 		if !ok {
-			tb.Fatal("dispenser_ordered_forwarded_total missing")
+			tb.Fatalf("%s missing", name)
 		}
 		sum += f
 	}

@@ -135,6 +135,7 @@ type Service struct {
 	done       chan struct{}      // closed by Stop
 	fwdSub     *nats.Subscription // OwnerSubject.*; nil without Owners
 	forwarded  atomic.Uint64      // requests forwarded to an owner
+	drawn      atomic.Uint64      // requests taken on drawing subscriptions
 	attracted  attraction         // owned ordered tags' queue subscriptions
 	// orderedWait bounds the search for an ordered tag's owner.
 	orderedWait time.Duration
@@ -401,7 +402,8 @@ func (s *Service) stats(e *micro.Endpoint) any {
 			m["ordered"] = struct {
 				ownership.Stats
 				Forwarded uint64 `json:"forwarded"`
-			}{s.cfg.Owners.Stats(), s.forwarded.Load()}
+				Drawn     uint64 `json:"drawn"`
+			}{s.cfg.Owners.Stats(), s.forwarded.Load(), s.drawn.Load()}
 		}
 		return m
 	case "snowflake":
