@@ -155,14 +155,13 @@ var (
 	ordHandovers = prometheus.NewDesc("dispenser_ordered_handovers_total", "Claims that took an ordered tag over from another worker.", nil, nil)
 	ordLosses    = prometheus.NewDesc("dispenser_ordered_losses_total", "Ordered tags this worker lost to another (not released).", nil, nil)
 	ordForwarded = prometheus.NewDesc("dispenser_ordered_forwarded_total", "Requests forwarded to the owner of their ordered tag.", nil, nil)
-	ordDrawn     = prometheus.NewDesc("dispenser_ordered_drawn_total", "Requests for ordered tags taken on the subscriptions that draw them to their owner.", nil, nil)
 )
 
 // ownersCollector exports the ownership of ordered tags at scrape time.
 type ownersCollector struct{ s *Service }
 
 func (c ownersCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{ordOwned, ordClaims, ordHandovers, ordLosses, ordForwarded, ordDrawn} {
+	for _, d := range []*prometheus.Desc{ordOwned, ordClaims, ordHandovers, ordLosses, ordForwarded} {
 		ch <- d
 	}
 }
@@ -174,7 +173,6 @@ func (c ownersCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(ordHandovers, prometheus.CounterValue, float64(st.Handovers))
 	ch <- prometheus.MustNewConstMetric(ordLosses, prometheus.CounterValue, float64(st.Losses))
 	ch <- prometheus.MustNewConstMetric(ordForwarded, prometheus.CounterValue, float64(c.s.forwarded.Load()))
-	ch <- prometheus.MustNewConstMetric(ordDrawn, prometheus.CounterValue, float64(c.s.drawn.Load()))
 }
 
 func sfDesc(name, help string) *prometheus.Desc {

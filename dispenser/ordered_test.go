@@ -80,12 +80,9 @@ type orderedWorker struct {
 	*worker
 	owners *ownership.Leases
 	reg    *prometheus.Registry
-	conn   *nats.Conn
 }
 
-// orderedWorker starts a worker named name; opts adjust its service's
-// configuration.
-func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*dispenser.Config)) *orderedWorker {
+func (st *stack) orderedWorker(tb testing.TB, name string) *orderedWorker {
 	tb.Helper()
 	rec := &recorder{Store: st.store, allocs: map[string][]segment.Allocation{}}
 	alloc, err := segment.New(segment.Settings{Store: rec, Logger: quiet, MaxWait: 5 * time.Second, MaxStep: 100})
@@ -105,17 +102,12 @@ func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*dispens
 		tb.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()
-	conn := testenv.Connect(tb, st.ns)
-	cfg := dispenser.Config{Conn: conn, Segments: alloc, Logger: quiet,
-		Owners: owners, OwnerSubject: subject, Registerer: reg}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	svc, err := dispenser.New(cfg)
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(tb, st.ns), Segments: alloc, Logger: quiet,
+		Owners: owners, OwnerSubject: subject, Registerer: reg})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w := &orderedWorker{worker: &worker{rec: rec, alloc: alloc, svc: svc}, owners: owners, reg: reg, conn: conn}
+	w := &orderedWorker{worker: &worker{rec: rec, alloc: alloc, svc: svc}, owners: owners, reg: reg}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -318,125 +310,4 @@ func loadNoFatal(st *stack, subject string, clients, total int) []observation {
 	}
 	wg.Wait()
 	return obs
-}
-
-// TestOwnerDrawsItsTagsRequests: the owner of an ordered tag draws the
-// tag's requests to itself, so that few take the forwarding hop; without
-// that (OwnerWeight -1) two of three workers forward what they receive.
-func TestOwnerDrawsItsTagsRequests(t *testing.T) {
-	const total = 900
-	tests := []struct {
-		name   string
-		weight int
-		// wantMax and wantMin bound the share of requests forwarded.
-		wantMin, wantMax float64
-	}{
-		// 3 workers: 2 of 67 matching subscriptions are other workers'.
-		{name: "default weight", weight: 0, wantMin: 0, wantMax: 0.25},
-		// 2 of 3.
-		{name: "no weight", weight: -1, wantMin: 0.45, wantMax: 1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			st := newStack(t, nil)
-			if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "seq", Step: 1000, MaxID: 1, Ordered: true}); err != nil {
-				t.Fatal(err)
-			}
-			weight := func(c *dispenser.Config) { c.OwnerWeight = tt.weight }
-			workers := []*orderedWorker{st.orderedWorker(t, "w0", weight), st.orderedWorker(t, "w1", weight), st.orderedWorker(t, "w2", weight)}
-			nc := testenv.Connect(t, st.ns)
-			for range 10 { // an owner claims the tag (and draws its requests)
-				if _, code := request(t, nc, "id.segment.seq", "", nil); code != "" {
-					t.Fatalf("warm-up request: %s", code)
-				}
-			}
-			before, drawnBefore := forwardedTotal(t, workers), metricSum(t, workers, "dispenser_ordered_drawn_total")
-			obs := load(t, st, "id.segment.seq", 9, total)
-			checkUnique(t, obs)
-			if n, example := checkLinearizable(obs); n != 0 {
-				t.Fatalf("%d of %d requests broke linearizable increase: %s", n, len(obs), example)
-			}
-			share := (forwardedTotal(t, workers) - before) / total
-			if share < tt.wantMin || share > tt.wantMax {
-				t.Fatalf("%.2f of the requests were forwarded, want %.2f..%.2f", share, tt.wantMin, tt.wantMax)
-			}
-			// What was neither forwarded nor drawn reached a worker's
-			// own endpoint: with 3 workers, a few; without drawing, all.
-			drawn := metricSum(t, workers, "dispenser_ordered_drawn_total") - drawnBefore
-			if tt.weight < 0 && drawn != 0 || tt.weight >= 0 && drawn < total/2 {
-				t.Fatalf("%v requests of %d taken on drawing subscriptions (weight %d)", drawn, total, tt.weight)
-			}
-		})
-	}
-}
-
-// TestOwnerStopsDrawingALostTag: a worker that lost an ordered tag drops
-// the subscriptions that drew its requests once one arrives there, and the
-// requests it received meanwhile are routed to the new owner.
-func TestOwnerStopsDrawingALostTag(t *testing.T) {
-	st := newStack(t, nil)
-	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "seq", Step: 1000, MaxID: 1, Ordered: true}); err != nil {
-		t.Fatal(err)
-	}
-	workers := []*orderedWorker{st.orderedWorker(t, "w0"), st.orderedWorker(t, "w1")}
-	base := []int{workers[0].conn.NumSubscriptions(), workers[1].conn.NumSubscriptions()}
-	nc := testenv.Connect(t, st.ns)
-	if _, code := request(t, nc, "id.segment.seq", "", nil); code != "" {
-		t.Fatalf("first request: %s", code)
-	}
-	old, next := 0, 1
-	if workers[1].owners.Owns("seq") {
-		old, next = 1, 0
-	}
-	if got := workers[old].conn.NumSubscriptions() - base[old]; got != dispenser.DefaultOwnerWeight {
-		t.Fatalf("the owner has %d more subscriptions, want %d (Config.OwnerWeight's default)", got, dispenser.DefaultOwnerWeight)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	workers[old].owners.Release("seq")
-	if rt, err := workers[next].owners.Claim(ctx, "seq"); err != nil || !rt.Self {
-		t.Fatalf("Claim by the other worker: %+v, %v", rt, err)
-	}
-	obs := load(t, st, "id.segment.seq", 4, 400)
-	checkUnique(t, obs)
-	if n, example := checkLinearizable(obs); n != 0 {
-		t.Fatalf("%d of %d requests broke linearizable increase: %s", n, len(obs), example)
-	}
-	for _, w := range []int{old, next} {
-		want := base[w]
-		if w == next {
-			want += dispenser.DefaultOwnerWeight
-		}
-		deadline := time.Now().Add(10 * time.Second) // drains finish in the background
-		for workers[w].conn.NumSubscriptions() != want && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if got := workers[w].conn.NumSubscriptions(); got != want {
-			t.Errorf("worker %d (owner before: %v) has %d subscriptions, want %d", w, w == old, got, want)
-		}
-	}
-}
-
-// forwardedTotal sums dispenser_ordered_forwarded_total over workers.
-func forwardedTotal(tb testing.TB, workers []*orderedWorker) float64 {
-	tb.Helper()
-	return metricSum(tb, workers, "dispenser_ordered_forwarded_total")
-}
-
-// metricSum sums the unlabelled metric name over workers.
-func metricSum(tb testing.TB, workers []*orderedWorker, name string) float64 {
-	tb.Helper()
-	var sum float64
-	for _, w := range workers {
-		families, err := w.reg.Gather()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		f, ok := metricValue(families, name, map[string]string{})
-		if !ok {
-			tb.Fatalf("%s missing", name)
-		}
-		sum += f
-	}
-	return sum
 }

@@ -93,13 +93,6 @@ type Config struct {
 	// (OwnerSubject.<tag>); it must be the subject its Owners records.
 	// Required with Owners.
 	OwnerSubject string
-	// OwnerWeight is how many queue subscriptions the owner of an ordered
-	// tag adds on the tag's own subject, in QueueGroup: NATS picks one of
-	// all the group's subscriptions that match a request, so with W workers
-	// the owner receives OwnerWeight+1 of OwnerWeight+W requests directly
-	// and only the rest take the forwarding hop. Default DefaultOwnerWeight; negative: none
-	// (every request that reaches another worker is forwarded).
-	OwnerWeight int
 	// PeerCheck, if positive, is how long New waits for the running
 	// dispenser workers to describe themselves before it serves: it
 	// refuses (ErrPeerMismatch) to join a queue group whose workers use
@@ -112,10 +105,6 @@ type Config struct {
 	// Default 2 s.
 	ReadyTimeout time.Duration
 }
-
-// DefaultOwnerWeight is Config.OwnerWeight's default: with three workers,
-// 2 of 67 requests for an ordered tag take the forwarding hop.
-const DefaultOwnerWeight = 64
 
 // Service is a running dispenser micro service. It is safe for concurrent use.
 type Service struct {
@@ -135,8 +124,7 @@ type Service struct {
 	done       chan struct{}      // closed by Stop
 	fwdSub     *nats.Subscription // OwnerSubject.*; nil without Owners
 	forwarded  atomic.Uint64      // requests forwarded to an owner
-	drawn      atomic.Uint64      // requests taken on drawing subscriptions
-	attracted  attraction         // owned ordered tags' queue subscriptions
+	fwd        forwarder          // batches requests for other owners
 	// orderedWait bounds the search for an ordered tag's owner.
 	orderedWait time.Duration
 
@@ -189,9 +177,6 @@ func New(cfg Config) (*Service, error) {
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 2 * time.Second
 	}
-	if cfg.OwnerWeight == 0 {
-		cfg.OwnerWeight = DefaultOwnerWeight
-	}
 	if !validSubjectPrefix(cfg.Prefix) {
 		return nil, fmt.Errorf("dispenser: subject prefix %q: want dot-separated tokens without wildcards or spaces", cfg.Prefix)
 	}
@@ -204,8 +189,8 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), orderedWait: orderedWait}
 	if cfg.Owners != nil && cfg.Segments != nil { // before any request can claim a tag
-		s.attracted.ch = make(chan *nats.Msg, drawnBacklog)
-		s.attracted.stop = make(chan struct{})
+		s.fwd.ch = make(chan forwardItem, forwardBacklog)
+		s.fwd.stop = make(chan struct{})
 	}
 	if cfg.Segments != nil {
 		s.orderedWait = max(cfg.Segments.MaxWait(), orderedWait)
@@ -280,9 +265,9 @@ func New(cfg Config) (*Service, error) {
 		s.stop()
 		return nil, fmt.Errorf("dispenser: flushing subscriptions: %w", err)
 	}
-	if s.attracted.ch != nil {
+	if s.fwd.ch != nil {
 		s.parked.Add(1)
-		go s.serveAttracted()
+		go s.runForwarder()
 	}
 	return s, nil
 }
@@ -337,7 +322,7 @@ func (s *Service) Info() micro.Info { return s.svc.Info() }
 // allocator or the snowflake worker: their owner does that after Stop.
 func (s *Service) Stop(ctx context.Context) error {
 	if err := s.stop(); err != nil {
-		s.attracted.leave()
+		s.fwd.leave()
 		return fmt.Errorf("dispenser: stopping: %w", err)
 	}
 	// micro drains the subscriptions: messages already received are still
@@ -349,12 +334,12 @@ func (s *Service) Stop(ctx context.Context) error {
 	for s.cfg.Conn.NumSubscriptions() > s.baseSub && s.cfg.Conn.IsConnected() {
 		select {
 		case <-ctx.Done():
-			s.attracted.leave()
+			s.fwd.leave()
 			return fmt.Errorf("dispenser: draining requests: %w", ctx.Err())
 		case <-tick.C:
 		}
 	}
-	s.attracted.leave() // its subscriptions are drained
+	s.fwd.leave() // no handler runs any more: send what it holds
 	done := make(chan struct{})
 	go func() { s.parked.Wait(); close(done) }()
 	select {
@@ -375,7 +360,6 @@ func (s *Service) stop() error {
 	}
 	s.mu.Unlock()
 	s.bg.Wait()
-	s.attracted.close(s.cfg.Logger)
 	if s.fwdSub != nil {
 		if err := s.fwdSub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			s.cfg.Logger.Warn("dispenser: draining forwarded requests", "err", err)
@@ -402,8 +386,7 @@ func (s *Service) stats(e *micro.Endpoint) any {
 			m["ordered"] = struct {
 				ownership.Stats
 				Forwarded uint64 `json:"forwarded"`
-				Drawn     uint64 `json:"drawn"`
-			}{s.cfg.Owners.Stats(), s.forwarded.Load(), s.drawn.Load()}
+			}{s.cfg.Owners.Stats(), s.forwarded.Load()}
 		}
 		return m
 	case "snowflake":
@@ -596,7 +579,7 @@ func (s *Service) park(r replier, p *segment.Pending, format Format, n int, owne
 			if s.cfg.Owners.Owns(r.tag) {
 				s.takeOwned(r, r.tag, n, format)
 			} else {
-				s.routeOrdered(r, r.tag, n, format, r.req.Data(), nats.Header(r.req.Headers()))
+				s.routeOrdered(r, r.tag, n, format)
 			}
 			return
 		}

@@ -20,7 +20,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -76,7 +75,6 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&c.OwnersBucket, "ordered-bucket", ownership.DefaultBucket, "JetStream KV bucket of the owners of ordered tags")
 	fs.IntVar(&c.OwnersReplicas, "ordered-replicas", 1, "replicas of that bucket when it is created; an existing bucket with fewer is refused")
 	fs.DurationVar(&c.OwnersLease, "ordered-lease", ownership.DefaultLease, "lease of an ordered tag's owner: one that could not renew for this long stops serving the tag, and another takes it over a lease later")
-	weight := fs.Int("ordered-weight", dispenser.DefaultOwnerWeight, "queue subscriptions the owner of an ordered tag adds on the tag's subject, so that most of its requests reach the owner without being forwarded; 0: none")
 	fs.BoolVar(&c.AutoCreateTags, "auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url and no --postgres-url)")
 	fs.Int64Var(&c.AutoCreateStep, "auto-create-step", 1000, "step of tags created on first use")
 	fs.BoolVar(&c.Snowflake, "snowflake", true, "serve snowflake IDs (needs JetStream for worker-ID leases)")
@@ -124,10 +122,6 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	c.SnowflakeSettings.Epoch = epoch
 	c.NoWitness = !*witnessOn
-	c.OwnerWeight = *weight
-	if c.OwnerWeight == 0 {
-		c.OwnerWeight = -1 // none
-	}
 	if c.Segment.IdleTimeout <= 0 {
 		c.Segment.IdleTimeout = -1 // never
 	}
@@ -156,8 +150,6 @@ func (c serveConfig) validate() error {
 		return fmt.Errorf("--witness-replicas %d: want 1..5", c.WitnessReplicas)
 	case c.OwnersReplicas < 1 || c.OwnersReplicas > 5:
 		return fmt.Errorf("--ordered-replicas %d: want 1..5", c.OwnersReplicas)
-	case c.OwnerWeight < -1 || c.OwnerWeight > 1000:
-		return fmt.Errorf("--ordered-weight %d: want 0..1000", c.OwnerWeight)
 	case c.OwnersLease < 10*time.Millisecond:
 		return fmt.Errorf("--ordered-lease %v: want at least 10ms", c.OwnersLease)
 	case c.SnowflakeSettings.Lease < 0 || c.SnowflakeSettings.Heartbeat < 0:

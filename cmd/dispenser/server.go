@@ -56,7 +56,6 @@ type serveConfig struct {
 	OwnersBucket    string
 	OwnersReplicas  int
 	OwnersLease     time.Duration
-	OwnerWeight     int // dispenser.Config.OwnerWeight: 0 its default, negative none
 	WitnessBucket   string
 	WitnessReplicas int
 	AutoCreateTags  bool
@@ -196,7 +195,6 @@ func (s *Server) Start(ctx context.Context) error {
 		Segments:     s.alloc,
 		Owners:       s.owners,
 		OwnerSubject: ownerSubject,
-		OwnerWeight:  s.cfg.OwnerWeight,
 		Snowflake:    sf,
 		Prefix:       s.cfg.Prefix,
 		QueueGroup:   s.cfg.QueueGroup,

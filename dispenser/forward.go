@@ -1,0 +1,232 @@
+package dispenser
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// Forwarding in batches. A worker hands the requests for an ordered tag it
+// does not own to one goroutine, the forwarder, which sends whatever has
+// piled up meanwhile as one message to the owner's subject: one request per
+// line, "<reply subject> <count> <format> <worker>". The owner answers each
+// requester directly. Under load the second hop then costs the nats-server
+// one message for many requests; when requests come one at a time, each
+// goes alone, at once.
+
+// maxForwardBatch bounds the requests of one forwarded message.
+const maxForwardBatch = 256
+
+// forwardBacklog is how many requests may wait for the forwarder; beyond
+// it a request is forwarded by its handler, alone.
+const forwardBacklog = 4096
+
+// forwardItem is a request for an ordered tag on its way to the owner.
+type forwardItem struct {
+	subject string // the owner's subject for the tag
+	reply   string
+	n       int
+	format  Format
+	worker  bool // the requester asked for WorkerHeader
+}
+
+// forwarder batches forwarded requests. It is safe for concurrent use.
+type forwarder struct {
+	ch   chan forwardItem
+	stop chan struct{} // closed when ch is to be emptied and left
+	once sync.Once     // closes stop
+}
+
+// leave makes run send what is left in the channel and return.
+func (f *forwarder) leave() {
+	if f.stop != nil {
+		f.once.Do(func() { close(f.stop) })
+	}
+}
+
+// enqueueForward hands r to the forwarder, or, if it is backed up, sends it
+// alone.
+func (s *Service) enqueueForward(r replier, subject string, n int, format Format) {
+	it := forwardItem{subject: subject, reply: r.req.Reply(), n: n, format: format, worker: r.worker}
+	select {
+	case s.fwd.ch <- it:
+		s.forwarded.Add(1)
+	default:
+		s.forwardNow(r, it)
+	}
+}
+
+// forwardNow sends one request to the owner from the caller's goroutine.
+func (s *Service) forwardNow(r replier, it forwardItem) {
+	if err := s.publishForward(it.subject, appendForwardLine(nil, it)); err != nil {
+		r.fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+		return
+	}
+	s.forwarded.Add(1)
+}
+
+func (s *Service) publishForward(subject string, body []byte) error {
+	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{ForwardedHeader: []string{s.id}}}
+	return s.cfg.Conn.PublishMsg(msg)
+}
+
+func appendForwardLine(dst []byte, it forwardItem) []byte {
+	dst = append(dst, it.reply...)
+	dst = append(dst, ' ')
+	dst = strconv.AppendInt(dst, int64(it.n), 10)
+	dst = append(dst, ' ')
+	if it.format == FormatRange {
+		dst = append(dst, "range"...)
+	} else {
+		dst = append(dst, "list"...)
+	}
+	if it.worker {
+		return append(dst, " 1\n"...)
+	}
+	return append(dst, " 0\n"...)
+}
+
+// runForwarder sends the forwarder's requests, as many per message as have
+// piled up, until Stop, then those left.
+func (s *Service) runForwarder() {
+	defer s.parked.Done()
+	var batch []forwardItem
+	bodies := map[string][]byte{} // by owner subject; almost always one
+	send := func() {
+		clear(bodies)
+		for _, it := range batch {
+			bodies[it.subject] = appendForwardLine(bodies[it.subject], it)
+		}
+		for subject, body := range bodies {
+			if err := s.publishForward(subject, body); err != nil {
+				s.cfg.Logger.Warn("dispenser: forwarding to the owner of an ordered tag", "subject", subject, "err", err)
+				s.failForwarded(body, err)
+			}
+		}
+		batch = batch[:0]
+	}
+	for {
+		select {
+		case it := <-s.fwd.ch:
+			batch = append(batch, it)
+		more:
+			for len(batch) < maxForwardBatch {
+				select {
+				case it := <-s.fwd.ch:
+					batch = append(batch, it)
+				default:
+					break more
+				}
+			}
+			send()
+		case <-s.fwd.stop:
+			for {
+				select {
+				case it := <-s.fwd.ch:
+					batch = append(batch, it)
+					if len(batch) == maxForwardBatch {
+						send()
+					}
+				default:
+					send()
+					return
+				}
+			}
+		}
+	}
+}
+
+// failForwarded answers the requests of a batch that could not be sent.
+func (s *Service) failForwarded(body []byte, err error) {
+	eachForwarded(body, func(it forwardItem, perr error) {
+		if perr == nil {
+			s.newReplier(forwardedRequest{it}, "segment").fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+		}
+	})
+}
+
+// eachForwarded calls fn with every request of a forwarded message's body;
+// perr says what is wrong with a line (fn then gets what could be read).
+func eachForwarded(body []byte, fn func(it forwardItem, perr error)) {
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			body = nil
+		}
+		f := strings.Fields(string(line))
+		if len(f) != 4 {
+			fn(forwardItem{}, fmt.Errorf("%w: forwarded line %q", ErrBadCount, truncate(string(line), 200)))
+			continue
+		}
+		it := forwardItem{reply: f[0], worker: f[3] == "1"}
+		n, err := strconv.Atoi(f[1])
+		if err == nil {
+			it.n = n
+			it.format, err = ParseFormat([]string{f[2]})
+		}
+		fn(it, err)
+	}
+}
+
+// handleForwarded serves requests other workers forwarded to this one as
+// the owner of their ordered tag, on <OwnerSubject>.<tag>.
+func (s *Service) handleForwarded(msg *nats.Msg) {
+	tag := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
+	valid := segment.ValidTag(tag)
+	eachForwarded(msg.Data, func(it forwardItem, perr error) {
+		if it.reply == "" {
+			s.cfg.Logger.Warn("dispenser: unreadable forwarded request", "subject", msg.Subject, "err", perr)
+			return
+		}
+		r := s.newReplier(forwardedRequest{it}, "segment")
+		r.inline = false
+		r.tag = tag
+		switch {
+		case !valid:
+			r.fail(fmt.Errorf("%w %q", ErrBadSubject, msg.Subject))
+		case perr != nil:
+			r.fail(perr)
+		case it.n < 1 || it.n > s.cfg.MaxBatch:
+			r.fail(fmt.Errorf("%w: %d", ErrBadCount, it.n))
+		case !s.cfg.Owners.Owns(tag):
+			r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
+		default:
+			s.takeOwned(r, tag, it.n, it.format)
+		}
+	})
+}
+
+// forwardedRequest is a forwarded request as a micro.Request, so that it is
+// answered like any other (by publishing to its reply subject: it is never
+// answered inline).
+type forwardedRequest struct{ it forwardItem }
+
+var workerHeaders = micro.Headers{WorkerHeader: []string{"1"}}
+
+func (f forwardedRequest) Respond([]byte, ...micro.RespondOpt) error {
+	return fmt.Errorf("dispenser: forwarded requests are answered by publishing")
+}
+func (f forwardedRequest) RespondJSON(any, ...micro.RespondOpt) error {
+	return fmt.Errorf("dispenser: forwarded requests are answered by publishing")
+}
+func (f forwardedRequest) Error(string, string, []byte, ...micro.RespondOpt) error {
+	return fmt.Errorf("dispenser: forwarded requests are answered by publishing")
+}
+func (f forwardedRequest) Data() []byte { return nil }
+func (f forwardedRequest) Headers() micro.Headers {
+	if f.it.worker {
+		return workerHeaders
+	}
+	return nil
+}
+func (f forwardedRequest) Subject() string { return f.it.subject }
+func (f forwardedRequest) Reply() string   { return f.it.reply }
