@@ -147,7 +147,9 @@ func (s *Service) runForwarder() {
 func (s *Service) failForwarded(body []byte, err error) {
 	eachForwarded(body, func(it forwardItem, perr error) {
 		if perr == nil {
-			s.newReplier(forwardedRequest{it}, "segment").fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+			r := s.newReplier(forwardedRequest{it}, "segment")
+			r.inline = false
+			r.fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		}
 	})
 }

@@ -25,9 +25,9 @@ type Owners interface {
 	Stats() ownership.Stats
 }
 
-// ForwardedHeader marks a request one worker forwarded to the owner of its
-// ordered tag; its value names the forwarding worker. A forwarded request is
-// never forwarded again.
+// ForwardedHeader marks a message of requests one worker forwarded to the
+// owner of their ordered tag; its value names the forwarding worker. The
+// owner never forwards them again: it answers them or fails them.
 const ForwardedHeader = "Id-Forwarded"
 
 // ErrOwnershipMoving means no worker could be found to own an ordered tag
@@ -46,10 +46,6 @@ const orderedWait = 2 * time.Second
 func (s *Service) takeOrdered(r replier, tag string, n int, format Format) {
 	if s.cfg.Owners.Owns(tag) {
 		s.takeOwned(r, tag, n, format)
-		return
-	}
-	if _, fwd := r.req.Headers()[ForwardedHeader]; fwd {
-		r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
 		return
 	}
 	if rt, ok := s.cfg.Owners.Cached(tag); ok && rt.Subject != "" {
