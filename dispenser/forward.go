@@ -30,11 +30,12 @@ const forwardBacklog = 4096
 
 // forwardItem is a request for an ordered tag on its way to the owner.
 type forwardItem struct {
-	subject string // the owner's subject for the tag
-	reply   string
-	n       int
-	format  Format
-	worker  bool // the requester asked for WorkerHeader
+	owner  string // the owner's subject (Route.Subject); the tag follows
+	tag    string
+	reply  string
+	n      int
+	format Format
+	worker bool // the requester asked for WorkerHeader
 }
 
 // forwarder batches forwarded requests. It is safe for concurrent use.
@@ -53,8 +54,8 @@ func (f *forwarder) leave() {
 
 // enqueueForward hands r to the forwarder, or, if it is backed up, sends it
 // alone.
-func (s *Service) enqueueForward(r replier, subject string, n int, format Format) {
-	it := forwardItem{subject: subject, reply: r.req.Reply(), n: n, format: format, worker: r.worker}
+func (s *Service) enqueueForward(r replier, owner, tag string, n int, format Format) {
+	it := forwardItem{owner: owner, tag: tag, reply: r.req.Reply(), n: n, format: format, worker: r.worker}
 	select {
 	case s.fwd.ch <- it:
 		s.forwarded.Add(1)
@@ -65,7 +66,7 @@ func (s *Service) enqueueForward(r replier, subject string, n int, format Format
 
 // forwardNow sends one request to the owner from the caller's goroutine.
 func (s *Service) forwardNow(r replier, it forwardItem) {
-	if err := s.publishForward(it.subject, appendForwardLine(nil, it)); err != nil {
+	if err := s.publishForward(it.owner+"."+it.tag, appendForwardLine(nil, it)); err != nil {
 		r.fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		return
 	}
@@ -98,13 +99,16 @@ func appendForwardLine(dst []byte, it forwardItem) []byte {
 func (s *Service) runForwarder() {
 	defer s.parked.Done()
 	var batch []forwardItem
-	bodies := map[string][]byte{} // by owner subject; almost always one
+	type dest struct{ owner, tag string }
+	bodies := map[dest][]byte{} // almost always one
 	send := func() {
 		clear(bodies)
 		for _, it := range batch {
-			bodies[it.subject] = appendForwardLine(bodies[it.subject], it)
+			d := dest{it.owner, it.tag}
+			bodies[d] = appendForwardLine(bodies[d], it)
 		}
-		for subject, body := range bodies {
+		for d, body := range bodies {
+			subject := d.owner + "." + d.tag
 			if err := s.publishForward(subject, body); err != nil {
 				s.cfg.Logger.Warn("dispenser: forwarding to the owner of an ordered tag", "subject", subject, "err", err)
 				s.failForwarded(body, err)
@@ -164,19 +168,35 @@ func eachForwarded(body []byte, fn func(it forwardItem, perr error)) {
 		} else {
 			body = nil
 		}
-		f := strings.Fields(string(line))
-		if len(f) != 4 {
-			fn(forwardItem{}, fmt.Errorf("%w: forwarded line %q", ErrBadCount, truncate(string(line), 200)))
-			continue
-		}
-		it := forwardItem{reply: f[0], worker: f[3] == "1"}
-		n, err := strconv.Atoi(f[1])
-		if err == nil {
-			it.n = n
-			it.format, err = ParseFormat([]string{f[2]})
-		}
+		it, err := parseForwardLine(line)
 		fn(it, err)
 	}
+}
+
+// parseForwardLine reads "<reply> <count> <format> <worker>".
+func parseForwardLine(line []byte) (forwardItem, error) {
+	var f [4][]byte
+	rest := line
+	for i := range f {
+		var ok bool
+		if f[i], rest, ok = bytes.Cut(rest, []byte{' '}); !ok && i < 3 || ok && i == 3 || len(f[i]) == 0 {
+			return forwardItem{}, fmt.Errorf("%w: forwarded line %q", ErrBadCount, truncate(string(line), 200))
+		}
+	}
+	it := forwardItem{reply: string(f[0]), worker: string(f[3]) == "1"}
+	var err error
+	if it.n, err = strconv.Atoi(string(f[1])); err != nil {
+		return it, fmt.Errorf("%w %q", ErrBadCount, truncate(string(f[1]), 32))
+	}
+	switch string(f[2]) {
+	case "list":
+		it.format = FormatList
+	case "range":
+		it.format = FormatRange
+	default:
+		return it, fmt.Errorf("%w: format %q: want list or range", ErrBadHeader, truncate(string(f[2]), 32))
+	}
+	return it, nil
 }
 
 // handleForwarded serves requests other workers forwarded to this one as
@@ -185,6 +205,7 @@ func (s *Service) handleForwarded(msg *nats.Msg) {
 	tag := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
 	valid := segment.ValidTag(tag)
 	eachForwarded(msg.Data, func(it forwardItem, perr error) {
+		it.tag = tag
 		if it.reply == "" {
 			s.cfg.Logger.Warn("dispenser: unreadable forwarded request", "subject", msg.Subject, "err", perr)
 			return
@@ -230,5 +251,5 @@ func (f forwardedRequest) Headers() micro.Headers {
 	}
 	return nil
 }
-func (f forwardedRequest) Subject() string { return f.it.subject }
+func (f forwardedRequest) Subject() string { return f.it.owner + "." + f.it.tag }
 func (f forwardedRequest) Reply() string   { return f.it.reply }

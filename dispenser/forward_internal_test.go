@@ -49,7 +49,7 @@ func TestForwarderBatches(t *testing.T) {
 	s.fwd.ch = make(chan forwardItem, requests)
 	s.fwd.stop = make(chan struct{})
 	for i := range requests {
-		s.fwd.ch <- forwardItem{subject: "id.owner.x.seq", reply: fmt.Sprintf("_INBOX.t.%d", i), n: 1 + i%3, format: Format(i % 2), worker: i%5 == 0}
+		s.fwd.ch <- forwardItem{owner: "id.owner.x", tag: "seq", reply: fmt.Sprintf("_INBOX.t.%d", i), n: 1 + i%3, format: Format(i % 2), worker: i%5 == 0}
 	}
 	s.parked.Add(1)
 	go s.runForwarder()

@@ -44,12 +44,13 @@ const orderedWait = 2 * time.Second
 // requester directly), else by claiming the tag. It runs on the handler's
 // goroutine and parks anything that may wait.
 func (s *Service) takeOrdered(r replier, tag string, n int, format Format) {
-	if s.cfg.Owners.Owns(tag) {
+	rt, ok := s.cfg.Owners.Cached(tag)
+	switch {
+	case ok && rt.Self:
 		s.takeOwned(r, tag, n, format)
 		return
-	}
-	if rt, ok := s.cfg.Owners.Cached(tag); ok && rt.Subject != "" {
-		s.enqueueForward(r, rt.Subject+"."+tag, n, format) // the common case
+	case ok && rt.Subject != "":
+		s.enqueueForward(r, rt.Subject, tag, n, format) // the common case
 		return
 	}
 	r.inline = false
@@ -89,7 +90,7 @@ func (s *Service) routeOrdered(r replier, tag string, n int, format Format) {
 			s.takeOwned(r, tag, n, format)
 			return
 		case err == nil && rt.Subject != "":
-			s.forwardNow(r, forwardItem{subject: rt.Subject + "." + tag, reply: r.req.Reply(), n: n, format: format, worker: r.worker})
+			s.forwardNow(r, forwardItem{owner: rt.Subject, tag: tag, reply: r.req.Reply(), n: n, format: format, worker: r.worker})
 			return
 		case err != nil:
 			s.cfg.Logger.Debug("dispenser: looking for the owner of an ordered tag", "tag", tag, "err", err)
