@@ -161,14 +161,8 @@ func (s *Service) failForwarded(body []byte, err error) {
 // eachForwarded calls fn with every request of a forwarded message's body;
 // perr says what is wrong with a line (fn then gets what could be read).
 func eachForwarded(body []byte, fn func(it forwardItem, perr error)) {
-	for len(body) > 0 {
-		line := body
-		if i := bytes.IndexByte(body, '\n'); i >= 0 {
-			line, body = body[:i], body[i+1:]
-		} else {
-			body = nil
-		}
-		it, err := parseForwardLine(line)
+	for line := range bytes.Lines(body) {
+		it, err := parseForwardLine(bytes.TrimSuffix(line, []byte{'\n'}))
 		fn(it, err)
 	}
 }
