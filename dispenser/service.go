@@ -188,7 +188,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
 	}
 	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), orderedWait: orderedWait}
-	if cfg.Owners != nil && cfg.Segments != nil { // before any request can claim a tag
+	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be forwarded
 		s.fwd.ch = make(chan forwardItem, forwardBacklog)
 		s.fwd.stop = make(chan struct{})
 	}
@@ -543,11 +543,6 @@ func (s *Service) handleSegment(req micro.Request) {
 		r.fail(err)
 		return
 	}
-	s.serveSegment(r, tag, n, format)
-}
-
-// serveSegment serves a parsed request for tag's IDs.
-func (s *Service) serveSegment(r replier, tag string, n int, format Format) {
 	var arr [2]segment.Run
 	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
 	switch {
