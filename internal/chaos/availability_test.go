@@ -89,7 +89,11 @@ func TestDatabaseOutage(t *testing.T) {
 	pg, dbURL := postgresCluster(t, availTags)
 	ns := startNATS(t)
 	f := newFleet(t, append(availFlags(), "--nats-url", ns.URL(), "--postgres-url", dbURL,
-		"--snowflake-lease", "2s", "--snowflake-heartbeat", "500ms")...)
+		"--snowflake-lease", "2s", "--snowflake-heartbeat", "500ms",
+		// The restarted worker's first request of each tag waits for that
+		// tag's first fetch, right after PostgreSQL came back: on a busy
+		// machine that takes longer than the default 100ms (seen in CI).
+		"--max-wait", "2s")...)
 	var procs []*proc
 	for i := range 3 {
 		procs = append(procs, f.start(fmt.Sprintf("db-%d", i)))
@@ -177,7 +181,11 @@ func TestRestartDuringDatabaseOutage(t *testing.T) {
 	pg, dbURL := postgresCluster(t, availTags)
 	ns := startNATS(t)
 	f := newFleet(t, append(availFlags(), "--nats-url", ns.URL(), "--postgres-url", dbURL,
-		"--snowflake-lease", "2s", "--snowflake-heartbeat", "500ms")...)
+		"--snowflake-lease", "2s", "--snowflake-heartbeat", "500ms",
+		// The restarted worker's first request of each tag waits for that
+		// tag's first fetch, right after PostgreSQL came back: on a busy
+		// machine that takes longer than the default 100ms (seen in CI).
+		"--max-wait", "2s")...)
 	var procs []*proc
 	for i := range 3 {
 		procs = append(procs, f.start(fmt.Sprintf("restart-%d", i)))
@@ -296,9 +304,10 @@ func TestNATSClusterFailover(t *testing.T) {
 	nc := connect(t, cl.URLs(), "cluster-stats")
 	f := newFleet(t, append(availFlags(), "--nats-url", cl.URLs(),
 		"--segment-replicas", "3", "--snowflake-replicas", "3",
-		// The default lease: a stream leader election on a busy machine
-		// can stall heartbeats for seconds.
-		"--snowflake-lease", "10s", "--snowflake-heartbeat", "1s")...)
+		// Twice the default lease: on a busy machine the stream leader
+		// elections of a rolling restart stalled heartbeats for more than
+		// 10s (seen in CI: the worker fenced, snowflake answered 503).
+		"--snowflake-lease", "20s", "--snowflake-heartbeat", "1s")...)
 	var procs []*proc
 	for i := range 3 {
 		procs = append(procs, f.start(fmt.Sprintf("cluster-%d", i)))
