@@ -2,6 +2,7 @@ package dispenser
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -116,33 +117,30 @@ func (s *Service) runForwarder() {
 		}
 		batch = batch[:0]
 	}
+	stopping := false
 	for {
-		select {
-		case it := <-s.fwd.ch:
-			batch = append(batch, it)
-		more:
-			for len(batch) < maxForwardBatch {
-				select {
-				case it := <-s.fwd.ch:
-					batch = append(batch, it)
-				default:
-					break more
-				}
+		if !stopping {
+			select {
+			case it := <-s.fwd.ch:
+				batch = append(batch, it)
+			case <-s.fwd.stop:
+				stopping = true // send what is left, then return
 			}
+		}
+	more:
+		for len(batch) < maxForwardBatch {
+			select {
+			case it := <-s.fwd.ch:
+				batch = append(batch, it)
+			default:
+				break more
+			}
+		}
+		if len(batch) > 0 {
 			send()
-		case <-s.fwd.stop:
-			for {
-				select {
-				case it := <-s.fwd.ch:
-					batch = append(batch, it)
-					if len(batch) == maxForwardBatch {
-						send()
-					}
-				default:
-					send()
-					return
-				}
-			}
+		}
+		if stopping && len(s.fwd.ch) == 0 {
+			return
 		}
 	}
 }
@@ -229,14 +227,12 @@ type forwardedRequest struct{ it forwardItem }
 
 var workerHeaders = micro.Headers{WorkerHeader: []string{"1"}}
 
-func (f forwardedRequest) Respond([]byte, ...micro.RespondOpt) error {
-	return fmt.Errorf("dispenser: forwarded requests are answered by publishing")
-}
-func (f forwardedRequest) RespondJSON(any, ...micro.RespondOpt) error {
-	return fmt.Errorf("dispenser: forwarded requests are answered by publishing")
-}
+var errPublishOnly = errors.New("dispenser: forwarded requests are answered by publishing")
+
+func (f forwardedRequest) Respond([]byte, ...micro.RespondOpt) error  { return errPublishOnly }
+func (f forwardedRequest) RespondJSON(any, ...micro.RespondOpt) error { return errPublishOnly }
 func (f forwardedRequest) Error(string, string, []byte, ...micro.RespondOpt) error {
-	return fmt.Errorf("dispenser: forwarded requests are answered by publishing")
+	return errPublishOnly
 }
 func (f forwardedRequest) Data() []byte { return nil }
 func (f forwardedRequest) Headers() micro.Headers {
