@@ -1,15 +1,13 @@
 package dispenser
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/segment"
 )
@@ -56,7 +54,7 @@ func (f *forwarder) leave() {
 // enqueueForward hands r to the forwarder, or, if it is backed up, sends it
 // alone.
 func (s *Service) enqueueForward(r replier, owner, tag string, n int, format Format) {
-	it := forwardItem{owner: owner, tag: tag, reply: r.req.Reply(), n: n, format: format, worker: r.worker}
+	it := forwardItem{owner: owner, tag: tag, reply: r.reply, n: n, format: format, worker: r.worker}
 	select {
 	case s.fwd.ch <- it:
 		s.forwarded.Add(1)
@@ -67,16 +65,17 @@ func (s *Service) enqueueForward(r replier, owner, tag string, n int, format For
 
 // forwardNow sends one request to the owner from the caller's goroutine.
 func (s *Service) forwardNow(r replier, it forwardItem) {
-	if err := s.publishForward(it.owner+"."+it.tag, appendForwardLine(nil, it)); err != nil {
+	msg := nats.Msg{Subject: it.owner + "." + it.tag, Data: appendForwardLine(nil, it), Header: s.forwardHeader()}
+	if err := s.cfg.Conn.PublishMsg(&msg); err != nil {
 		r.fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		return
 	}
 	s.forwarded.Add(1)
 }
 
-func (s *Service) publishForward(subject string, body []byte) error {
-	msg := &nats.Msg{Subject: subject, Data: body, Header: nats.Header{ForwardedHeader: []string{s.id}}}
-	return s.cfg.Conn.PublishMsg(msg)
+// forwardHeader is the header of the messages this worker forwards.
+func (s *Service) forwardHeader() nats.Header {
+	return nats.Header{ForwardedHeader: []string{s.id}}
 }
 
 func appendForwardLine(dst []byte, it forwardItem) []byte {
@@ -95,24 +94,44 @@ func appendForwardLine(dst []byte, it forwardItem) []byte {
 	return append(dst, " 0\n"...)
 }
 
+// outbox is the message being built for one owner and tag.
+type outbox struct {
+	owner, tag string
+	body       []byte
+}
+
 // runForwarder sends the forwarder's requests, as many per message as have
 // piled up, until Stop, then those left.
 func (s *Service) runForwarder() {
 	defer s.parked.Done()
+	hdr := s.forwardHeader() // read-only from here on
 	var batch []forwardItem
-	type dest struct{ owner, tag string }
-	bodies := map[dest][]byte{} // almost always one
+	// outs has one outbox per owner and tag of a batch, almost always one;
+	// their bodies are reused from batch to batch.
+	var outs []outbox
 	send := func() {
-		clear(bodies)
+		outs = outs[:0]
+		last := -1
 		for _, it := range batch {
-			d := dest{it.owner, it.tag}
-			bodies[d] = appendForwardLine(bodies[d], it)
+			if last < 0 || outs[last].owner != it.owner || outs[last].tag != it.tag {
+				last = slices.IndexFunc(outs, func(o outbox) bool { return o.owner == it.owner && o.tag == it.tag })
+				if last < 0 {
+					if len(outs) == cap(outs) {
+						outs = append(outs, outbox{})
+					} else {
+						outs = outs[:len(outs)+1]
+					}
+					last = len(outs) - 1
+					outs[last] = outbox{owner: it.owner, tag: it.tag, body: outs[last].body[:0]}
+				}
+			}
+			outs[last].body = appendForwardLine(outs[last].body, it)
 		}
-		for d, body := range bodies {
-			subject := d.owner + "." + d.tag
-			if err := s.publishForward(subject, body); err != nil {
-				s.cfg.Logger.Warn("dispenser: forwarding to the owner of an ordered tag", "subject", subject, "err", err)
-				s.failForwarded(body, err)
+		for _, o := range outs {
+			msg := nats.Msg{Subject: o.owner + "." + o.tag, Data: o.body, Header: hdr}
+			if err := s.cfg.Conn.PublishMsg(&msg); err != nil {
+				s.cfg.Logger.Warn("dispenser: forwarding to the owner of an ordered tag", "subject", msg.Subject, "err", err)
+				s.failForwarded(batch, o, err)
 			}
 		}
 		batch = batch[:0]
@@ -145,48 +164,38 @@ func (s *Service) runForwarder() {
 	}
 }
 
-// failForwarded answers the requests of a batch that could not be sent.
-func (s *Service) failForwarded(body []byte, err error) {
-	eachForwarded(body, func(it forwardItem, perr error) {
-		if perr == nil {
-			r := s.newReplier(forwardedRequest{it}, "segment")
-			r.inline = false
-			r.fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+// failForwarded answers the requests of batch for o's owner and tag, which
+// could not be sent.
+func (s *Service) failForwarded(batch []forwardItem, o outbox, err error) {
+	for _, it := range batch {
+		if it.owner == o.owner && it.tag == o.tag {
+			s.forwardedReplier(it).fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		}
-	})
-}
-
-// eachForwarded calls fn with every request of a forwarded message's body;
-// perr says what is wrong with a line (fn then gets what could be read).
-func eachForwarded(body []byte, fn func(it forwardItem, perr error)) {
-	for line := range bytes.Lines(body) {
-		it, err := parseForwardLine(bytes.TrimSuffix(line, []byte{'\n'}))
-		fn(it, err)
 	}
 }
 
 // parseForwardLine reads "<reply> <count> <format> <worker>".
-func parseForwardLine(line []byte) (forwardItem, error) {
-	var f [4][]byte
+func parseForwardLine(line string) (forwardItem, error) {
+	var f [4]string
 	rest := line
 	for i := range f {
 		var ok bool
-		if f[i], rest, ok = bytes.Cut(rest, []byte{' '}); !ok && i < 3 || ok && i == 3 || len(f[i]) == 0 {
-			return forwardItem{}, fmt.Errorf("%w: forwarded line %q", ErrBadCount, truncate(string(line), 200))
+		if f[i], rest, ok = strings.Cut(rest, " "); !ok && i < 3 || ok && i == 3 || len(f[i]) == 0 {
+			return forwardItem{}, fmt.Errorf("%w: forwarded line %q", ErrBadCount, truncate(line, 200))
 		}
 	}
-	it := forwardItem{reply: string(f[0]), worker: string(f[3]) == "1"}
+	it := forwardItem{reply: f[0], worker: f[3] == "1"}
 	var err error
-	if it.n, err = strconv.Atoi(string(f[1])); err != nil {
-		return it, fmt.Errorf("%w %q", ErrBadCount, truncate(string(f[1]), 32))
+	if it.n, err = strconv.Atoi(f[1]); err != nil {
+		return it, fmt.Errorf("%w %q", ErrBadCount, truncate(f[1], 32))
 	}
-	switch string(f[2]) {
+	switch f[2] {
 	case "list":
 		it.format = FormatList
 	case "range":
 		it.format = FormatRange
 	default:
-		return it, fmt.Errorf("%w: format %q: want list or range", ErrBadHeader, truncate(string(f[2]), 32))
+		return it, fmt.Errorf("%w: format %q: want list or range", ErrBadHeader, truncate(f[2], 32))
 	}
 	return it, nil
 }
@@ -196,15 +205,15 @@ func parseForwardLine(line []byte) (forwardItem, error) {
 func (s *Service) handleForwarded(msg *nats.Msg) {
 	tag := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
 	valid := segment.ValidTag(tag)
-	eachForwarded(msg.Data, func(it forwardItem, perr error) {
-		it.tag = tag
+	// One string for the whole message: the reply subjects are slices of it.
+	for line := range strings.Lines(string(msg.Data)) {
+		it, perr := parseForwardLine(strings.TrimSuffix(line, "\n"))
 		if it.reply == "" {
 			s.cfg.Logger.Warn("dispenser: unreadable forwarded request", "subject", msg.Subject, "err", perr)
-			return
+			continue
 		}
-		r := s.newReplier(forwardedRequest{it}, "segment")
-		r.inline = false
-		r.tag = tag
+		it.tag = tag
+		r := s.forwardedReplier(it)
 		switch {
 		case !valid:
 			r.fail(fmt.Errorf("%w %q", ErrBadSubject, msg.Subject))
@@ -217,29 +226,5 @@ func (s *Service) handleForwarded(msg *nats.Msg) {
 		default:
 			s.takeOwned(r, tag, it.n, it.format)
 		}
-	})
-}
-
-// forwardedRequest is a forwarded request as a micro.Request, so that it is
-// answered like any other (by publishing to its reply subject: it is never
-// answered inline).
-type forwardedRequest struct{ it forwardItem }
-
-var workerHeaders = micro.Headers{WorkerHeader: []string{"1"}}
-
-var errPublishOnly = errors.New("dispenser: forwarded requests are answered by publishing")
-
-func (f forwardedRequest) Respond([]byte, ...micro.RespondOpt) error  { return errPublishOnly }
-func (f forwardedRequest) RespondJSON(any, ...micro.RespondOpt) error { return errPublishOnly }
-func (f forwardedRequest) Error(string, string, []byte, ...micro.RespondOpt) error {
-	return errPublishOnly
-}
-func (f forwardedRequest) Data() []byte { return nil }
-func (f forwardedRequest) Headers() micro.Headers {
-	if f.it.worker {
-		return workerHeaders
 	}
-	return nil
 }
-func (f forwardedRequest) Subject() string { return f.it.owner + "." + f.it.tag }
-func (f forwardedRequest) Reply() string   { return f.it.reply }

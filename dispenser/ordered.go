@@ -90,7 +90,7 @@ func (s *Service) routeOrdered(r replier, tag string, n int, format Format) {
 			s.takeOwned(r, tag, n, format)
 			return
 		case err == nil && rt.Subject != "":
-			s.forwardNow(r, forwardItem{owner: rt.Subject, tag: tag, reply: r.req.Reply(), n: n, format: format, worker: r.worker})
+			s.forwardNow(r, forwardItem{owner: rt.Subject, tag: tag, reply: r.reply, n: n, format: format, worker: r.worker})
 			return
 		case err != nil:
 			s.cfg.Logger.Debug("dispenser: looking for the owner of an ordered tag", "tag", tag, "err", err)

@@ -398,10 +398,12 @@ func (s *Service) stats(e *micro.Endpoint) any {
 // replier answers one request. Inline answers go through micro (so that its
 // stats count them); answers from a parked request's goroutine are published
 // directly, because micro's request may not be touched after the handler
-// returned.
+// returned. A request another worker forwarded has no micro request: it is
+// always answered by publishing.
 type replier struct {
 	s        *Service
-	req      micro.Request
+	req      micro.Request // nil for a forwarded request
+	reply    string        // the requester's reply subject
 	inline   bool
 	endpoint string
 	tag      string    // metrics label
@@ -410,10 +412,20 @@ type replier struct {
 }
 
 func (s *Service) newReplier(req micro.Request, endpoint string) replier {
-	r := replier{s: s, req: req, inline: true, endpoint: endpoint}
+	r := replier{s: s, req: req, reply: req.Reply(), inline: true, endpoint: endpoint}
 	if h := req.Headers(); len(h) > 0 {
 		_, r.worker = h[WorkerHeader]
 	}
+	if s.metrics != nil {
+		r.start = time.Now()
+	}
+	return r
+}
+
+// forwardedReplier answers a request for tag that another worker forwarded
+// to this one.
+func (s *Service) forwardedReplier(it forwardItem) replier {
+	r := replier{s: s, reply: it.reply, endpoint: "segment", tag: it.tag, worker: it.worker}
 	if s.metrics != nil {
 		r.start = time.Now()
 	}
@@ -429,15 +441,15 @@ func (r replier) respond(data []byte, ids int) {
 	case r.worker && r.inline:
 		err = r.req.Respond(data, micro.WithHeaders(micro.Headers{WorkerHeader: []string{r.s.id}}))
 	case r.worker:
-		msg := nats.NewMsg(r.req.Reply())
+		msg := nats.NewMsg(r.reply)
 		msg.Header.Set(WorkerHeader, r.s.id)
 		msg.Data = data
 		err = r.s.cfg.Conn.PublishMsg(msg)
 	default: // a plain publish: micro's Respond costs a nats.Msg per reply
-		err = r.s.cfg.Conn.Publish(r.req.Reply(), data)
+		err = r.s.cfg.Conn.Publish(r.reply, data)
 	}
 	if err != nil {
-		r.s.cfg.Logger.Warn("dispenser: reply failed", "subject", r.req.Subject(), "err", err)
+		r.s.cfg.Logger.Warn("dispenser: reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", err)
 	}
 }
 
@@ -451,7 +463,7 @@ func (r replier) fail(err error) {
 	case r.inline:
 		perr = r.req.Error(code, desc, nil)
 	default:
-		msg := nats.NewMsg(r.req.Reply())
+		msg := nats.NewMsg(r.reply)
 		msg.Header.Set(micro.ErrorHeader, desc)
 		msg.Header.Set(micro.ErrorCodeHeader, code)
 		if r.worker {
@@ -460,7 +472,7 @@ func (r replier) fail(err error) {
 		perr = r.s.cfg.Conn.PublishMsg(msg)
 	}
 	if perr != nil {
-		r.s.cfg.Logger.Warn("dispenser: error reply failed", "subject", r.req.Subject(), "err", perr)
+		r.s.cfg.Logger.Warn("dispenser: error reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", perr)
 	}
 }
 
