@@ -23,6 +23,10 @@ import (
 // maxForwardBatch bounds the requests of one forwarded message.
 const maxForwardBatch = 256
 
+// forwardHeaderRoom is what a forwarded message keeps free of its server's
+// max payload for its header.
+const forwardHeaderRoom = 1024
+
 // forwardBacklog is how many requests may wait for the forwarder; beyond
 // it a request is forwarded by its handler, alone.
 const forwardBacklog = 4096
@@ -109,6 +113,16 @@ func (s *Service) runForwarder() {
 	// outs has one outbox per owner and tag of a batch, almost always one;
 	// their bodies are reused from batch to batch.
 	var outs []outbox
+	// A message stays within the server's max payload, with room for the
+	// header: a line that would not fit starts the next message.
+	limit := int(s.cfg.Conn.MaxPayload()) - forwardHeaderRoom
+	publish := func(o *outbox, body []byte) {
+		msg := nats.Msg{Subject: o.owner + "." + o.tag, Data: body, Header: hdr}
+		if err := s.cfg.Conn.PublishMsg(&msg); err != nil {
+			s.cfg.Logger.Warn("dispenser: forwarding to the owner of an ordered tag", "subject", msg.Subject, "err", err)
+			s.failForwarded(o.tag, body, err)
+		}
+	}
 	send := func() {
 		outs = outs[:0]
 		last := -1
@@ -125,14 +139,16 @@ func (s *Service) runForwarder() {
 					outs[last] = outbox{owner: it.owner, tag: it.tag, body: outs[last].body[:0]}
 				}
 			}
-			outs[last].body = appendForwardLine(outs[last].body, it)
-		}
-		for _, o := range outs {
-			msg := nats.Msg{Subject: o.owner + "." + o.tag, Data: o.body, Header: hdr}
-			if err := s.cfg.Conn.PublishMsg(&msg); err != nil {
-				s.cfg.Logger.Warn("dispenser: forwarding to the owner of an ordered tag", "subject", msg.Subject, "err", err)
-				s.failForwarded(batch, o, err)
+			o := &outs[last]
+			n := len(o.body)
+			o.body = appendForwardLine(o.body, it)
+			if len(o.body) > limit && n > 0 {
+				publish(o, o.body[:n])
+				o.body = append(o.body[:0], o.body[n:]...)
 			}
+		}
+		for i := range outs {
+			publish(&outs[i], outs[i].body)
 		}
 		batch = batch[:0]
 	}
@@ -164,11 +180,12 @@ func (s *Service) runForwarder() {
 	}
 }
 
-// failForwarded answers the requests of batch for o's owner and tag, which
-// could not be sent.
-func (s *Service) failForwarded(batch []forwardItem, o outbox, err error) {
-	for _, it := range batch {
-		if it.owner == o.owner && it.tag == o.tag {
+// failForwarded answers the requests for tag in body, a message that could
+// not be sent.
+func (s *Service) failForwarded(tag string, body []byte, err error) {
+	for line := range strings.Lines(string(body)) {
+		if it, perr := parseForwardLine(strings.TrimSuffix(line, "\n")); perr == nil {
+			it.tag = tag
 			s.forwardedReplier(it).fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		}
 	}

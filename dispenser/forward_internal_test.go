@@ -32,10 +32,11 @@ func (fixedOwners) Claim(context.Context, string) (ownership.Route, error) {
 }
 func (fixedOwners) Stats() ownership.Stats { return ownership.Stats{} }
 
-// TestForwarderBatches: the requests waiting for the forwarder go out
-// together, at most maxForwardBatch per message, each as one line, in order.
-func TestForwarderBatches(t *testing.T) {
-	const requests = maxForwardBatch + 44
+// forwardAll runs a forwarder of worker "w1" over items, all for owner
+// "id.owner.x" and tag "seq", and returns the messages the owner got and
+// the server's max payload.
+func forwardAll(t testing.TB, items []forwardItem) ([]*nats.Msg, int64) {
+	t.Helper()
 	ns := testenv.NATS(t)
 	owner := testenv.Connect(t, ns)
 	sub, err := owner.SubscribeSync("id.owner.x.seq")
@@ -46,37 +47,83 @@ func TestForwarderBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Service{cfg: Config{Conn: testenv.Connect(t, ns), Logger: slog.New(slog.DiscardHandler)}, id: "w1"}
-	s.fwd.ch = make(chan forwardItem, requests)
+	s.fwd.ch = make(chan forwardItem, len(items))
 	s.fwd.stop = make(chan struct{})
-	for i := range requests {
-		s.fwd.ch <- forwardItem{owner: "id.owner.x", tag: "seq", reply: fmt.Sprintf("_INBOX.t.%d", i), n: 1 + i%3, format: Format(i % 2), worker: i%5 == 0}
+	for _, it := range items {
+		it.owner, it.tag = "id.owner.x", "seq"
+		s.fwd.ch <- it
 	}
 	s.parked.Add(1)
 	go s.runForwarder()
 	s.fwd.leave()
 	s.parked.Wait()
 
-	var lines []string
-	for msgs := 1; ; msgs++ {
+	var msgs []*nats.Msg
+	for lines := 0; lines < len(items); {
 		msg, err := sub.NextMsg(5 * time.Second)
 		if err != nil {
-			t.Fatalf("message %d: %v (got %d requests)", msgs, err, len(lines))
+			t.Fatalf("message %d: %v (got %d of %d requests)", len(msgs)+1, err, lines, len(items))
 		}
 		if got := msg.Header.Get(ForwardedHeader); got != "w1" {
 			t.Errorf("%s: %q, want the forwarding worker's ID", ForwardedHeader, got)
 		}
-		lines = append(lines, strings.Split(strings.TrimSuffix(string(msg.Data), "\n"), "\n")...)
-		if len(lines) >= requests {
-			if msgs != 2 { // a full batch and the rest
-				t.Errorf("%d requests in %d messages, want 2", requests, msgs)
-			}
-			break
-		}
+		msgs = append(msgs, msg)
+		lines += strings.Count(string(msg.Data), "\n")
 	}
-	for i, line := range lines {
+	return msgs, owner.MaxPayload()
+}
+
+// forwardedLines returns the lines of msgs, in order.
+func forwardedLines(msgs []*nats.Msg) []string {
+	var lines []string
+	for _, msg := range msgs {
+		lines = append(lines, strings.Split(strings.TrimSuffix(string(msg.Data), "\n"), "\n")...)
+	}
+	return lines
+}
+
+// TestForwarderBatches: the requests waiting for the forwarder go out
+// together, at most maxForwardBatch per message, each as one line, in order.
+func TestForwarderBatches(t *testing.T) {
+	const requests = maxForwardBatch + 44
+	var items []forwardItem
+	for i := range requests {
+		items = append(items, forwardItem{reply: fmt.Sprintf("_INBOX.t.%d", i), n: 1 + i%3, format: Format(i % 2), worker: i%5 == 0})
+	}
+	msgs, _ := forwardAll(t, items)
+	if len(msgs) != 2 { // a full batch and the rest
+		t.Errorf("%d requests in %d messages, want 2", requests, len(msgs))
+	}
+	for i, line := range forwardedLines(msgs) {
 		want := fmt.Sprintf("_INBOX.t.%d %d %s %d", i, 1+i%3, []string{"list", "range"}[i%2], map[bool]int{false: 0, true: 1}[i%5 == 0])
 		if line != want {
 			t.Fatalf("line %d: %q, want %q", i, line, want)
+		}
+	}
+}
+
+// TestForwarderSplitsAtMaxPayload: a batch whose lines do not fit in one
+// message (long reply subjects) goes out in several, each within the
+// server's max payload, none of its requests lost.
+func TestForwarderSplitsAtMaxPayload(t *testing.T) {
+	const requests = maxForwardBatch
+	long := strings.Repeat("r", 4500) // 256 lines: more than the default 1 MB
+	var items []forwardItem
+	for i := range requests {
+		items = append(items, forwardItem{reply: fmt.Sprintf("_INBOX.%s.%d", long, i), n: 1})
+	}
+	msgs, maxPayload := forwardAll(t, items)
+	if len(msgs) < 2 {
+		t.Errorf("%d requests of %d bytes in %d message, want more", requests, len(items[0].reply), len(msgs))
+	}
+	for i, msg := range msgs {
+		if int64(len(msg.Data)) > maxPayload {
+			t.Errorf("message %d: %d bytes, more than the max payload %d", i, len(msg.Data), maxPayload)
+		}
+	}
+	for i, line := range forwardedLines(msgs) {
+		if want := fmt.Sprintf("_INBOX.%s.%d 1 list 0", long, i); line != want {
+			t.Fatalf("line %d: %.40q..., want %.40q...", i, line, want)
 		}
 	}
 }
