@@ -51,15 +51,20 @@ var t0 = time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
 
 // newWorker starts Leases named owner on kv; heartbeats run only when the
 // test calls heartbeat().
-func newWorker(tb testing.TB, kv jetstream.KeyValue, owner string, skew time.Duration) *worker {
+// opts change the settings before the start.
+func newWorker(tb testing.TB, kv jetstream.KeyValue, owner string, skew time.Duration, opts ...func(*Settings)) *worker {
 	tb.Helper()
 	w := &worker{clock: &clock{wall: t0.Add(skew)}}
-	w.Leases = start(kv, Settings{
+	st := Settings{
 		Bucket: DefaultBucket, Owner: owner, Subject: "owner." + owner, Lease: 5 * time.Second, Heartbeat: time.Hour,
 		Now: w.clock.Now, mono: w.clock.Mono, Logger: slog.New(slog.DiscardHandler),
 		OnAcquire: func(tag string) { w.mu.Lock(); w.acquired = append(w.acquired, tag); w.mu.Unlock() },
 		OnLose:    func(tag string) { w.mu.Lock(); w.lost = append(w.lost, tag); w.mu.Unlock() },
-	})
+	}
+	for _, o := range opts {
+		o(&st)
+	}
+	w.Leases = start(kv, st)
 	tb.Cleanup(w.Close)
 	return w
 }
@@ -147,6 +152,41 @@ func TestReleaseHandsOverAtOnce(t *testing.T) {
 	}
 	if r := claim(t, b, "orders"); !r.Self {
 		t.Fatalf("b after a's release: %+v, want Self", r)
+	}
+}
+
+// TestTagNoLongerOrderedReleased: a held tag that Keep says is no longer
+// ordered is released at the next heartbeat, so another worker may claim it
+// at once; the others are renewed.
+func TestTagNoLongerOrderedReleased(t *testing.T) {
+	kv := newBucket(t)
+	var mu sync.Mutex
+	ordered := map[string]bool{"orders": true, "invoices": true}
+	a := newWorker(t, kv, "a", 0, func(s *Settings) {
+		s.Keep = func(tag string) bool { mu.Lock(); defer mu.Unlock(); return ordered[tag] }
+	})
+	b := newWorker(t, kv, "b", 0)
+	claim(t, a, "orders")
+	claim(t, a, "invoices")
+	a.heartbeat()
+	if !a.Owns("orders") || !a.Owns("invoices") {
+		t.Fatal("a lost a tag that is still ordered at a heartbeat")
+	}
+	mu.Lock()
+	ordered["orders"] = false // tags update orders --ordered=false
+	mu.Unlock()
+	a.heartbeat()
+	if a.Owns("orders") || !a.Owns("invoices") {
+		t.Fatalf("after the heartbeat: a owns orders %v, invoices %v; want false, true", a.Owns("orders"), a.Owns("invoices"))
+	}
+	a.mu.Lock()
+	lost := slices.Clone(a.lost)
+	a.mu.Unlock()
+	if !slices.Equal(lost, []string{"orders"}) {
+		t.Errorf("a's OnLose calls %v, want [orders]", lost)
+	}
+	if r := claim(t, b, "orders"); !r.Self {
+		t.Fatalf("b's claim of the released tag: %+v, want Self", r)
 	}
 }
 
