@@ -24,7 +24,7 @@ import (
 const maxForwardBatch = 256
 
 // forwardHeaderRoom is what a forwarded message keeps free of its server's
-// max payload for its header.
+// max payload for its header (at most half of a small max payload).
 const forwardHeaderRoom = 1024
 
 // forwardBacklog is how many requests may wait for the forwarder; beyond
@@ -113,9 +113,6 @@ func (s *Service) runForwarder() {
 	// outs has one outbox per owner and tag of a batch, almost always one;
 	// their bodies are reused from batch to batch.
 	var outs []outbox
-	// A message stays within the server's max payload, with room for the
-	// header: a line that would not fit starts the next message.
-	limit := int(s.cfg.Conn.MaxPayload()) - forwardHeaderRoom
 	publish := func(o *outbox, body []byte) {
 		msg := nats.Msg{Subject: o.owner + "." + o.tag, Data: body, Header: hdr}
 		if err := s.cfg.Conn.PublishMsg(&msg); err != nil {
@@ -124,6 +121,11 @@ func (s *Service) runForwarder() {
 		}
 	}
 	send := func() {
+		// A message stays within the server's max payload (read each time:
+		// a reconnect may change it), with room for the header: a line that
+		// would not fit starts the next message.
+		maxPayload := int(s.cfg.Conn.MaxPayload())
+		limit := maxPayload - min(forwardHeaderRoom, maxPayload/2)
 		outs = outs[:0]
 		last := -1
 		for _, it := range batch {

@@ -27,7 +27,8 @@ type Owners interface {
 
 // ForwardedHeader marks a message of requests one worker forwarded to the
 // owner of their ordered tag; its value names the forwarding worker. The
-// owner never forwards them again: it answers them or fails them.
+// owner answers them or fails them; only a request that was waiting for a
+// segment when the owner lost the tag is routed again, to the new owner.
 const ForwardedHeader = "Id-Forwarded"
 
 // ErrOwnershipMoving means no worker could be found to own an ordered tag

@@ -574,6 +574,11 @@ func (s *Service) handleSegment(req micro.Request) {
 // owned says the request was admitted as the owner of an ordered tag.
 func (s *Service) park(r replier, p *segment.Pending, format Format, n int, owned bool) {
 	r.inline = false
+	if r.req == nil {
+		// A forwarded request's reply subject is a slice of its whole
+		// batch: do not keep the batch while the request waits.
+		r.reply = strings.Clone(r.reply)
+	}
 	s.parked.Add(1)
 	go func() {
 		defer s.parked.Done()

@@ -70,10 +70,10 @@ type Settings struct {
 	// from the goroutine that noticed. The allocator drops the tag's
 	// buffers in both.
 	OnAcquire, OnLose func(tag string)
-	// Keep, if set, says at each heartbeat whether a held tag is still
-	// ordered; a tag it says no to (made plain, or deleted) is released
-	// instead of renewed. Nil keeps every held tag.
-	Keep func(tag string) bool
+	// Plain, if set, says at each heartbeat whether a held tag is now
+	// known to be plain (made plain by an update); such a tag is released
+	// instead of renewed. A tag it knows nothing about is kept.
+	Plain func(tag string) bool
 	// Now is the wall clock. Default time.Now.
 	Now func() time.Time
 	// Logger. Default slog.Default().
@@ -426,7 +426,7 @@ func (l *Leases) run() {
 	}
 }
 
-// heartbeat renews every held lease once, or releases it (Keep).
+// heartbeat renews every held lease once, or releases it (Plain).
 func (l *Leases) heartbeat() {
 	l.mu.Lock()
 	tags := make([]string, 0, len(l.owned))
@@ -436,7 +436,7 @@ func (l *Leases) heartbeat() {
 	l.mu.Unlock()
 	sort.Strings(tags)
 	for _, tag := range tags {
-		if l.cfg.Keep != nil && !l.cfg.Keep(tag) {
+		if l.cfg.Plain != nil && l.cfg.Plain(tag) {
 			l.log.Info("ownership: releasing a tag that is no longer ordered", "tag", tag)
 			l.Release(tag)
 			continue

@@ -155,25 +155,25 @@ func TestReleaseHandsOverAtOnce(t *testing.T) {
 	}
 }
 
-// TestTagNoLongerOrderedReleased: a held tag that Keep says is no longer
-// ordered is released at the next heartbeat, so another worker may claim it
-// at once; the others are renewed.
-func TestTagNoLongerOrderedReleased(t *testing.T) {
+// TestTagMadePlainReleased: a held tag known to be plain now is released at
+// the next heartbeat, so another worker may claim it at once; the others,
+// including one Plain knows nothing about, are renewed.
+func TestTagMadePlainReleased(t *testing.T) {
 	kv := newBucket(t)
 	var mu sync.Mutex
-	ordered := map[string]bool{"orders": true, "invoices": true}
+	plain := map[string]bool{}
 	a := newWorker(t, kv, "a", 0, func(s *Settings) {
-		s.Keep = func(tag string) bool { mu.Lock(); defer mu.Unlock(); return ordered[tag] }
+		s.Plain = func(tag string) bool { mu.Lock(); defer mu.Unlock(); return plain[tag] }
 	})
 	b := newWorker(t, kv, "b", 0)
 	claim(t, a, "orders")
 	claim(t, a, "invoices")
 	a.heartbeat()
 	if !a.Owns("orders") || !a.Owns("invoices") {
-		t.Fatal("a lost a tag that is still ordered at a heartbeat")
+		t.Fatal("a lost a tag that is not known to be plain at a heartbeat")
 	}
 	mu.Lock()
-	ordered["orders"] = false // tags update orders --ordered=false
+	plain["orders"] = true // tags update orders --ordered=false
 	mu.Unlock()
 	a.heartbeat()
 	if a.Owns("orders") || !a.Owns("invoices") {

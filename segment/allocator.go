@@ -303,6 +303,14 @@ func (a *Allocator) Ordered(tag string) bool {
 	return b != nil && b.ordered.Load()
 }
 
+// Plain reports whether tag is known to be plain (not ordered). A tag whose
+// buffers are not in memory (never asked for, idle, Reset) is neither known
+// to be ordered nor known to be plain.
+func (a *Allocator) Plain(tag string) bool {
+	b := a.tags.get(tag)
+	return b != nil && !b.ordered.Load()
+}
+
 // Pending is a request that TakeNow could not serve from memory.
 type Pending struct {
 	a    *Allocator

@@ -29,6 +29,10 @@ func TestOrderedTagsOnlyForTheOwner(t *testing.T) {
 	if !a.Ordered("o") || a.Ordered("plain") {
 		t.Fatalf("Ordered: o %v, plain %v", a.Ordered("o"), a.Ordered("plain"))
 	}
+	if a.Plain("o") || a.Plain("plain") || a.Plain("never-asked") {
+		t.Fatalf("Plain before the plain tag's first request: o %v, plain %v, never-asked %v; want all false",
+			a.Plain("o"), a.Plain("plain"), a.Plain("never-asked"))
+	}
 	owned := func(n int) []int64 {
 		t.Helper()
 		runs, p, err := a.TakeOwned("o", n, nil)
@@ -52,5 +56,12 @@ func TestOrderedTagsOnlyForTheOwner(t *testing.T) {
 	}
 	if got := take(t, a, "plain", 1); got[0] != 1 {
 		t.Fatalf("plain tag: %v", got)
+	}
+	if a.Plain("o") || !a.Plain("plain") {
+		t.Fatalf("Plain: o %v, plain %v; want false, true", a.Plain("o"), a.Plain("plain"))
+	}
+	a.Reset("o")
+	if a.Plain("o") || a.Ordered("o") {
+		t.Fatalf("after Reset: Plain %v, Ordered %v; want neither known", a.Plain("o"), a.Ordered("o"))
 	}
 }

@@ -168,7 +168,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.owners, err = ownership.Open(ctx, js, ownership.Settings{
 		Bucket: s.cfg.OwnersBucket, Replicas: s.cfg.OwnersReplicas, Lease: s.cfg.OwnersLease,
 		Owner: s.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: s.log,
-		OnAcquire: s.alloc.Reset, OnLose: s.alloc.Reset, Keep: s.alloc.Ordered,
+		OnAcquire: s.alloc.Reset, OnLose: s.alloc.Reset, Plain: s.alloc.Plain,
 	})
 	if err != nil {
 		return err
