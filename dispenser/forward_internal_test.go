@@ -34,18 +34,25 @@ func (fixedOwners) Claim(context.Context, string) (ownership.Route, error) {
 }
 func (fixedOwners) Stats() ownership.Stats { return ownership.Stats{} }
 
+// subscribe subscribes nc to subject and makes sure the server knows.
+func subscribe(t testing.TB, nc *nats.Conn, subject string) *nats.Subscription {
+	t.Helper()
+	sub, err := nc.SubscribeSync(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
 // forward runs a forwarder of worker "w1" on a connection to ns over items
 // and returns the messages on id.owner.> until they hold want lines.
 func forward(t testing.TB, ns *server.Server, items []forwardItem, want int) []*nats.Msg {
 	t.Helper()
 	owner := testenv.Connect(t, ns)
-	sub, err := owner.SubscribeSync("id.owner.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := owner.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	sub := subscribe(t, owner, "id.owner.>")
 	s := &Service{cfg: Config{Conn: testenv.Connect(t, ns), Logger: slog.New(slog.DiscardHandler)}, id: "w1"}
 	s.fwd.ch = make(chan forwardItem, len(items))
 	s.fwd.stop = make(chan struct{})
@@ -175,13 +182,7 @@ func TestForwardFailureAnswered(t *testing.T) {
 	t.Cleanup(ns.Shutdown)
 	long := "_INBOX.t." + strings.Repeat("r", 1200) // a line above the max payload
 	requester := testenv.Connect(t, ns)
-	replies, err := requester.SubscribeSync("_INBOX.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := requester.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	replies := subscribe(t, requester, "_INBOX.>")
 	items := []forwardItem{
 		{owner: "id.owner.x", tag: "seq", reply: "_INBOX.t.a", n: 1},
 		{owner: "id.owner.x", tag: "seq", reply: long, n: 1},
@@ -237,13 +238,7 @@ func TestForwardedRequestsAnswered(t *testing.T) {
 		_ = alloc.Close(ctx)
 	})
 	nc := testenv.Connect(t, ns)
-	replies, err := nc.SubscribeSync("_INBOX.t.*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	replies := subscribe(t, nc, "_INBOX.t.*")
 	body := "_INBOX.t.list 2 list 0\n" +
 		"_INBOX.t.zero 0 list 0\n" +
 		"_INBOX.t.huge 101 list 0\n" +
