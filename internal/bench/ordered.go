@@ -15,10 +15,9 @@ import (
 // ordered tag and a plain tag of the same step. Two load runs load the
 // baseline, the ordered tag and the plain tag in turn: first with one
 // worker, the owner alone, then with three, over which the queue group
-// spreads the requests: for the ordered tag the owner allocates (and draws
-// most of the tag's requests to itself) and the other two forward to it
-// what reaches them, for the plain tag each allocates from its own
-// segments. The ordered tag against the baseline with three workers is the
+// spreads the requests: for the ordered tag the owner allocates and the
+// other two forward to it, in batches, what reaches them; for the plain tag
+// each allocates from its own segments. The ordered tag against the baseline with three workers is the
 // target; against the plain tag, and against the owner alone, the cost of
 // forwarding.
 

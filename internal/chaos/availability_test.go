@@ -54,6 +54,17 @@ func availFlags() []string {
 	return []string{"--max-step", strconv.Itoa(availStep), "--prefetch-ratio", "0.01"}
 }
 
+// outageFlags are the worker flags of the database outage tests, on the
+// NATS server at natsURL and PostgreSQL at dbURL.
+func outageFlags(natsURL, dbURL string) []string {
+	return append(availFlags(), "--nats-url", natsURL, "--postgres-url", dbURL,
+		"--snowflake-lease", "2s", "--snowflake-heartbeat", "500ms",
+		// A restarted worker's first request of each tag waits for that
+		// tag's first fetch, right after PostgreSQL came back: on a busy
+		// machine that takes longer than the default 100ms (seen in CI).
+		"--max-wait", "2s")
+}
+
 // waitBuffers waits until every worker holds a current and a ready next
 // segment of every tag.
 func waitBuffers(tb testing.TB, nc *nats.Conn, procs []*proc) {
@@ -88,12 +99,7 @@ func TestDatabaseOutage(t *testing.T) {
 	const outage = 10 * time.Second
 	pg, dbURL := postgresCluster(t, availTags)
 	ns := startNATS(t)
-	f := newFleet(t, append(availFlags(), "--nats-url", ns.URL(), "--postgres-url", dbURL,
-		"--snowflake-lease", "2s", "--snowflake-heartbeat", "500ms",
-		// The restarted worker's first request of each tag waits for that
-		// tag's first fetch, right after PostgreSQL came back: on a busy
-		// machine that takes longer than the default 100ms (seen in CI).
-		"--max-wait", "2s")...)
+	f := newFleet(t, outageFlags(ns.URL(), dbURL)...)
 	var procs []*proc
 	for i := range 3 {
 		procs = append(procs, f.start(fmt.Sprintf("db-%d", i)))
@@ -180,12 +186,7 @@ func TestRestartDuringDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	pg, dbURL := postgresCluster(t, availTags)
 	ns := startNATS(t)
-	f := newFleet(t, append(availFlags(), "--nats-url", ns.URL(), "--postgres-url", dbURL,
-		"--snowflake-lease", "2s", "--snowflake-heartbeat", "500ms",
-		// The restarted worker's first request of each tag waits for that
-		// tag's first fetch, right after PostgreSQL came back: on a busy
-		// machine that takes longer than the default 100ms (seen in CI).
-		"--max-wait", "2s")...)
+	f := newFleet(t, outageFlags(ns.URL(), dbURL)...)
 	var procs []*proc
 	for i := range 3 {
 		procs = append(procs, f.start(fmt.Sprintf("restart-%d", i)))
