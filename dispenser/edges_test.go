@@ -117,3 +117,52 @@ func TestSnowflakeBatchAboveGeneratorLimitIs400(t *testing.T) {
 		t.Fatalf("batch of MaxCount: %d IDs, want %d", len(ids), snowflake.MaxCount)
 	}
 }
+
+// TestFullBatchFits: on a server with a small max payload, the largest
+// MaxBatch New accepts leaves room for the reply's headers, so a full batch
+// of 19-digit IDs with the Id-Worker header arrives whole; one ID more is
+// refused at start; and a batch whose reply in runs might not fit is
+// refused with 400 before it takes an ID.
+func TestFullBatchFits(t *testing.T) {
+	const maxPayload = 20000
+	opts := testenv.NATSOptions(t.TempDir())
+	opts.MaxPayload = maxPayload
+	ns := testenv.StartNATS(t, opts)
+	t.Cleanup(ns.Shutdown)
+	st := newStack(t, nil)
+	const start = 1_000_000_000_000_000_000 // 19 digits
+	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "wide", Step: 100000, MaxID: start}); err != nil {
+		t.Fatal(err)
+	}
+	alloc, err := segment.New(segment.Settings{Store: st.store, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = alloc.Close(context.Background()) })
+	nc := testenv.Connect(t, ns)
+	limit := (maxPayload - 1024) / 20
+	if _, err := dispenser.New(dispenser.Config{Conn: nc, Segments: alloc, Logger: quiet, MaxBatch: maxPayload / 20}); err == nil {
+		t.Fatalf("New accepted MaxBatch %d: a full list of 19-digit IDs leaves no room for headers", maxPayload/20)
+	}
+	svc, err := dispenser.New(dispenser.Config{Conn: nc, Segments: alloc, Logger: quiet, MaxBatch: limit})
+	if err != nil {
+		t.Fatalf("New with MaxBatch %d: %v", limit, err)
+	}
+	t.Cleanup(func() { _ = svc.Stop(context.Background()) })
+	app := testenv.Connect(t, ns)
+	body, code := request(t, app, "id.segment.wide", strconv.Itoa(limit), nats.Header{dispenser.WorkerHeader: []string{"1"}})
+	if code != "" {
+		t.Fatalf("a full batch: code %q", code)
+	}
+	ids := parseIDs(t, body)
+	if len(ids) != limit || ids[0] != start || ids[len(ids)-1] != start+int64(limit)-1 {
+		t.Fatalf("a full batch: %d IDs from %d, want %d from %d", len(ids), ids[0], limit, int64(start))
+	}
+	// In runs a reply may take 40 bytes an ID: refused, nothing taken.
+	if body, code := request(t, app, "id.segment.wide", strconv.Itoa(limit), nats.Header{dispenser.FormatHeader: []string{"range"}}); code != dispenser.CodeBadRequest {
+		t.Fatalf("a full batch in runs: %q code %q, want 400", body, code)
+	}
+	if body, code := request(t, app, "id.segment.wide", "", nil); code != "" || body != strconv.FormatInt(start+int64(limit), 10) {
+		t.Fatalf("next ID: %q code %q, want %d: the refused batch took IDs", body, code, start+int64(limit))
+	}
+}

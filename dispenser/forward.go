@@ -231,6 +231,9 @@ func (s *Service) handleForwarded(msg *nats.Msg) {
 			s.cfg.Logger.Warn("dispenser: unreadable forwarded request", "subject", msg.Subject, "err", perr)
 			continue
 		}
+		if !s.admitReply(it.reply, msg.Subject) {
+			continue // checked by the forwarder too: a forged batch
+		}
 		it.tag = tag
 		r := s.forwardedReplier(it)
 		switch {

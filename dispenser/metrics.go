@@ -43,7 +43,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 	for _, t := range s.cfg.MetricsTags {
 		m.named[t] = true
 	}
-	cs := []prometheus.Collector{m.requests, m.ids, m.latency}
+	cs := []prometheus.Collector{m.requests, m.ids, m.latency, refusedCollector{s}}
 	if s.cfg.Segments != nil {
 		cs = append(cs, segmentCollector{s.cfg.Segments, s.cfg.MetricsTags})
 	}
@@ -75,6 +75,20 @@ func (m *metrics) observe(endpoint, tag, code string, ids int, start time.Time) 
 		m.ids.WithLabelValues(endpoint, tag).Add(float64(ids))
 	}
 	m.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+}
+
+var refusedDesc = prometheus.NewDesc("dispenser_requests_refused_total",
+	"Requests neither answered nor served because of their reply subject: none (no_reply), or one the service never publishes to (reply_subject: a system namespace, the service's own subjects, malformed or too long).",
+	[]string{"reason"}, nil)
+
+// refusedCollector exports the requests refused for their reply subject.
+type refusedCollector struct{ s *Service }
+
+func (c refusedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- refusedDesc }
+
+func (c refusedCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(c.s.noReply.Load()), "no_reply")
+	ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(c.s.badReply.Load()), "reply_subject")
 }
 
 var (

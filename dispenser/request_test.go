@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dispenser-dev/dispenser/segment"
 )
@@ -168,4 +169,105 @@ func FuzzParseFormat(f *testing.F) {
 			t.Fatalf("ParseFormat(%q) = %v", v, format)
 		}
 	})
+}
+
+func TestCheckReply(t *testing.T) {
+	tests := []struct {
+		name  string
+		reply string
+		err   error
+	}{
+		{"inbox", "_INBOX.abc.def", nil},
+		{"custom inbox prefix", "_MYAPP.replies.1", nil},
+		{"service import reply", "_R_.xyz.abc", nil},
+		{"a dollar inside a token", "_INBOX.$JS", nil},
+		{"a name like the prefix", "idx.segment.a", nil},
+		{"at the length limit", "_INBOX." + strings.Repeat("a", MaxReplyLen-7), nil},
+		{"none", "", ErrNoReply},
+		{"JetStream API", "$JS.API.STREAM.PURGE.KV_dispenser_segments", ErrBadReply},
+		{"JetStream API of a domain", "$JS.hub.API.STREAM.DELETE.x", ErrBadReply},
+		{"key-value put", "$KV.dispenser_owners.orders", ErrBadReply},
+		{"object store", "$O.bucket.C.x", ErrBadReply},
+		{"system account", "$SYS.REQ.SERVER.PING", ErrBadReply},
+		{"micro discovery", "$SRV.PING", ErrBadReply},
+		{"gateway", "$G", ErrBadReply},
+		{"future system namespace", "$NEW.thing", ErrBadReply},
+		{"the prefix itself", "id", ErrBadReply},
+		{"a segment endpoint", "id.segment.orders", ErrBadReply},
+		{"another worker's owner subject", "id.owner.abc.orders", ErrBadReply},
+		{"the owner subject", "own.er", ErrBadReply},
+		{"below the owner subject", "own.er.orders", ErrBadReply},
+		{"too long", "_INBOX." + strings.Repeat("a", MaxReplyLen), ErrBadReply},
+		{"empty token", "_INBOX..a", ErrBadReply},
+		{"leading dot", ".a", ErrBadReply},
+		{"trailing dot", "a.", ErrBadReply},
+		{"star", "_INBOX.*", ErrBadReply},
+		{"full wildcard", "_INBOX.>", ErrBadReply},
+		{"space", "_INBOX.a b", ErrBadReply},
+		{"tab", "_INBOX.a\tb", ErrBadReply},
+		{"newline", "_INBOX.a\r\nPUB x 1", ErrBadReply},
+		{"NUL", "_INBOX.a\x00", ErrBadReply},
+		{"DEL", "_INBOX.a\x7f", ErrBadReply},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckReply(tt.reply, "id", "own.er")
+			if !errors.Is(err, tt.err) {
+				t.Fatalf("CheckReply(%q) = %v, want %v", tt.reply, err, tt.err)
+			}
+			if err != nil && len(err.Error()) > 200 {
+				t.Fatalf("error of %d bytes echoes the subject", len(err.Error()))
+			}
+		})
+	}
+}
+
+func TestRateLimit(t *testing.T) {
+	var l rateLimit
+	t0 := time.Unix(1_000_000, 0)
+	if ok, n := l.allow(t0); !ok || n != 0 {
+		t.Fatalf("first event: got %v, %d; want logged, 0 suppressed", ok, n)
+	}
+	for i := range 5 {
+		if ok, _ := l.allow(t0.Add(time.Duration(i) * time.Second)); ok {
+			t.Fatalf("event %d within %v logged", i, refuseLogEvery)
+		}
+	}
+	if ok, n := l.allow(t0.Add(refuseLogEvery)); !ok || n != 5 {
+		t.Fatalf("event after %v: got %v, %d; want logged, 5 suppressed", refuseLogEvery, ok, n)
+	}
+}
+
+func TestFits(t *testing.T) {
+	tests := []struct {
+		name       string
+		maxPayload int64
+		format     Format
+		want       int
+	}{
+		{"default server, list", 1 << 20, FormatList, (1<<20 - replyHeaderRoom) / 20},
+		{"default server, range", 1 << 20, FormatRange, (1<<20 - replyHeaderRoom) / 40},
+		{"tiny server", 512, FormatList, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := fits(tt.maxPayload, tt.format); got != tt.want {
+				t.Fatalf("fits(%d, %v) = %d, want %d", tt.maxPayload, tt.format, got, tt.want)
+			}
+			// The worst reply of that many IDs, with its headers, fits.
+			n := fits(tt.maxPayload, tt.format)
+			worst := 0
+			for i := range n {
+				id := int64(1<<63-1) - int64(i)
+				if tt.format == FormatRange {
+					worst += len(AppendRanges(nil, []segment.Run{{First: id, Last: id}})) + 1
+				} else {
+					worst += len(AppendIDs(nil, []int64{id})) + 1
+				}
+			}
+			if worst+replyHeaderRoom > int(tt.maxPayload) && n > 0 {
+				t.Fatalf("the worst reply of %d IDs is %d bytes: does not fit in %d with headers", n, worst, tt.maxPayload)
+			}
+		})
+	}
 }

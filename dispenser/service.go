@@ -127,6 +127,12 @@ type Service struct {
 	fwd        forwarder          // batches requests for other owners
 	// orderedWait bounds the search for an ordered tag's owner.
 	orderedWait time.Duration
+	// own are the subject prefixes no reply goes to (CheckReply).
+	own []string
+	// noReply and badReply count requests refused for their reply subject
+	// (none, or one CheckReply refuses); refuseLog spaces their log lines.
+	noReply, badReply atomic.Uint64
+	refuseLog         rateLimit
 
 	mu      sync.Mutex // protects stopped and adding endpoints
 	stopped bool
@@ -180,14 +186,19 @@ func New(cfg Config) (*Service, error) {
 	if !validSubjectPrefix(cfg.Prefix) {
 		return nil, fmt.Errorf("dispenser: subject prefix %q: want dot-separated tokens without wildcards or spaces", cfg.Prefix)
 	}
-	// A decimal list of MaxBatch IDs must fit in one message.
-	if limit := cfg.Conn.MaxPayload() / 20; cfg.MaxBatch < 1 || int64(cfg.MaxBatch) > limit || cfg.MaxBatch > 1e9 {
-		return nil, fmt.Errorf("dispenser: MaxBatch %d: want 1..%d (the server's max payload / 20 bytes)", cfg.MaxBatch, limit)
+	// A decimal list of MaxBatch IDs, with the reply's headers, must fit in
+	// one message.
+	if limit := fits(cfg.Conn.MaxPayload(), FormatList); cfg.MaxBatch < 1 || cfg.MaxBatch > limit || cfg.MaxBatch > 1e9 {
+		return nil, fmt.Errorf("dispenser: MaxBatch %d: want 1..%d (the server's max payload less %d bytes for headers, / %d bytes an ID)",
+			cfg.MaxBatch, limit, replyHeaderRoom, listBytesPerID)
 	}
 	if cfg.Owners != nil && (cfg.OwnerSubject == "" || !validSubjectPrefix(cfg.OwnerSubject)) {
 		return nil, fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
 	}
-	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), orderedWait: orderedWait}
+	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), orderedWait: orderedWait, own: []string{cfg.Prefix}}
+	if cfg.OwnerSubject != "" {
+		s.own = append(s.own, cfg.OwnerSubject)
+	}
 	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be forwarded
 		s.fwd.ch = make(chan forwardItem, forwardBacklog)
 		s.fwd.stop = make(chan struct{})
@@ -539,10 +550,99 @@ func (s *Service) parse(req micro.Request) (int, Format, error) {
 		return 0, 0, err
 	}
 	n, err := ParseCount(req.Data(), s.cfg.MaxBatch)
-	return n, format, err
+	if err != nil {
+		return n, format, err
+	}
+	if err := s.checkFits(n, format); err != nil {
+		return 0, format, err
+	}
+	return n, format, nil
+}
+
+// checkFits refuses, before any ID is taken, a batch whose reply may not fit
+// in one message of the server the worker is connected to now (a reconnect
+// may have brought a smaller max payload; a reply in runs may need twice
+// the bytes of a list).
+func (s *Service) checkFits(n int, format Format) error {
+	if n*listBytesPerID < replyHeaderRoom {
+		return nil // every server's max payload holds it: spare the lock
+	}
+	mp := s.cfg.Conn.MaxPayload()
+	if limit := fits(mp, format); n > limit {
+		return fmt.Errorf("%w %d: a reply of that many IDs may not fit in one message of this server (max payload %d bytes); at most %d (%s)",
+			ErrBadCount, n, mp, limit, format)
+	}
+	return nil
+}
+
+// admit reports whether the service may answer req at all: only if its
+// reply subject passes CheckReply. A refused request is counted and logged
+// (at a bounded rate); it gets no answer and takes no ID.
+func (s *Service) admit(req micro.Request) bool {
+	return s.admitReply(req.Reply(), req.Subject())
+}
+
+func (s *Service) admitReply(reply, subject string) bool {
+	err := CheckReply(reply, s.own...)
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, ErrNoReply) {
+		s.noReply.Add(1)
+	} else {
+		s.badReply.Add(1)
+	}
+	if ok, suppressed := s.refuseLog.allow(time.Now()); ok {
+		s.cfg.Logger.Warn("dispenser: request refused for its reply subject; not answered, no ID taken",
+			"subject", truncate(subject, 200), "err", err, "refused_since_last_log", suppressed)
+	}
+	return false
+}
+
+// rateLimit lets one event through per refuseLogEvery and counts the rest.
+// It is safe for concurrent use.
+type rateLimit struct {
+	next       atomic.Int64 // UnixNano before which events are suppressed
+	suppressed atomic.Uint64
+}
+
+// refuseLogEvery spaces the log lines about refused requests.
+const refuseLogEvery = 10 * time.Second
+
+// allow reports whether an event at now may be logged, and how many were
+// suppressed since the last one that was.
+func (l *rateLimit) allow(now time.Time) (bool, uint64) {
+	next := l.next.Load()
+	if now.UnixNano() < next || !l.next.CompareAndSwap(next, now.Add(refuseLogEvery).UnixNano()) {
+		l.suppressed.Add(1)
+		return false, 0
+	}
+	return true, l.suppressed.Swap(0)
+}
+
+// Reply sizes. A reply of n IDs in decimal, one per line, takes at most
+// listBytesPerID bytes an ID (19 digits and a newline); one in runs, at
+// most rangeBytesPerID (a run of one ID a line, "first-last" and a
+// newline). replyHeaderRoom is kept free of the max payload for headers.
+const (
+	listBytesPerID  = 20
+	rangeBytesPerID = 40
+	replyHeaderRoom = 1024
+)
+
+// fits returns the most IDs a reply in format can carry within maxPayload.
+func fits(maxPayload int64, format Format) int {
+	per := int64(listBytesPerID)
+	if format == FormatRange {
+		per = rangeBytesPerID
+	}
+	return int(max(maxPayload-replyHeaderRoom, 0) / per)
 }
 
 func (s *Service) handleSegment(req micro.Request) {
+	if !s.admit(req) {
+		return
+	}
 	r := s.newReplier(req, "segment")
 	tag, err := ParseTag(req.Subject(), s.segPrefix)
 	if err != nil {
@@ -637,6 +737,9 @@ type scratch struct {
 }
 
 func (s *Service) handleSnowflake(req micro.Request) {
+	if !s.admit(req) {
+		return
+	}
 	r := s.newReplier(req, "snowflake")
 	n, format, err := s.parse(req)
 	if err != nil {
@@ -660,6 +763,9 @@ func (s *Service) handleSnowflake(req micro.Request) {
 }
 
 func (s *Service) handleDecode(req micro.Request) {
+	if !s.admit(req) {
+		return
+	}
 	r := s.newReplier(req, "snowflake_decode")
 	body := strings.TrimSpace(string(req.Data()))
 	id, err := strconv.ParseInt(body, 10, 64)

@@ -151,7 +151,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if c.URL != "" && c.PostgresURL != "" {
 		return errors.New("bench: --postgres-url configures the local service; it does nothing with --nats-url")
 	}
-	if c.NATSOptions, err = auth.natsOptions(); err != nil {
+	if c.NATSOptions, err = auth.natsOptions(auth.NATSCreds, auth.NATSNKey); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	c.ChildArgs = benchAuthArgs(auth)
@@ -174,7 +174,7 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(pos) > 0 || len(c.Subjects) == 0 {
 		return errors.New(bench.LoadCommand + ": want --subject and no arguments")
 	}
-	if c.NATSOptions, err = auth.natsOptions(); err != nil {
+	if c.NATSOptions, err = auth.natsOptions(auth.NATSCreds, auth.NATSNKey); err != nil {
 		return fmt.Errorf("%s: %w", bench.LoadCommand, err)
 	}
 	return bench.ServeLoad(ctx, c, stdout, stderr)

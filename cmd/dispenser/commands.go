@@ -49,6 +49,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&c.Instance, "instance", "", "this worker's name, used as NATS connection name (default host name plus a random suffix)")
 	fs.StringVar(&c.NATSCreds, "nats-creds", "", "NATS credentials file (JWT and seed); user/password or token go in --nats-url")
 	fs.StringVar(&c.NATSNKey, "nats-nkey", "", "NATS NKey seed file")
+	fs.StringVar(&c.NATSJSURL, "nats-js-url", "", "NATS URL(s) of the second connection, which carries JetStream (KV store, witness, leases) and answers no requests; empty: --nats-url. Put a second user in it (nats://user:pass@host) to keep JetStream rights away from the connection that answers requests")
+	fs.StringVar(&c.NATSJSCreds, "nats-js-creds", "", "credentials file of the JetStream connection; empty: --nats-creds")
+	fs.StringVar(&c.NATSJSNKey, "nats-js-nkey", "", "NKey seed file of the JetStream connection; empty: --nats-nkey")
 	fs.StringVar(&c.NATSTLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
 	fs.StringVar(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS TLS")
 	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS TLS")
@@ -237,7 +240,7 @@ func (f *storeFlags) open(ctx context.Context) (st adminStore, w marker, close f
 
 // connect connects to --nats-url.
 func (f *storeFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
-	opts, err := f.conn.natsOptions()
+	opts, err := f.conn.natsOptions(f.conn.NATSCreds, f.conn.NATSNKey)
 	if err != nil {
 		return nil, nil, err
 	}

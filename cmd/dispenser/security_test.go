@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nkeys"
 
@@ -81,7 +82,7 @@ func readmePermissions(tb testing.TB) string {
 func leastPrivilegeUsers(tb testing.TB) []*server.User {
 	tb.Helper()
 	conf := filepath.Join(tb.TempDir(), "auth.conf")
-	text := "WORKER_PASSWORD: \"worker-secret\"\nAPP_PASSWORD: \"app-secret\"\n" + readmePermissions(tb)
+	text := "WORKER_PASSWORD: \"worker-secret\"\nWORKER_JS_PASSWORD: \"js-secret\"\nAPP_PASSWORD: \"app-secret\"\n" + readmePermissions(tb)
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		tb.Fatal(err)
 	}
@@ -93,8 +94,13 @@ func leastPrivilegeUsers(tb testing.TB) []*server.User {
 	for _, u := range o.Users {
 		names[u.Username] = u.Permissions != nil
 	}
-	if len(o.Users) != 2 || !names["dispenser"] || !names["orders-app"] {
-		tb.Fatalf("the README's permission block has users %v, want dispenser and orders-app, both with permissions", names)
+	if len(o.Users) != 3 || !names["dispenser"] || !names["dispenser-js"] || !names["orders-app"] {
+		tb.Fatalf("the README's permission block has users %v, want dispenser, dispenser-js and orders-app, all with permissions", names)
+	}
+	for _, u := range o.Users {
+		if u.Username == "dispenser" && u.Permissions.Response != nil {
+			tb.Fatal("the README's permission block gives the user that answers requests allow_responses: it lets a reply go anywhere")
+		}
 	}
 	return o.Users
 }
@@ -122,14 +128,20 @@ func TestLeastPrivilegePermissions(t *testing.T) {
 
 func testLeastPrivilege(t *testing.T, store string) {
 	opts := testenv.NATSOptions(t.TempDir())
-	opts.Users = leastPrivilegeUsers(t)
+	// Besides the documented users, an operator's tool allowed to ask
+	// micro's discovery subjects, which the reply-subject rule cannot
+	// cover: only the two users keep its replies out of JetStream.
+	opts.Users = append(leastPrivilegeUsers(t), &server.User{Username: "monitor", Password: "monitor-secret",
+		Permissions: &server.Permissions{Publish: &server.SubjectPermission{Allow: []string{"$SRV.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}}}})
 	ns := testenv.StartNATS(t, opts)
 	t.Cleanup(ns.Shutdown)
 	base := "nats://" + ns.Addr().String()
 	workerURL := "nats://dispenser:worker-secret@" + ns.Addr().String()
+	jsURL := "nats://dispenser-js:js-secret@" + ns.Addr().String()
 
 	// The tags are made with the admin commands, against the store.
-	storeFlags := []string{"--nats-url", workerURL}
+	storeFlags := []string{"--nats-url", jsURL}
 	if store == "postgres" {
 		url := testenv.Postgres(t)
 		mustRun(t, "migrate", "--postgres-url", url)
@@ -143,7 +155,7 @@ func testLeastPrivilege(t *testing.T, store string) {
 		t.Fatalf("tags list: %q, want orders and payments with step 100", tagsBefore)
 	}
 
-	serveFlags := []string{"--nats-url", workerURL}
+	serveFlags := []string{"--nats-url", workerURL, "--nats-js-url", jsURL}
 	if store == "postgres" {
 		serveFlags = append(serveFlags, storeFlags...)
 	}
@@ -188,6 +200,66 @@ func testLeastPrivilege(t *testing.T, store string) {
 	// on the ID endpoints, its subject for forwarded ID requests of ordered
 	// tags, micro's read-only $SRV subjects and its inboxes.
 	checkWorkerSubscriptions(t, ns)
+
+	// micro's discovery handlers answer any reply subject; asked by a
+	// user who may, with JetStream API subjects as replies, they change
+	// nothing: the connection they answer on has no JetStream rights.
+	jsnc, err := nats.Connect(jsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(jsnc.Close)
+	js, err := jetstream.New(jsnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	before := bucketState(t, ctx, js)
+	workers, err := js.KeyValue(ctx, "dispenser_workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch, err := workers.Get(ctx, "config") // never changes
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon, err := nats.Connect(base, nats.UserInfo("monitor", "monitor-secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mon.Close)
+	for _, verb := range []string{"PING", "INFO", "STATS"} {
+		replies := []string{"$KV.dispenser_workers.config", "$KV.dispenser_owners.orders"}
+		for bucket := range before {
+			replies = append(replies, "$JS.API.STREAM.PURGE.KV_"+bucket, "$JS.API.STREAM.DELETE.KV_"+bucket)
+		}
+		for _, reply := range replies {
+			if err := mon.PublishRequest("$SRV."+verb, reply, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := mon.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The discovery answers are what the attack would use; once one has
+	// come back to an inbox, the hostile ones were answered or refused.
+	if _, err := mon.Request("$SRV.PING.dispenser", nil, 5*time.Second); err != nil {
+		t.Fatalf("$SRV.PING: %v", err)
+	}
+	if e, err := workers.Get(ctx, "config"); err != nil || e.Revision() != epoch.Revision() {
+		t.Errorf("the lease bucket's epoch changed by discovery requests with a KV reply (%v): now %.80q", err, e.Value())
+	}
+	after := bucketState(t, ctx, js)
+	for bucket, b := range before {
+		if a, ok := after[bucket]; !ok || !a.created.Equal(b.created) || len(a.keys) < len(b.keys) {
+			t.Errorf("bucket %s changed by discovery requests with JetStream replies: before %v, after %v (%v)", bucket, b, a, ok)
+		}
+	}
+	if got := waitForID(t, app, "id.segment.orders", logs); got != "2" {
+		t.Errorf("orders after the discovery requests: got %q, want 2", got)
+	}
+
 	if after := tagSteps(mustRun(t, append([]string{"tags", "list"}, storeFlags...)...)); after != tagsBefore {
 		t.Errorf("tags or steps changed by requests: before %s, after %s", tagsBefore, after)
 	}
@@ -210,6 +282,25 @@ func tagSteps(list string) string {
 // requests, $SRV.PING, INFO and STATS, and inboxes.
 func checkWorkerSubscriptions(t *testing.T, ns *server.Server) {
 	t.Helper()
+	jz, err := ns.Connz(&server.ConnzOptions{Username: true, User: "dispenser-js", Subscriptions: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := 0
+	for _, c := range jz.Conns {
+		if c.Name == "" {
+			continue // an admin command's or the test's own connection
+		}
+		named++
+		for _, sub := range c.Subs {
+			if !strings.HasPrefix(sub, "_INBOX.") {
+				t.Errorf("JetStream connection %q subscribes to %q: it must answer no requests", c.Name, sub)
+			}
+		}
+	}
+	if named == 0 {
+		t.Error("no worker connection of user dispenser-js")
+	}
 	cz, err := ns.Connz(&server.ConnzOptions{Username: true, User: "dispenser", Subscriptions: true})
 	if err != nil {
 		t.Fatal(err)

@@ -39,8 +39,12 @@ type serveConfig struct {
 	DataDir    string
 	Instance   string
 
-	NATSCreds   string
-	NATSNKey    string
+	NATSCreds string
+	NATSNKey  string
+	// The JetStream connection's URL and credentials; empty: as above.
+	NATSJSURL   string
+	NATSJSCreds string
+	NATSJSNKey  string
 	NATSTLSCA   string
 	NATSTLSCert string
 	NATSTLSKey  string
@@ -127,12 +131,18 @@ func (s *Server) Start(ctx context.Context) error {
 		s.log.Info("embedded nats-server started", "listen", url, "store", filepath.Join(s.cfg.DataDir, "jetstream"))
 	}
 	// Two connections: one serves requests and is drained on shutdown, the
-	// other carries JetStream (KV store, leases) until the very end.
+	// other carries JetStream (KV store, leases) until the very end. They
+	// may log in as two users, so that the one answering requests, whose
+	// reply subjects the requesters choose, holds no JetStream rights.
 	var err error
-	if s.nc, err = s.connect(url, s.cfg.Instance); err != nil {
+	if s.nc, err = s.connect(url, s.cfg.Instance, s.cfg.NATSCreds, s.cfg.NATSNKey); err != nil {
 		return err
 	}
-	if s.jsnc, err = s.connect(url, s.cfg.Instance+"-js"); err != nil {
+	jsURL := url
+	if s.cfg.NATSJSURL != "" {
+		jsURL = s.cfg.NATSJSURL
+	}
+	if s.jsnc, err = s.connect(jsURL, s.cfg.Instance+"-js", cmp.Or(s.cfg.NATSJSCreds, s.cfg.NATSCreds), cmp.Or(s.cfg.NATSJSNKey, s.cfg.NATSNKey)); err != nil {
 		return err
 	}
 	js, err := jetstream.New(s.jsnc)
@@ -288,17 +298,17 @@ func (s *Server) openStore(ctx context.Context, js jetstream.JetStream, reg prom
 	return nil
 }
 
-// natsOptions returns the connection options for --nats-creds, --nats-nkey
-// and the TLS flags. User, password and token go in the URL.
-func (c serveConfig) natsOptions() ([]nats.Option, error) {
+// natsOptions returns the connection options for a credentials file, an
+// NKey seed file and the TLS flags. User, password and token go in the URL.
+func (c serveConfig) natsOptions(creds, nkey string) ([]nats.Option, error) {
 	var opts []nats.Option
-	if c.NATSCreds != "" {
-		opts = append(opts, nats.UserCredentials(c.NATSCreds))
+	if creds != "" {
+		opts = append(opts, nats.UserCredentials(creds))
 	}
-	if c.NATSNKey != "" {
-		opt, err := nats.NkeyOptionFromSeed(c.NATSNKey)
+	if nkey != "" {
+		opt, err := nats.NkeyOptionFromSeed(nkey)
 		if err != nil {
-			return nil, fmt.Errorf("--nats-nkey %s: %w", c.NATSNKey, err)
+			return nil, fmt.Errorf("NKey seed %s: %w", nkey, err)
 		}
 		opts = append(opts, opt)
 	}
@@ -322,9 +332,9 @@ func (s *Server) NATSURL() string {
 	return s.nc.ConnectedUrl()
 }
 
-func (s *Server) connect(url, name string) (*nats.Conn, error) {
+func (s *Server) connect(url, name, creds, nkey string) (*nats.Conn, error) {
 	log := s.log.With("conn", name)
-	opts, err := s.cfg.natsOptions()
+	opts, err := s.cfg.natsOptions(creds, nkey)
 	if err != nil {
 		return nil, err
 	}
