@@ -136,7 +136,20 @@ type Service struct {
 
 	mu      sync.Mutex // protects stopped and adding endpoints
 	stopped bool
+
+	statsMu sync.Mutex // protects statsAt and segStats
+	// segStats is the segment endpoint's stats as of statsAt: $SRV.STATS
+	// requests within statsEvery get it again instead of a new walk over
+	// every tag.
+	statsAt  time.Time
+	segStats any
+	now      func() time.Time // time.Now; tests set it
 }
+
+// statsEvery bounds how often micro stats walk the tags when there are
+// StatsTags or more of them: however many $SRV.STATS requests come in, at
+// most once per statsEvery. With fewer, every request gets fresh stats.
+const statsEvery = time.Second
 
 // WorkerHeader, present in a request (any value), makes the reply (IDs or
 // an error) carry the same header with the answering worker's micro service
@@ -195,7 +208,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Owners != nil && (cfg.OwnerSubject == "" || !validSubjectPrefix(cfg.OwnerSubject)) {
 		return nil, fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
 	}
-	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), orderedWait: orderedWait, own: []string{cfg.Prefix}}
+	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), orderedWait: orderedWait, own: []string{cfg.Prefix}, now: time.Now}
 	if cfg.OwnerSubject != "" {
 		s.own = append(s.own, cfg.OwnerSubject)
 	}
@@ -386,24 +399,42 @@ const StatsTags = 1000
 func (s *Service) stats(e *micro.Endpoint) any {
 	switch e.Name {
 	case "segment":
-		tags := s.cfg.Segments.Stats()
-		shown := len(tags)
-		if shown > StatsTags {
-			slices.SortFunc(tags, func(x, y segment.TagStats) int { return y.LastFetch.Compare(x.LastFetch) })
-			tags, shown = tags[:StatsTags], StatsTags
+		s.statsMu.Lock()
+		defer s.statsMu.Unlock()
+		if now := s.now(); s.segStats == nil || now.Sub(s.statsAt) >= statsEvery || now.Before(s.statsAt) {
+			var many bool
+			s.segStats, many = s.segmentStats()
+			s.statsAt = now
+			if !many {
+				s.statsAt = time.Time{} // a walk over few tags is cheap: fresh every time
+			}
 		}
-		m := map[string]any{"totals": s.cfg.Segments.Totals(), "shown": shown, "tags": tags}
-		if s.cfg.Owners != nil {
-			m["ordered"] = struct {
-				ownership.Stats
-				Forwarded uint64 `json:"forwarded"`
-			}{s.cfg.Owners.Stats(), s.forwarded.Load()}
-		}
-		return m
+		return s.segStats
 	case "snowflake":
 		return s.cfg.Snowflake.Stats()
 	}
 	return nil
+}
+
+// segmentStats returns the segment endpoint's stats: totals, the ordered
+// tags' ownership and the StatsTags tags fetched most recently.
+func (s *Service) segmentStats() (_ any, many bool) {
+	tags := s.cfg.Segments.Stats()
+	shown := len(tags)
+	many = shown >= StatsTags
+	if shown > StatsTags {
+		slices.SortFunc(tags, func(x, y segment.TagStats) int { return y.LastFetch.Compare(x.LastFetch) })
+		tags, shown = tags[:StatsTags], StatsTags
+	}
+	m := map[string]any{"totals": s.cfg.Segments.Totals(), "shown": shown, "tags": tags,
+		"refused": map[string]uint64{"no_reply": s.noReply.Load(), "reply_subject": s.badReply.Load()}}
+	if s.cfg.Owners != nil {
+		m["ordered"] = struct {
+			ownership.Stats
+			Forwarded uint64 `json:"forwarded"`
+		}{s.cfg.Owners.Stats(), s.forwarded.Load()}
+	}
+	return m, many
 }
 
 // replier answers one request. Inline answers go through micro (so that its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,42 +100,65 @@ func TestMetricSeriesBounded(t *testing.T) {
 func TestMicroStatsBounded(t *testing.T) {
 	st := newStack(t, nil)
 	n := dispenser.StatsTags + 50
-	st.createTags(t, n)
+	st.createTags(t, n+1)
 	w := st.worker(t, segment.Settings{})
+	var mu sync.Mutex // protects now
+	now := time.Now()
+	dispenser.SetClock(w.svc, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
 	nc := testenv.Connect(t, st.ns)
 	for i := range n {
 		if body, code := request(t, nc, fmt.Sprintf("id.segment.t%04d", i), "", nil); code != "" {
 			t.Fatalf("t%04d: %q code %s", i, body, code)
 		}
 	}
-	last := fmt.Sprintf("t%04d", n-1) // fetched last
-	resp, err := nc.Request("$SRV.STATS.dispenser."+w.svc.ID(), nil, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stats micro.Stats
-	if err := json.Unmarshal(resp.Data, &stats); err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range stats.Endpoints {
-		if e.Name != "segment" {
-			continue
-		}
-		var data struct {
-			Totals segment.Totals     `json:"totals"`
-			Shown  int                `json:"shown"`
-			Tags   []segment.TagStats `json:"tags"`
-		}
-		if err := json.Unmarshal(e.Data, &data); err != nil {
+	stats := func() (totalTags, shown int, tags []segment.TagStats) {
+		t.Helper()
+		resp, err := nc.Request("$SRV.STATS.dispenser."+w.svc.ID(), nil, 10*time.Second)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if data.Totals.Tags != n || data.Shown != dispenser.StatsTags || len(data.Tags) != dispenser.StatsTags {
-			t.Fatalf("totals.tags %d, shown %d, %d tags; want %d, %d, %d", data.Totals.Tags, data.Shown, len(data.Tags), n, dispenser.StatsTags, dispenser.StatsTags)
+		var stats micro.Stats
+		if err := json.Unmarshal(resp.Data, &stats); err != nil {
+			t.Fatal(err)
 		}
-		if data.Tags[0].Tag != last {
-			t.Errorf("first tag shown %s, want the one fetched last, %s", data.Tags[0].Tag, last)
+		for _, e := range stats.Endpoints {
+			if e.Name != "segment" {
+				continue
+			}
+			var data struct {
+				Totals segment.Totals     `json:"totals"`
+				Shown  int                `json:"shown"`
+				Tags   []segment.TagStats `json:"tags"`
+			}
+			if err := json.Unmarshal(e.Data, &data); err != nil {
+				t.Fatal(err)
+			}
+			return data.Totals.Tags, data.Shown, data.Tags
 		}
-		return
+		t.Fatal("no segment endpoint in micro stats")
+		return 0, 0, nil
 	}
-	t.Fatal("no segment endpoint in micro stats")
+	last := fmt.Sprintf("t%04d", n-1) // fetched last
+	total, shown, tags := stats()
+	if total != n || shown != dispenser.StatsTags || len(tags) != dispenser.StatsTags {
+		t.Fatalf("totals.tags %d, shown %d, %d tags; want %d, %d, %d", total, shown, len(tags), n, dispenser.StatsTags, dispenser.StatsTags)
+	}
+	if tags[0].Tag != last {
+		t.Errorf("first tag shown %s, want the one fetched last, %s", tags[0].Tag, last)
+	}
+	// With that many tags, stats are walked at most once a second,
+	// however many requests ask for them.
+	newest := fmt.Sprintf("t%04d", n)
+	if body, code := request(t, nc, "id.segment."+newest, "", nil); code != "" {
+		t.Fatalf("%s: %q code %s", newest, body, code)
+	}
+	if total, _, tags := stats(); total != n || tags[0].Tag != last {
+		t.Errorf("stats within a second: %d tags, first %s; want the cached %d, %s", total, tags[0].Tag, n, last)
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	if total, _, tags := stats(); total != n+1 || tags[0].Tag != newest {
+		t.Errorf("stats a second later: %d tags, first %s; want %d, %s", total, tags[0].Tag, n+1, newest)
+	}
 }

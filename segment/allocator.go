@@ -5,6 +5,7 @@
 package segment
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,6 +52,11 @@ type Settings struct {
 	// with this step, starting at 1; the Store must then implement Admin.
 	// Default 0: unknown tags are errors.
 	AutoCreateStep int64
+	// AutoCreateMax bounds the tags this allocator creates on first use
+	// over its life, so that requests for random tag names cannot fill the
+	// store; beyond it an unknown tag is ErrUnknownTag (create it with the
+	// admin commands). Default DefaultAutoCreateMax; negative: no bound.
+	AutoCreateMax int
 	// Now returns the current time; it measures how long segments last for
 	// the dynamic step and ages the negative cache. Default time.Now.
 	Now func() time.Time
@@ -70,8 +76,19 @@ const (
 )
 
 // negativeCacheMax bounds the negative cache so that requests for random tag
-// names cannot grow it without limit.
+// names cannot grow it without limit; when it is full, a new entry evicts
+// an old one (not the whole cache, which would send a burst of lookups of
+// known-unknown tags to the store).
 const negativeCacheMax = 10000
+
+// maxLookups bounds the store lookups of tags not in memory that run at
+// once, whatever the number of distinct tags requested: a flood of random
+// tag names costs the store at most this many queries at a time; the rest
+// wait within their MaxWait (then 503).
+const maxLookups = 8
+
+// DefaultAutoCreateMax is the default of Settings.AutoCreateMax.
+const DefaultAutoCreateMax = 1000
 
 // Run is a contiguous run of IDs, First through Last inclusive.
 type Run struct {
@@ -96,6 +113,9 @@ type Allocator struct {
 	negativeTTL     time.Duration
 	maxStep         int64
 	autoCreateStep  int64
+	autoCreateMax   int
+	autoCreated     atomic.Int64  // tags created on first use
+	lookups         chan struct{} // a slot per running lookup (maxLookups)
 	now             func() time.Time
 	log             *slog.Logger
 	onFetch         func(tag string, latency time.Duration, err error)
@@ -186,10 +206,12 @@ func New(s Settings) (*Allocator, error) {
 		negativeTTL:     s.NegativeTTL,
 		maxStep:         s.MaxStep,
 		autoCreateStep:  s.AutoCreateStep,
+		autoCreateMax:   cmp.Or(s.AutoCreateMax, DefaultAutoCreateMax),
 		now:             s.Now,
 		log:             s.Logger,
 		onFetch:         s.OnFetch,
 		negative:        make(map[string]time.Time),
+		lookups:         make(chan struct{}, maxLookups),
 		loaded:          make(chan struct{}),
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
@@ -373,20 +395,39 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 	ch := a.lookup.DoChan(tag, func() (any, error) {
 		lctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
 		defer cancel()
+		select {
+		case a.lookups <- struct{}{}:
+			defer func() { <-a.lookups }()
+		case <-lctx.Done():
+			return nil, fmt.Errorf("%w: looking up tag %q: too many lookups at once", ErrUnavailable, tag)
+		}
 		t, err := a.store.Tag(lctx, tag)
+		created := false
 		if errors.Is(err, ErrUnknownTag) && a.autoCreateStep > 0 {
-			err = a.store.(Admin).CreateTag(lctx, Tag{Name: tag, Step: a.autoCreateStep, MaxID: 1, Description: "created on first use"})
-			if errors.Is(err, ErrTagExists) {
-				err = nil // another worker created it first
-			}
-			if err == nil {
-				a.log.Info("segment: created tag on first use", "tag", tag, "step", a.autoCreateStep)
+			if a.autoCreateMax >= 0 && a.autoCreated.Add(1) > int64(a.autoCreateMax) {
+				a.autoCreated.Add(-1)
+				a.log.Warn("segment: not creating a tag on first use: this worker created the most it may", "tag", tag, "max", a.autoCreateMax)
+			} else {
+				err = a.store.(Admin).CreateTag(lctx, Tag{Name: tag, Step: a.autoCreateStep, MaxID: 1, Description: "created on first use"})
+				created = err == nil
+				if errors.Is(err, ErrTagExists) {
+					err = nil // another worker created it first
+				}
+				if !created && a.autoCreateMax >= 0 {
+					a.autoCreated.Add(-1)
+				}
+				if created {
+					a.log.Info("segment: created tag on first use", "tag", tag, "step", a.autoCreateStep)
+				}
 			}
 		}
 		if errors.Is(err, ErrUnknownTag) {
 			a.mu.Lock()
 			if len(a.negative) >= negativeCacheMax {
-				clear(a.negative)
+				for old := range a.negative { // an arbitrary one
+					delete(a.negative, old)
+					break
+				}
 			}
 			a.negative[tag] = a.now().Add(a.negativeTTL)
 			a.mu.Unlock()

@@ -80,6 +80,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&c.OwnersLease, "ordered-lease", ownership.DefaultLease, "lease of an ordered tag's owner: one that could not renew for this long stops serving the tag, and another takes it over a lease later")
 	fs.BoolVar(&c.AutoCreateTags, "auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url and no --postgres-url)")
 	fs.Int64Var(&c.AutoCreateStep, "auto-create-step", 1000, "step of tags created on first use")
+	fs.IntVar(&c.Segment.AutoCreateMax, "auto-create-max", segment.DefaultAutoCreateMax, "most tags one worker creates on first use over its life (requests for random names cannot fill the store); beyond it an unknown tag is 404; -1: no bound")
 	fs.BoolVar(&c.Snowflake, "snowflake", true, "serve snowflake IDs (needs JetStream for worker-ID leases)")
 	fs.StringVar(&c.SnowflakeBucket, "snowflake-bucket", snowflake.DefaultBucket, "JetStream KV bucket of the worker-ID leases")
 	fs.IntVar(&c.SnowflakeSettings.Replicas, "snowflake-replicas", 1, "replicas of the lease bucket when it is created; an existing bucket with fewer is refused")
@@ -125,6 +126,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	c.SnowflakeSettings.Epoch = epoch
 	c.NoWitness = !*witnessOn
+	if c.Segment.AutoCreateMax < -1 || c.Segment.AutoCreateMax == 0 {
+		return fmt.Errorf("--auto-create-max %d: want a positive number, or -1 for no bound", c.Segment.AutoCreateMax)
+	}
 	if c.Segment.IdleTimeout <= 0 {
 		c.Segment.IdleTimeout = -1 // never
 	}
