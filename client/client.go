@@ -4,7 +4,10 @@
 //	c, err := client.New(nc)
 //	id, err := c.Segment(ctx, "orders")
 //
-// A Client is safe for concurrent use.
+// A Client is safe for concurrent use. It treats replies as untrusted:
+// anything subscribed to the service's subjects can answer a request, so a
+// reply that is not exactly the IDs asked for, well formed, fails with
+// ErrBadReply and none of its IDs is used.
 package client
 
 import (
@@ -12,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -35,7 +39,10 @@ var (
 	ErrUnavailable = errors.New("client: service unavailable")
 	// ErrInternal is code 500 or any other code.
 	ErrInternal = errors.New("client: internal service error")
-	// ErrBadReply means the reply could not be parsed.
+	// ErrBadReply means a reply broke the protocol: not exactly the IDs
+	// asked for, in strictly increasing runs of valid IDs, in the format
+	// asked for. Such a reply comes from something other than a worker (or
+	// a faulty one); none of its IDs are used.
 	ErrBadReply = errors.New("client: bad reply")
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("client: closed")
@@ -102,8 +109,8 @@ func WithTimeout(d time.Duration) Option {
 // range is lost when the process exits (a gap, never a duplicate).
 func WithPrefetch(batch int) Option {
 	return func(c *Client) error {
-		if batch < 2 {
-			return fmt.Errorf("client: prefetch batch %d: want at least 2", batch)
+		if batch < 2 || batch > maxCount {
+			return fmt.Errorf("client: prefetch batch %d: want 2..%d", batch, maxCount)
 		}
 		c.prefetch = batch
 		return nil
@@ -164,7 +171,7 @@ func (c *Client) Segment(ctx context.Context, tag string) (int64, error) {
 	if c.prefetch > 0 {
 		return c.pool(tag).take(ctx)
 	}
-	ids, err := c.request(ctx, c.prefix+".segment."+tag, 1, false)
+	ids, err := c.request(ctx, c.prefix+".segment."+tag, 1, false, minSegment)
 	if err != nil {
 		return 0, err
 	}
@@ -177,12 +184,12 @@ func (c *Client) SegmentN(ctx context.Context, tag string, n int) ([]int64, erro
 	if err := checkTag(tag); err != nil {
 		return nil, err
 	}
-	return c.request(ctx, c.prefix+".segment."+tag, n, true)
+	return c.request(ctx, c.prefix+".segment."+tag, n, true, minSegment)
 }
 
 // Snowflake returns one snowflake ID.
 func (c *Client) Snowflake(ctx context.Context) (int64, error) {
-	ids, err := c.request(ctx, c.prefix+".snowflake", 1, false)
+	ids, err := c.request(ctx, c.prefix+".snowflake", 1, false, minSnowflake)
 	if err != nil {
 		return 0, err
 	}
@@ -191,33 +198,47 @@ func (c *Client) Snowflake(ctx context.Context) (int64, error) {
 
 // SnowflakeN returns n snowflake IDs, in increasing order.
 func (c *Client) SnowflakeN(ctx context.Context, n int) ([]int64, error) {
-	return c.request(ctx, c.prefix+".snowflake", n, true)
+	return c.request(ctx, c.prefix+".snowflake", n, true, minSnowflake)
 }
 
-// request asks subject for n IDs and returns them; ranges asks for the
-// compact "first-last" reply format.
-func (c *Client) request(ctx context.Context, subject string, n int, ranges bool) ([]int64, error) {
-	runs, err := c.requestRuns(ctx, subject, n, ranges)
+// The smallest IDs of the protocol: segment IDs start at 1, snowflake IDs
+// at 0.
+const (
+	minSegment   = 1
+	minSnowflake = 0
+)
+
+// request asks subject for n IDs, each at least lowest, and returns them;
+// ranges asks for the compact "first-last" reply format.
+func (c *Client) request(ctx context.Context, subject string, n int, ranges bool, lowest int64) ([]int64, error) {
+	runs, err := c.requestRuns(ctx, subject, n, ranges, lowest)
 	if err != nil {
 		return nil, err
 	}
+	// checkReply has made sure that the runs hold exactly n IDs, so no run
+	// is longer than n and first+k below never passes last (which may be
+	// 2^63-1).
 	ids := make([]int64, 0, n)
 	for _, r := range runs {
-		for id := r.first; id <= r.last; id++ {
-			ids = append(ids, id)
+		for k := range r.last - r.first + 1 {
+			ids = append(ids, r.first+k)
 		}
-	}
-	if len(ids) != n {
-		return nil, fmt.Errorf("%w: asked for %d IDs, got %d", ErrBadReply, n, len(ids))
 	}
 	return ids, nil
 }
 
+// run is the IDs first..last, both included.
 type run struct{ first, last int64 }
 
-func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges bool) ([]run, error) {
-	if n < 1 {
-		return nil, fmt.Errorf("%w: count %d", ErrBadRequest, n)
+// maxCount is the largest count a request can carry: the service reads at
+// most nine digits.
+const maxCount = 999_999_999
+
+// requestRuns asks subject for n IDs, each at least lowest, and returns them
+// as runs.
+func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges bool, lowest int64) ([]run, error) {
+	if n < 1 || n > maxCount {
+		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -238,34 +259,98 @@ func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges 
 	if code := resp.Header.Get("Nats-Service-Error-Code"); code != "" {
 		return nil, &Error{Code: code, Description: resp.Header.Get("Nats-Service-Error")}
 	}
-	return parseRuns(resp.Data)
-}
-
-// parseRuns parses a reply: lines of "id" or "first-last".
-func parseRuns(body []byte) ([]run, error) {
-	var runs []run
-	for len(body) > 0 {
-		line := body
-		if i := bytes.IndexByte(body, '\n'); i >= 0 {
-			line, body = body[:i], body[i+1:]
-		} else {
-			body = nil
-		}
-		first, last := line, line
-		if i := bytes.IndexByte(line, '-'); i > 0 {
-			first, last = line[:i], line[i+1:]
-		}
-		f, err1 := strconv.ParseInt(string(first), 10, 64)
-		l, err2 := strconv.ParseInt(string(last), 10, 64)
-		if err1 != nil || err2 != nil || l < f {
-			return nil, fmt.Errorf("%w: line %q", ErrBadReply, line)
-		}
-		runs = append(runs, run{f, l})
-	}
-	if len(runs) == 0 {
-		return nil, fmt.Errorf("%w: empty", ErrBadReply)
+	runs, err := checkReply(resp.Data, n, ranges, lowest)
+	if err != nil {
+		return nil, fmt.Errorf("%w from %s: %w", ErrBadReply, subject, err)
 	}
 	return runs, nil
+}
+
+// checkReply parses the reply to a request for n IDs and checks it, as
+// anything subscribed to the service's subjects may have sent it: exactly
+// n IDs, each in lowest..2^63-1, in runs that strictly increase (no run
+// overlaps or repeats another), the lines in the format asked for (ranges:
+// "first-last" with first <= last; otherwise one ID per line), in decimal
+// without signs, leading zeros or white space, separated by single
+// newlines. The body's length is checked before anything is parsed, and no
+// arithmetic passes 2^63-1.
+func checkReply(body []byte, n int, ranges bool, lowest int64) ([]run, error) {
+	if len(body) == 0 {
+		return nil, errors.New("empty body")
+	}
+	// Each ID takes at most 20 bytes in a list ("9223372036854775807\n"),
+	// each run at most 40 in ranges.
+	limit := 20 * int64(n)
+	if ranges {
+		limit = 40 * int64(n)
+	}
+	if int64(len(body)) > limit {
+		return nil, fmt.Errorf("body of %d bytes: %d IDs take at most %d", len(body), n, limit)
+	}
+	var runs []run
+	left := int64(n) // IDs still to come
+	for no := 1; ; no++ {
+		line, rest, more := bytes.Cut(body, []byte{'\n'})
+		var r run
+		var err error
+		if ranges {
+			first, last, ok := bytes.Cut(line, []byte{'-'})
+			if !ok {
+				err = errors.New("want first-last")
+			} else if r.first, err = parseID(first, lowest); err == nil {
+				if r.last, err = parseID(last, lowest); err == nil && r.last < r.first {
+					err = errors.New("last below first")
+				}
+			}
+		} else {
+			r.first, err = parseID(line, lowest)
+			r.last = r.first
+		}
+		switch {
+		case err != nil:
+		case len(runs) > 0 && r.first <= runs[len(runs)-1].last:
+			err = fmt.Errorf("does not start above the line before (%d)", runs[len(runs)-1].last)
+		case r.last-r.first >= left: // no overflow: 0 <= first <= last
+			// Refused at the first run too many, so that left and the
+			// run sizes below stay within 0..n.
+			err = fmt.Errorf("more IDs than the %d asked for", n)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("line %d %q: %w", no, truncate(line, 48), err)
+		}
+		runs = append(runs, r)
+		left -= r.last - r.first + 1
+		if !more {
+			break
+		}
+		body = rest
+	}
+	if left != 0 {
+		return nil, fmt.Errorf("%d IDs, want %d", int64(n)-left, n)
+	}
+	return runs, nil
+}
+
+// parseID parses an ID of the reply: 1 to 19 decimal digits without a
+// sign or leading zeros, in lowest..2^63-1.
+func parseID(s []byte, lowest int64) (int64, error) {
+	ok := len(s) > 0 && len(s) <= 19 && (s[0] != '0' || len(s) == 1)
+	var v uint64 // 19 digits fit
+	for i := 0; ok && i < len(s); i++ {
+		ok = '0' <= s[i] && s[i] <= '9'
+		v = v*10 + uint64(s[i]-'0')
+	}
+	if !ok || v > math.MaxInt64 || int64(v) < lowest {
+		return 0, fmt.Errorf("want decimal IDs in %d..%d", lowest, int64(math.MaxInt64))
+	}
+	return int64(v), nil
+}
+
+func truncate(s []byte, n int) string {
+	if len(s) <= n {
+		return string(s)
+	}
+	return string(s[:n]) + "..."
 }
 
 func (c *Client) pool(tag string) *pool {
@@ -340,12 +425,12 @@ func (p *pool) refillLocked() {
 	}
 	p.filling = true
 	go func() {
-		runs, err := p.c.requestRuns(p.c.ctx, p.c.prefix+".segment."+p.tag, p.c.prefetch, true)
+		runs, err := p.c.requestRuns(p.c.ctx, p.c.prefix+".segment."+p.tag, p.c.prefetch, true, minSegment)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.filling = false
 		p.err = err
-		for _, r := range runs {
+		for _, r := range runs { // checked: prefetch IDs in all
 			p.runs = append(p.runs, r)
 			p.left += int(r.last - r.first + 1)
 		}
