@@ -28,8 +28,12 @@
 // A Worker leases its worker ID from a JetStream key-value bucket (default
 // DefaultBucket) and issues through a Generator bounded by the lease. The
 // bucket holds one key per worker ID, "worker.0000" to "worker.1023", and a
-// key "config" holding {"version":1,"epoch":"2026-01-01T00:00:00Z"}; a
+// key "config" holding
+// {"version":1,"epoch":"2026-01-01T00:00:00Z","max_lease_ms":10000}; a
 // worker configured with another epoch refuses to start (ErrEpochMismatch).
+// "max_lease_ms" is the longest lease any worker has claimed with: a worker
+// raises it (compare-and-swap) before it claims with a longer lease, and
+// nothing lowers it.
 // The value under a worker key is JSON:
 //
 //	{
@@ -61,15 +65,30 @@
 // value gets the configured epoch stored.
 //
 // Deleted keys: a worker key deleted or purged by an operator (its marker
-// remains) is claimed only after the others (never used, released,
+// remains) while its holder runs is noticed by the holder at its next
+// heartbeat or in Close: it stops issuing under it and writes back, by
+// compare-and-swap on the marker's revision, a released lease with the last
+// timestamp it used, so a successor starts above it. A deleted key without
+// a write-back is claimed only after the others (never used, released,
 // expired), with a floor derived from the marker's server timestamp: the
-// marker's time plus DeletedKeyMargin or twice the longest lease known,
-// whichever is longer; it is claimable once the claimant's clock is a lease
-// past that floor. Its last holder notices at its next heartbeat and claims
-// another worker ID. A key removed without a trace (markers purged with
-// PurgeDeletes, the stream purged by subject, the bucket deleted and
-// created again) cannot be told from a never used one: do not do that while
+// marker's time plus DeletedKeyMargin or twice the longest lease known
+// (the claimant's, every one in the bucket's values, and "max_lease_ms"),
+// whichever is longer; UnknownLeaseMargin for a key deleted before
+// "max_lease_ms" was first recorded (its marker's revision is at or below
+// "max_lease_since"). It is claimable once the claimant's clock is a lease
+// past that floor. A key removed without a trace while its holder cannot
+// write back (markers purged with PurgeDeletes, the stream purged by
+// subject) cannot be told from a never used one: do not do that while
 // workers may run, or within a lease of their last stop.
+//
+// A running worker that must claim (at start or after losing its key) and
+// finds the "config" key gone (the bucket or the key purged, or the key
+// deleted) refuses with an error wrapping ErrFenced and ErrEpochLost until
+// the epoch is restored. A worker whose bucket was deleted, or deleted and
+// created again (the stream's creation time, read before every heartbeat,
+// claim and release, changed), stops for good with ErrBucketDeleted: every
+// bound was lost, and in a new bucket revisions restart, so its
+// compare-and-swap writes could land on another worker's record.
 //
 // Claiming: a worker reads all keys and tries, in order, a claimable key last
 // held by its own instance name, a key with no message at all, a released
@@ -109,14 +128,15 @@
 // but below the successor's IDs, and stops at its next heartbeat. A
 // Worker's own IDs strictly increase, also across worker IDs: when it loses
 // its worker ID and claims another, it resumes above the last timestamp it
-// used. For a deleted key, the floor relies on the last holder's clock
-// being within a lease (or DeletedKeyMargin minus a lease) of the NATS
-// server's.
+// used. For a deleted key whose holder could not write its bound back
+// (crashed or cut off), the floor relies on the holder's clock having been
+// within a lease (or DeletedKeyMargin minus a lease) of the NATS server's.
 //
 // # Errors
 //
 // errors.Is(err, ErrUnavailable) means "cannot issue now" (HTTP 503):
-// ErrFenced, ErrClockBackwards, ErrOverloaded, ErrClosed, ErrNoWorkerID.
+// ErrFenced, ErrClockBackwards, ErrOverloaded, ErrClosed, ErrNoWorkerID,
+// ErrBucketDeleted.
 // ErrInvalidCount is the caller's fault (400): a batch of fewer than 1 or
 // more than MaxCount IDs. The rest are configuration or infrastructure
 // errors (500, or refuse to start).

@@ -12,7 +12,8 @@ import (
 // How a service maps them:
 //   - 503 (retry later, maybe on another instance): every error for which
 //     errors.Is(err, ErrUnavailable) is true, that is ErrClockBackwards,
-//     ErrFenced, ErrOverloaded, ErrClosed and ErrNoWorkerID.
+//     ErrFenced, ErrOverloaded, ErrClosed, ErrNoWorkerID and
+//     ErrBucketDeleted.
 //   - 400: ErrInvalidCount.
 //   - 500 / refuse to start: ErrInvalidSettings, ErrInvalidWorkerID,
 //     ErrEpochInFuture, ErrEpochMismatch, ErrEpochLost, ErrOverTimeLimit,
@@ -47,6 +48,14 @@ var (
 	// ErrNoWorkerID means all 1024 worker IDs are held by live leases.
 	// Is ErrUnavailable: leases of dead workers expire.
 	ErrNoWorkerID error = &unavailableError{"snowflake: all worker IDs are taken"}
+
+	// ErrBucketDeleted means the lease bucket was deleted, or deleted and
+	// created again, while the Worker ran: every bound in it is lost, and
+	// in a new bucket revisions restart, so the Worker's compare-and-swap
+	// writes could land on someone else's record. The Worker stops for
+	// good (it issues nothing more and writes nothing more) and logs what
+	// the operator did. Is ErrUnavailable: other instances may serve.
+	ErrBucketDeleted error = &unavailableError{"snowflake: lease bucket deleted or recreated while the worker ran"}
 
 	// ErrInvalidCount means a batch asked for fewer than 1 or more than
 	// MaxCount IDs.

@@ -439,21 +439,27 @@ func TestLeasedGenerator(t *testing.T) {
 	if p := Decode(ids[len(ids)-1], time.Time{}); p.Timestamp > bound {
 		t.Fatalf("issued timestamp %d beyond the bound %d", p.Timestamp, bound)
 	}
-	g.renew(bound+100, c.Mono()+lease)
+	// A bound far ahead, so that below only the monotonic clock fences.
+	farBound := bound + 10*lease.Milliseconds()
+	g.renew(farBound, c.Mono()+lease)
 	if _, err := g.Next(); err != nil {
 		t.Fatalf("after renewal: %v", err)
 	}
 
-	// No renewal within the lease: fenced, by the monotonic clock only.
-	c.SetWall(c.Now().Add(-time.Millisecond)) // wall time is irrelevant here
+	// No renewal within the lease: fenced, by the monotonic clock only
+	// (the wall clock stays well within the bound).
+	c.SetWall(c.Now().Add(-time.Millisecond))
 	c.Add(lease)
+	if wallMs := c.Now().UnixMilli() - DefaultEpoch.UnixMilli(); wallMs >= farBound-lease.Milliseconds() {
+		t.Fatalf("wall clock %d within a lease of the bound %d: the test needs it far below", wallMs, farBound)
+	}
 	if _, err := g.Next(); !errors.Is(err, ErrFenced) {
 		t.Fatalf("lease timed out: got error %v, want ErrFenced", err)
 	}
 	if st := g.stats(); !st.fenced || st.fenceEvents != 2 {
 		t.Errorf("stats: fenced %v episodes %d, want true 2", st.fenced, st.fenceEvents)
 	}
-	g.renew(bound+1000, c.Mono()+lease)
+	g.renew(farBound, c.Mono()+lease)
 	more, err := g.NextN(5)
 	if err != nil {
 		t.Fatalf("after renewal: %v", err)
@@ -468,7 +474,7 @@ func TestLeasedGenerator(t *testing.T) {
 		t.Fatalf("revoked: got error %v, want ErrFenced", err)
 	}
 	// Re-assigned the same worker ID with a lower floor: keeps going up.
-	g.assign(9, nowMs, bound+2000, c.Mono()+lease)
+	g.assign(9, nowMs, farBound+1000, c.Mono()+lease)
 	more, err = g.NextN(5)
 	if err != nil {
 		t.Fatalf("re-assigned: %v", err)

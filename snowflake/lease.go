@@ -58,10 +58,30 @@ type leaseRecord struct {
 	Released bool `json:"released"`
 }
 
-// configRecord is the JSON value under configKey.
+// configRecord is the JSON value under configKey:
+//
+//	{"version":1,"epoch":"2026-01-01T00:00:00Z","max_lease_ms":10000,"max_lease_since":0}
 type configRecord struct {
 	Version int       `json:"version"`
 	Epoch   time.Time `json:"epoch"`
+	// MaxLeaseMS is the longest lease any worker of this version has
+	// claimed with in this bucket: a worker raises it, by compare-and-swap,
+	// before it claims with a longer lease, and nothing lowers it. A
+	// deleted key's margin covers it, because the deleted value was the
+	// only record of its holder's lease. Zero: not recorded yet (a bucket
+	// written by older versions, or an epoch restored by hand).
+	MaxLeaseMS int64 `json:"max_lease_ms,omitempty"`
+	// MaxLeaseSince is the revision up to which MaxLeaseMS may miss
+	// holders: when a worker first records MaxLeaseMS in a bucket that
+	// has held values, it covers every lease value it read then, but not
+	// the leases of keys already deleted; their markers have revisions at
+	// or below MaxLeaseSince, and their holders' leases count as unknown
+	// (UnknownLeaseMargin).
+	MaxLeaseSince uint64 `json:"max_lease_since,omitempty"`
+}
+
+func (c *configRecord) maxLease() time.Duration {
+	return time.Duration(c.MaxLeaseMS) * time.Millisecond
 }
 
 func workerKey(id int) string { return fmt.Sprintf("%s%04d", workerKeyPrefix, id) }
@@ -121,12 +141,16 @@ func openBucket(ctx context.Context, js jetstream.JetStream, s *WorkerSettings) 
 // otherwise compares it with the stored one: ErrEpochMismatch if it differs,
 // ErrEpochLost if the key is deleted, purged, or missing from a bucket that
 // has held values.
-func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time) error {
-	data, err := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch})
+//
+// In a bucket that has never held a value, the stored record also holds
+// lease as the longest lease used (configRecord.MaxLeaseMS): no key can
+// have been deleted before.
+func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lease time.Duration) error {
+	data, err := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch, MaxLeaseMS: lease.Milliseconds()})
 	if err != nil {
 		return err
 	}
-	restore := fmt.Sprintf("nats kv put %s %s '%s'", kv.Bucket(), configKey, data)
+	restore := restoreCommand(kv.Bucket(), epoch)
 	for attempt := 1; ; attempt++ {
 		// The stream's last sequence is read before the key: a worker
 		// stores the epoch before it writes anything else, so if the
@@ -178,6 +202,12 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time) err
 	}
 }
 
+// restoreCommand is the command that puts the epoch back into bucket.
+func restoreCommand(bucket string, epoch time.Time) string {
+	data, _ := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch})
+	return fmt.Sprintf("nats kv put %s %s '%s'", bucket, configKey, data)
+}
+
 func markerVerb(op jetstream.KeyValueOp) string {
 	if op == jetstream.KeyValuePurge {
 		return "purged"
@@ -190,17 +220,34 @@ func markerVerb(op jetstream.KeyValueOp) string {
 // its next holder; see deletedRecord.
 const DeletedKeyMargin = time.Minute
 
+// UnknownLeaseMargin replaces the margin of a deleted key whose holder's
+// lease may not be recorded: a key deleted before any worker of this
+// version recorded the longest lease in the bucket (configRecord). It is
+// far longer than any sensible lease; such keys are claimed last anyway.
+const UnknownLeaseMargin = 24 * time.Hour
+
+// deletedMargin returns the margin of a deleted key: DeletedKeyMargin or
+// twice the longest lease known (the claimant's, every one recorded in the
+// bucket's values, and the bucket's recorded maximum), whichever is
+// longer; UnknownLeaseMargin if the holder's lease may be unrecorded.
+func deletedMargin(longest time.Duration, unknown bool) time.Duration {
+	m := max(DeletedKeyMargin, 2*longest)
+	if unknown {
+		m = max(m, UnknownLeaseMargin)
+	}
+	return m
+}
+
 // deletedRecord stands in for the lost value of worker key id, deleted or
-// purged at the server time at. Its last holder wrote its bound before
-// then, at most its lease ahead of its clock, and stops issuing at its next
-// heartbeat (the key changed) or a lease after its last one. So the floor
-// is at plus DeletedKeyMargin or twice the longest lease known (the
-// claimant's and every one recorded in the bucket), whichever is longer:
-// one lease for the bound, one for the holder's clock running ahead of the
-// server's. Like an expired lease, the key is claimable once the claimant's
-// clock is a lease past that floor.
-func deletedRecord(id int, at time.Time, lease time.Duration, epoch time.Time) leaseRecord {
-	floor := at.UTC().Add(max(DeletedKeyMargin, 2*lease)).Truncate(time.Millisecond).Add(time.Millisecond)
+// purged at the server time at, that its holder has not written back (see
+// Worker.writeBack). Its last holder wrote its bound before then, at most
+// its lease ahead of its clock, and stops issuing at its next heartbeat
+// (the key changed) or a lease after its last one. So the floor is at plus
+// margin (deletedMargin): one lease for the bound, one for the holder's
+// clock running ahead of the server's. Like an expired lease, the key is
+// claimable once the claimant's clock is a lease past that floor.
+func deletedRecord(id int, at time.Time, margin, lease time.Duration, epoch time.Time) leaseRecord {
+	floor := at.UTC().Add(margin).Truncate(time.Millisecond).Add(time.Millisecond)
 	return leaseRecord{
 		Version: recordVersion, Worker: id, Epoch: epoch, LeaseMS: lease.Milliseconds(),
 		Heartbeat: at.UTC(), Expires: floor, Bound: floor,
@@ -218,23 +265,49 @@ type slot struct {
 	at      time.Time
 }
 
-// snapshot reads all worker keys, delete and purge markers included. Keys
-// without any message are absent.
-func snapshot(ctx context.Context, kv jetstream.KeyValue) (map[int]slot, error) {
-	wt, err := kv.Watch(ctx, workerKeyPrefix+"*")
+// configSlot is the config key as read.
+type configSlot struct {
+	found bool // the key has a message
+	rev   uint64
+	op    jetstream.KeyValueOp
+	at    time.Time // server time of the message
+	value []byte
+}
+
+// view is one consistent read of the bucket.
+type view struct {
+	slots map[int]slot
+	conf  configSlot
+	// maxRev is the highest revision read: every message up to it that
+	// is still the latest of its key was read.
+	maxRev uint64
+}
+
+// snapshot reads all keys, delete and purge markers included, through one
+// watcher: it delivers the latest message of every key as of one point in
+// the stream, so a marker read comes with the config value of that point,
+// which holds every raise of the longest lease made before the deleted
+// holder claimed. Worker keys without any message are absent.
+func snapshot(ctx context.Context, kv jetstream.KeyValue) (view, error) {
+	wt, err := kv.WatchAll(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("snowflake: read leases: %w", err)
+		return view{}, fmt.Errorf("snowflake: read leases: %w", err)
 	}
 	defer wt.Stop()
-	slots := make(map[int]slot)
+	v := view{slots: make(map[int]slot)}
 	for {
 		select {
 		case e, ok := <-wt.Updates():
 			if !ok {
-				return nil, errors.New("snowflake: read leases: watcher closed")
+				return view{}, errors.New("snowflake: read leases: watcher closed")
 			}
 			if e == nil {
-				return slots, nil
+				return v, nil
+			}
+			v.maxRev = max(v.maxRev, e.Revision())
+			if e.Key() == configKey {
+				v.conf = configSlot{found: true, rev: e.Revision(), op: e.Operation(), at: e.Created(), value: e.Value()}
+				continue
 			}
 			id, ok := parseWorkerKey(e.Key())
 			if !ok {
@@ -246,10 +319,79 @@ func snapshot(ctx context.Context, kv jetstream.KeyValue) (map[int]slot, error) 
 			} else if err := json.Unmarshal(e.Value(), &s.rec); err != nil || s.rec.Version != recordVersion || s.rec.Worker != id {
 				s.bad = true
 			}
-			slots[id] = s
+			v.slots[id] = s
 		case <-ctx.Done():
-			return nil, fmt.Errorf("snowflake: read leases: %w", ctx.Err())
+			return view{}, fmt.Errorf("snowflake: read leases: %w", ctx.Err())
 		}
+	}
+}
+
+// configPasses bounds how often readBucket reads the bucket again after
+// losing a race to raise the recorded longest lease.
+const configPasses = 16
+
+// readBucket reads the bucket (snapshot) and makes sure its config record
+// covers our lease before we claim: the epoch must be there and ours
+// (ErrEpochLost, ErrEpochMismatch: a running worker that finds the config
+// gone, say because the whole bucket was purged, must not claim keys that
+// look never used), and MaxLeaseMS at least our lease, raised by
+// compare-and-swap if not. It returns the view with the config as stored.
+func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
+	for pass := 1; ; pass++ {
+		v, err := snapshot(ctx, w.kv)
+		if err != nil {
+			return view{}, configRecord{}, err
+		}
+		c := v.conf
+		switch {
+		case !c.found:
+			return view{}, configRecord{}, fmt.Errorf("%w: bucket %q has no key %q while workers run: "+
+				"the key or the whole bucket was purged (nats kv purge / nats stream purge), and lease bounds may have gone with it; "+
+				"refusing to claim a worker ID; stop every worker of this bucket, wait a lease after the last one stopped, "+
+				"then restore the epoch (%s)", ErrEpochLost, w.cfg.Bucket, configKey, restoreCommand(w.cfg.Bucket, w.cfg.Epoch))
+		case c.op != jetstream.KeyValuePut:
+			return view{}, configRecord{}, fmt.Errorf("%w: key %q of bucket %q was %s at %s while workers run; "+
+				"refusing to claim a worker ID; restore the epoch (%s)", ErrEpochLost, configKey, w.cfg.Bucket,
+				markerVerb(c.op), c.at.UTC().Format(TimeLayout), restoreCommand(w.cfg.Bucket, w.cfg.Epoch))
+		}
+		var rec configRecord
+		if err := json.Unmarshal(c.value, &rec); err != nil {
+			return view{}, configRecord{}, fmt.Errorf("%w: bucket %q key %q: %v", ErrEpochMismatch, w.cfg.Bucket, configKey, err)
+		}
+		if !rec.Epoch.Equal(w.cfg.Epoch) {
+			return view{}, configRecord{}, fmt.Errorf("%w: bucket %q has %s, configured %s", ErrEpochMismatch, w.cfg.Bucket,
+				rec.Epoch.Format(time.RFC3339Nano), w.cfg.Epoch.Format(time.RFC3339Nano))
+		}
+		if rec.maxLease() >= w.cfg.Lease {
+			return v, rec, nil
+		}
+		raised := rec
+		raised.MaxLeaseMS = w.cfg.Lease.Milliseconds()
+		if rec.MaxLeaseMS == 0 {
+			// First record in a bucket that has held values: cover every
+			// lease value read; keys deleted before now stay unknown.
+			for _, s := range v.slots {
+				if !s.bad && !s.deleted {
+					raised.MaxLeaseMS = max(raised.MaxLeaseMS, s.rec.LeaseMS)
+				}
+			}
+			raised.MaxLeaseSince = v.maxRev
+		}
+		data, err := json.Marshal(raised)
+		if err != nil {
+			return view{}, configRecord{}, err
+		}
+		rev, err := w.kv.Update(ctx, configKey, data, c.rev)
+		if err == nil {
+			w.log.Info("snowflake: recorded the longest lease used in the bucket", "max_lease", raised.maxLease(),
+				"previous", rec.maxLease())
+			v.conf.rev, v.conf.value = rev, data
+			return v, raised, nil
+		}
+		if pass < configPasses && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)) {
+			continue // another worker wrote it first: read again
+		}
+		return view{}, configRecord{}, fmt.Errorf("snowflake: record the longest lease: %w", err)
 	}
 }
 
@@ -293,13 +435,17 @@ func (w *Worker) claim(ctx context.Context) (claim, error) {
 // claimPass is one pass of claim over a snapshot of the bucket. It reports
 // how many races it lost.
 func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
-	slots, err := snapshot(ctx, w.kv)
+	if err := w.checkBucket(ctx); err != nil {
+		return claim{}, 0, err
+	}
+	v, conf, err := w.readBucket(ctx)
 	if err != nil {
 		return claim{}, 0, err
 	}
+	slots := v.slots
 	// The longest lease known bounds how far ahead of a deleted key's
 	// marker its last holder may have issued.
-	longest := w.cfg.Lease
+	longest := max(w.cfg.Lease, conf.maxLease())
 	for _, s := range slots {
 		if !s.bad && !s.deleted {
 			longest = max(longest, s.rec.lease())
@@ -320,7 +466,8 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 			live++
 			continue
 		case s.deleted:
-			s.rec = deletedRecord(id, s.at, longest, w.cfg.Epoch)
+			unknown := s.rev <= conf.MaxLeaseSince
+			s.rec = deletedRecord(id, s.at, deletedMargin(longest, unknown), longest, w.cfg.Epoch)
 		case !s.rec.Epoch.Equal(w.cfg.Epoch):
 			w.log.Error("snowflake: skipping worker ID whose lease has another epoch", "worker", id,
 				"epoch", s.rec.Epoch, "bucket", w.cfg.Bucket)

@@ -25,7 +25,8 @@ const (
 // TestLeaseProperty runs random schedules of claims, heartbeats,
 // partitions, crashes, restarts, graceful closes, clock advances and steps,
 // and deletions and purges of worker keys, against an embedded JetStream,
-// with a few processes competing for a few free worker IDs. After every
+// with a few processes competing for a few free worker IDs, some of them
+// restarted with a longer lease. After every
 // batch of IDs it checks that no two Workers issued from one worker ID with
 // overlapping timestamps, and that each Worker's IDs strictly increase.
 //
@@ -68,6 +69,10 @@ func TestLeaseProperty(t *testing.T) {
 
 const (
 	propLease = time.Second
+	// propLongLease is the lease of a process restarted with a longer
+	// --snowflake-lease (a rolling change of the flag): longer than half
+	// DeletedKeyMargin, so that a deleted key's margin must cover it.
+	propLongLease = 90 * time.Second
 	// propMaxAhead is how far a process clock may run ahead of the real
 	// time (the NATS server's) while keys may still be deleted: a deleted
 	// key's floor comes from its marker's server time and covers holders
@@ -85,6 +90,7 @@ type proc struct {
 	obj         int  // index of w in the schedule's Workers
 	partitioned bool // heartbeats and claims fail to reach NATS
 	shuffle     *rand.Rand
+	lease       time.Duration // of the current Worker
 }
 
 // leaseModel checks what every batch of IDs issued implies.
@@ -167,12 +173,16 @@ func runLeaseSchedule(t *testing.T, js jetstream.JetStream, seed uint64, steps, 
 	var deletesOff bool // a clock ran too far ahead of the server's
 	settings := func(p *proc) WorkerSettings {
 		return WorkerSettings{
-			Bucket: bucket, Instance: p.name, Lease: propLease, Heartbeat: propLease / 3,
+			Bucket: bucket, Instance: p.name, Lease: p.lease, Heartbeat: p.lease / 3,
 			Now: p.clock.Now, Logger: quiet(), // a schedule logs thousands of lease events mono: p.clock.Mono, sleep: p.clock.Sleep,
 			shuffle: p.shuffle.Shuffle, manual: true,
 		}
 	}
 	start1 := func(p *proc) string {
+		p.lease = propLease
+		if r.IntN(4) == 0 {
+			p.lease = propLongLease
+		}
 		w, err := StartWorker(ctx, js, settings(p))
 		switch {
 		case errors.Is(err, ErrNoWorkerID):
@@ -184,7 +194,7 @@ func runLeaseSchedule(t *testing.T, js jetstream.JetStream, seed uint64, steps, 
 		objects = append(objects, w)
 		p.w, p.obj, p.partitioned = w, len(objects), false
 		id, _ := w.WorkerID()
-		return fmt.Sprintf("worker #%d took %d", p.obj, id)
+		return fmt.Sprintf("worker #%d took %d (lease %v)", p.obj, id, p.lease)
 	}
 	defer func() {
 		for _, p := range ps {
@@ -310,8 +320,19 @@ func runLeaseSchedule(t *testing.T, js jetstream.JetStream, seed uint64, steps, 
 			}
 			return strings.Join([]string{remove(id), tick(p), tick(p), issue(p)}, "; ")
 		}},
+		{weight: 2, run: func(*proc) string { // ... the key of a holder cut off from NATS, which cannot notice
+			for _, q := range ps {
+				if q.w == nil || !q.partitioned || deletesOff {
+					continue
+				}
+				if id, held := q.w.WorkerID(); held {
+					return q.name + "'s: " + remove(id)
+				}
+			}
+			return "no delete"
+		}},
 		{weight: 1, run: func(*proc) string { // long enough for deleted keys to be claimable
-			return advance(DeletedKeyMargin + 3*propLease)
+			return advance([]time.Duration{DeletedKeyMargin + 3*propLease, 3 * propLongLease}[r.IntN(2)])
 		}},
 	}
 	total := 0

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -138,13 +139,26 @@ type Worker struct {
 	paused    atomic.Bool // tests: skip heartbeats as if partitioned
 	closeOnce sync.Once
 	closeErr  error
+	// created is the creation time of the bucket's stream when the
+	// worker started: a stream with another one is a new bucket, whose
+	// revisions restart (checkBucket).
+	created time.Time
 
 	// mu protects the lease bookkeeping below. Lock order: mu, then gen.mu.
-	mu            sync.Mutex
-	id            int         // held worker ID; -1: none
-	rev           uint64      // revision of our last write to the key
-	rec           leaseRecord // our last write to the key
-	closed        bool
+	mu     sync.Mutex
+	id     int         // held worker ID; -1: none
+	rev    uint64      // revision of our last write to the key
+	rec    leaseRecord // our last write to the key
+	closed bool
+	// owed is a write-back still to be made: our key was deleted or
+	// purged while we held it, and the bound we held must be written
+	// back over the marker (writeBack). No claim is made before.
+	owed *owedRecord
+	// gone is set, for good, once the bucket was found deleted or
+	// recreated: the worker neither issues nor writes any more.
+	gone          error
+	writeBacks    uint64
+	claimErr      string // class of the last claim failure, for rate-limited logs
 	heartbeats    uint64
 	hbFailures    uint64
 	hbFailStreak  uint64
@@ -190,10 +204,15 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 	if err != nil {
 		return nil, err
 	}
-	if err := checkEpoch(ctx, kv, cfg.Epoch); err != nil {
+	if err := checkEpoch(ctx, kv, cfg.Epoch, cfg.Lease); err != nil {
 		return nil, err
 	}
+	created, err := streamCreated(ctx, kv)
+	if err != nil {
+		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", cfg.Bucket, err)
+	}
 	w := &Worker{
+		created: created,
 		gen:     gen,
 		kv:      kv,
 		cfg:     cfg,
@@ -278,26 +297,115 @@ func (w *Worker) run() {
 		}
 		last = time.Now()
 		w.mu.Lock()
-		held := w.id >= 0
+		held, owed, gone := w.id >= 0, w.owed != nil, w.gone != nil
 		w.mu.Unlock()
-		if held {
+		switch {
+		case gone:
+			// Stopped for good; Close ends the loop.
+		case held:
 			w.heartbeat()
-		} else {
+		case owed:
+			ctx, cancel := context.WithTimeout(w.ctx, w.cfg.Lease)
+			if w.writeBack(ctx) {
+				w.poke()
+			}
+			cancel()
+		default:
 			w.reclaim()
 		}
 	}
+}
+
+// streamCreated returns the creation time of the bucket's stream.
+func streamCreated(ctx context.Context, kv jetstream.KeyValue) (time.Time, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return time.Time{}, fmt.Errorf("status of type %T carries no stream information", st)
+	}
+	return bs.StreamInfo().Created, nil
+}
+
+// checkBucket makes sure the bucket is the one the worker started on. A
+// bucket deleted (and maybe created again) while the worker runs has lost
+// every bound; in a new one revisions restart, so a compare-and-swap on a
+// revision of the old one could succeed against someone else's record. So
+// the worker stops for good (stop), loudly, and checkBucket returns
+// ErrBucketDeleted. It returns another error if the bucket could not be
+// read (the caller then acts as on any failed write: not at all).
+func (w *Worker) checkBucket(ctx context.Context) error {
+	w.mu.Lock()
+	gone := w.gone
+	w.mu.Unlock()
+	if gone != nil {
+		return gone
+	}
+	created, err := streamCreated(ctx, w.kv)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound):
+		w.stop(fmt.Errorf("%w: bucket %q no longer exists (nats kv rm / nats stream rm); every lease bound in it is lost",
+			ErrBucketDeleted, w.cfg.Bucket))
+	case err != nil:
+		return fmt.Errorf("snowflake: read lease bucket %q: %w", w.cfg.Bucket, err)
+	case !created.Equal(w.created):
+		w.stop(fmt.Errorf("%w: bucket %q was deleted and created again (its stream was created at %s, now %s); "+
+			"every lease bound in it is lost and its revisions restarted", ErrBucketDeleted, w.cfg.Bucket,
+			w.created.UTC().Format(TimeLayout), created.UTC().Format(TimeLayout)))
+	default:
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.gone
+}
+
+// stop stops the worker for good after the bucket was deleted or
+// recreated: it issues nothing more and writes nothing more.
+func (w *Worker) stop(err error) {
+	w.mu.Lock()
+	first := w.gone == nil
+	if first {
+		w.gone = err
+		w.id = -1
+		w.owed = nil
+	}
+	w.mu.Unlock()
+	if !first {
+		return
+	}
+	w.gen.revoke(err)
+	w.log.Error("snowflake: the lease bucket was deleted or replaced while this worker ran; it stops issuing IDs for good. "+
+		"Stop every worker of the bucket and start them again only after twice the longest lease has passed "+
+		"since the last one stopped (the bounds that kept successors above the IDs issued are gone)", "error", err)
 }
 
 // heartbeat renews the lease: a CAS write of the current time and a bound
 // at least a lease ahead. Only after the write succeeded may the generator
 // use the new bound, so the recorded bound always covers what was issued.
 func (w *Worker) heartbeat() {
+	ctx, cancel := context.WithTimeout(w.ctx, w.cfg.Lease)
+	defer cancel()
+	// Before writing on a revision, make sure the bucket is the one that
+	// revision belongs to.
+	if err := w.checkBucket(ctx); err != nil {
+		if !errors.Is(err, ErrBucketDeleted) {
+			id, _ := w.WorkerID()
+			w.heartbeatFailed(id, err)
+		}
+		return
+	}
 	mono := w.gen.monoNow()
 	now := w.cfg.Now()
 	w.mu.Lock()
 	id, rev := w.id, w.rev
 	oldBoundMs := w.rec.Bound.UnixMilli() - w.gen.epochMs
 	w.mu.Unlock()
+	if id < 0 {
+		return
+	}
 	nowMs := now.UnixMilli() - w.gen.epochMs
 	rec := w.newRecord(id, now, max(oldBoundMs, nowMs+w.cfg.Lease.Milliseconds()))
 	data, err := json.Marshal(rec)
@@ -305,8 +413,6 @@ func (w *Worker) heartbeat() {
 		w.log.Error("snowflake: encode lease", "error", err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(w.ctx, w.cfg.Lease)
-	defer cancel()
 	newRev, err := w.kv.Update(ctx, workerKey(id), data, rev)
 	if err == nil {
 		w.mu.Lock()
@@ -321,20 +427,18 @@ func (w *Worker) heartbeat() {
 		return // closing
 	}
 	if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
-		w.mu.Lock()
-		w.hbFailures++
-		w.hbFailStreak++
-		streak := w.hbFailStreak
-		w.mu.Unlock()
-		if streak == 1 || streak%100 == 0 {
-			w.log.Warn("snowflake: heartbeat failed", "worker", id, "error", err, "consecutive_failures", streak)
-		}
+		w.heartbeatFailed(id, err)
 		return
 	}
 	// The key changed under us. If our own earlier write landed after all
-	// (its reply was lost), adopt its revision; else we lost the key.
-	e, gerr := w.kv.Get(ctx, workerKey(id))
-	if gerr == nil {
+	// (its reply was lost), adopt its revision; else we lost the key, to
+	// another holder or to an operator who deleted or purged it.
+	e, gerr := kvbucket.Latest(ctx, w.kv, workerKey(id))
+	if gerr != nil {
+		w.heartbeatFailed(id, fmt.Errorf("read lease: %w", gerr))
+		return
+	}
+	if e != nil && e.Operation() == jetstream.KeyValuePut {
 		var cur leaseRecord
 		if json.Unmarshal(e.Value(), &cur) == nil && cur.Session == w.session && !cur.Released {
 			w.mu.Lock()
@@ -343,26 +447,147 @@ func (w *Worker) heartbeat() {
 			w.poke()
 			return
 		}
-	} else if !errors.Is(gerr, jetstream.ErrKeyNotFound) {
+		w.gen.revoke(ErrFenced)
 		w.mu.Lock()
-		w.hbFailures++
+		w.id = -1
+		w.losses++
 		w.mu.Unlock()
-		w.log.Warn("snowflake: heartbeat: read lease", "worker", id, "error", gerr)
+		w.log.Warn("snowflake: lost worker ID to another holder; claiming a new one", "worker", id, "holder", cur.Instance)
+		w.poke()
 		return
 	}
-	w.gen.revoke(ErrFenced)
+	// Deleted or purged (a marker), or gone without a trace (the stream
+	// was purged). Our bound is the only record left of what we may have
+	// issued: stop issuing, then write it back over the marker so that a
+	// successor starts above it.
+	lastMs := w.gen.revoke(ErrFenced)
 	w.mu.Lock()
+	owed := w.owedLocked(e, lastMs)
 	w.id = -1
 	w.losses++
+	w.owed = owed
 	w.mu.Unlock()
-	if gerr != nil {
-		w.log.Warn("snowflake: worker ID's key was deleted or purged; claiming a new one", "worker", id)
-	} else {
-		var cur leaseRecord
-		_ = json.Unmarshal(e.Value(), &cur)
-		w.log.Warn("snowflake: lost worker ID to another holder; claiming a new one", "worker", id, "holder", cur.Instance)
+	w.log.Error("snowflake: this worker's lease key was "+owed.what+" while it held it; "+
+		"stopped issuing under it and writing back the last timestamp it used, so that a successor starts above it; "+
+		"then claiming a worker ID", "worker", id, "bound", owed.rec.Bound)
+	if w.writeBack(ctx) {
+		w.poke()
 	}
-	w.poke()
+}
+
+// heartbeatFailed counts a failed heartbeat and logs the first of a streak
+// and every hundredth.
+func (w *Worker) heartbeatFailed(id int, err error) {
+	w.mu.Lock()
+	w.hbFailures++
+	w.hbFailStreak++
+	streak := w.hbFailStreak
+	w.mu.Unlock()
+	if streak == 1 || streak%100 == 0 {
+		w.log.Warn("snowflake: heartbeat failed", "worker", id, "error", err, "consecutive_failures", streak)
+	}
+}
+
+// owedRecord is a write-back to make: rec (released, with the bound held)
+// by compare-and-swap on rev, the revision of the marker found (0: the key
+// had no message at all).
+type owedRecord struct {
+	rec  leaseRecord
+	rev  uint64
+	what string // what happened to the key, for logs
+}
+
+// owedLocked returns the write-back owed for our key, whose latest message
+// is e (a delete or purge marker, or nil for none at all). The bound
+// written is the last timestamp used, lastMs, read from the generator after
+// it stopped issuing (revoke): the tight form of the bound we held, as on a
+// graceful release, so that we may take the key back at once. Call with
+// w.mu held.
+func (w *Worker) owedLocked(e jetstream.KeyValueEntry, lastMs int64) *owedRecord {
+	o := &owedRecord{rec: w.rec, what: "removed without a marker (the bucket's stream was purged: nats stream purge)"}
+	if e != nil {
+		o.rev = e.Revision()
+		cmd := "nats kv del"
+		if e.Operation() == jetstream.KeyValuePurge {
+			cmd = "nats kv purge"
+		}
+		o.what = fmt.Sprintf("%s (%s) at %s", markerVerb(e.Operation()), cmd, e.Created().UTC().Format(TimeLayout))
+	}
+	now := w.cfg.Now().UTC().Round(0)
+	boundMs := max(lastMs, 0)
+	o.rec.Heartbeat, o.rec.Expires = now, now
+	o.rec.Bound = w.gen.msTime(boundMs)
+	o.rec.Released = true
+	return o
+}
+
+// writeBack makes the write-back owed, if any, and reports whether none is
+// owed any more. The compare-and-swap on the marker's revision fails if
+// anyone wrote the key since; then a successor holds it, which took it
+// only a margin after the marker (deletedRecord), and there is nothing
+// left to do.
+func (w *Worker) writeBack(ctx context.Context) bool {
+	w.mu.Lock()
+	o := w.owed
+	w.mu.Unlock()
+	if o == nil {
+		return true
+	}
+	if err := w.checkBucket(ctx); err != nil {
+		return errors.Is(err, ErrBucketDeleted)
+	}
+	key := workerKey(o.rec.Worker)
+	data, err := json.Marshal(o.rec)
+	if err != nil {
+		w.log.Error("snowflake: encode lease", "error", err)
+		return false
+	}
+	rev := o.rev
+	for attempt := 1; ; attempt++ {
+		_, err = w.kv.Update(ctx, key, data, rev)
+		if attempt == 3 || (!errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists)) {
+			break
+		}
+		// The revision we found may have been a stale read, or the key
+		// deleted again: only a value written since stops us.
+		e, gerr := kvbucket.Latest(ctx, w.kv, key)
+		if gerr != nil {
+			err = gerr
+			break
+		}
+		if e != nil && e.Operation() == jetstream.KeyValuePut {
+			break
+		}
+		var next uint64
+		if e != nil {
+			next = e.Revision()
+		}
+		if next == rev {
+			break
+		}
+		rev = next
+	}
+	switch {
+	case err == nil:
+		w.log.Warn("snowflake: wrote back a released lease over the deleted or purged key; a successor starts above its bound",
+			"worker", o.rec.Worker, "bound", o.rec.Bound)
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists):
+		w.log.Error("snowflake: could not write back the bound of a deleted or purged lease key: it was written since; "+
+			"its new holder started above a floor derived from the deletion", "worker", o.rec.Worker, "bound", o.rec.Bound)
+	default:
+		w.log.Warn("snowflake: writing back the bound of a deleted or purged lease key failed; will retry",
+			"worker", o.rec.Worker, "error", err)
+		return false
+	}
+	w.mu.Lock()
+	if w.owed == o {
+		w.owed = nil
+		if err == nil {
+			w.writeBacks++
+		}
+	}
+	w.mu.Unlock()
+	return true
 }
 
 // reclaim claims a worker ID after the old one was lost.
@@ -371,20 +596,36 @@ func (w *Worker) reclaim() {
 	defer cancel()
 	c, err := w.claim(ctx)
 	if err != nil {
-		if w.ctx.Err() != nil {
+		if w.ctx.Err() != nil || errors.Is(err, ErrBucketDeleted) {
 			return
+		}
+		class := "other"
+		for _, e := range []error{ErrNoWorkerID, ErrEpochLost, ErrEpochMismatch} {
+			if errors.Is(err, e) {
+				class = e.Error()
+			}
 		}
 		w.mu.Lock()
 		w.claimFailures++
-		first := w.claimFailures == 1
+		log := w.claimFailures == 1 || class != w.claimErr || w.claimFailures%100 == 0
+		w.claimErr = class
 		w.mu.Unlock()
-		if first || !errors.Is(err, ErrNoWorkerID) {
+		if errors.Is(err, ErrEpochLost) || errors.Is(err, ErrEpochMismatch) {
+			// Refuse with the reason, not a bare ErrFenced.
+			w.gen.revoke(fmt.Errorf("%w: %w", ErrFenced, err))
+			if log {
+				w.log.Error("snowflake: cannot claim a worker ID; refusing to issue IDs until the bucket is repaired", "error", err)
+			}
+			return
+		}
+		if log {
 			w.log.Warn("snowflake: claiming a worker ID failed; will retry", "error", err)
 		}
 		return
 	}
 	w.mu.Lock()
 	w.claimFailures = 0
+	w.claimErr = ""
 	w.mu.Unlock()
 	w.install(c)
 }
@@ -462,6 +703,13 @@ type WorkerStats struct {
 	// another holder.
 	Claims     uint64 `json:"claims"`
 	LostLeases uint64 `json:"lost_leases"`
+	// WriteBacks counts released leases written back over the delete or
+	// purge marker of our own key (an operator removed it while we held
+	// it).
+	WriteBacks uint64 `json:"write_backs"`
+	// Stopped is set once the worker stopped for good because its lease
+	// bucket was deleted or recreated: the reason.
+	Stopped string `json:"stopped,omitempty"`
 }
 
 // Stats returns the lease state as a WorkerStats (JSON-marshalable).
@@ -491,6 +739,10 @@ func (w *Worker) stats() WorkerStats {
 		HeartbeatFailures:   w.hbFailures,
 		Claims:              w.claims,
 		LostLeases:          w.losses,
+		WriteBacks:          w.writeBacks,
+	}
+	if w.gone != nil {
+		st.Stopped = w.gone.Error()
 	}
 	if g.lastMs >= 0 {
 		st.LastTimestamp = w.gen.msTime(g.lastMs)
@@ -512,13 +764,25 @@ func (w *Worker) close(ctx context.Context) error {
 	<-w.done // the loop's KV calls run on w.ctx and return promptly
 	lastMs := w.gen.revoke(ErrClosed)
 	w.mu.Lock()
-	id, rev, rec := w.id, w.rev, w.rec
+	id, rev, gone := w.id, w.rev, w.gone
 	w.id = -1
 	w.closed = true
 	w.mu.Unlock()
+	if gone != nil {
+		return fmt.Errorf("snowflake: release: %w", gone)
+	}
+	if !w.writeBack(ctx) {
+		return fmt.Errorf("snowflake: write back the bound of a deleted or purged lease key: failed")
+	}
 	if id < 0 {
 		return nil
 	}
+	if err := w.checkBucket(ctx); err != nil {
+		return fmt.Errorf("snowflake: release worker ID %d: %w", id, err)
+	}
+	w.mu.Lock()
+	rec := w.rec
+	w.mu.Unlock()
 	now := w.cfg.Now().UTC().Round(0)
 	rec.Heartbeat, rec.Expires = now, now
 	rec.Bound = w.gen.msTime(max(lastMs, 0))
@@ -531,12 +795,27 @@ func (w *Worker) close(ctx context.Context) error {
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 		// A heartbeat whose reply was lost (or that Close canceled after
 		// it was sent) may have landed: if the key still holds our
-		// session's lease, release it on its revision.
-		if e, gerr := w.kv.Get(ctx, workerKey(id)); gerr == nil {
-			var cur leaseRecord
-			if json.Unmarshal(e.Value(), &cur) == nil && cur.Session == w.session && !cur.Released {
-				_, err = w.kv.Update(ctx, workerKey(id), data, e.Revision())
+		// session's lease, release it on its revision. If it was deleted
+		// or purged, write the release back over the marker.
+		e, gerr := kvbucket.Latest(ctx, w.kv, workerKey(id))
+		if gerr != nil {
+			return fmt.Errorf("snowflake: release worker ID %d: read lease: %w", id, gerr)
+		}
+		if e == nil || e.Operation() != jetstream.KeyValuePut {
+			w.mu.Lock()
+			w.owed = w.owedLocked(e, lastMs)
+			what := w.owed.what
+			w.mu.Unlock()
+			w.log.Error("snowflake: this worker's lease key was "+what+" while it held it; "+
+				"writing back the last timestamp used, so that a successor starts above it", "worker", id)
+			if !w.writeBack(ctx) {
+				return fmt.Errorf("snowflake: release worker ID %d: write back over the deleted key: failed", id)
 			}
+			return nil
+		}
+		var cur leaseRecord
+		if json.Unmarshal(e.Value(), &cur) == nil && cur.Session == w.session && !cur.Released {
+			_, err = w.kv.Update(ctx, workerKey(id), data, e.Revision())
 		}
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 			w.log.Warn("snowflake: worker ID was taken over before release", "worker", id)
