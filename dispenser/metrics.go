@@ -206,6 +206,8 @@ var (
 	sfBeats       = sfDesc("heartbeats_total", "Successful lease renewals.")
 	sfBeatFails   = sfDesc("heartbeat_failures_total", "Failed lease renewals.")
 	sfLost        = sfDesc("lost_leases_total", "Worker IDs lost to another holder.")
+	sfWriteBacks  = sfDesc("write_backs_total", "Released leases written back over a lease key an operator deleted or purged.")
+	sfStopped     = sfDesc("stopped", "1 once the worker stopped issuing for good (its lease bucket was deleted or recreated).")
 )
 
 // snowflakeCollector exports the snowflake worker's lease state at scrape
@@ -213,7 +215,7 @@ var (
 type snowflakeCollector struct{ sf Snowflake }
 
 func (c snowflakeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{sfHeld, sfWorkerID, sfFenced, sfClockBehind, sfExpires, sfIssued, sfBackwards, sfBackWaits, sfFencedEp, sfBeats, sfBeatFails, sfLost} {
+	for _, d := range []*prometheus.Desc{sfHeld, sfWorkerID, sfFenced, sfClockBehind, sfExpires, sfIssued, sfBackwards, sfBackWaits, sfFencedEp, sfBeats, sfBeatFails, sfLost, sfWriteBacks, sfStopped} {
 		ch <- d
 	}
 }
@@ -247,4 +249,6 @@ func (c snowflakeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(sfBeats, st.Heartbeats)
 	counter(sfBeatFails, st.HeartbeatFailures)
 	counter(sfLost, st.LostLeases)
+	counter(sfWriteBacks, st.WriteBacks)
+	gauge(sfStopped, b(st.Stopped != ""))
 }
