@@ -10,9 +10,11 @@
 // with an error that says what to change; it never only warns.
 //
 // What Check does not see: a mirror or sourced bucket is judged by its own
-// configuration, not its origin's; and nothing here can stop an operator
-// from deleting keys, purging or deleting the bucket (the packages that use
-// a bucket deal with delete markers themselves).
+// configuration, not its origin's. Nothing here can stop an operator from
+// deleting keys, purging or deleting the bucket, or changing its
+// configuration later; a Guard (NewGuard) notices the purge, the re-creation
+// and the change while workers run, and the packages that use a bucket deal
+// with delete markers themselves.
 package kvbucket
 
 import (
