@@ -55,10 +55,11 @@ type Guard struct {
 	log     *slog.Logger
 
 	mu sync.Mutex // protects failing
-	// failing is the message of the last failed check, "" if the last
-	// check passed: a failure is logged when it first appears, not on
-	// every call.
-	failing string
+	// failing holds, per part checked (partStream: the stream and its
+	// configuration; partProof: the proof record), the message of the
+	// last failed check, "" if the last check passed: a failure is logged
+	// when it first appears, not on every call.
+	failing [2]string
 }
 
 // NewGuard checks the bucket under kv (CheckConfig with r), remembers its
@@ -134,7 +135,7 @@ func (g *Guard) Check(ctx context.Context) error {
 	if err != nil {
 		return err // unreachable, not wrong: not logged here
 	}
-	return g.verdict(g.checkInfo(info))
+	return g.verdict(partStream, g.checkInfo(info))
 }
 
 // CheckHeld is Check, and also checks that the proof record is in place
@@ -145,17 +146,17 @@ func (g *Guard) CheckHeld(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := g.checkInfo(info); err != nil {
-		return g.verdict(err)
+	if err := g.verdict(partStream, g.checkInfo(info)); err != nil {
+		return err
 	}
 	e, err := Latest(ctx, g.kv, ProofKey)
 	if err != nil {
 		return fmt.Errorf("kvbucket: bucket %q: read %s: %w", g.kv.Bucket(), ProofKey, err)
 	}
 	if e == nil {
-		return g.verdict(g.purged(info.State.LastSeq))
+		return g.verdict(partProof, g.purged(info.State.LastSeq))
 	}
-	return g.verdict(g.checkProof(e))
+	return g.verdict(partProof, g.checkProof(e))
 }
 
 func (g *Guard) info(ctx context.Context) (*jetstream.StreamInfo, error) {
@@ -218,16 +219,22 @@ func (g *Guard) purged(lastSeq uint64) error {
 		g.kv.Bucket(), ProofKey, g.created.UTC().Format(time.RFC3339Nano))
 }
 
-// verdict logs err when it is a new failure, and a recovery once the
-// failure is gone, and returns err.
-func (g *Guard) verdict(err error) error {
+// Parts of a bucket that a Guard checks, for verdict.
+const (
+	partStream = iota // the stream and its configuration (Check)
+	partProof         // the proof record (CheckHeld)
+)
+
+// verdict logs err when it is a new failure of part, and a recovery once
+// the failure is gone, and returns err.
+func (g *Guard) verdict(part int, err error) error {
 	msg := ""
 	if err != nil {
 		msg = err.Error()
 	}
 	g.mu.Lock()
-	changed := msg != g.failing
-	g.failing = msg
+	changed := msg != g.failing[part]
+	g.failing[part] = msg
 	g.mu.Unlock()
 	switch {
 	case changed && err != nil:

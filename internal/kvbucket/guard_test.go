@@ -143,6 +143,9 @@ func TestGuardCheck(t *testing.T) {
 		if err := g.CheckHeld(ctx); !errors.Is(err, kvbucket.ErrPurged) {
 			t.Fatalf("CheckHeld after the proof was deleted: %v, want ErrPurged", err)
 		}
+		if err := g.Check(ctx); err != nil { // writes of existing keys go on
+			t.Fatalf("Check after the proof was deleted: %v, want nil", err)
+		}
 	}
 	if n := strings.Count(log.String(), "refusing to use a bucket"); n != 1 {
 		t.Errorf("logged the failure %d times, want once:\n%s", n, log)
