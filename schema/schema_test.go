@@ -121,8 +121,10 @@ func TestMigrateAppliesAll(t *testing.T) {
 		"leaf_alloc.description character varying null=YES",
 		"leaf_alloc.update_time timestamp with time zone null=NO default=now()",
 		"leaf_alloc.ordered boolean null=YES default=\n",
+		"leaf_alloc.dispenser_version bigint null=NO default=0\n",
 		"\n001_leaf_alloc ",
 		"\n002_ordered_tags ",
+		"\n004_give_back_version ",
 	} {
 		if !strings.Contains(d, want) {
 			t.Errorf("schema lacks %q; have:\n%s", want, d)
@@ -228,23 +230,27 @@ func TestMigrateKeepsLeafTable(t *testing.T) {
 		t.Fatalf("applied %q, want %q", got, want)
 	}
 	after := dump(t, db)
-	// The version table and the nullable column ordered are new; the rest
-	// of the Leaf table and its rows are as they were.
+	// The version table, the nullable column ordered and the column
+	// dispenser_version (with a default) are new; the rest of the Leaf
+	// table and its rows are as they were.
 	const orderedColumn = "leaf_alloc.ordered boolean null=YES default="
+	const versionColumn = "leaf_alloc.dispenser_version bigint null=NO default=0"
 	var kept []string
-	added := 0
+	added, addedVersion := 0, 0
 	for _, line := range strings.Split(after, "\n") {
 		switch {
 		case line == orderedColumn:
 			added++
+		case line == versionColumn:
+			addedVersion++
 		case strings.HasPrefix(line, VersionTable+"."):
 		case slices.ContainsFunc(Versions(), func(v string) bool { return strings.HasPrefix(line, v+" ") }):
 		default:
 			kept = append(kept, line)
 		}
 	}
-	if added != 1 {
-		t.Errorf("Migrate added the column %q %d times, want once:\n%s", orderedColumn, added, after)
+	if added != 1 || addedVersion != 1 {
+		t.Errorf("Migrate added the columns %q %d times and %q %d times, want once each:\n%s", orderedColumn, added, versionColumn, addedVersion, after)
 	}
 	if got := strings.Join(kept, "\n"); got != before {
 		t.Errorf("Migrate changed the Leaf table:\nbefore:\n%s\nafter:\n%s", before, after)

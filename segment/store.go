@@ -16,6 +16,10 @@ var (
 	ErrUnknownTag = errors.New("segment: unknown tag")
 	// ErrTagExists means a tag could not be created because it already exists.
 	ErrTagExists = errors.New("segment: tag already exists")
+	// ErrTagDeleted means a tag could not be created because the store
+	// remembers that it existed and was deleted: created again from its
+	// start, it would hand out IDs it handed out before. Nothing changes.
+	ErrTagDeleted = errors.New("segment: tag was deleted")
 	// ErrInvalidTag means a tag name is not a valid single NATS subject token
 	// of 1 to 128 characters from [A-Za-z0-9_-].
 	ErrInvalidTag = errors.New("segment: invalid tag")

@@ -10,15 +10,18 @@
 // with an error that says what to change; it never only warns.
 //
 // What Check does not see: a mirror or sourced bucket is judged by its own
-// configuration, not its origin's; and nothing here can stop an operator
-// from deleting keys, purging or deleting the bucket (the packages that use
-// a bucket deal with delete markers themselves).
+// configuration, not its origin's. Nothing here can stop an operator from
+// deleting keys, purging or deleting the bucket, or changing its
+// configuration later; a Guard (NewGuard) notices the purge, the re-creation
+// and the change while workers run, and the packages that use a bucket deal
+// with delete markers themselves.
 package kvbucket
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -136,11 +139,29 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueCon
 	if err != nil {
 		return nil, fmt.Errorf("kvbucket: open bucket %q: %w", cfg.Bucket, err)
 	}
-	req := Requirements{MinReplicas: cfg.Replicas, AllowMemory: cfg.Storage == jetstream.MemoryStorage}
-	if err := Check(ctx, kv, req); err != nil {
+	if err := Check(ctx, kv, requirements(cfg)); err != nil {
 		return nil, err
 	}
 	return kv, nil
+}
+
+// OpenGuarded is Open followed by NewGuard on the bucket, with the same
+// requirements; what and logger are NewGuard's.
+func OpenGuarded(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, what string, logger *slog.Logger) (jetstream.KeyValue, *Guard, error) {
+	kv, err := Open(ctx, js, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	g, err := NewGuard(ctx, kv, requirements(cfg), what, logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kv, g, nil
+}
+
+// requirements are what Open asks of a bucket opened with cfg.
+func requirements(cfg jetstream.KeyValueConfig) Requirements {
+	return Requirements{MinReplicas: cfg.Replicas, AllowMemory: cfg.Storage == jetstream.MemoryStorage}
 }
 
 // Latest returns the latest message under key, a delete or purge marker

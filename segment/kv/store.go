@@ -12,6 +12,28 @@
 //
 // Every change is a compare-and-swap on the key's revision, so any number of
 // Stores in any number of processes may share one bucket.
+//
+// # Operator mistakes
+//
+// The bucket is the only record of what was handed out, so the Store refuses
+// to act on a bucket that may have forgotten it (package internal/kvbucket's
+// Guard), loudly, with an error and a log line that say what happened and
+// how to recover:
+//
+//   - a bucket purged (nats stream purge) or whose values expired: the
+//     bucket's proof record (key "dispenser.bucket", written before anything
+//     else) is gone, and no tag is created in it (ErrBucketPurged);
+//   - a bucket deleted and created again while the Store runs: its
+//     stream's creation time changed (ErrBucketRecreated), checked after
+//     every write, so no segment written to another stream is returned;
+//   - a TTL or limits that drop values added after start-up: the
+//     configuration is checked again after every write (ErrBucketTTL,
+//     ErrBucketLimits);
+//   - a tag's key deleted or purged by hand (nats kv del): the tag is not
+//     created again over its delete marker (segment.ErrTagDeleted) until
+//     its value is put back;
+//   - a tag's max_id lowered by hand below what this Store wrote: its
+//     fetches are refused (ErrMaxIDLowered).
 package kv
 
 import (
@@ -20,6 +42,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -51,6 +74,17 @@ var (
 	// ErrBucketReplicas means an existing bucket with fewer replicas than
 	// Settings.Replicas.
 	ErrBucketReplicas = kvbucket.ErrReplicas
+	// ErrBucketPurged means the bucket has held values but its proof record
+	// is gone: purged, expired or deleted by hand. No tag is created in it.
+	ErrBucketPurged = kvbucket.ErrPurged
+	// ErrBucketRecreated means the bucket was deleted and created again
+	// (or restored) since the Store opened it.
+	ErrBucketRecreated = kvbucket.ErrRecreated
+	// ErrMaxIDLowered means a tag's max_id is below the one this Store last
+	// wrote, which no other worker does: it was lowered by hand (or the
+	// bucket lost writes). The tag's fetches fail until the value is put
+	// back above every ID handed out, or the Store is opened again.
+	ErrMaxIDLowered = errors.New("kv: max_id lowered by hand")
 )
 
 // DefaultBucket is the bucket that New uses when Settings.Bucket is empty.
@@ -68,6 +102,9 @@ type Settings struct {
 	// jetstream.FileStorage, with which an existing bucket kept in memory
 	// is refused (ErrBucketMemory).
 	Storage jetstream.StorageType
+	// Logger receives the operator mistakes the Store refuses to act on.
+	// Default slog.Default().
+	Logger *slog.Logger
 }
 
 // Store implements segment.Store and segment.Admin over a JetStream
@@ -76,14 +113,30 @@ type Settings struct {
 // compare-and-swap on the tag's key, retried on conflict, so two fetches
 // never return overlapping allocations.
 type Store struct {
-	kv jetstream.KeyValue
+	kv    jetstream.KeyValue
+	guard *kvbucket.Guard
+	log   *slog.Logger
 
-	mu sync.Mutex // protects last
-	// last holds, per tag, the value and revision this Store last read or
-	// wrote, so that a change usually takes one round trip (a
-	// compare-and-swap on the remembered revision) instead of two. A stale
-	// entry only costs a failed swap and a fresh read.
+	mu sync.Mutex // protects last, wrote, givingBack and logged
+	// last holds, per tag, the value and revision this Store last wrote,
+	// so that a change usually takes one round trip (a compare-and-swap on
+	// the remembered revision) instead of two. A stale entry only costs a
+	// failed swap and a fresh read. GiveBack takes it for the proof that
+	// nobody wrote the key since this Store's fetch.
 	last map[string]entry
+	// wrote holds, per tag, the max_id this Store last wrote and its
+	// revision (kept when last is dropped): nobody else lowers max_id
+	// below it (a give-back applies only on the giver's own last write,
+	// and lowers max_id only to the giver's unissued IDs, above every
+	// earlier fetch), so a value of a later revision below it was lowered
+	// by hand.
+	wrote map[string]entry
+	// givingBack counts, per tag, this Store's give-backs in flight: one
+	// may have lowered max_id before it is recorded in wrote.
+	givingBack map[string]int
+	// logged holds the delete markers already logged, by tag and revision,
+	// so that requests for a deleted tag log it once.
+	logged map[string]uint64
 }
 
 type entry struct {
@@ -104,6 +157,10 @@ var (
 // (ErrBucketMemory) or with fewer replicas than s asks for
 // (ErrBucketReplicas) is refused. More replicas, another history or
 // discard-new limits are accepted.
+//
+// A new bucket gets its proof record (see the package comment); a bucket
+// that has held values but holds neither tags nor the record is refused
+// (ErrBucketPurged), as is one whose record was deleted.
 func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error) {
 	cfg := jetstream.KeyValueConfig{
 		Bucket:      cmp.Or(s.Bucket, DefaultBucket),
@@ -111,11 +168,12 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 		Replicas:    cmp.Or(s.Replicas, 1),
 		Storage:     s.Storage,
 	}
-	kv, err := kvbucket.Open(ctx, js, cfg)
+	log := cmp.Or(s.Logger, slog.Default())
+	kv, guard, err := kvbucket.OpenGuarded(ctx, js, cfg, "segment store", log)
 	if err != nil {
 		return nil, fmt.Errorf("kv: %w", err)
 	}
-	return &Store{kv: kv, last: map[string]entry{}}, nil
+	return &Store{kv: kv, guard: guard, log: log, last: map[string]entry{}, wrote: map[string]entry{}, givingBack: map[string]int{}, logged: map[string]uint64{}}, nil
 }
 
 // Ping checks that the bucket answers.
@@ -155,11 +213,11 @@ func (s *Store) read(ctx context.Context, tag string) (value, uint64, error) {
 	return v, e.Revision(), nil
 }
 
-// modify reads the tag, lets change alter the value and writes it back if
-// the key has not changed since the read, else starts over after a short
-// random pause. change may run several times; errNoChange from it ends
-// modify with errNoChange and writes nothing.
-func (s *Store) modify(ctx context.Context, tag string, change func(*value) error) error {
+// modify reads the tag, lets change alter the value (read at revision rev)
+// and writes it back if the key has not changed since the read, else starts
+// over after a short random pause. change may run several times;
+// errNoChange from it ends modify with errNoChange and writes nothing.
+func (s *Store) modify(ctx context.Context, tag string, change func(v *value, rev uint64) error) error {
 	s.mu.Lock()
 	e, cached := s.last[tag]
 	s.mu.Unlock()
@@ -172,7 +230,7 @@ func (s *Store) modify(ctx context.Context, tag string, change func(*value) erro
 				return err
 			}
 		}
-		if err := change(&v); err != nil {
+		if err := change(&v, rev); err != nil {
 			if cached {
 				cached = false // the remembered value may be stale: decide on a fresh read
 				continue
@@ -186,9 +244,13 @@ func (s *Store) modify(ctx context.Context, tag string, change func(*value) erro
 		}
 		newRev, err := s.kv.Update(ctx, tag, b, rev)
 		if err == nil {
-			s.mu.Lock()
-			s.last[tag] = entry{v, newRev}
-			s.mu.Unlock()
+			// The swap went to the bucket's stream of now; only if that
+			// is still the stream opened did it follow the value read.
+			if err := s.guard.Check(ctx); err != nil {
+				s.forget(tag)
+				return err
+			}
+			s.remember(tag, entry{v, newRev})
 			return nil
 		}
 		s.forget(tag)
@@ -202,6 +264,19 @@ func (s *Store) modify(ctx context.Context, tag string, change func(*value) erro
 		if err := pause(ctx, attempt); err != nil {
 			return err
 		}
+	}
+}
+
+// remember records e as this Store's write of tag, unless a later write (a
+// higher revision) is recorded.
+func (s *Store) remember(tag string, e entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.last[tag]; !ok || old.rev < e.rev {
+		s.last[tag] = e
+	}
+	if old, ok := s.wrote[tag]; !ok || old.rev < e.rev {
+		s.wrote[tag] = e
 	}
 }
 
@@ -246,7 +321,22 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 		return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
 	}
 	var a segment.Allocation
-	err := s.modify(ctx, tag, func(v *value) error {
+	var wrote entry
+	err := s.modify(ctx, tag, func(v *value, rev uint64) error {
+		s.mu.Lock()
+		w, ok := s.wrote[tag]
+		ok = ok && s.givingBack[tag] == 0
+		s.mu.Unlock()
+		// An older revision is a stale read (its swap fails); only a
+		// later one below our write was lowered by another hand.
+		if ok && rev > w.rev && v.MaxID < w.v.MaxID {
+			wrote = w
+			return fmt.Errorf("%w: the key holds max_id %d (revision %d), below %d that this worker wrote (revision %d), "+
+				"and no worker lowers it: someone put a lower value by hand (nats kv put) or the bucket lost writes; the tag "+
+				"is not served here until its value is put back above every ID handed out (nats kv put %s %s "+
+				"'{\"max_id\":N,\"step\":%d}')",
+				ErrMaxIDLowered, v.MaxID, rev, wrote.v.MaxID, wrote.rev, s.kv.Bucket(), tag, v.Step)
+		}
 		n := step
 		if n <= 0 {
 			n = v.Step
@@ -261,16 +351,29 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 		v.MaxID = a.End
 		return nil
 	})
+	if errors.Is(err, ErrMaxIDLowered) {
+		s.logOnce(tag, wrote.rev, "kv: refusing a fetch below what this worker handed out", "tag", tag, "err", err)
+	}
+	if errors.Is(err, segment.ErrUnknownTag) {
+		// A tag served until now is gone: a missing key means "deleted"
+		// only in a bucket that still holds what it held.
+		if herr := s.guard.CheckHeld(ctx); herr != nil {
+			err = herr
+		}
+	}
 	if err != nil {
 		return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w", tag, err)
 	}
 	return a, nil
 }
 
-// GiveBack sets the tag's max_id back to firstUnissued if it is still end,
-// that is if nobody fetched since the fetch that ended at end, and reports
-// whether it did. An unknown tag reports false. firstUnissued must be in
-// 1..end (segment.ErrInvalidArgument).
+// GiveBack sets the tag's max_id back to firstUnissued if this Store's last
+// write of the tag left it at end and nobody wrote the key since (a
+// compare-and-swap on that write's revision), and reports whether it did.
+// A max_id that is end again after other workers fetched and gave back is
+// not taken for it: the revision tells. An unknown tag, or one this Store
+// has not written, reports false. firstUnissued must be in 1..end
+// (segment.ErrInvalidArgument).
 func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
 	if err := segment.CheckTag(tag); err != nil {
 		return false, fmt.Errorf("kv: give back: %w", err)
@@ -278,19 +381,42 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}
-	err := s.modify(ctx, tag, func(v *value) error {
-		if v.MaxID != end {
-			return errNoChange
-		}
-		v.MaxID = firstUnissued
-		return nil
-	})
-	switch {
-	case errors.Is(err, errNoChange), errors.Is(err, segment.ErrUnknownTag):
+	s.mu.Lock()
+	e, ok := s.last[tag]
+	s.mu.Unlock()
+	if !ok || e.v.MaxID != end {
 		return false, nil
-	case err != nil:
+	}
+	s.mu.Lock()
+	s.givingBack[tag]++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if s.givingBack[tag]--; s.givingBack[tag] == 0 {
+			delete(s.givingBack, tag)
+		}
+		s.mu.Unlock()
+	}()
+	v := e.v
+	v.MaxID = firstUnissued
+	v.UpdateTime = time.Now().UTC()
+	b, err := json.Marshal(v)
+	if err != nil {
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}
+	rev, err := s.kv.Update(ctx, tag, b, e.rev)
+	if err != nil {
+		s.forget(tag)
+		if conflict(err) {
+			return false, nil // somebody wrote the key after us
+		}
+		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
+	}
+	if err := s.guard.Check(ctx); err != nil {
+		s.forget(tag)
+		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
+	}
+	s.remember(tag, entry{v, rev})
 	return true, nil
 }
 
@@ -349,19 +475,73 @@ func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 	if err := segment.CheckStart(t.MaxID); err != nil {
 		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
+	// A missing key is a new tag only in a bucket that still holds what
+	// it held.
+	if err := s.guard.CheckHeld(ctx); err != nil {
+		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
+	}
 	b, err := json.Marshal(value{MaxID: t.MaxID, Step: t.Step, Description: t.Description, Ordered: t.Ordered, UpdateTime: time.Now().UTC()})
 	if err != nil {
 		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
-	_, err = s.kv.Create(ctx, t.Name, b)
+	// Update on revision 0 fails if the key has any message, a delete
+	// marker included (Create would write over one).
+	_, err = s.kv.Update(ctx, t.Name, b, 0)
 	if conflict(err) {
-		return fmt.Errorf("kv: create tag %q: %w", t.Name, segment.ErrTagExists)
+		return s.createConflict(ctx, t.Name)
 	}
 	if err != nil {
 		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
+	if err := s.guard.Check(ctx); err != nil {
+		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
+	}
 	return nil
 }
+
+// createConflict tells why a key could not be created: it holds a value
+// (segment.ErrTagExists) or a delete or purge marker (segment.ErrTagDeleted,
+// logged once per marker).
+func (s *Store) createConflict(ctx context.Context, tag string) error {
+	e, err := kvbucket.Latest(ctx, s.kv, tag)
+	if err != nil {
+		return fmt.Errorf("kv: create tag %q: %w", tag, err)
+	}
+	if e == nil || e.Operation() == jetstream.KeyValuePut {
+		return fmt.Errorf("kv: create tag %q: %w", tag, segment.ErrTagExists)
+	}
+	verb := "deleted"
+	if e.Operation() == jetstream.KeyValuePurge {
+		verb = "purged"
+	}
+	err = fmt.Errorf("kv: create tag %q: %w: its key in bucket %q was %s at %s (nats kv del or purge, or DeleteTag), "+
+		"and with it the record of the IDs it handed out; created again from its start it would hand them out again, "+
+		"so it is not created; to serve it, put its value back above every ID it handed out: "+
+		"nats kv put %s %s '{\"max_id\":N,\"step\":S}'",
+		tag, segment.ErrTagDeleted, s.kv.Bucket(), verb, e.Created().UTC().Format(time.RFC3339Nano), s.kv.Bucket(), tag)
+	s.logOnce(tag, e.Revision(), "kv: refusing to create a tag whose key was deleted", "tag", tag, "err", err)
+	return err
+}
+
+// logOnce logs msg at error level unless it was logged for tag and key
+// before.
+func (s *Store) logOnce(tag string, key uint64, msg string, args ...any) {
+	s.mu.Lock()
+	seen := s.logged[tag] == key+1
+	if !seen {
+		if len(s.logged) >= maxLogged {
+			clear(s.logged)
+		}
+		s.logged[tag] = key + 1
+	}
+	s.mu.Unlock()
+	if !seen {
+		s.log.Error(msg, args...)
+	}
+}
+
+// maxLogged bounds the entries of Store.logged.
+const maxLogged = 10000
 
 // UpdateTag sets the tag's step, description and/or ordered flag, those of
 // u that are not nil, in one compare-and-swap. It does not move max_id.
@@ -370,7 +550,7 @@ func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate)
 	if err := segment.CheckTagFields(name, u.Step, u.Description); err != nil {
 		return fmt.Errorf("kv: update tag: %w", err)
 	}
-	err := s.modify(ctx, name, func(v *value) error {
+	err := s.modify(ctx, name, func(v *value, _ uint64) error {
 		if u.Step != nil {
 			v.Step = *u.Step
 		}
@@ -388,9 +568,11 @@ func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate)
 	return nil
 }
 
-// DeleteTag removes a tag: it is no longer listed or served. Creating it
-// again starts it over, so IDs it handed out may be handed out again.
-// Errors: segment.ErrInvalidTag, segment.ErrUnknownTag.
+// DeleteTag removes a tag: it is no longer listed or served, and its key
+// keeps a delete marker, so that CreateTag refuses to start it over
+// (segment.ErrTagDeleted) and hand out its IDs again; only a value put by
+// hand (nats kv put) brings it back. Errors: segment.ErrInvalidTag,
+// segment.ErrUnknownTag.
 func (s *Store) DeleteTag(ctx context.Context, name string) error {
 	if err := segment.CheckTag(name); err != nil {
 		return fmt.Errorf("kv: delete tag: %w", err)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/dispenser-dev/dispenser/segment"
@@ -21,6 +22,19 @@ import (
 type Store struct {
 	pool  *pgxpool.Pool
 	owned bool // Close closes pool
+
+	mu sync.Mutex // protects wrote
+	// wrote holds, per tag, the max_id and dispenser_version this Store's
+	// last fetch or give-back left: a give-back applies only if the row
+	// still has both (migration 004), so that it never matches a max_id
+	// that other workers' fetches and give-backs brought back to end.
+	wrote map[string]written
+}
+
+// written is a tag's max_id and dispenser_version after a write of this
+// Store.
+type written struct {
+	maxID, version int64
 }
 
 var (
@@ -31,7 +45,7 @@ var (
 // New returns a Store over pool, whose database must have the schema
 // (schema.Migrate). The caller keeps ownership of pool.
 func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool}
+	return &Store{pool: pool, wrote: map[string]written{}}
 }
 
 // Open connects to the database at url (a PostgreSQL URL or key=value
@@ -42,7 +56,7 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: open: %w", err)
 	}
-	s := &Store{pool: pool, owned: true}
+	s := &Store{pool: pool, owned: true, wrote: map[string]written{}}
 	if err := s.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, err
@@ -76,9 +90,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // changes; a sum past 2^63-1 fails with 22003 instead of wrapping.
 const fetchSQL = `UPDATE leaf_alloc
 SET max_id = max_id + CASE WHEN $2::bigint > 0 THEN $2::bigint WHEN step > 0 THEN step END,
-    update_time = now()
+    update_time = now(), dispenser_version = dispenser_version + 1
 WHERE biz_tag = $1
-RETURNING max_id, step`
+RETURNING max_id, step, dispenser_version`
 
 // Fetch atomically advances the tag's max_id by step (the tag's own step if
 // step <= 0) and returns the IDs in between. Errors: segment.ErrInvalidTag,
@@ -89,11 +103,12 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 		return segment.Allocation{}, err
 	}
 	step = max(step, 0)
-	var end, tagStep int64
-	err := s.pool.QueryRow(ctx, fetchSQL, tag, step).Scan(&end, &tagStep)
+	var end, tagStep, version int64
+	err := s.pool.QueryRow(ctx, fetchSQL, tag, step).Scan(&end, &tagStep, &version)
 	if err = fetchError(tag, err); err != nil {
 		return segment.Allocation{}, err
 	}
+	s.remember(tag, written{end, version})
 	if step == 0 {
 		step = tagStep
 	}
@@ -106,10 +121,10 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 const fetchAboveSQL = `WITH old AS (SELECT max_id FROM leaf_alloc WHERE biz_tag = $1 FOR UPDATE)
 UPDATE leaf_alloc
 SET max_id = greatest(leaf_alloc.max_id, $3::bigint) + CASE WHEN $2::bigint > 0 THEN $2::bigint WHEN step > 0 THEN step END,
-    update_time = now()
+    update_time = now(), dispenser_version = leaf_alloc.dispenser_version + 1
 FROM old
 WHERE biz_tag = $1
-RETURNING leaf_alloc.max_id, leaf_alloc.step, old.max_id`
+RETURNING leaf_alloc.max_id, leaf_alloc.step, old.max_id, leaf_alloc.dispenser_version`
 
 // FetchAbove is Fetch from greatest(max_id, floor): it moves a tag whose
 // max_id fell behind what was served (package witness) above it and fetches
@@ -123,11 +138,12 @@ func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (
 		return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w: floor %d", tag, segment.ErrInvalidArgument, floor)
 	}
 	step = max(step, 0)
-	var end, tagStep, before int64
-	err := s.pool.QueryRow(ctx, fetchAboveSQL, tag, step, floor).Scan(&end, &tagStep, &before)
+	var end, tagStep, before, version int64
+	err := s.pool.QueryRow(ctx, fetchAboveSQL, tag, step, floor).Scan(&end, &tagStep, &before, &version)
 	if err = fetchError(tag, err); err != nil {
 		return segment.Allocation{}, 0, err
 	}
+	s.remember(tag, written{end, version})
 	if step == 0 {
 		step = tagStep
 	}
@@ -161,10 +177,13 @@ func fetchError(tag string, err error) error {
 	return fmt.Errorf("postgres: fetch %q: %w", tag, err)
 }
 
-// GiveBack sets the tag's max_id back to firstUnissued if it is still end,
-// that is if nobody fetched since the fetch that ended at end, and reports
-// whether it did. An unknown tag reports false. firstUnissued must be in
-// 1..end (segment.ErrInvalidArgument).
+// GiveBack sets the tag's max_id back to firstUnissued if this Store's last
+// fetch or give-back of the tag left it at end and nobody fetched or gave
+// back since (the row's dispenser_version is still the one it left), and
+// reports whether it did. A max_id that is end again after other workers
+// fetched and gave back is not taken for it. An unknown tag, or one this
+// Store has not fetched, reports false. firstUnissued must be in 1..end
+// (segment.ErrInvalidArgument).
 func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
 	if err := segment.CheckTag(tag); err != nil {
 		return false, fmt.Errorf("postgres: give back: %w", err)
@@ -172,11 +191,34 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
 		return false, fmt.Errorf("postgres: give back %q: %w", tag, err)
 	}
-	ct, err := s.pool.Exec(ctx, "UPDATE leaf_alloc SET max_id = $2, update_time = now() WHERE biz_tag = $1 AND max_id = $3", tag, firstUnissued, end)
+	s.mu.Lock()
+	w, ok := s.wrote[tag]
+	s.mu.Unlock()
+	if !ok || w.maxID != end {
+		return false, nil
+	}
+	var version int64
+	err := s.pool.QueryRow(ctx, `UPDATE leaf_alloc SET max_id = $2, update_time = now(), dispenser_version = dispenser_version + 1
+WHERE biz_tag = $1 AND max_id = $3 AND dispenser_version = $4
+RETURNING dispenser_version`, tag, firstUnissued, end, w.version).Scan(&version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("postgres: give back %q: %w", tag, err)
 	}
-	return ct.RowsAffected() == 1, nil
+	s.remember(tag, written{firstUnissued, version})
+	return true, nil
+}
+
+// remember records w as this Store's last write of tag, unless a later one
+// (a higher version) is recorded.
+func (s *Store) remember(tag string, w written) {
+	s.mu.Lock()
+	if old, ok := s.wrote[tag]; !ok || old.version < w.version {
+		s.wrote[tag] = w
+	}
+	s.mu.Unlock()
 }
 
 // Tags lists the names of all tags in byte order. Rows whose biz_tag is not

@@ -71,6 +71,7 @@ func Run(t *testing.T, c Config) {
 		{"ChangesListWhatChanged", testChanges},
 		{"GiveBack", testGiveBack},
 		{"GiveBackInvalid", testGiveBackInvalid},
+		{"GiveBackNotAfterAReturnedValue", testGiveBackReturnedValue},
 		{"CreateTag", testCreateTag},
 		{"CreateTagInvalid", testCreateTagInvalid},
 		{"UpdateTag", testUpdateTag},
@@ -521,6 +522,41 @@ func testGiveBack(t *testing.T, c Config) {
 	checkUnchanged(t, s, before, "give-back to an unknown tag")
 }
 
+// testGiveBackReturnedValue: A fetches 1..10, B fetches 11..20 and gives
+// all of it back, so max_id is 11 again, A's end. A's give-back must not
+// take that for "nobody fetched after me": behind a witness (package
+// witness), whose mark B raised and lowered to 11 meanwhile, it would put
+// max_id below the mark and raise a false rollback alarm. A store that
+// never fetched the tag gives nothing back either.
+func testGiveBackReturnedValue(t *testing.T, c Config) {
+	ss := openStores(t, c, 3)
+	a, b, other := ss[0], ss[1], ss[2]
+	createTag(t, a, "orders", 10, 1)
+	first := fetch(t, a, "orders", 0)
+	second := fetch(t, b, "orders", 0)
+	if first.End != second.Start {
+		t.Fatalf("segments %+v and %+v are not adjacent", first, second)
+	}
+	if ok, err := b.GiveBack(ctx(t), "orders", second.End, second.Start); err != nil || !ok {
+		t.Fatalf("B's GiveBack(%d, %d) = %v, %v, want true", second.End, second.Start, ok, err)
+	}
+	if got := tag(t, a, "orders").MaxID; got != first.End {
+		t.Fatalf("max_id after B's give-back = %d, want %d", got, first.End)
+	}
+	before := snapshot(t, a)
+	if ok, err := a.GiveBack(ctx(t), "orders", first.End, first.Start+5); err != nil || ok {
+		t.Errorf("A's GiveBack(%d, %d) after B fetched and gave back = %v, %v, want false, nil", first.End, first.Start+5, ok, err)
+	}
+	if ok, err := other.GiveBack(ctx(t), "orders", first.End, first.Start+5); err != nil || ok {
+		t.Errorf("GiveBack by a store that never fetched = %v, %v, want false, nil", ok, err)
+	}
+	checkUnchanged(t, a, before, "give-backs after somebody else fetched")
+	// B, the last to write, may still give back.
+	if ok, err := b.GiveBack(ctx(t), "orders", first.End, first.End); err != nil || !ok {
+		t.Errorf("B's second GiveBack(%d, %d) = %v, %v, want true", first.End, first.End, ok, err)
+	}
+}
+
 func testGiveBackInvalid(t *testing.T, c Config) {
 	s := newStore(t, c)
 	createTag(t, s, "orders", 100, 1)
@@ -783,7 +819,13 @@ func testOrdered(t *testing.T, c Config) {
 	if err := s.DeleteTag(ctx(t), "invoices"); err != nil {
 		t.Fatal(err)
 	}
-	createTag(t, s, "invoices", 10, 100)
+	err := s.CreateTag(ctx(t), segment.Tag{Name: "invoices", Step: 10, MaxID: 100, Description: "test tag invoices"})
+	if errors.Is(err, segment.ErrTagDeleted) {
+		return // a store that keeps deleted tags deleted (testDeleteTag): nothing to be plain
+	}
+	if err != nil {
+		t.Fatalf("CreateTag(invoices) after DeleteTag: %v", err)
+	}
 	checkTag(t, s, segment.Tag{Name: "invoices", MaxID: 100, Step: 10, Description: "test tag invoices"}, "created again, plain")
 }
 
@@ -904,12 +946,20 @@ func testDeleteTag(t *testing.T, c Config) {
 	checkErr(t, c, s.DeleteTag(ctx(t), "no.such"), segment.ErrInvalidTag)
 	checkUnchanged(t, s, before, "operations on a deleted tag")
 
-	// It can be created again, afresh.
-	if err := s.CreateTag(ctx(t), segment.Tag{Name: "orders", Step: 5, MaxID: 1000, Description: "again"}); err != nil {
-		t.Fatalf("CreateTag of a deleted tag: %v", err)
-	}
-	if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 1000, End: 1005, TagStep: 5}); got != want {
-		t.Errorf("first fetch of the tag created again = %+v, want %+v", got, want)
+	// It can be created again, afresh, by a store that forgets it (a
+	// deleted row), or is refused by one that remembers the deletion (a
+	// delete marker), which changes nothing.
+	err = s.CreateTag(ctx(t), segment.Tag{Name: "orders", Step: 5, MaxID: 1000, Description: "again"})
+	switch {
+	case errors.Is(err, segment.ErrTagDeleted):
+		checkErr(t, c, err, segment.ErrTagDeleted)
+		checkUnchanged(t, s, before, "creating a deleted tag again")
+	case err != nil:
+		t.Fatalf("CreateTag of a deleted tag: %v, want nil or segment.ErrTagDeleted", err)
+	default:
+		if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 1000, End: 1005, TagStep: 5}); got != want {
+			t.Errorf("first fetch of the tag created again = %+v, want %+v", got, want)
+		}
 	}
 	if got := tag(t, s, "keep"); got.MaxID != 1 {
 		t.Errorf("Tag(keep) = %+v, want it untouched at max_id 1", got)

@@ -22,7 +22,20 @@
 // the store's max_id. A give-back is therefore never mistaken for a
 // rollback (the mark moves down first), and a rollback is never mistaken
 // for a give-back (a rollback does not touch the mark; nothing lowers the
-// mark but the worker whose segment ends there).
+// mark but the worker whose segment ends there). The store's give-back in
+// turn applies only if nobody wrote max_id since the giver's own fetch (not
+// merely if max_id equals end again), so that a slow give-back cannot lower
+// max_id below a mark that other workers raised and lowered meanwhile.
+//
+// # Operator mistakes
+//
+// A deleted or purged mark stops its tag (ErrMarkDeleted). A tag without a
+// mark is taken for a new one only while the bucket holds its proof record
+// (package internal/kvbucket's Guard): a purged bucket stops every tag
+// without a mark (kvbucket.ErrPurged). After every write the bucket's stream
+// is checked again: one deleted and created again since Open
+// (kvbucket.ErrRecreated) or given a TTL or limits that drop marks
+// (kvbucket.ErrTTL, kvbucket.ErrLimits) serves nothing more.
 package witness
 
 import (
@@ -86,6 +99,7 @@ type Settings struct {
 type Store struct {
 	Raiser
 	kv         jetstream.KeyValue
+	guard      *kvbucket.Guard // nil for a Store from New
 	log        *slog.Logger
 	onRollback func(tag string, mark, before int64)
 	rollbacks  atomic.Uint64
@@ -127,21 +141,24 @@ func Open(ctx context.Context, js jetstream.JetStream, inner Raiser, s Settings)
 	if s.Logger == nil {
 		s.Logger = slog.Default()
 	}
-	kv, err := kvbucket.Open(ctx, js, jetstream.KeyValueConfig{
+	kv, guard, err := kvbucket.OpenGuarded(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      s.Bucket,
 		Description: "dispenser: high-water marks of served segments",
 		History:     1,
 		Replicas:    s.Replicas,
 		Storage:     jetstream.FileStorage,
-	})
+	}, "witness marks", s.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("witness: %w", err)
 	}
-	return New(kv, inner, s), nil
+	w := New(kv, inner, s)
+	w.guard = guard
+	return w, nil
 }
 
 // New returns a Store that records the segments of inner in kv, which the
-// caller has checked (Open does).
+// caller has checked, without Open's guard against a purged or re-created
+// bucket: for reading marks (Mark). Serve from a Store from Open.
 func New(kv jetstream.KeyValue, inner Raiser, s Settings) *Store {
 	if s.Logger == nil {
 		s.Logger = slog.Default()
@@ -191,7 +208,8 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 			// means the store lost writes. Its max_id was refused.Start.
 			if before < m.end || refused.End >= m.end {
 				w.rollbacks.Add(1)
-				w.log.Error("witness: the segment store lost writes (failover, restored backup or max_id lowered by hand); "+
+				w.log.Error("witness: the segment store lost writes (failover, restored backup, max_id lowered by hand, "+
+					"or the tag's row deleted and created again); "+
 					"moved max_id above the witness mark, no ID is handed out twice",
 					"tag", tag, "max_id", refused.Start, "witness_mark", m.end, "bucket", w.kv.Bucket())
 				if w.onRollback != nil {
@@ -202,6 +220,9 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 		}
 		err = w.swap(ctx, tag, m, a.End)
 		if err == nil {
+			if err := w.check(ctx); err != nil {
+				return segment.Allocation{}, fmt.Errorf("witness: recorded segment %d..%d of tag %q, not served: %w", a.Start, a.End-1, tag, err)
+			}
 			return a, nil
 		}
 		if !conflict(err) {
@@ -233,7 +254,22 @@ func (w *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 		}
 		return false, fmt.Errorf("witness: give back %q: %w", tag, err)
 	}
+	if err := w.check(ctx); err != nil {
+		return false, fmt.Errorf("witness: give back %q: %w", tag, err)
+	}
 	return w.Raiser.GiveBack(ctx, tag, end, firstUnissued)
+}
+
+// check checks the bucket's stream after a write (kvbucket.Guard.Check).
+func (w *Store) check(ctx context.Context) error {
+	if w.guard == nil {
+		return nil
+	}
+	if err := w.guard.Check(ctx); err != nil {
+		w.forgetAll()
+		return err
+	}
+	return nil
 }
 
 // Mark returns the tag's mark: the end of the highest segment recorded (0
@@ -309,6 +345,12 @@ func (w *Store) mark(ctx context.Context, tag string) (_ mark, cached bool, _ er
 		return mark{}, false, fmt.Errorf("witness: read mark of %q: %w", tag, err)
 	}
 	if e == nil {
+		// No mark: a new tag, unless the bucket lost its marks.
+		if w.guard != nil {
+			if err := w.guard.CheckHeld(ctx); err != nil {
+				return mark{}, false, fmt.Errorf("witness: tag %q has no mark: %w", tag, err)
+			}
+		}
 		return mark{}, false, nil
 	}
 	if e.Operation() != jetstream.KeyValuePut {
@@ -350,6 +392,12 @@ func (w *Store) remember(tag string, m mark) {
 func (w *Store) forget(tag string) {
 	w.mu.Lock()
 	delete(w.marks, tag)
+	w.mu.Unlock()
+}
+
+func (w *Store) forgetAll() {
+	w.mu.Lock()
+	clear(w.marks)
 	w.mu.Unlock()
 }
 
