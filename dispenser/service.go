@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
@@ -540,6 +541,11 @@ func (s *Service) classify(err error) (code, desc string) {
 		return CodeUnavailable, ErrOwnershipMoving.Error() + "; try again"
 	case errors.Is(err, segment.ErrOrdered):
 		return CodeUnavailable, err.Error() + ": this worker serves no ordered tags"
+	case errors.Is(err, segment.ErrTagDeleted):
+		return CodeUnavailable, "the tag's record was deleted by hand: it is not created again until an operator restores it"
+	case errors.Is(err, kvbucket.ErrPurged), errors.Is(err, kvbucket.ErrRecreated):
+		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
+		return CodeUnavailable, "the store's bucket was purged or recreated: an operator must restore it"
 	case errors.Is(err, segment.ErrUnavailable):
 		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
 		return CodeUnavailable, segment.ErrUnavailable.Error() + " (store slow or unreachable); try again"
@@ -557,7 +563,7 @@ func (s *Service) classify(err error) (code, desc string) {
 }
 
 // snowflakeUnavailable are the reasons a snowflake worker cannot issue.
-var snowflakeUnavailable = []error{snowflake.ErrClockBackwards, snowflake.ErrFenced,
+var snowflakeUnavailable = []error{snowflake.ErrBucketDeleted, snowflake.ErrEpochLost, snowflake.ErrClockBackwards, snowflake.ErrFenced,
 	snowflake.ErrOverloaded, snowflake.ErrClosed, snowflake.ErrNoWorkerID}
 
 // headerValues returns the values of header key, matched without regard

@@ -67,6 +67,42 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) (applied []string, err error
 	return applied, nil
 }
 
+// Missing returns the embedded migrations db has not applied, in order
+// (all of them if it has none).
+func Missing(ctx context.Context, db *pgxpool.Pool) ([]string, error) {
+	var exists bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("schema: look up %s: %w", VersionTable, err)
+	}
+	if !exists {
+		return Versions(), nil
+	}
+	rows, err := db.Query(ctx, "SELECT version FROM "+VersionTable)
+	if err != nil {
+		return nil, fmt.Errorf("schema: read %s: %w", VersionTable, err)
+	}
+	applied := map[string]bool{}
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("schema: read %s: %w", VersionTable, err)
+		}
+		applied[v] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("schema: read %s: %w", VersionTable, err)
+	}
+	var missing []string
+	for _, v := range Versions() {
+		if !applied[v] {
+			missing = append(missing, v)
+		}
+	}
+	return missing, nil
+}
+
 // errApplied means another process applied the migration first.
 var errApplied = errors.New("schema: already applied")
 

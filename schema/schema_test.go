@@ -338,3 +338,27 @@ func TestFailedMigrationLeavesNoTrace(t *testing.T) {
 		t.Errorf("failed migration changed the database:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 }
+
+// TestMissing: a fresh database lacks every migration, a migrated one none,
+// and one whose last migration was not applied lacks exactly that one.
+func TestMissing(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, testenv.Postgres(t))
+	missing, err := Missing(ctx, pool)
+	if err != nil || !slices.Equal(missing, Versions()) {
+		t.Fatalf("fresh database: missing %v, %v; want %v", missing, err, Versions())
+	}
+	if _, err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if missing, err := Missing(ctx, pool); err != nil || len(missing) != 0 {
+		t.Fatalf("migrated database: missing %v, %v; want none", missing, err)
+	}
+	last := Versions()[len(Versions())-1]
+	if _, err := pool.Exec(ctx, "DELETE FROM "+VersionTable+" WHERE version = $1", last); err != nil {
+		t.Fatal(err)
+	}
+	if missing, err := Missing(ctx, pool); err != nil || !slices.Equal(missing, []string{last}) {
+		t.Fatalf("without %s: missing %v, %v", last, missing, err)
+	}
+}

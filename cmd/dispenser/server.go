@@ -238,7 +238,7 @@ func (s *Server) Start(ctx context.Context) error {
 // not nil, gets the witness's rollback counter.
 func (s *Server) openStore(ctx context.Context, js jetstream.JetStream, reg prometheus.Registerer) error {
 	if s.cfg.PostgresURL == "" {
-		st, err := kv.New(ctx, js, kv.Settings{Bucket: s.cfg.SegmentBucket, Replicas: s.cfg.SegmentReplicas})
+		st, err := kv.New(ctx, js, kv.Settings{Bucket: s.cfg.SegmentBucket, Replicas: s.cfg.SegmentReplicas, Logger: s.log})
 		if err != nil {
 			return err
 		}
@@ -260,6 +260,13 @@ func (s *Server) openStore(ctx context.Context, js jetstream.JetStream, reg prom
 			return err
 		}
 		s.log.Info("migrations applied", "versions", applied)
+	}
+	// A worker of this version needs every migration it knows: refuse to
+	// start (with what to run) rather than fail every fetch.
+	if missing, err := schema.Missing(ctx, pool); err != nil {
+		return err
+	} else if len(missing) > 0 {
+		return fmt.Errorf("postgres: the database lacks migrations %v of this version: run `dispenser migrate --postgres-url …` (or serve --migrate) first", missing)
 	}
 	pc := pool.Config().ConnConfig
 	hosts := fmt.Sprintf("%s:%d", pc.Host, pc.Port)
