@@ -262,9 +262,11 @@ func (s *Server) openStore(ctx context.Context, js jetstream.JetStream, reg prom
 		s.log.Info("migrations applied", "versions", applied)
 	}
 	// A worker of this version needs every migration it knows: refuse to
-	// start (with what to run) rather than fail every fetch.
+	// start (with what to run) rather than fail every fetch. A database
+	// that cannot be reached now is not checked: the worker starts without
+	// it, as always (its fetches fail until it is back).
 	if missing, err := schema.Missing(ctx, pool); err != nil {
-		return err
+		s.log.Warn("postgres: cannot check the schema version now; starting anyway", "err", err)
 	} else if len(missing) > 0 {
 		return fmt.Errorf("postgres: the database lacks migrations %v of this version: run `dispenser migrate --postgres-url …` (or serve --migrate) first", missing)
 	}
