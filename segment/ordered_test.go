@@ -109,8 +109,8 @@ func TestResetDiscardsSegmentFetchedBefore(t *testing.T) {
 	}
 	waited := make(chan error, 1)
 	go func() { _, err := p.Wait(ctx); waited <- err }()
-	stale := <-fetched // fetched [1,11), not yet installed
-	b := a.tags.get("o")  // the buffer a straggler holds
+	stale := <-fetched   // fetched [1,11), not yet installed
+	b := a.tags.get("o") // the buffer a straggler holds
 	if b == nil {
 		t.Fatal("no buffer for the tag while its first segment is fetched")
 	}
@@ -128,7 +128,7 @@ func TestResetDiscardsSegmentFetchedBefore(t *testing.T) {
 	if err != nil || expand(runs)[0] <= 20 {
 		t.Fatalf("after Reset: %v, %v; want an ID of a segment fetched after it (above 20)", expand(runs), err)
 	}
-	close(hold) // the stale segment arrives
+	close(hold)                          // the stale segment arrives
 	if err := a.Close(ctx); err != nil { // waits for the loader
 		t.Fatal(err)
 	}
