@@ -614,3 +614,59 @@ func lastAlloc(r *recorder, tag string) segment.Allocation {
 	}
 	return a[len(a)-1]
 }
+
+// TestDeadOwnerLookupsBounded is issue 21's point 11 end to end: the
+// owner of an ordered tag died a moment ago (its lease expired, not yet
+// claimable); many requests for the tag wait for it to become claimable.
+// They read the owners bucket a bounded number of times, not once per
+// request per 20 ms as the old code did, and are served once a worker
+// claims the tag.
+func TestDeadOwnerLookupsBounded(t *testing.T) {
+	st := newStack(t, nil)
+	ctx := context.Background()
+	if err := st.store.CreateTag(ctx, segment.Tag{Name: "seq", Step: 100, MaxID: 1, Ordered: true}); err != nil {
+		t.Fatal(err)
+	}
+	w := st.orderedWorker(t, "w1", func(o *orderedOptions) { o.owners.Lease = time.Second })
+	js, err := jetstream.New(testenv.Connect(t, st.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, ownership.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	dead := fmt.Sprintf(`{"version":1,"owner":"ghost","subject":"id.owner.ghost","session":"x","lease_ms":1000,"heartbeat":%q,"expires":%q}`,
+		now.Add(-time.Second).Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))
+	if _, err := kv.Put(ctx, "seq", []byte(dead)); err != nil {
+		t.Fatal(err)
+	}
+	before := w.owners.Stats().Lookups
+	const requests = 200
+	nc := testenv.Connect(t, st.ns)
+	replies := make(chan *nats.Msg, requests)
+	for range requests {
+		go func() {
+			resp, err := nc.Request("id.segment.seq", nil, 10*time.Second)
+			if err != nil {
+				resp = nil
+			}
+			replies <- resp
+		}()
+	}
+	served := 0
+	for range requests {
+		if m := <-replies; m != nil && m.Header.Get(micro.ErrorCodeHeader) == "" {
+			served++
+		}
+	}
+	lookups := w.owners.Stats().Lookups - before
+	if served == 0 {
+		t.Fatal("no request was served once the dead owner's lease was claimable")
+	}
+	if lookups > 20 {
+		t.Fatalf("%d requests waiting about a second for a dead owner's tag read the bucket %d times, want a bounded few", requests, lookups)
+	}
+	t.Logf("%d requests, %d served, %d bucket reads", requests, served, lookups)
+}
