@@ -77,7 +77,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&c.WitnessReplicas, "witness-replicas", 1, "replicas of the witness bucket when it is created; an existing bucket with fewer is refused")
 	fs.StringVar(&c.OwnersBucket, "ordered-bucket", ownership.DefaultBucket, "JetStream KV bucket of the owners of ordered tags")
 	fs.IntVar(&c.OwnersReplicas, "ordered-replicas", 1, "replicas of that bucket when it is created; an existing bucket with fewer is refused")
-	fs.DurationVar(&c.OwnersLease, "ordered-lease", ownership.DefaultLease, "lease of an ordered tag's owner: one that could not renew for this long stops serving the tag, and another takes it over a lease later")
+	fs.DurationVar(&c.OwnersLease, "ordered-lease", ownership.DefaultLease, "lease of an ordered tag's owner (at most 5m): one that could not renew for this long stops serving the tag, and another takes it over a lease later")
 	fs.BoolVar(&c.AutoCreateTags, "auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url and no --postgres-url)")
 	fs.Int64Var(&c.AutoCreateStep, "auto-create-step", 1000, "step of tags created on first use")
 	fs.IntVar(&c.Segment.AutoCreateMax, "auto-create-max", segment.DefaultAutoCreateMax, "most tags one worker creates on first use over its life (requests for random names cannot fill the store); beyond it an unknown tag is 404; -1: no bound")
@@ -157,8 +157,8 @@ func (c serveConfig) validate() error {
 		return fmt.Errorf("--witness-replicas %d: want 1..5", c.WitnessReplicas)
 	case c.OwnersReplicas < 1 || c.OwnersReplicas > 5:
 		return fmt.Errorf("--ordered-replicas %d: want 1..5", c.OwnersReplicas)
-	case c.OwnersLease < 10*time.Millisecond:
-		return fmt.Errorf("--ordered-lease %v: want at least 10ms", c.OwnersLease)
+	case c.OwnersLease < 10*time.Millisecond || c.OwnersLease > ownership.MaxLease:
+		return fmt.Errorf("--ordered-lease %v: want 10ms..%v", c.OwnersLease, ownership.MaxLease)
 	case c.SnowflakeSettings.Lease < 0 || c.SnowflakeSettings.Heartbeat < 0:
 		return errors.New("--snowflake-lease and --snowflake-heartbeat must not be negative")
 	case c.SnowflakeSettings.Lease > 0 && c.SnowflakeSettings.Heartbeat >= c.SnowflakeSettings.Lease:
