@@ -76,11 +76,20 @@ func (s *Service) takeOwned(r replier, tag string, n int, format Format) {
 	}
 }
 
+// Backoff between looks for an ordered tag's owner. Owners answers what it
+// already knows without I/O and reads the bucket once per tag at a time,
+// so the requests for a tag whose owner died cost no more reads than one.
+const (
+	routeRetryMin = 20 * time.Millisecond
+	routeRetryMax = 200 * time.Millisecond
+)
+
 // routeOrdered finds the owner of tag, claiming it if it has none, until
 // the wait runs out. It runs on a goroutine of its own.
 func (s *Service) routeOrdered(r replier, tag string, n int, format Format) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.orderedWait)
 	defer cancel()
+	backoff := routeRetryMin
 	for {
 		rt, err := s.cfg.Owners.Route(ctx, tag)
 		if err == nil && !rt.Self && rt.Subject == "" {
@@ -100,7 +109,8 @@ func (s *Service) routeOrdered(r replier, tag string, n int, format Format) {
 		case <-ctx.Done():
 			r.fail(fmt.Errorf("%w: %q has no owner within %v", ErrOwnershipMoving, tag, s.orderedWait))
 			return
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(backoff):
 		}
+		backoff = min(2*backoff, routeRetryMax)
 	}
 }

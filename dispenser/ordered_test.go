@@ -1,6 +1,7 @@
 package dispenser_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -82,10 +83,32 @@ type orderedWorker struct {
 	reg    *prometheus.Registry
 }
 
-func (st *stack) orderedWorker(tb testing.TB, name string) *orderedWorker {
+// changeRecorder is a recorder that lists the store's changes too, so that
+// its allocator sees a tag made ordered.
+type changeRecorder struct{ *recorder }
+
+func (r changeRecorder) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
+	return r.Store.(segment.ChangeLister).Changes(ctx, cursor)
+}
+
+// orderedOptions change an orderedWorker's settings before it starts.
+type orderedOptions struct {
+	alloc  segment.Settings
+	owners ownership.Settings
+	// onAcquire, if set, is called on acquiring a tag instead of the
+	// allocator's Reset; it gets the Reset to call.
+	onAcquire func(tag string, reset func(string))
+}
+
+func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*orderedOptions)) *orderedWorker {
 	tb.Helper()
 	rec := &recorder{Store: st.store, allocs: map[string][]segment.Allocation{}}
-	alloc, err := segment.New(segment.Settings{Store: rec, Logger: quiet, MaxWait: 5 * time.Second, MaxStep: 100})
+	o := orderedOptions{alloc: segment.Settings{Logger: quiet, MaxWait: 5 * time.Second, MaxStep: 100}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	o.alloc.Store = changeRecorder{rec}
+	alloc, err := segment.New(o.alloc)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -94,10 +117,14 @@ func (st *stack) orderedWorker(tb testing.TB, name string) *orderedWorker {
 		tb.Fatal(err)
 	}
 	subject := "id.owner." + name
-	owners, err := ownership.Open(context.Background(), js, ownership.Settings{
-		Owner: name, Subject: subject, Lease: 2 * time.Second, Logger: quiet,
-		OnAcquire: alloc.Reset, OnLose: alloc.Reset,
-	})
+	os := o.owners
+	os.Owner, os.Subject, os.Logger = name, subject, quiet
+	os.Lease = cmp.Or(os.Lease, 2*time.Second)
+	os.OnAcquire, os.OnLose = alloc.Reset, alloc.Reset
+	if o.onAcquire != nil {
+		os.OnAcquire = func(tag string) { o.onAcquire(tag, alloc.Reset) }
+	}
+	owners, err := ownership.Open(context.Background(), js, os)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -310,4 +337,280 @@ func loadNoFatal(st *stack, subject string, clients, total int) []observation {
 	}
 	wg.Wait()
 	return obs
+}
+
+// takeOwnedIDs takes n IDs of tag from alloc as its owner would, waiting
+// for a segment if needed.
+func takeOwnedIDs(tb testing.TB, alloc *segment.Allocator, tag string, n int) []int64 {
+	tb.Helper()
+	runs, p, err := alloc.TakeOwned(tag, n, nil)
+	if err == nil && p != nil {
+		runs, err = p.Wait(context.Background())
+	}
+	if err != nil {
+		tb.Fatalf("TakeOwned(%s): %v", tag, err)
+	}
+	var ids []int64
+	for _, r := range runs {
+		for id := r.First; id <= r.Last; id++ {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// TestReclaimedTagServedOnlyAfterReset is issue 21's point 2: w1 owned the
+// ordered tag and lost it; a straggler that had passed its ownership check
+// fetched a segment on w1 afterwards; w2 owned the tag and served 21 (reply
+// A complete); w1 claimed the tag again. A request sent after A must get an
+// ID above A's whatever moment it reaches w1: the owner's buffers are reset
+// before its ownership is visible. The reset is held up here to widen the
+// window; on the old code (Reset after the ownership was published) the
+// request got 12, from the straggler's segment. It also fails when the
+// Reset on acquiring is removed from the ownership (the owner reset
+// mechanism).
+func TestReclaimedTagServedOnlyAfterReset(t *testing.T) {
+	st := newStack(t, nil)
+	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
+		t.Fatal(err)
+	}
+	var hold sync.Mutex
+	var entered, release chan struct{} // set while the next acquisition is held up
+	w1 := st.orderedWorker(t, "w1", func(o *orderedOptions) {
+		o.onAcquire = func(tag string, reset func(string)) {
+			hold.Lock()
+			in, out := entered, release
+			entered, release = nil, nil
+			hold.Unlock()
+			if in != nil {
+				close(in)
+				<-out
+			}
+			reset(tag)
+		}
+	})
+	w2 := st.orderedWorker(t, "w2")
+	ctx := context.Background()
+	claim := func(w *orderedWorker) {
+		t.Helper()
+		if rt, err := w.owners.Claim(ctx, "seq"); err != nil || !rt.Self {
+			t.Fatalf("claim: %+v, %v; want Self", rt, err)
+		}
+	}
+	claim(w1)
+	takeOwnedIDs(t, w1.alloc, "seq", 1)
+	w1.owners.Release("seq")
+	// A straggler that passed w1's ownership check just before the loss.
+	if got := takeOwnedIDs(t, w1.alloc, "seq", 1); got[0] != 11 {
+		t.Fatalf("straggler got %v, want [11]", got)
+	}
+	claim(w2)
+	nc := testenv.Connect(t, st.ns)
+	body, code := request(t, nc, "id.segment.seq", "", nil)
+	if code != "" {
+		t.Fatalf("request A: %s %s", code, body)
+	}
+	a := parseIDs(t, body)
+	if a[0] < 21 {
+		t.Fatalf("reply A = %v, want an ID of w2's segment (from 21)", a)
+	}
+	w2.owners.Release("seq")
+
+	hold.Lock()
+	entered, release = make(chan struct{}), make(chan struct{})
+	in, out := entered, release
+	hold.Unlock()
+	claimed := make(chan error, 1)
+	go func() {
+		rt, err := w1.owners.Claim(ctx, "seq")
+		if err == nil && !rt.Self {
+			err = fmt.Errorf("route %+v, want Self", rt)
+		}
+		claimed <- err
+	}()
+	select {
+	case <-in: // w1's claim is written; its Reset has not run
+	case err := <-claimed: // it ran no OnAcquire at all
+		claimed <- err
+	}
+	replyB := make(chan *nats.Msg, 1)
+	go func() {
+		resp, err := nc.Request("id.segment.seq", nil, 5*time.Second)
+		if err != nil {
+			resp = nil
+		}
+		replyB <- resp
+	}()
+	var b *nats.Msg
+	select {
+	case b = <-replyB: // answered while the Reset is held up
+	case <-time.After(200 * time.Millisecond): // or waiting for it
+	}
+	close(out)
+	if err := <-claimed; err != nil {
+		t.Fatal(err)
+	}
+	if b == nil {
+		b = <-replyB
+	}
+	if b != nil && b.Header.Get(micro.ErrorCodeHeader) == "" {
+		if ids := parseIDs(t, string(b.Data)); ids[0] <= a[len(a)-1] {
+			t.Fatalf("request B, sent after reply A (%v) was complete, got %v", a, ids)
+		}
+	}
+	if got := takeOwnedIDs(t, w1.alloc, "seq", 1); got[0] <= a[len(a)-1] {
+		t.Fatalf("w1 after its claim served %v, not above reply A %v", got, a)
+	}
+}
+
+// loadUntil sends requests for subject from clients concurrent clients
+// until stop and returns what each answered request saw; failed requests
+// (a switch or a handover may fail a few with 503) are left out.
+func loadUntil(tb testing.TB, st *stack, subject string, clients int, stop time.Time) []observation {
+	tb.Helper()
+	var mu sync.Mutex
+	var obs []observation
+	var wg sync.WaitGroup
+	for range clients {
+		nc := testenv.Connect(tb, st.ns)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(stop) {
+				sent := time.Now()
+				resp, err := nc.Request(subject, []byte("2"), 5*time.Second)
+				received := time.Now()
+				if err != nil || resp.Header.Get(micro.ErrorCodeHeader) != "" {
+					continue
+				}
+				ids, err := decodeIDs(string(resp.Data))
+				if err != nil || len(ids) != 2 {
+					continue
+				}
+				slices.Sort(ids)
+				mu.Lock()
+				obs = append(obs, observation{sent, received, ids})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return obs
+}
+
+// TestSwitchToOrderedBound is issue 21's point 13: a tag made ordered
+// under load. w0 sees the change at once and owns the tag; w1 sees it a
+// moment later (within w0's refresh interval), and meanwhile fetches a
+// plain segment above w0's and serves from it. Requests sent after the
+// documented bound (two switch windows after the change) must get IDs above
+// every reply completed before they were sent. The old code's owner went on
+// serving its first segment, below w1's plain one, until it was used up.
+func TestSwitchToOrderedBound(t *testing.T) {
+	st := newStack(t, nil)
+	ctx := context.Background()
+	if err := st.store.CreateTag(ctx, segment.Tag{Name: "seq", Step: 100000, MaxID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	settings := func(refresh time.Duration) func(*orderedOptions) {
+		return func(o *orderedOptions) {
+			o.alloc.RefreshInterval = refresh
+			o.alloc.FetchTimeout = 150 * time.Millisecond
+			o.alloc.MaxWait = 300 * time.Millisecond
+		}
+	}
+	w0 := st.orderedWorker(t, "w0", settings(time.Second))
+	w1 := st.orderedWorker(t, "w1", settings(time.Hour)) // refreshed by the test
+	window := w0.alloc.SwitchWindow()
+	// Both serve the tag as plain first.
+	nc := testenv.Connect(t, st.ns)
+	waitUntil(t, "both workers serve the plain tag", func() bool {
+		request(t, nc, "id.segment.seq", "", nil)
+		return w0.alloc.Known("seq") && w1.alloc.Known("seq")
+	})
+
+	changed := time.Now()
+	stop := changed.Add(2*window + time.Second)
+	done := make(chan []observation)
+	go func() { done <- loadUntil(t, st, "id.segment.seq", 8, stop) }()
+	ordered := true
+	if err := st.store.UpdateTag(ctx, "seq", segment.TagUpdate{Ordered: &ordered}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w0.alloc.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "w0 owns the tag", func() bool { return w0.owners.Owns("seq") })
+	ownerStart := lastAlloc(w0.rec, "seq").Start
+	// w1, still serving the tag as plain, uses its segment up: it fetches
+	// the next, above the owner's, and serves from it.
+	if _, err := w1.alloc.Take(ctx, "seq", 100000, nil); err != nil {
+		t.Fatalf("w1 using up its plain segment: %v", err)
+	}
+	waitUntil(t, "w1 serves a plain segment above the owner's", func() bool {
+		body, code := request(t, nc, "id.segment.seq", "", nil)
+		if code != "" {
+			return false
+		}
+		ids := parseIDs(t, body)
+		return ids[0] > ownerStart && !w0.rec.owns("seq", ids[0])
+	})
+	if err := w1.alloc.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if late := time.Since(changed); late > time.Second {
+		t.Fatalf("w1 saw the change %v after it, later than w0's refresh interval: the machine is too slow for this test's schedule", late)
+	}
+	obs := <-done
+	checkUnique(t, obs)
+	bound := changed.Add(2 * window)
+	var after []observation
+	for _, o := range obs {
+		if !o.sent.Before(bound) {
+			after = append(after, o)
+		}
+	}
+	if len(after) == 0 {
+		t.Fatal("no request answered after the bound")
+	}
+	if n, example := checkLinearizableFrom(obs, bound); n != 0 {
+		t.Fatalf("%d of %d requests sent more than %v after the switch broke linearizable increase: %s", n, len(after), 2*window, example)
+	}
+}
+
+// checkLinearizableFrom is checkLinearizable for the requests sent at or
+// after from, against every request answered before each was sent.
+func checkLinearizableFrom(obs []observation, from time.Time) (violations int, example string) {
+	byRecv := slices.Clone(obs)
+	sort.Slice(byRecv, func(i, j int) bool { return byRecv[i].received.Before(byRecv[j].received) })
+	prefixMax := make([]int64, len(byRecv))
+	for i, o := range byRecv {
+		prefixMax[i] = o.ids[len(o.ids)-1]
+		if i > 0 {
+			prefixMax[i] = max(prefixMax[i], prefixMax[i-1])
+		}
+	}
+	for _, b := range obs {
+		if b.sent.Before(from) {
+			continue
+		}
+		k := sort.Search(len(byRecv), func(i int) bool { return !byRecv[i].received.Before(b.sent) })
+		if k > 0 && prefixMax[k-1] >= b.ids[0] {
+			violations++
+			if example == "" {
+				example = fmt.Sprintf("a request sent at %v got %d, but %d had been answered before", b.sent.Format(time.StampMicro), b.ids[0], prefixMax[k-1])
+			}
+		}
+	}
+	return violations, example
+}
+
+// lastAlloc returns the last segment of tag the worker fetched.
+func lastAlloc(r *recorder, tag string) segment.Allocation {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a := r.allocs[tag]
+	if len(a) == 0 {
+		return segment.Allocation{}
+	}
+	return a[len(a)-1]
 }

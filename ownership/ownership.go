@@ -1,19 +1,42 @@
 // Package ownership gives each ordered tag one owner at a time among
 // dispenser's workers, through leases in a JetStream key-value bucket: claim
-// and takeover by compare-and-swap, heartbeats, and self-fencing on the
-// monotonic clock, with the same safety as the snowflake worker-ID leases.
+// and takeover by compare-and-swap, heartbeats, and self-fencing on both
+// clocks, with the same safety as the snowflake worker-ID leases.
 //
 // # Safety
 //
 // An owner counts its lease valid until the monotonic time at which it sent
-// its last successful claim or heartbeat, plus the lease. Its record says
-// the lease expires at its wall clock's send time plus the lease. Another
-// worker may take the tag over only once its own wall clock is past that
-// expiry plus one more lease (or at once after a release). So as long as
-// two workers' clocks disagree by less than a lease, the old owner has
-// stopped serving before the new one starts. A worker that finds its key
-// rewritten stops at once. A key deleted by hand is treated like a lease
-// that expired when it was deleted.
+// its last successful claim or heartbeat, plus the lease, and, since the
+// monotonic clock stops while a machine is suspended, only while its wall
+// clock is before the expiry its record states (its wall clock's send time
+// plus the lease). Another worker may take the tag over only once its own
+// wall clock is past that expiry plus one more lease (or at once after a
+// release). So as long as two workers' clocks disagree by less than a lease,
+// the old owner has stopped serving before the new one starts. A worker
+// that sees its key rewritten, deleted or purged (a watcher event newer than
+// its own last write, or a heartbeat that finds another revision) stops at
+// once.
+//
+// A key deleted or purged by hand is claimable only a margin after its
+// marker: DeletedKeyMargin or twice the longest lease any worker of the
+// bucket may hold, whichever is longer. Workers record the longest lease
+// they use under LeasesKey, raised by compare-and-swap before they claim
+// and at each heartbeat round (a round that cannot renews nothing); while
+// that record is missing, or less than three MaxLease old, the margin
+// counts with MaxLease. The claim is made the claimant's lease after that.
+//
+// A worker never acts on a bucket whose stream was deleted and recreated
+// since Open (revisions restart there, so a compare-and-swap could match a
+// stranger's record): it checks the stream's creation time before every
+// claim and heartbeat round and, on a mismatch, drops every lease and
+// refuses to claim (ErrBucketRecreated) until restarted.
+//
+// # Serving
+//
+// The one invariant the serving side relies on: Owns(tag) turns true only
+// after OnAcquire(tag) has returned, and OnLose(tag) runs only after Owns
+// turned false. dispenser wires both to the allocator's Reset, so a tag is
+// never served from buffers it held before it was (re)acquired.
 package ownership
 
 import (
@@ -24,19 +47,31 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 )
 
-// Defaults.
+// Defaults and limits.
 const (
 	DefaultBucket = "dispenser_owners"
 	DefaultLease  = 5 * time.Second
+	// MaxLease is the longest lease accepted: it bounds how long a worker
+	// not recorded under LeasesKey may serve.
+	MaxLease = 5 * time.Minute
+	// DeletedKeyMargin is the least time between a key's delete or purge
+	// marker and the end of its last holder's lease as a claimant counts
+	// it, as for the snowflake leases.
+	DeletedKeyMargin = time.Minute
+	// LeasesKey holds the longest lease used in the bucket (leasesRecord).
+	// Tag names have no dots, so it is no tag's key.
+	LeasesKey = "config.leases"
 )
 
 // Errors of this package; test with errors.Is.
@@ -45,6 +80,9 @@ var (
 	ErrInvalidSettings = errors.New("ownership: invalid settings")
 	// ErrClosed means Close was called.
 	ErrClosed = errors.New("ownership: closed")
+	// ErrBucketRecreated means the bucket's stream is not the one Open
+	// found: it was deleted and created again.
+	ErrBucketRecreated = errors.New("ownership: bucket was deleted and recreated")
 )
 
 // Settings configure Leases. Zero values mean the documented defaults.
@@ -60,15 +98,16 @@ type Settings struct {
 	// Subject is where this worker takes requests forwarded by others; it
 	// is recorded in the lease. Required.
 	Subject string
-	// Lease is how long a lease lives without a heartbeat. Default
-	// DefaultLease.
+	// Lease is how long a lease lives without a heartbeat, 10ms to
+	// MaxLease. Default DefaultLease.
 	Lease time.Duration
 	// Heartbeat is the interval of renewals, below Lease. Default Lease/3.
 	Heartbeat time.Duration
-	// OnAcquire is called when this worker becomes a tag's owner, and
-	// OnLose when it stops being one (lost, released or fenced for good),
-	// from the goroutine that noticed. The allocator drops the tag's
-	// buffers in both.
+	// OnAcquire is called when this worker becomes a tag's owner, before
+	// Owns reports it (it must not call Claim), and OnLose when it stops
+	// being one (lost, released or fenced for good), after Owns stopped
+	// reporting it; both from the goroutine that noticed. The allocator
+	// drops the tag's buffers in both.
 	OnAcquire, OnLose func(tag string)
 	// Plain, if set, says at each heartbeat whether a held tag is now
 	// known to be plain (made plain by an update); such a tag is released
@@ -104,12 +143,37 @@ func (r record) claimableAt() time.Time {
 	return r.Expires.Add(r.lease())
 }
 
+// leasesRecord is the JSON value under LeasesKey.
+type leasesRecord struct {
+	Version int `json:"version"`
+	// LongestMS is the longest lease, in milliseconds, any worker used
+	// since Since.
+	LongestMS int64 `json:"longest_lease_ms"`
+	// Since is when the record was created (by its writer's clock): a
+	// worker that last renewed before then may hold a longer lease.
+	Since time.Time `json:"since"`
+}
+
+// seen is what this worker last saw under a tag's key.
+type seen struct {
+	rev uint64 // 0: no message
+	rec record // put only
+	put bool   // false: a delete or purge marker, or no message
+	// claimable, if set, is when a marker's key may be claimed.
+	claimable time.Time
+	// stale: read the key again before trusting this (Forget, an
+	// unreadable value).
+	stale bool
+}
+
 // held is a lease this worker holds.
 type held struct {
-	rev uint64
-	rec record
+	rev uint64 // under Leases.mu
+	rec record // under Leases.mu
 	// validUntil is the monotonic time (ns) the lease is trusted until.
 	validUntil atomic.Int64
+	// expires is the record's expiry (Unix ns, wall clock).
+	expires atomic.Int64
 }
 
 // Route says where a tag's requests go.
@@ -129,23 +193,40 @@ type Leases struct {
 	log     *slog.Logger
 	session string
 	base    time.Time
+	// created is the creation time of the bucket's stream at Open.
+	created time.Time
 
 	ctx    context.Context // owned; canceled by Close
 	cancel context.CancelFunc
 	done   chan struct{} // heartbeat loop exited
+	// flights runs one claim or read per tag at a time.
+	flights singleflight.Group
 
 	claims     atomic.Uint64
 	handovers  atomic.Uint64 // claims that took over from another owner
 	losses     atomic.Uint64
 	fencedHits atomic.Uint64
+	lookups    atomic.Uint64 // reads of the bucket
+	recreated  atomic.Bool   // the stream is not the one Open found
 
-	mu sync.Mutex // protects owned, routes and closed
+	mu sync.Mutex // protects owned, routes, failed and closed
 	// owned holds the leases this worker holds, valid or not.
 	owned map[string]*held
-	// routes caches, per tag, the lease value last read or written.
-	routes map[string]record
+	// routes caches, per tag, the newest key value read or written.
+	routes map[string]seen
+	// failed holds, per tag, the error of its last claim and until when
+	// (monotonic) Claim returns it again without I/O.
+	failed map[string]failure
 	closed bool
 }
+
+type failure struct {
+	until time.Duration
+	err   error
+}
+
+// retryAfterError is how long a tag's failed claim is not tried again.
+const retryAfterError = 50 * time.Millisecond
 
 // Open opens (or creates) the bucket, refuses one that can drop values, and
 // starts the heartbeats; ctx bounds start-up only.
@@ -156,27 +237,11 @@ func Open(ctx context.Context, js jetstream.JetStream, s Settings) (*Leases, err
 	if s.Replicas == 0 {
 		s.Replicas = 1
 	}
-	if s.Lease == 0 {
-		s.Lease = DefaultLease
-	}
-	if s.Heartbeat == 0 {
-		s.Heartbeat = s.Lease / 3
-	}
-	switch {
-	case s.Owner == "" || s.Subject == "":
-		return nil, fmt.Errorf("%w: Owner and Subject are required", ErrInvalidSettings)
-	case s.Replicas < 1 || s.Replicas > 5:
+	if s.Replicas < 1 || s.Replicas > 5 {
 		return nil, fmt.Errorf("%w: Replicas %d not in 1..5", ErrInvalidSettings, s.Replicas)
-	case s.Lease < 10*time.Millisecond:
-		return nil, fmt.Errorf("%w: Lease %v shorter than 10ms", ErrInvalidSettings, s.Lease)
-	case s.Heartbeat <= 0 || s.Heartbeat >= s.Lease:
-		return nil, fmt.Errorf("%w: Heartbeat %v not in (0, Lease %v)", ErrInvalidSettings, s.Heartbeat, s.Lease)
 	}
-	if s.Now == nil {
-		s.Now = time.Now
-	}
-	if s.Logger == nil {
-		s.Logger = slog.Default()
+	if err := s.check(); err != nil {
+		return nil, err
 	}
 	kv, err := kvbucket.Open(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      s.Bucket,
@@ -188,53 +253,181 @@ func Open(ctx context.Context, js jetstream.JetStream, s Settings) (*Leases, err
 	if err != nil {
 		return nil, fmt.Errorf("ownership: %w", err)
 	}
-	return start(kv, s), nil
+	return start(ctx, kv, s)
 }
 
-// start returns running Leases over a checked bucket.
-func start(kv jetstream.KeyValue, s Settings) *Leases {
+// check fills in defaults and validates s.
+func (s *Settings) check() error {
+	if s.Lease == 0 {
+		s.Lease = DefaultLease
+	}
+	if s.Heartbeat == 0 {
+		s.Heartbeat = s.Lease / 3
+	}
+	switch {
+	case s.Owner == "" || s.Subject == "":
+		return fmt.Errorf("%w: Owner and Subject are required", ErrInvalidSettings)
+	case s.Lease < 10*time.Millisecond || s.Lease > MaxLease:
+		return fmt.Errorf("%w: Lease %v not in 10ms..%v", ErrInvalidSettings, s.Lease, MaxLease)
+	case s.Heartbeat <= 0 || s.Heartbeat >= s.Lease:
+		return fmt.Errorf("%w: Heartbeat %v not in (0, Lease %v)", ErrInvalidSettings, s.Heartbeat, s.Lease)
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	return nil
+}
+
+// start returns running Leases with checked settings over a checked
+// bucket, recording its stream's creation time.
+func start(ctx context.Context, kv jetstream.KeyValue, s Settings) (*Leases, error) {
+	created, err := streamCreated(ctx, kv)
+	if err != nil {
+		return nil, err
+	}
 	l := &Leases{
-		kv: kv, cfg: s, log: s.Logger.With("bucket", s.Bucket), session: rand.Text(), base: time.Now(),
-		done: make(chan struct{}), owned: map[string]*held{}, routes: map[string]record{},
+		kv: kv, cfg: s, log: s.Logger.With("bucket", kv.Bucket()), session: rand.Text(), base: time.Now(), created: created,
+		done: make(chan struct{}), owned: map[string]*held{}, routes: map[string]seen{}, failed: map[string]failure{},
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
+	// Watch before serving, so that no change after Open is missed.
+	w, err := kv.WatchAll(l.ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		l.cancel()
+		return nil, fmt.Errorf("ownership: bucket %q: watch: %w", kv.Bucket(), err)
+	}
 	go l.run()
-	go l.watch()
-	return l
+	go l.watch(w)
+	return l, nil
+}
+
+func streamCreated(ctx context.Context, kv jetstream.KeyValue) (time.Time, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("ownership: bucket %q: status: %w", kv.Bucket(), err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return time.Time{}, fmt.Errorf("ownership: bucket %q: status of type %T carries no stream information", kv.Bucket(), st)
+	}
+	return bs.StreamInfo().Created, nil
+}
+
+// checkStream refuses a bucket whose stream is not the one Open found; on
+// the first mismatch it drops every lease held.
+func (l *Leases) checkStream(ctx context.Context) error {
+	if l.recreated.Load() {
+		return ErrBucketRecreated
+	}
+	created, err := streamCreated(ctx, l.kv)
+	if err != nil {
+		return err
+	}
+	if created.Equal(l.created) {
+		return nil
+	}
+	if !l.recreated.Swap(true) {
+		l.log.Error("ownership: the bucket's stream was deleted and created again while this worker ran; "+
+			"it no longer serves or claims ordered tags: restart it",
+			"created_at_open", l.created, "created_now", created)
+		l.mu.Lock()
+		owned := make(map[string]*held, len(l.owned))
+		for tag, h := range l.owned {
+			owned[tag] = h
+		}
+		l.mu.Unlock()
+		for tag, h := range owned {
+			l.lose(tag, h, "the bucket was deleted and recreated")
+		}
+	}
+	return fmt.Errorf("%w: stream created at %s, at start-up it was created at %s",
+		ErrBucketRecreated, created.UTC().Format(time.RFC3339Nano), l.created.UTC().Format(time.RFC3339Nano))
 }
 
 // watch keeps the route cache current with every change of the bucket, so
-// that a release or a takeover redirects this worker's requests at once.
-func (l *Leases) watch() {
-	for l.ctx.Err() == nil {
-		w, err := l.kv.WatchAll(l.ctx, jetstream.UpdatesOnly())
-		if err != nil {
+// that a release or a takeover redirects this worker's requests at once,
+// and makes a holder whose key changed under it stop at once.
+func (l *Leases) watch(w jetstream.KeyWatcher) {
+	for {
+		for e := range w.Updates() {
+			if e != nil {
+				l.observe(e)
+			}
+		}
+		w.Stop()
+		for {
+			if l.ctx.Err() != nil {
+				return
+			}
+			var err error
+			if w, err = l.kv.WatchAll(l.ctx, jetstream.UpdatesOnly()); err == nil {
+				break
+			}
 			select {
 			case <-l.ctx.Done():
 				return
 			case <-time.After(time.Second):
-				continue
 			}
 		}
-		for e := range w.Updates() {
-			if e == nil {
-				continue
-			}
-			var r record
-			if e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &r) != nil {
-				l.Forget(e.Key())
-				continue
-			}
-			l.remember(e.Key(), r)
-			l.mu.Lock()
-			h := l.owned[e.Key()]
-			l.mu.Unlock()
-			if h != nil && r.Session != l.session {
-				l.lose(e.Key(), h, "its key was rewritten by another worker")
-			}
-		}
-		w.Stop()
 	}
+}
+
+// observe applies one change of the bucket. An event no newer than what
+// this worker already knows of the key (a late delivery) changes nothing.
+func (l *Leases) observe(e jetstream.KeyValueEntry) {
+	tag := e.Key()
+	if strings.Contains(tag, ".") {
+		return // LeasesKey
+	}
+	s := seen{rev: e.Revision()}
+	if e.Operation() == jetstream.KeyValuePut {
+		s.put = json.Unmarshal(e.Value(), &s.rec) == nil
+		s.stale = !s.put
+	}
+	l.mu.Lock()
+	l.rememberLocked(tag, s)
+	h := l.owned[tag]
+	var mine uint64
+	if h != nil {
+		mine = h.rev
+	}
+	l.mu.Unlock()
+	if h == nil || s.rev <= mine {
+		return
+	}
+	switch {
+	case e.Operation() != jetstream.KeyValuePut:
+		l.lose(tag, h, "its key was "+markerVerb(e.Operation())+" by hand")
+	case !s.put || s.rec.Session != l.session:
+		l.lose(tag, h, "its key was rewritten by another worker")
+	}
+}
+
+func markerVerb(op jetstream.KeyValueOp) string {
+	if op == jetstream.KeyValuePurge {
+		return "purged"
+	}
+	return "deleted"
+}
+
+// rememberLocked caches s for tag unless a newer revision is cached. l.mu
+// must be held.
+func (l *Leases) rememberLocked(tag string, s seen) {
+	if cur, ok := l.routes[tag]; ok && cur.rev > s.rev {
+		return
+	} else if ok && cur.rev == s.rev && !s.stale && s.claimable.IsZero() {
+		s.claimable = cur.claimable
+	}
+	l.routes[tag] = s
+}
+
+func (l *Leases) remember(tag string, s seen) {
+	l.mu.Lock()
+	l.rememberLocked(tag, s)
+	l.mu.Unlock()
 }
 
 func (l *Leases) mono() time.Duration {
@@ -245,7 +438,10 @@ func (l *Leases) mono() time.Duration {
 }
 
 // Owns reports whether this worker holds a valid lease for tag now: the
-// only condition under which it may serve the tag.
+// only condition under which it may serve the tag. Valid means both before
+// the lease's end by the monotonic clock and before the record's expiry by
+// the wall clock (the monotonic clock stops while the machine is
+// suspended).
 func (l *Leases) Owns(tag string) bool {
 	l.mu.Lock()
 	h := l.owned[tag]
@@ -253,7 +449,7 @@ func (l *Leases) Owns(tag string) bool {
 	if h == nil {
 		return false
 	}
-	if int64(l.mono()) < h.validUntil.Load() {
+	if int64(l.mono()) < h.validUntil.Load() && l.cfg.Now().UnixNano() < h.expires.Load() {
 		return true
 	}
 	l.fencedHits.Add(1)
@@ -266,25 +462,74 @@ func (l *Leases) Route(ctx context.Context, tag string) (Route, error) {
 	if l.Owns(tag) {
 		return Route{Self: true}, nil
 	}
-	l.mu.Lock()
-	rec, ok := l.routes[tag]
-	ok = ok && !l.closed // closed: the watcher no longer keeps the cache
-	l.mu.Unlock()
+	s, ok := l.cached(tag)
 	if !ok {
-		e, err := kvbucket.Latest(ctx, l.kv, tag)
+		var err error
+		if s, err = l.read(ctx, tag); err != nil {
+			return Route{}, err
+		}
+	}
+	return l.routeOf(s), nil
+}
+
+// routeOf is where requests go by s: a live owner other than this worker,
+// or none.
+func (l *Leases) routeOf(s seen) Route {
+	r := s.rec
+	if s.put && r.Owner != "" && r.Owner != l.cfg.Owner && !r.Released && l.cfg.Now().Before(r.Expires) {
+		return Route{Owner: r.Owner, Subject: r.Subject}
+	}
+	return Route{}
+}
+
+// cached returns what this worker knows of tag's key, if it may be trusted.
+func (l *Leases) cached(tag string) (seen, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.routes[tag]
+	return s, ok && !s.stale && !l.closed // closed: the watcher no longer keeps the cache
+}
+
+// read reads tag's key, once for all concurrent callers, and caches it.
+func (l *Leases) read(ctx context.Context, tag string) (seen, error) {
+	ch := l.flights.DoChan("read "+tag, func() (any, error) {
+		rctx, cancel := context.WithTimeout(l.ctx, l.cfg.Lease)
+		defer cancel()
+		e, err := l.latest(rctx, tag)
 		if err != nil {
-			return Route{}, fmt.Errorf("ownership: read %q: %w", tag, err)
+			return seen{}, fmt.Errorf("ownership: read %q: %w", tag, err)
 		}
-		if e != nil && e.Operation() == jetstream.KeyValuePut {
-			if json.Unmarshal(e.Value(), &rec) == nil {
-				l.remember(tag, rec)
-			}
+		s := seenOf(e)
+		l.remember(tag, s)
+		return s, nil
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return seen{}, r.Err
 		}
+		return r.Val.(seen), nil
+	case <-ctx.Done():
+		return seen{}, ctx.Err()
 	}
-	if rec.Owner != "" && rec.Owner != l.cfg.Owner && !rec.Released && l.cfg.Now().Before(rec.Expires) {
-		return Route{Owner: rec.Owner, Subject: rec.Subject}, nil
+}
+
+// latest reads the newest message under key, counting the read.
+func (l *Leases) latest(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	l.lookups.Add(1)
+	return kvbucket.Latest(ctx, l.kv, key)
+}
+
+func seenOf(e jetstream.KeyValueEntry) seen {
+	if e == nil {
+		return seen{}
 	}
-	return Route{}, nil
+	s := seen{rev: e.Revision()}
+	if e.Operation() == jetstream.KeyValuePut {
+		s.put = json.Unmarshal(e.Value(), &s.rec) == nil
+		s.stale = !s.put
+	}
+	return s
 }
 
 // Cached says where tag's requests go from what this worker already knows,
@@ -293,38 +538,103 @@ func (l *Leases) Cached(tag string) (r Route, ok bool) {
 	if l.Owns(tag) {
 		return Route{Self: true}, true
 	}
-	l.mu.Lock()
-	rec, ok := l.routes[tag]
-	ok = ok && !l.closed
-	l.mu.Unlock()
-	if ok && rec.Owner != "" && rec.Owner != l.cfg.Owner && !rec.Released && l.cfg.Now().Before(rec.Expires) {
-		return Route{Owner: rec.Owner, Subject: rec.Subject}, true
+	s, ok := l.cached(tag)
+	if !ok {
+		return Route{}, false
 	}
-	return Route{}, false
+	r = l.routeOf(s)
+	return r, r.Subject != ""
 }
 
-// Forget drops what this worker saw of tag's owner, so that the next Route
-// reads the key again (for example after a forwarded request went
-// unanswered).
+// Forget makes the next Route read tag's key again (for example after a
+// forwarded request went unanswered). A read older than what was cached
+// does not replace it.
 func (l *Leases) Forget(tag string) {
 	l.mu.Lock()
-	delete(l.routes, tag)
+	if s, ok := l.routes[tag]; ok {
+		s.stale = true
+		l.routes[tag] = s
+	}
 	l.mu.Unlock()
 }
 
 // Claim makes this worker the tag's owner if nobody holds a live lease on
-// it, and returns where its requests go afterwards.
+// it, and returns where its requests go afterwards. A lease this worker
+// knows to have expired but not to be claimable yet answers without I/O,
+// and so does a failed claim of the tag for retryAfterError; otherwise one
+// claim per tag runs at a time, and concurrent callers share its outcome.
+//
+// Invariant: when Claim wins, it runs OnAcquire (the allocator's Reset)
+// before the lease becomes visible to Owns, Cached and Route, so no
+// request is served from buffers this worker held before the claim.
 func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 	if l.Owns(tag) {
 		return Route{Self: true}, nil
 	}
+	now, mono := l.cfg.Now(), l.mono()
 	l.mu.Lock()
-	closed := l.closed
+	closed, f := l.closed, l.failed[tag]
+	s, known := l.routes[tag]
+	known = known && !s.stale
 	l.mu.Unlock()
-	if closed {
+	switch {
+	case closed:
 		return Route{}, ErrClosed
+	case l.recreated.Load():
+		return Route{}, ErrBucketRecreated
+	case f.err != nil && mono < f.until:
+		return Route{}, f.err
 	}
-	e, err := kvbucket.Latest(ctx, l.kv, tag)
+	if known && l.settled(s, now) {
+		return Route{}, nil
+	}
+	ch := l.flights.DoChan("claim "+tag, func() (any, error) {
+		rt, err := l.claim(tag)
+		l.mu.Lock()
+		if err != nil && !errors.Is(err, ErrClosed) {
+			l.failed[tag] = failure{until: l.mono() + retryAfterError, err: err}
+		} else {
+			delete(l.failed, tag)
+		}
+		l.mu.Unlock()
+		return rt, err
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return Route{}, r.Err
+		}
+		return r.Val.(Route), nil
+	case <-ctx.Done():
+		return Route{}, ctx.Err()
+	}
+}
+
+// settled reports whether s decides a claim at now without reading the
+// key: a lease that expired (or a key deleted) and is not claimable yet,
+// so the caller waits. A change of the key since reaches the cache through
+// the watcher. A live owner is read again (the caller asked Route first).
+func (l *Leases) settled(s seen, now time.Time) bool {
+	switch {
+	case s.put:
+		r := s.rec
+		return r.Owner != l.cfg.Owner && !r.Released && !now.Before(r.Expires) && !now.After(r.claimableAt())
+	case s.rev != 0:
+		return !s.claimable.IsZero() && !now.After(s.claimable)
+	}
+	return false
+}
+
+// claim is one claim of tag: read its key, and take it over by
+// compare-and-swap if it is free, released, expired a lease ago, or deleted
+// a margin ago.
+func (l *Leases) claim(tag string) (Route, error) {
+	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.Lease)
+	defer cancel()
+	if err := l.checkStream(ctx); err != nil {
+		return Route{}, err
+	}
+	e, err := l.latest(ctx, tag)
 	if err != nil {
 		return Route{}, fmt.Errorf("ownership: read %q: %w", tag, err)
 	}
@@ -334,18 +644,26 @@ func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 	if e != nil {
 		rev = e.Revision()
 		if e.Operation() != jetstream.KeyValuePut {
-			// Deleted by hand: as if its lease expired then.
-			prev = &record{Expires: e.Created(), LeaseMS: max(l.cfg.Lease.Milliseconds(), 1)}
-			if !now.After(prev.claimableAt()) {
+			at := e.Created()
+			floor, err := l.deletedFloor(ctx, at)
+			if err != nil {
+				return Route{}, err
+			}
+			claimable := floor.Add(l.cfg.Lease)
+			l.remember(tag, seen{rev: rev, claimable: claimable})
+			if !now.After(claimable) {
 				return Route{}, nil
 			}
+			l.log.Warn("ownership: claiming a tag whose key was deleted or purged by hand, a margin after the marker",
+				"tag", tag, "marker", markerVerb(e.Operation()), "at", at, "claimable_from", claimable)
+			prev = &record{}
 		} else {
 			var r record
 			if err := json.Unmarshal(e.Value(), &r); err != nil {
 				return Route{}, fmt.Errorf("ownership: tag %q: unreadable lease %q", tag, e.Value())
 			}
 			prev = &r
-			l.remember(tag, r)
+			l.remember(tag, seen{rev: rev, rec: r, put: true})
 			if r.Owner != l.cfg.Owner && !now.After(r.claimableAt()) {
 				if now.Before(r.Expires) && !r.Released {
 					return Route{Owner: r.Owner, Subject: r.Subject}, nil
@@ -354,22 +672,42 @@ func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 			}
 		}
 	}
+	// Record our lease as used in the bucket before we hold one.
+	if err := l.raiseLongest(ctx); err != nil {
+		return Route{}, err
+	}
 	mono := l.mono()
-	rec := l.newRecord(now)
+	rec := l.newRecord(l.cfg.Now())
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return Route{}, err
 	}
 	newRev, err := l.kv.Update(ctx, tag, data, rev)
 	if conflict(err) {
-		l.Forget(tag)
-		return l.Route(ctx, tag) // somebody else was quicker
+		// Somebody else was quicker: where did it go?
+		s, err := l.read(ctx, tag)
+		if err != nil {
+			return Route{}, err
+		}
+		return l.routeOf(s), nil
 	}
 	if err != nil {
 		return Route{}, fmt.Errorf("ownership: claim %q: %w", tag, err)
 	}
 	h := &held{rev: newRev, rec: rec}
 	h.validUntil.Store(int64(mono + l.cfg.Lease))
+	h.expires.Store(rec.Expires.UnixNano())
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		l.release(tag, h)
+		return Route{}, ErrClosed
+	}
+	// The invariant: the buffers are dropped before the lease is visible.
+	if l.cfg.OnAcquire != nil {
+		l.cfg.OnAcquire(tag)
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -377,17 +715,101 @@ func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 		return Route{}, ErrClosed
 	}
 	l.owned[tag] = h
-	l.routes[tag] = rec
+	l.rememberLocked(tag, seen{rev: newRev, rec: rec, put: true})
+	newer := l.routes[tag].rev > newRev // the watcher saw the key change already
 	l.mu.Unlock()
+	if newer {
+		l.lose(tag, h, "its key changed right after the claim")
+		return Route{}, nil
+	}
 	l.claims.Add(1)
 	if prev != nil && prev.Owner != "" && prev.Owner != l.cfg.Owner {
 		l.handovers.Add(1)
 	}
 	l.log.Info("ownership: took tag", "tag", tag, "previous_owner", ownerOf(prev))
-	if l.cfg.OnAcquire != nil {
-		l.cfg.OnAcquire(tag)
-	}
 	return Route{Self: true}, nil
+}
+
+// deletedFloor returns the time after which the holder of a key deleted or
+// purged at the server time at has stopped serving, give or take a lease of
+// clock skew: at plus DeletedKeyMargin or twice the longest lease recorded,
+// whichever is longer; while the record of the longest lease is lost,
+// twice MaxLease; and at least three MaxLease after the record was written
+// anew (a holder that last renewed before then is not in it).
+func (l *Leases) deletedFloor(ctx context.Context, at time.Time) (time.Time, error) {
+	lr, _, ok, err := l.readLongest(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	longest := MaxLease
+	if ok {
+		longest = max(l.cfg.Lease, time.Duration(lr.LongestMS)*time.Millisecond)
+	} else {
+		l.log.Warn("ownership: the record of the longest lease is missing; a deleted key waits out the longest lease allowed",
+			"key", LeasesKey, "max_lease", MaxLease)
+	}
+	floor := at.Add(max(DeletedKeyMargin, 2*longest))
+	if ok {
+		// A holder not in the record renewed last before it was written
+		// (or, once, in the round that raised the lost one), and before
+		// at: it stopped within MaxLease of at and two of the record's
+		// writing; one more for the clocks.
+		unrecorded := at.Add(2 * MaxLease)
+		if u := lr.Since.Add(3 * MaxLease); u.Before(unrecorded) {
+			unrecorded = u
+		}
+		if unrecorded.After(floor) {
+			floor = unrecorded
+		}
+	}
+	return floor, nil
+}
+
+// readLongest reads LeasesKey: ok is false when it is missing, deleted,
+// purged or unreadable; rev is the revision to update (0 for none).
+func (l *Leases) readLongest(ctx context.Context) (lr leasesRecord, rev uint64, ok bool, err error) {
+	e, err := l.latest(ctx, LeasesKey)
+	if err != nil {
+		return lr, 0, false, fmt.Errorf("ownership: read %q: %w", LeasesKey, err)
+	}
+	if e == nil {
+		return lr, 0, false, nil
+	}
+	if e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &lr) != nil || lr.Version != 1 {
+		return leasesRecord{}, e.Revision(), false, nil
+	}
+	return lr, e.Revision(), true, nil
+}
+
+// raiseLongest makes sure LeasesKey records a lease at least as long as
+// ours, by compare-and-swap on the revision read: a success proves that the
+// record held it when written. A lost record is written anew, from now.
+func (l *Leases) raiseLongest(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		lr, rev, ok, err := l.readLongest(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			if rev != 0 {
+				l.log.Error("ownership: the record of the longest lease was deleted, purged or overwritten by hand; writing it anew",
+					"key", LeasesKey)
+			}
+			lr = leasesRecord{Version: 1, Since: l.cfg.Now().UTC().Round(0)}
+		}
+		lr.LongestMS = max(lr.LongestMS, l.cfg.Lease.Milliseconds())
+		data, err := json.Marshal(lr)
+		if err != nil {
+			return err
+		}
+		_, err = l.kv.Update(ctx, LeasesKey, data, rev)
+		if err == nil {
+			return nil
+		}
+		if !conflict(err) || attempt == 3 {
+			return fmt.Errorf("ownership: record the longest lease: %w", err)
+		}
+	}
 }
 
 func ownerOf(r *record) string {
@@ -405,12 +827,6 @@ func (l *Leases) newRecord(now time.Time) record {
 	}
 }
 
-func (l *Leases) remember(tag string, r record) {
-	l.mu.Lock()
-	l.routes[tag] = r
-	l.mu.Unlock()
-}
-
 // run renews the held leases every Heartbeat until Close.
 func (l *Leases) run() {
 	defer close(l.done)
@@ -426,7 +842,9 @@ func (l *Leases) run() {
 	}
 }
 
-// heartbeat renews every held lease once, or releases it (Plain).
+// heartbeat renews every held lease once, or releases it (Plain). It first
+// checks that the bucket is the one Open found and that the longest lease
+// recorded covers ours; if either fails, no lease is renewed this round.
 func (l *Leases) heartbeat() {
 	l.mu.Lock()
 	tags := make([]string, 0, len(l.owned))
@@ -434,7 +852,24 @@ func (l *Leases) heartbeat() {
 		tags = append(tags, tag)
 	}
 	l.mu.Unlock()
+	if len(tags) == 0 {
+		return
+	}
 	sort.Strings(tags)
+	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.Lease)
+	defer cancel()
+	if err := l.checkStream(ctx); err != nil {
+		if !errors.Is(err, ErrBucketRecreated) && l.ctx.Err() == nil {
+			l.log.Warn("ownership: heartbeat failed", "err", err)
+		}
+		return
+	}
+	if err := l.raiseLongest(ctx); err != nil {
+		if l.ctx.Err() == nil {
+			l.log.Warn("ownership: heartbeat failed", "err", err)
+		}
+		return
+	}
 	for _, tag := range tags {
 		if l.cfg.Plain != nil && l.cfg.Plain(tag) {
 			l.log.Info("ownership: releasing a tag that is no longer ordered", "tag", tag)
@@ -449,8 +884,12 @@ func (l *Leases) heartbeat() {
 func (l *Leases) renew(tag string) {
 	l.mu.Lock()
 	h := l.owned[tag]
+	var rev uint64
+	if h != nil {
+		rev = h.rev
+	}
 	l.mu.Unlock()
-	if h == nil {
+	if h == nil || l.recreated.Load() {
 		return
 	}
 	mono := l.mono()
@@ -461,16 +900,22 @@ func (l *Leases) renew(tag string) {
 	}
 	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.Lease)
 	defer cancel()
-	rev, err := l.kv.Update(ctx, tag, data, h.rev)
+	newRev, err := l.kv.Update(ctx, tag, data, rev)
 	switch {
 	case err == nil:
 		l.mu.Lock()
-		h.rev, h.rec = rev, rec
-		l.routes[tag] = rec
+		h.rev, h.rec = newRev, rec
+		l.rememberLocked(tag, seen{rev: newRev, rec: rec, put: true})
+		newer := l.routes[tag].rev > newRev
 		l.mu.Unlock()
+		if newer {
+			l.lose(tag, h, "its key changed right after the heartbeat")
+			return
+		}
 		h.validUntil.Store(max(h.validUntil.Load(), int64(mono+l.cfg.Lease)))
-	case conflict(err):
-		l.lose(tag, h, "its key was rewritten by another worker")
+		h.expires.Store(max(h.expires.Load(), rec.Expires.UnixNano()))
+	case conflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		l.lose(tag, h, "its key was rewritten, deleted or purged")
 	default:
 		if l.ctx.Err() == nil {
 			l.log.Warn("ownership: heartbeat failed", "tag", tag, "err", err)
@@ -478,16 +923,21 @@ func (l *Leases) renew(tag string) {
 	}
 }
 
-// lose drops a lease this worker no longer holds.
+// lose drops a lease this worker no longer holds: Owns turns false before
+// OnLose runs.
 func (l *Leases) lose(tag string, h *held, why string) {
 	h.validUntil.Store(0)
+	h.expires.Store(0)
 	l.mu.Lock()
 	if l.owned[tag] != h {
 		l.mu.Unlock()
 		return
 	}
 	delete(l.owned, tag)
-	delete(l.routes, tag)
+	if s, ok := l.routes[tag]; ok {
+		s.stale = true
+		l.routes[tag] = s
+	}
 	l.mu.Unlock()
 	l.losses.Add(1)
 	l.log.Warn("ownership: lost tag", "tag", tag, "reason", why)
@@ -502,10 +952,10 @@ func (l *Leases) Release(tag string) {
 	l.mu.Lock()
 	h := l.owned[tag]
 	delete(l.owned, tag)
-	delete(l.routes, tag)
 	l.mu.Unlock()
 	if h != nil {
 		h.validUntil.Store(0)
+		h.expires.Store(0)
 		l.release(tag, h)
 		if l.cfg.OnLose != nil {
 			l.cfg.OnLose(tag)
@@ -514,7 +964,12 @@ func (l *Leases) Release(tag string) {
 }
 
 func (l *Leases) release(tag string, h *held) {
-	rec := h.rec
+	l.mu.Lock()
+	rec, rev := h.rec, h.rev
+	l.mu.Unlock()
+	if l.recreated.Load() {
+		return // never write to a stranger's stream
+	}
 	now := l.cfg.Now().UTC().Round(0)
 	rec.Heartbeat, rec.Expires, rec.Released = now, now, true
 	data, err := json.Marshal(rec)
@@ -523,9 +978,12 @@ func (l *Leases) release(tag string, h *held) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Lease)
 	defer cancel()
-	if _, err := l.kv.Update(ctx, tag, data, h.rev); err != nil {
+	newRev, err := l.kv.Update(ctx, tag, data, rev)
+	if err != nil {
 		l.log.Warn("ownership: release failed; the tag moves once the lease expires", "tag", tag, "err", err)
+		return
 	}
+	l.remember(tag, seen{rev: newRev, rec: rec, put: true})
 }
 
 // Owned returns the tags this worker holds valid leases for, sorted.
@@ -556,13 +1014,16 @@ type Stats struct {
 	// FencedRefusals counts requests refused because a lease this worker
 	// held was no longer valid.
 	FencedRefusals uint64 `json:"fenced_refusals"`
+	// Lookups counts reads of the bucket (claims, route look-ups, the
+	// longest-lease record).
+	Lookups uint64 `json:"lookups"`
 }
 
 // Stats returns the ownership state.
 func (l *Leases) Stats() Stats {
 	return Stats{
 		Owner: l.cfg.Owner, Owned: l.Owned(), Claims: l.claims.Load(), Handovers: l.handovers.Load(),
-		Losses: l.losses.Load(), FencedRefusals: l.fencedHits.Load(),
+		Losses: l.losses.Load(), FencedRefusals: l.fencedHits.Load(), Lookups: l.lookups.Load(),
 	}
 }
 
@@ -587,6 +1048,7 @@ func (l *Leases) Close() {
 	l.mu.Unlock()
 	for tag, h := range rest { // fenced ones: release them too
 		h.validUntil.Store(0)
+		h.expires.Store(0)
 		l.release(tag, h)
 	}
 }

@@ -2,6 +2,8 @@ package ownership
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -24,6 +26,13 @@ type clock struct {
 func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.wall }
 func (c *clock) Mono() time.Duration { c.mu.Lock(); defer c.mu.Unlock(); return c.mono }
 func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.wall = c.wall.Add(d); c.mono += d; c.mu.Unlock() }
+
+// Jump moves the wall clock only, as a resume from suspend does (the
+// monotonic clock stood still) or a clock step.
+func (c *clock) Jump(d time.Duration) { c.mu.Lock(); c.wall = c.wall.Add(d); c.mu.Unlock() }
+
+// Set sets the wall clock only.
+func (c *clock) Set(t time.Time) { c.mu.Lock(); c.wall = t; c.mu.Unlock() }
 
 // worker is one Leases with its own clock and a record of its callbacks.
 type worker struct {
@@ -64,7 +73,11 @@ func newWorker(tb testing.TB, kv jetstream.KeyValue, owner string, skew time.Dur
 	for _, o := range opts {
 		o(&st)
 	}
-	w.Leases = start(kv, st)
+	l, err := start(context.Background(), kv, st)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w.Leases = l
 	tb.Cleanup(w.Close)
 	return w
 }
@@ -206,8 +219,9 @@ func TestCloseReleasesAll(t *testing.T) {
 	}
 }
 
-// TestDeletedKey: a key deleted by hand counts as a lease that expired when
-// it was deleted: not claimable at once, since its owner may still serve.
+// TestDeletedKey: a key deleted by hand counts as a lease that expired
+// DeletedKeyMargin after it was deleted: not claimable at once, since its
+// owner may still serve, nor a lease later as the old code had it.
 func TestDeletedKey(t *testing.T) {
 	kv := newBucket(t)
 	a := newWorker(t, kv, "a", 0)
@@ -220,14 +234,265 @@ func TestDeletedKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := newWorker(t, kv, "b", 0)
-	b.clock.mu.Lock()
-	b.clock.wall = e.Created() // at the deletion, by b's clock
-	b.clock.mu.Unlock()
+	b.clock.Set(e.Created()) // at the deletion, by b's clock
 	if r := claim(t, b, "orders"); r.Self {
 		t.Fatal("b claimed a key deleted a moment ago")
 	}
 	b.clock.Add(5*time.Second + time.Millisecond)
+	if r := claim(t, b, "orders"); r.Self {
+		t.Fatal("b claimed a deleted key a lease after the deletion, before DeletedKeyMargin")
+	}
+	b.clock.Set(e.Created().Add(DeletedKeyMargin + 5*time.Second + time.Millisecond))
 	if r := claim(t, b, "orders"); !r.Self {
-		t.Fatalf("b's claim a lease after the deletion: %+v, want Self", r)
+		t.Fatalf("b's claim the margin plus a lease after the deletion: %+v, want Self", r)
+	}
+}
+
+// TestAcquireBeforeVisible: OnAcquire (the allocator's Reset) runs before
+// the lease is visible to Owns and Cached, and OnLose after it is gone.
+// The old code published the lease first.
+func TestAcquireBeforeVisible(t *testing.T) {
+	kv := newBucket(t)
+	var w *worker
+	var during []string
+	w = newWorker(t, kv, "a", 0, func(s *Settings) {
+		s.OnAcquire = func(tag string) {
+			if w.Owns(tag) {
+				during = append(during, "acquire: Owns true")
+			}
+			if r, _ := w.Cached(tag); r.Self {
+				during = append(during, "acquire: Cached Self")
+			}
+		}
+		s.OnLose = func(tag string) {
+			if w.Owns(tag) {
+				during = append(during, "lose: Owns true")
+			}
+		}
+	})
+	claim(t, w, "orders")
+	if !w.Owns("orders") {
+		t.Fatal("no ownership after the claim")
+	}
+	w.Release("orders")
+	if len(during) != 0 {
+		t.Fatalf("ownership visible while the buffers were reset: %v", during)
+	}
+}
+
+// TestDeletedKeyMarginCoversLongestLease is issue 21's point 3: two
+// workers with different leases. a holds a 50 s lease, its key is deleted
+// by hand; b, with a 5 s lease, must not claim before twice a's lease
+// (recorded in the bucket) has passed since the delete; the old code let
+// it claim 5 s after it. a, seeing the delete, stops at once.
+func TestDeletedKeyMarginCoversLongestLease(t *testing.T) {
+	kv := newBucket(t)
+	a := newWorker(t, kv, "a", 0, func(s *Settings) { s.Lease = 50 * time.Second })
+	b := newWorker(t, kv, "b", 0)
+	claim(t, a, "orders")
+	if err := kv.Delete(context.Background(), "orders"); err != nil {
+		t.Fatal(err)
+	}
+	e, err := kvbucket.Latest(context.Background(), kv, "orders")
+	if err != nil || e == nil || e.Operation() != jetstream.KeyValueDelete {
+		t.Fatalf("latest after delete: %v, %v", e, err)
+	}
+	waitFor(t, "a stops serving the deleted key", func() bool { return !a.Owns("orders") })
+	for _, after := range []time.Duration{6 * time.Second, DeletedKeyMargin + 6*time.Second, 100*time.Second + 5*time.Second} {
+		b.clock.Set(e.Created().Add(after))
+		if r := claim(t, b, "orders"); r.Self {
+			t.Fatalf("b claimed the key %v after its deletion, within twice a's 50s lease plus b's lease", after)
+		}
+	}
+	b.clock.Set(e.Created().Add(105*time.Second + time.Millisecond))
+	if r := claim(t, b, "orders"); !r.Self {
+		t.Fatalf("b's claim twice a's lease plus its own after the deletion: %+v, want Self", r)
+	}
+}
+
+// TestDeletedKeyHolderStops: a holder stops at once when it sees its key
+// deleted or purged, by the watcher or at its heartbeat.
+func TestDeletedKeyHolderStops(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		remove func(jetstream.KeyValue) error
+	}{
+		{"delete", func(kv jetstream.KeyValue) error { return kv.Delete(context.Background(), "orders") }},
+		{"purge", func(kv jetstream.KeyValue) error { return kv.Purge(context.Background(), "orders") }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			kv := newBucket(t)
+			a := newWorker(t, kv, "a", 0)
+			claim(t, a, "orders")
+			if err := tt.remove(kv); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "a stops serving", func() bool { return !a.Owns("orders") })
+			a.mu.Lock()
+			lost := slices.Clone(a.lost)
+			a.mu.Unlock()
+			if !slices.Equal(lost, []string{"orders"}) {
+				t.Fatalf("OnLose calls %v, want [orders]", lost)
+			}
+		})
+	}
+}
+
+// waitFor waits for cond, failing the test after a generous deadline.
+func waitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSuspendedOwnerStops is issue 21's point 10: after a suspend the
+// monotonic clock has not moved but the wall clock has, past the lease's
+// expiry; the owner must stop. The old code, checking the monotonic clock
+// only, went on serving.
+func TestSuspendedOwnerStops(t *testing.T) {
+	kv := newBucket(t)
+	a := newWorker(t, kv, "a", 0)
+	claim(t, a, "orders")
+	a.clock.Jump(4 * time.Second)
+	if !a.Owns("orders") {
+		t.Fatal("a stopped within its lease")
+	}
+	a.clock.Jump(time.Second) // resumed a lease after its last heartbeat
+	if a.Owns("orders") {
+		t.Fatal("a serves past its record's expiry by the wall clock (monotonic clock stopped while suspended)")
+	}
+	a.renew("orders") // nobody took over: the renewal succeeds
+	if !a.Owns("orders") {
+		t.Fatal("a does not serve after renewing its untouched lease")
+	}
+}
+
+// TestClaimStorm is issue 21's point 11: many requests for a tag whose
+// owner died, each retrying Claim as routeOrdered does, read the key a
+// bounded number of times; the old code read it (a new consumer each time)
+// once per call.
+func TestClaimStorm(t *testing.T) {
+	kv := newBucket(t)
+	a := newWorker(t, kv, "a", 0)
+	b := newWorker(t, kv, "b", 0)
+	claim(t, a, "orders") // a dies: no heartbeat, no release
+	b.clock.Add(5*time.Second + time.Millisecond)
+	before := b.Stats().Lookups
+	const requests, retries = 100, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, requests)
+	for range requests {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range retries {
+				if r, err := b.Claim(context.Background(), "orders"); err != nil || r.Self {
+					errs <- fmt.Errorf("claim before the lease is claimable: %+v, %v", r, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := b.Stats().Lookups - before; n > 5 {
+		t.Fatalf("%d claims read the bucket %d times, want a handful", requests*retries, n)
+	}
+	b.clock.Add(5 * time.Second)
+	if r := claim(t, b, "orders"); !r.Self {
+		t.Fatalf("claim once claimable: %+v, want Self", r)
+	}
+}
+
+// TestLateWatcherEvent is issue 21's point 12: a watcher event older than
+// the holder's own write (the previous owner's, delivered late) must not
+// make it lose its fresh lease, and an older read must not replace a newer
+// cached value.
+func TestLateWatcherEvent(t *testing.T) {
+	kv := newBucket(t)
+	a := newWorker(t, kv, "a", 0)
+	b := newWorker(t, kv, "b", 0)
+	claim(t, b, "orders")
+	old, err := kv.Get(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Release("orders")
+	claim(t, a, "orders")
+	a.observe(old) // b's claim, delivered late
+	if !a.Owns("orders") {
+		t.Fatal("a lost its lease to an event older than its claim")
+	}
+	// c caches a's claim, then reads b's old one late.
+	c := newWorker(t, kv, "c", 0)
+	if r, err := c.Route(context.Background(), "orders"); err != nil || r.Owner != "a" {
+		t.Fatalf("c's route: %+v, %v; want a", r, err)
+	}
+	c.observe(old)
+	if r, ok := c.Cached("orders"); !ok || r.Owner != "a" {
+		t.Fatalf("c's cached route after a late older value: %+v, %v; want a", r, ok)
+	}
+}
+
+// TestBucketRecreated is issue 21's point 14: the bucket is deleted and
+// created again while a holds a lease; b claims the tag in the new stream
+// at the revision a holds. a must not renew it (the old code's
+// compare-and-swap matched b's record) and must stop serving.
+func TestBucketRecreated(t *testing.T) {
+	js, err := jetstream.New(testenv.Connect(t, testenv.NATS(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cfg := jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1}
+	kv, err := js.CreateKeyValue(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newWorker(t, kv, "a", 0)
+	claim(t, a, "orders")
+	a.mu.Lock()
+	rev := a.owned["orders"].rev
+	a.mu.Unlock()
+	if err := js.DeleteKeyValue(ctx, DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	kv2, err := js.CreateKeyValue(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill the new stream up to a's revision, as other keys would.
+	for i := uint64(1); i+1 < rev; i++ {
+		if _, err := kv2.Put(ctx, fmt.Sprintf("filler%d", i), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newWorker(t, kv2, "b", 0)
+	claim(t, b, "orders")
+	e, err := kv2.Get(ctx, "orders")
+	if err != nil || e.Revision() > rev+1 {
+		t.Fatalf("b's record at revision %v (%v), want at most a's %d plus the longest-lease record", e, err, rev)
+	}
+	a.heartbeat()
+	if a.Owns("orders") {
+		t.Fatal("a still serves after its bucket was recreated")
+	}
+	if r := claim(t, b, "orders"); !r.Self {
+		t.Fatalf("b lost the tag: %+v", r)
+	}
+	got, err := kv2.Get(ctx, "orders")
+	if err != nil || got.Revision() != e.Revision() {
+		t.Fatalf("b's record was overwritten: now revision %v (%v), b wrote %d", got, err, e.Revision())
+	}
+	if _, err := a.Claim(ctx, "other"); !errors.Is(err, ErrBucketRecreated) {
+		t.Fatalf("a's claim on the recreated bucket: %v, want ErrBucketRecreated", err)
 	}
 }

@@ -110,6 +110,9 @@ type Allocator struct {
 
 	// tags maps tag names to the buffers of the tags in use.
 	tags *tagMap
+	// refetch maps a buffer of an ordered tag made during the tag's switch
+	// window to the window's end (time.Time), when TakeOwned drops it.
+	refetch sync.Map
 
 	refreshMu sync.Mutex // serializes Refresh; protects cursor
 	cursor    int64      // ChangeLister cursor of the last refresh
@@ -117,7 +120,10 @@ type Allocator struct {
 	mu sync.Mutex // protects the fields below
 	// negative holds tags the store did not know, and when that expires.
 	negative map[string]time.Time
-	closed   bool
+	// orderedSeen holds, per tag known to be ordered, when this allocator
+	// first saw it ordered: the start of its switch window.
+	orderedSeen map[string]time.Time
+	closed      bool
 }
 
 // New validates s and returns a running Allocator. It does no I/O itself:
@@ -190,6 +196,7 @@ func New(s Settings) (*Allocator, error) {
 		log:             s.Logger,
 		onFetch:         s.OnFetch,
 		negative:        make(map[string]time.Time),
+		orderedSeen:     make(map[string]time.Time),
 		loaded:          make(chan struct{}),
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
@@ -250,10 +257,56 @@ func (a *Allocator) TakeNow(tag string, n int, dst []Run) ([]Run, *Pending, erro
 
 // TakeOwned is TakeNow for a caller that owns tag (package ownership): it
 // serves ordered tags too. The caller must own the tag when it calls; Reset
-// the tag whenever ownership is gained or lost, so that an owner serves only
-// segments fetched while it owned the tag.
+// the tag whenever ownership is gained or lost, before the ownership is
+// visible to requests, so that an owner serves only segments fetched while
+// it owned the tag.
+//
+// A tag this allocator saw become ordered less than SwitchWindow ago may
+// still be served as plain by workers that have not seen the change, from
+// segments above the owner's. So TakeOwned drops (as Reset does) buffers
+// made before the window ended, once it has: from then on the owner serves
+// only segments fetched after every worker stopped serving the tag as
+// plain.
 func (a *Allocator) TakeOwned(tag string, n int, dst []Run) ([]Run, *Pending, error) {
+	if b := a.tags.get(tag); b != nil {
+		if end, ok := a.refetch.Load(b); ok && !a.now().Before(end.(time.Time)) {
+			a.reset(tag, b)
+		}
+	}
 	return a.takeNow(tag, n, dst, true)
+}
+
+// SwitchWindow is how long after this allocator saw a tag become ordered a
+// worker with the same settings may still serve it as plain: a refresh
+// interval plus two store calls (the refresh that saw the change may have
+// started just before it) plus MaxWait (a plain request admitted before
+// the refresh waits that long at most). Every worker has seen the change
+// one window after it was made, so an owner's first segment fetched after
+// two windows is above every ID served as plain.
+func (a *Allocator) SwitchWindow() time.Duration {
+	return a.refreshInterval + 2*a.fetchTimeout + a.maxWait
+}
+
+// noteOrdered records whether b's tag is ordered, and, for an ordered tag
+// still in its switch window, when b must be dropped for fresh segments.
+func (a *Allocator) noteOrdered(b *buffer, ordered bool) {
+	b.ordered.Store(ordered)
+	now := a.now()
+	a.mu.Lock()
+	if !ordered {
+		delete(a.orderedSeen, b.tag)
+		a.mu.Unlock()
+		return
+	}
+	seen, ok := a.orderedSeen[b.tag]
+	if !ok {
+		seen = now
+		a.orderedSeen[b.tag] = seen
+	}
+	a.mu.Unlock()
+	if end := seen.Add(a.SwitchWindow()); now.Before(end) {
+		a.refetch.LoadOrStore(b, end)
+	}
 }
 
 func (a *Allocator) takeNow(tag string, n int, dst []Run, owned bool) ([]Run, *Pending, error) {
@@ -277,19 +330,31 @@ func (a *Allocator) takeNow(tag string, n int, dst []Run, owned bool) ([]Run, *P
 // Reset drops tag's buffers, unissued IDs included, so that its next
 // request fetches a new segment; an owner of an ordered tag calls it when
 // it gains or loses ownership. Requests holding the old buffers go on with
-// the new ones.
+// the new ones (TakeOwned's fail with ErrOrdered, to be routed again).
+//
+// Each Reset starts a new generation of the tag's buffers: once it has
+// returned, no ID of a segment fetched for an earlier generation is handed
+// out, not even one whose fetch was under way (publish discards it).
 func (a *Allocator) Reset(tag string) {
-	b := a.tags.get(tag)
-	if b == nil || !a.tags.drop(tag, b) {
+	if b := a.tags.get(tag); b != nil {
+		a.reset(tag, b)
+	}
+}
+
+// reset drops b if it is still tag's buffer.
+func (a *Allocator) reset(tag string, b *buffer) {
+	if !a.tags.drop(tag, b) {
 		return
 	}
+	a.refetch.Delete(b)
 	b.loading.Store(true) // no loader starts for b any more
+	// Freeze under b.mu: publish installs under it, and checks dropped.
+	b.mu.Lock()
 	for _, seg := range []*segment{b.cur.Load(), b.next.Load()} {
 		if seg != nil {
 			seg.freeze()
 		}
 	}
-	b.mu.Lock()
 	b.wakeAll()
 	b.mu.Unlock()
 }
@@ -399,7 +464,7 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 			return nil, fmt.Errorf("%w: looking up tag %q: %w", ErrUnavailable, tag, err)
 		}
 		b := a.addTag(tag)
-		b.ordered.Store(t.Ordered)
+		a.noteOrdered(b, t.Ordered)
 		return b, nil
 	})
 	timer := time.NewTimer(deadline.Sub(a.now()))
@@ -429,7 +494,10 @@ func (a *Allocator) addTag(tag string) *buffer {
 }
 
 // removeTag stops serving tag, if b is still its buffer.
-func (a *Allocator) removeTag(tag string, b *buffer) { a.tags.drop(tag, b) }
+func (a *Allocator) removeTag(tag string, b *buffer) {
+	a.tags.drop(tag, b)
+	a.refetch.Delete(b)
+}
 
 // wait takes the remaining n IDs of b, waiting for segments until deadline.
 func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadline time.Time, owned bool) ([]Run, error) {
@@ -570,6 +638,9 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 func (a *Allocator) apply(c TagChange) {
 	b := a.tags.get(c.Tag.Name)
 	if c.Deleted {
+		a.mu.Lock()
+		delete(a.orderedSeen, c.Tag.Name)
+		a.mu.Unlock()
 		if b != nil {
 			b.remove()
 			a.removeTag(b.tag, b)
@@ -578,9 +649,14 @@ func (a *Allocator) apply(c TagChange) {
 	}
 	a.mu.Lock()
 	delete(a.negative, c.Tag.Name)
+	if _, ok := a.orderedSeen[c.Tag.Name]; c.Tag.Ordered && !ok {
+		a.orderedSeen[c.Tag.Name] = a.now() // not in memory: its window starts now all the same
+	} else if !c.Tag.Ordered {
+		delete(a.orderedSeen, c.Tag.Name)
+	}
 	a.mu.Unlock()
 	if b != nil {
-		b.ordered.Store(c.Tag.Ordered)
+		a.noteOrdered(b, c.Tag.Ordered)
 		if c.Tag.Step > 0 {
 			b.mu.Lock()
 			b.minStep = c.Tag.Step
@@ -625,6 +701,7 @@ func (a *Allocator) release(b *buffer) {
 		b.loading.Store(false)
 		return
 	}
+	a.refetch.Delete(b)
 	b.mu.Lock()
 	b.wakeAll() // requests holding b take the tag's new buffer
 	b.mu.Unlock()

@@ -275,6 +275,14 @@ func (b *buffer) publish(alloc Allocation, latency time.Duration) {
 	}
 	seg.cursor.Store(alloc.Start)
 	b.mu.Lock()
+	if b.dropped.Load() {
+		// Reset (or removed, or released) while it was fetched: a
+		// segment of an older generation is never installed. loading
+		// stays set: nothing more is fetched for b.
+		b.wakeAll()
+		b.mu.Unlock()
+		return
+	}
 	b.step = size
 	b.minStep = alloc.TagStep
 	b.lastFetch = seg.fetchedAt

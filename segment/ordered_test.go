@@ -3,7 +3,9 @@ package segment
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
+	"time"
 )
 
 // TestOrderedTagsOnlyForTheOwner: an ordered tag is refused by Take and
@@ -63,5 +65,129 @@ func TestOrderedTagsOnlyForTheOwner(t *testing.T) {
 	a.Reset("o")
 	if a.Plain("o") || a.Ordered("o") {
 		t.Fatalf("after Reset: Plain %v, Ordered %v; want neither known", a.Plain("o"), a.Ordered("o"))
+	}
+}
+
+// lateStore hands out a fetched segment late: its next Fetch takes the
+// segment from the store, says so on fetched, and returns it only once
+// hold is closed, as a reply delayed in the network would.
+type lateStore struct {
+	*memStore
+	mu      sync.Mutex // protects fetched and hold
+	fetched chan Allocation
+	hold    chan struct{}
+}
+
+func (s *lateStore) Fetch(ctx context.Context, tag string, step int64) (Allocation, error) {
+	alloc, err := s.memStore.Fetch(ctx, tag, step)
+	s.mu.Lock()
+	fetched, hold := s.fetched, s.hold
+	s.fetched, s.hold = nil, nil
+	s.mu.Unlock()
+	if fetched != nil {
+		fetched <- alloc
+		<-hold
+	}
+	return alloc, err
+}
+
+// TestResetDiscardsSegmentFetchedBefore: a segment whose fetch began before
+// Reset, under the previous ownership, is never installed, so never handed
+// out, not even to a request that held the old buffer across the Reset (a
+// straggler that passed the ownership check just before a loss). The old
+// code installed it into the dropped buffer, from which that request took
+// 1 after another owner's segment had started at 11.
+func TestResetDiscardsSegmentFetchedBefore(t *testing.T) {
+	ctx := context.Background()
+	mem := newMemStore(t, Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true})
+	fetched, hold := make(chan Allocation, 1), make(chan struct{})
+	st := &lateStore{memStore: mem, fetched: fetched, hold: hold}
+	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxWait: time.Minute})
+	_, p, err := a.TakeOwned("o", 1, nil)
+	if err != nil || p == nil {
+		t.Fatalf("TakeOwned of a new tag: pending %v, err %v; want a pending request", p, err)
+	}
+	waited := make(chan error, 1)
+	go func() { _, err := p.Wait(ctx); waited <- err }()
+	stale := <-fetched // fetched [1,11), not yet installed
+	b := a.tags.get("o")  // the buffer a straggler holds
+	if b == nil {
+		t.Fatal("no buffer for the tag while its first segment is fetched")
+	}
+	a.Reset("o") // ownership lost, perhaps regained
+	if other, err := mem.Fetch(ctx, "o", 0); err != nil || other.Start <= stale.Start {
+		t.Fatalf("another owner's fetch: %+v, %v", other, err)
+	}
+	if err := <-waited; !errors.Is(err, ErrOrdered) {
+		t.Fatalf("the request waiting across the Reset: %v, want ErrOrdered (to be routed again)", err)
+	}
+	runs, p, err := a.TakeOwned("o", 1, nil)
+	if err == nil && p != nil {
+		runs, err = p.Wait(ctx)
+	}
+	if err != nil || expand(runs)[0] <= 20 {
+		t.Fatalf("after Reset: %v, %v; want an ID of a segment fetched after it (above 20)", expand(runs), err)
+	}
+	close(hold) // the stale segment arrives
+	if err := a.Close(ctx); err != nil { // waits for the loader
+		t.Fatal(err)
+	}
+	if got, rest := b.take(1, nil); rest == 0 {
+		t.Fatalf("the straggler took %v from a segment fetched before Reset", expand(got))
+	}
+}
+
+// fakeNow is a settable wall clock for the allocator.
+type fakeNow struct {
+	mu sync.Mutex // protects t
+	t  time.Time
+}
+
+func (c *fakeNow) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeNow) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// TestSwitchWindowRefetch: a tag made ordered may be served as plain by
+// workers that have not seen the change yet, from segments fetched after
+// the owner's. Once the switch window has passed, the owner serves only
+// from a segment fetched after it, above all of those; the old code went
+// on serving its segment from before, below what the plain workers handed
+// out.
+func TestSwitchWindowRefetch(t *testing.T) {
+	ctx := context.Background()
+	clk := &fakeNow{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
+	mem := newMemStore(t, Tag{Name: "o", MaxID: 1, Step: 1000})
+	a := newAllocator(t, Settings{Store: mem, MaxStep: 1000, Now: clk.Now, RefreshInterval: time.Hour})
+	if got := take(t, a, "o", 1); got[0] != 1 {
+		t.Fatalf("plain: %v, want [1]", got)
+	}
+	mem.mu.Lock()
+	mem.tags["o"].Ordered = true
+	mem.mu.Unlock()
+	a.apply(TagChange{Tag: Tag{Name: "o", Step: 1000, Ordered: true}}) // this worker's refresh
+	owned := func() int64 {
+		t.Helper()
+		runs, p, err := a.TakeOwned("o", 1, nil)
+		if err == nil && p != nil {
+			runs, err = p.Wait(ctx)
+		}
+		if err != nil {
+			t.Fatalf("TakeOwned: %v", err)
+		}
+		return expand(runs)[0]
+	}
+	a.Reset("o") // it claims the tag
+	first := owned()
+	// A worker that has not refreshed yet fetches a plain segment above.
+	plain, err := mem.Fetch(ctx, "o", 0)
+	if err != nil || plain.Start <= first {
+		t.Fatalf("plain fetch %+v, %v; want above %d", plain, err, first)
+	}
+	clk.Add(a.SwitchWindow() - time.Millisecond)
+	if got := owned(); got != first+1 {
+		t.Fatalf("within the window: %d, want %d (the owner's segment)", got, first+1)
+	}
+	clk.Add(time.Millisecond)
+	if got := owned(); got < plain.End {
+		t.Fatalf("after the switch window the owner served %d, below the plain segment %d..%d", got, plain.Start, plain.End-1)
 	}
 }
