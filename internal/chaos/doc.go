@@ -70,7 +70,7 @@
 //
 // Run it with
 //
-//	go test -race ./internal/chaos/                 # short mode, 80-120 s on 2 cores
+//	go test -race ./internal/chaos/                 # short mode, 80-130 s on 2 cores
 //	DISPENSER_CHAOS_LONG=1 go test -timeout 30m ./internal/chaos/
 //
 // Environment variables:
