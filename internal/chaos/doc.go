@@ -28,6 +28,25 @@
 //     reported by fault, for all requests and for the ordered tag's. The
 //     failover happens at most once per run: the promoted replica is the
 //     primary from then on, and the later PostgreSQL faults break it.
+//   - TestOrderedOwnerChanges: the chaos mode of ordered tags. Three
+//     workers on the JetStream KV segment store, --ordered-lease 400ms,
+//     --refresh-interval 200ms, eight clients on one tag that is switched
+//     from plain to ordered and back every few seconds while they run; in
+//     each ordered phase, one to three owner changes: SIGSTOP of the owner
+//     until another took over, SIGTERM (handover at once) or SIGKILL of
+//     the owner and restart, and a stalled claim: the logs of the workers
+//     that may claim the tag stalled (their stdout and stderr are a pipe
+//     the test stops draining and fills, so their next log line blocks)
+//     while the owner is frozen, which holds the claimant between taking
+//     the tag and dropping what it held of it. Every ordered phase is
+//     checked for linearizable increase from the moment its switch settled
+//     (every worker forwarded a request, and the owner serves from a
+//     segment at or above the tag's max_id as it was then) until the
+//     switch back. TestChaos did not catch a claimant serving from buffers
+//     it held before it owned the tag: its ordered tag is ordered from
+//     the start (no worker ever holds a plain segment of it), its owner
+//     changes three times a run, twice by killing the owner with its
+//     buffers, and the window is a few microseconds long.
 //   - TestDatabaseOutage: PostgreSQL down for 10 s under load with steps
 //     for 30 s of it: no failed request, and the workers refill their
 //     buffers by themselves afterwards.
@@ -51,15 +70,18 @@
 //
 // Run it with
 //
-//	go test -race ./internal/chaos/                 # short mode, 80-120 s on 2 cores
+//	go test -race ./internal/chaos/                 # short mode, 80-130 s on 2 cores
 //	DISPENSER_CHAOS_LONG=1 go test -timeout 30m ./internal/chaos/
 //
 // Environment variables:
 //
 //	DISPENSER_CHAOS_SEED      seed of the fault schedule (logged as "chaos seed: N"), to replay a run
 //	DISPENSER_CHAOS_LONG      1: long mode, minutes of faults, a chaos run on the JetStream KV
-//	                          segment store, and 60 s of sustained load
-//	DISPENSER_CHAOS_DURATION  length of the fault phase of TestChaos in long mode (default 5m)
+//	                          segment store, three seeds of TestOrderedOwnerChanges (seed, +1,
+//	                          +2), and 60 s of sustained load
+//	DISPENSER_CHAOS_DURATION  length of the fault phase of TestChaos, and of each run of
+//	                          TestOrderedOwnerChanges, in long mode (default 5m; short mode:
+//	                          TestOrderedOwnerChanges 30 s)
 //	DISPENSER_CHAOS_RACE      1 or 0: build the workers with or without -race
 //	                          (default: like the test binary, which shares its build cache)
 //

@@ -143,6 +143,10 @@ type fleet struct {
 	bin  string
 	dir  string   // worker logs
 	base []string // flags of every worker
+	// pipeLogs: workers write their logs to a pipe the test drains into
+	// the log file, so that a fault can stall it (logPipe); else straight
+	// to the file.
+	pipeLogs bool
 
 	mu    sync.Mutex
 	procs []*proc
@@ -159,6 +163,7 @@ type proc struct {
 	workerID int    // snowflake worker ID leased at start; -1 without
 	done     chan struct{}
 	state    *os.ProcessState // set when done is closed
+	pipe     *logPipe         // with fleet.pipeLogs: the pipe of its stdout and stderr
 }
 
 func (p *proc) String() string {
@@ -231,15 +236,30 @@ func (f *fleet) start(instance string, extra ...string) *proc {
 	p.cmd = exec.Command(f.bin, args...)
 	p.cmd.Env = workerEnv()
 	p.cmd.Stdout, p.cmd.Stderr = lf, lf
+	if f.pipeLogs {
+		if p.pipe, err = newLogPipe(lf); err != nil {
+			lf.Close()
+			f.tb.Fatalf("worker %s: %v", instance, err)
+		}
+		p.cmd.Stdout, p.cmd.Stderr = p.pipe.w, p.pipe.w
+	}
 	// Should the test binary die, its workers die too.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	err = p.cmd.Start()
-	lf.Close()
+	if p.pipe == nil {
+		lf.Close()
+	}
 	if err != nil {
+		if p.pipe != nil {
+			p.pipe.finish()
+		}
 		f.tb.Fatalf("starting worker %s: %v", instance, err)
 	}
 	go func() {
 		p.cmd.Wait()
+		if p.pipe != nil {
+			p.pipe.finish() // the whole log is in the file before done closes
+		}
 		p.state = p.cmd.ProcessState
 		close(p.done)
 	}()
@@ -675,6 +695,7 @@ type workerStats struct {
 	Tags      map[string]segment.TagStats
 	Snowflake snowflake.WorkerStats
 	Ordered   ownership.Stats // the segment endpoint's "ordered"
+	Forwarded uint64          // its "forwarded": requests forwarded to the owner of their ordered tag
 	Requests  map[string]int  // per endpoint
 	Errors    map[string]int
 }
@@ -696,12 +717,15 @@ func statsOf(nc *nats.Conn, id string) (*workerStats, error) {
 		case "segment":
 			var d struct {
 				Tags    []segment.TagStats
-				Ordered ownership.Stats `json:"ordered"`
+				Ordered struct {
+					ownership.Stats
+					Forwarded uint64 `json:"forwarded"`
+				} `json:"ordered"`
 			}
 			if err := json.Unmarshal(e.Data, &d); err != nil {
 				return nil, fmt.Errorf("segment stats of %s: %w", id, err)
 			}
-			ws.Ordered = d.Ordered
+			ws.Ordered, ws.Forwarded = d.Ordered.Stats, d.Ordered.Forwarded
 			for _, t := range d.Tags {
 				ws.Tags[t.Tag] = t
 			}
