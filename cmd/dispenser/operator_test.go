@@ -142,13 +142,17 @@ func TestOperatorMistakes(t *testing.T) {
 			}
 			tt.mistake(t, ctx, js)
 			l.waitFor(t, 40) // replies (IDs or errors) after it
-			time.Sleep(time.Second)
-			l.stop(t)
-			all := logs[0].String() + logs[1].String()
+			// Under load until a worker has said what happened.
+			var all string
 			found := false
-			for _, want := range tt.logs {
-				found = found || strings.Contains(all, want)
+			for deadline := time.Now().Add(15 * time.Second); !found && time.Now().Before(deadline); {
+				all = logs[0].String() + logs[1].String()
+				for _, want := range tt.logs {
+					found = found || strings.Contains(all, want)
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
+			l.stop(t)
 			if !found {
 				t.Errorf("no worker log says what happened (want one of %q); logs:\n%s", tt.logs, all)
 			}
