@@ -141,7 +141,7 @@ type Service struct {
 	statsMu sync.Mutex // protects statsAt and segStats
 	// segStats is the segment endpoint's stats as of statsAt: $SRV.STATS
 	// requests within statsEvery get it again instead of a new walk over
-	// every tag.
+	// every tag. statsAt is zero when the last walk was over few tags.
 	statsAt  time.Time
 	segStats any
 	now      func() time.Time // time.Now; tests set it
@@ -402,12 +402,12 @@ func (s *Service) stats(e *micro.Endpoint) any {
 	case "segment":
 		s.statsMu.Lock()
 		defer s.statsMu.Unlock()
-		if now := s.now(); s.segStats == nil || now.Sub(s.statsAt) >= statsEvery || now.Before(s.statsAt) {
+		if now := s.now(); now.Sub(s.statsAt) >= statsEvery || now.Before(s.statsAt) {
 			var many bool
 			s.segStats, many = s.segmentStats()
-			s.statsAt = now
-			if !many {
-				s.statsAt = time.Time{} // a walk over few tags is cheap: fresh every time
+			s.statsAt = time.Time{} // a walk over few tags is cheap: fresh every time
+			if many {
+				s.statsAt = now
 			}
 		}
 		return s.segStats

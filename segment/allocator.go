@@ -115,6 +115,7 @@ type Allocator struct {
 	autoCreateStep  int64
 	autoCreateMax   int
 	autoCreated     atomic.Int64  // tags created on first use
+	autoCreateFull  atomic.Bool   // AutoCreateMax reached and logged
 	lookups         chan struct{} // a slot per running lookup (maxLookups)
 	now             func() time.Time
 	log             *slog.Logger
@@ -130,9 +131,6 @@ type Allocator struct {
 
 	// tags maps tag names to the buffers of the tags in use.
 	tags *tagMap
-	// refetch maps a buffer of an ordered tag made during the tag's switch
-	// window to the window's end (time.Time), when TakeOwned drops it.
-	refetch sync.Map
 
 	refreshMu sync.Mutex // serializes Refresh; protects cursor
 	cursor    int64      // ChangeLister cursor of the last refresh
@@ -291,7 +289,7 @@ func (a *Allocator) TakeNow(tag string, n int, dst []Run) ([]Run, *Pending, erro
 // plain.
 func (a *Allocator) TakeOwned(tag string, n int, dst []Run) ([]Run, *Pending, error) {
 	if b := a.tags.get(tag); b != nil {
-		if end, ok := a.refetch.Load(b); ok && !a.now().Before(end.(time.Time)) {
+		if end := b.refetchAt.Load(); end != 0 && a.now().UnixNano() >= end {
 			a.reset(tag, b)
 		}
 	}
@@ -327,7 +325,7 @@ func (a *Allocator) noteOrdered(b *buffer, ordered bool) {
 	}
 	a.mu.Unlock()
 	if end := seen.Add(a.SwitchWindow()); now.Before(end) {
-		a.refetch.LoadOrStore(b, end)
+		b.refetchAt.CompareAndSwap(0, end.UnixNano())
 	}
 }
 
@@ -368,7 +366,6 @@ func (a *Allocator) reset(tag string, b *buffer) {
 	if !a.tags.drop(tag, b) {
 		return
 	}
-	a.refetch.Delete(b)
 	b.loading.Store(true) // no loader starts for b any more
 	// Freeze under b.mu: publish installs under it, and checks dropped.
 	b.mu.Lock()
@@ -467,24 +464,8 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 			return nil, fmt.Errorf("%w: looking up tag %q: too many lookups at once", ErrUnavailable, tag)
 		}
 		t, err := a.store.Tag(lctx, tag)
-		created := false
 		if errors.Is(err, ErrUnknownTag) && a.autoCreateStep > 0 {
-			if a.autoCreateMax >= 0 && a.autoCreated.Add(1) > int64(a.autoCreateMax) {
-				a.autoCreated.Add(-1)
-				a.log.Warn("segment: not creating a tag on first use: this worker created the most it may", "tag", tag, "max", a.autoCreateMax)
-			} else {
-				err = a.store.(Admin).CreateTag(lctx, Tag{Name: tag, Step: a.autoCreateStep, MaxID: 1, Description: "created on first use"})
-				created = err == nil
-				if errors.Is(err, ErrTagExists) {
-					err = nil // another worker created it first
-				}
-				if !created && a.autoCreateMax >= 0 {
-					a.autoCreated.Add(-1)
-				}
-				if created {
-					a.log.Info("segment: created tag on first use", "tag", tag, "step", a.autoCreateStep)
-				}
-			}
+			err = a.autoCreate(lctx, tag)
 		}
 		if errors.Is(err, ErrUnknownTag) {
 			a.mu.Lock()
@@ -523,6 +504,32 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 	}
 }
 
+// autoCreate creates tag on first use, unless this allocator has created
+// AutoCreateMax tags already (then ErrUnknownTag, logged once). A tag
+// another worker created first is no error.
+func (a *Allocator) autoCreate(ctx context.Context, tag string) error {
+	bounded := a.autoCreateMax >= 0
+	if bounded && a.autoCreated.Add(1) > int64(a.autoCreateMax) {
+		a.autoCreated.Add(-1)
+		if !a.autoCreateFull.Swap(true) {
+			a.log.Warn("segment: not creating tags on first use any more: this worker created the most it may (--auto-create-max); create them with the admin commands",
+				"tag", tag, "max", a.autoCreateMax)
+		}
+		return fmt.Errorf("%w %q", ErrUnknownTag, tag)
+	}
+	err := a.store.(Admin).CreateTag(ctx, Tag{Name: tag, Step: a.autoCreateStep, MaxID: 1, Description: "created on first use"})
+	if err != nil && bounded {
+		a.autoCreated.Add(-1) // counts only the tags this allocator created
+	}
+	switch {
+	case err == nil:
+		a.log.Info("segment: created tag on first use", "tag", tag, "step", a.autoCreateStep)
+	case errors.Is(err, ErrTagExists):
+		return nil // another worker created it first
+	}
+	return err
+}
+
 // addTag returns the buffer of tag, adding an empty one if there is none.
 func (a *Allocator) addTag(tag string) *buffer {
 	b, added := a.tags.add(tag, func() *buffer { return newBuffer(a, tag) })
@@ -535,10 +542,7 @@ func (a *Allocator) addTag(tag string) *buffer {
 }
 
 // removeTag stops serving tag, if b is still its buffer.
-func (a *Allocator) removeTag(tag string, b *buffer) {
-	a.tags.drop(tag, b)
-	a.refetch.Delete(b)
-}
+func (a *Allocator) removeTag(tag string, b *buffer) { a.tags.drop(tag, b) }
 
 // wait takes the remaining n IDs of b, waiting for segments until deadline.
 func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadline time.Time, owned bool) ([]Run, error) {
@@ -742,7 +746,6 @@ func (a *Allocator) release(b *buffer) {
 		b.loading.Store(false)
 		return
 	}
-	a.refetch.Delete(b)
 	b.mu.Lock()
 	b.wakeAll() // requests holding b take the tag's new buffer
 	b.mu.Unlock()

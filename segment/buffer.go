@@ -67,6 +67,10 @@ type buffer struct {
 	dropped atomic.Bool             // no longer in the tag map (removed or idle)
 	used    atomic.Bool             // requested since the idle loop last looked
 	ordered atomic.Bool             // served only by its owner (TakeOwned)
+	// refetchAt is, for a buffer of an ordered tag made during the tag's
+	// switch window, the window's end (UnixNano), when TakeOwned drops it;
+	// 0: none.
+	refetchAt atomic.Int64
 	// idleLooks counts the idle loop's looks in a row that found b
 	// unused; only the idle loop touches it.
 	idleLooks int
