@@ -138,11 +138,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.nc, err = s.connect(url, s.cfg.Instance, s.cfg.NATSCreds, s.cfg.NATSNKey); err != nil {
 		return err
 	}
-	jsURL := url
-	if s.cfg.NATSJSURL != "" {
-		jsURL = s.cfg.NATSJSURL
-	}
-	if s.jsnc, err = s.connect(jsURL, s.cfg.Instance+"-js", cmp.Or(s.cfg.NATSJSCreds, s.cfg.NATSCreds), cmp.Or(s.cfg.NATSJSNKey, s.cfg.NATSNKey)); err != nil {
+	if s.jsnc, err = s.connect(cmp.Or(s.cfg.NATSJSURL, url), s.cfg.Instance+"-js", cmp.Or(s.cfg.NATSJSCreds, s.cfg.NATSCreds), cmp.Or(s.cfg.NATSJSNKey, s.cfg.NATSNKey)); err != nil {
 		return err
 	}
 	js, err := jetstream.New(s.jsnc)
