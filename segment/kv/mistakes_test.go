@@ -281,3 +281,43 @@ func TestMaxIDLoweredByHand(t *testing.T) {
 		t.Errorf("Fetch after the value was put back = %+v, want it to start at 21", a)
 	}
 }
+
+// TestGiveBackWithUnconfirmedWrite: a give-back whose write lands but is
+// not confirmed (here the check after it fails: a max age was added to the
+// bucket meanwhile) must not make the Store take its own lowered value for
+// one lowered by hand once the bucket is healthy again. Seen failing while
+// the Store vouched for the old max_id until the write was confirmed: the
+// next Fetch was refused with ErrMaxIDLowered.
+func TestGiveBackWithUnconfirmedWrite(t *testing.T) {
+	srv := testenv.NATS(t)
+	s := newStore(t, srv, kv.Settings{Logger: quiet})
+	mustCreate(t, s, "orders", 10)
+	a := mustFetch(t, s, "orders") // 1..10, max_id 11
+	js := newJS(t, srv)
+	st, err := js.Stream(ctx, "KV_"+kv.DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthy := st.CachedInfo().Config
+	aged := healthy
+	aged.MaxAge = time.Hour
+	if _, err := js.UpdateStream(ctx, aged); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GiveBack(ctx, "orders", a.End, a.Start+3); !errors.Is(err, kv.ErrBucketTTL) {
+		t.Fatalf("GiveBack into a bucket with a max age: %v, want %v", err, kv.ErrBucketTTL)
+	}
+	if got := rawValue(t, bucket(t, srv, kv.DefaultBucket), "orders"); !strings.Contains(got, `"max_id":4`) {
+		t.Fatalf("the give-back's write did not land (value %s): the test sets nothing up", got)
+	}
+	if _, err := js.UpdateStream(ctx, healthy); err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Fetch(ctx, "orders", 0)
+	if err != nil {
+		t.Fatalf("Fetch after the bucket was healthy again: %v", err)
+	}
+	if b.Start != a.Start+3 {
+		t.Errorf("Fetch: %+v, want a segment from %d (the IDs given back)", b, a.Start+3)
+	}
+}

@@ -117,7 +117,7 @@ type Store struct {
 	guard *kvbucket.Guard
 	log   *slog.Logger
 
-	mu sync.Mutex // protects last, wrote, givingBack and logged
+	mu sync.Mutex // protects last, wrote and logged
 	// last holds, per tag, the value and revision this Store last wrote,
 	// so that a change usually takes one round trip (a compare-and-swap on
 	// the remembered revision) instead of two. A stale entry only costs a
@@ -131,9 +131,6 @@ type Store struct {
 	// earlier fetch), so a value of a later revision below it was lowered
 	// by hand.
 	wrote map[string]entry
-	// givingBack counts, per tag, this Store's give-backs in flight: one
-	// may have lowered max_id before it is recorded in wrote.
-	givingBack map[string]int
 	// logged holds the delete markers already logged, by tag and revision,
 	// so that requests for a deleted tag log it once.
 	logged map[string]uint64
@@ -173,7 +170,7 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("kv: %w", err)
 	}
-	return &Store{kv: kv, guard: guard, log: log, last: map[string]entry{}, wrote: map[string]entry{}, givingBack: map[string]int{}, logged: map[string]uint64{}}, nil
+	return &Store{kv: kv, guard: guard, log: log, last: map[string]entry{}, wrote: map[string]entry{}, logged: map[string]uint64{}}, nil
 }
 
 // Ping checks that the bucket answers.
@@ -325,7 +322,6 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 	err := s.modify(ctx, tag, func(v *value, rev uint64) error {
 		s.mu.Lock()
 		w, ok := s.wrote[tag]
-		ok = ok && s.givingBack[tag] == 0
 		s.mu.Unlock()
 		// An older revision is a stale read (its swap fails); only a
 		// later one below our write was lowered by another hand.
@@ -387,18 +383,16 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	if !ok || e.v.MaxID != end {
 		return false, nil
 	}
-	s.mu.Lock()
-	s.givingBack[tag]++
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		if s.givingBack[tag]--; s.givingBack[tag] == 0 {
-			delete(s.givingBack, tag)
-		}
-		s.mu.Unlock()
-	}()
 	v := e.v
 	v.MaxID = firstUnissued
+	// What this Store vouches for drops to firstUnissued before the write:
+	// whether or not the write lands (its reply may be lost), a later read
+	// at or above it is no value lowered by hand.
+	s.mu.Lock()
+	if w := s.wrote[tag]; w.rev <= e.rev { // else the swap below fails
+		s.wrote[tag] = entry{v, e.rev}
+	}
+	s.mu.Unlock()
 	v.UpdateTime = time.Now().UTC()
 	b, err := json.Marshal(v)
 	if err != nil {
