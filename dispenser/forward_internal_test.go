@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -302,5 +303,86 @@ func TestForwardedRequestsAnswered(t *testing.T) {
 	}
 	if msg, err := replies.NextMsg(200 * time.Millisecond); err == nil {
 		t.Errorf("unexpected reply on %s: %q", msg.Subject, msg.Data)
+	}
+}
+
+// losingOwners owns every ordered tag for its first limit calls of Owns,
+// then another worker ("id.owner.b") does.
+type losingOwners struct {
+	calls atomic.Int32
+	limit int32
+}
+
+func (o *losingOwners) Owns(string) bool { return o.calls.Add(1) <= o.limit }
+func (o *losingOwners) Cached(tag string) (ownership.Route, bool) {
+	if o.Owns(tag) {
+		return ownership.Route{Self: true}, true
+	}
+	return ownership.Route{Owner: "b", Subject: "id.owner.b"}, true
+}
+func (o *losingOwners) Route(ctx context.Context, tag string) (ownership.Route, error) {
+	r, _ := o.Cached(tag)
+	return r, nil
+}
+func (o *losingOwners) Claim(ctx context.Context, tag string) (ownership.Route, error) {
+	return o.Route(ctx, tag)
+}
+func (o *losingOwners) Stats() ownership.Stats { return ownership.Stats{} }
+
+// TestOwnerLostWhileTaking: an owner that loses its tag between admitting a
+// request and replying does not answer it from its buffers (their IDs may
+// come from a segment fetched after the loss): the request goes to the new
+// owner. Seen failing while takeOwned replied without looking again: the
+// second request was answered here, not forwarded.
+func TestOwnerLostWhileTaking(t *testing.T) {
+	ns := testenv.NATS(t)
+	js, err := jetstream.New(testenv.Connect(t, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	store, err := kv.New(ctx, js, kv.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.CreateTag(ctx, segment.Tag{Name: "seq", Step: 1000, MaxID: 1, Ordered: true}); err != nil {
+		t.Fatal(err)
+	}
+	alloc, err := segment.New(segment.Settings{Store: store, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first request: Cached (1) and the parked request's check (2);
+	// the second: Cached (3), then the loss.
+	owners := &losingOwners{limit: 3}
+	svc, err := New(Config{Conn: testenv.Connect(t, ns), Segments: alloc, Owners: owners, OwnerSubject: "id.owner.a",
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = svc.Stop(ctx)
+		_ = alloc.Close(ctx)
+	})
+	nc := testenv.Connect(t, ns)
+	if resp, err := nc.Request("id.segment.seq", nil, 5*time.Second); err != nil || string(resp.Data) != "1" {
+		t.Fatalf("first request, as the owner: %v %v, want ID 1", resp, err)
+	}
+	forwarded := subscribe(t, nc, "id.owner.b.seq")
+	replies := subscribe(t, nc, "_INBOX.lost")
+	if err := nc.PublishRequest("id.segment.seq", "_INBOX.lost", nil); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := forwarded.NextMsg(5 * time.Second)
+	if err != nil {
+		if r, rerr := replies.NextMsg(time.Second); rerr == nil {
+			t.Fatalf("the request after the loss was answered here: %q", r.Data)
+		}
+		t.Fatalf("the request after the loss was not forwarded: %v", err)
+	}
+	if !strings.HasPrefix(string(msg.Data), "_INBOX.lost 1 list") {
+		t.Fatalf("forwarded %q, want the request to _INBOX.lost", msg.Data)
 	}
 }

@@ -71,6 +71,10 @@ func (s *Service) takeOwned(r replier, tag string, n int, format Format) {
 		r.fail(err)
 	case pending != nil:
 		s.park(r, pending, format, n, true)
+	case !s.cfg.Owners.Owns(tag):
+		// Lost while taking: the IDs may come from a segment fetched
+		// after the loss (they are skipped). Route the request again.
+		s.takeOrdered(r, tag, n, format)
 	default:
 		s.reply(r, format, runs, n)
 	}

@@ -152,6 +152,11 @@ type leasesRecord struct {
 	// Since is when the record was created (by its writer's clock): a
 	// worker that last renewed before then may hold a longer lease.
 	Since time.Time `json:"since"`
+	// Lost marks a record written anew into a bucket that had held values
+	// but had no message left under LeasesKey: its stream was purged (or
+	// its values expired), which leaves no marker under the tags' keys. A
+	// tag key without any message then counts as deleted at Since.
+	Lost bool `json:"lost,omitempty"`
 }
 
 // seen is what this worker last saw under a tag's key.
@@ -382,11 +387,7 @@ func (l *Leases) observe(e jetstream.KeyValueEntry) {
 	if strings.Contains(tag, ".") {
 		return // LeasesKey
 	}
-	s := seen{rev: e.Revision()}
-	if e.Operation() == jetstream.KeyValuePut {
-		s.put = json.Unmarshal(e.Value(), &s.rec) == nil
-		s.stale = !s.put
-	}
+	s := seenOf(e)
 	l.mu.Lock()
 	l.rememberLocked(tag, s)
 	h := l.owned[tag]
@@ -619,10 +620,9 @@ func (l *Leases) settled(s seen, now time.Time) bool {
 	case s.put:
 		r := s.rec
 		return r.Owner != l.cfg.Owner && !r.Released && !now.Before(r.Expires) && !now.After(r.claimableAt())
-	case s.rev != 0:
+	default: // a delete or purge marker, or no message in a purged bucket
 		return !s.claimable.IsZero() && !now.After(s.claimable)
 	}
-	return false
 }
 
 // claim is one claim of tag: read its key, and take it over by
@@ -673,8 +673,23 @@ func (l *Leases) claim(tag string) (Route, error) {
 		}
 	}
 	// Record our lease as used in the bucket before we hold one.
-	if err := l.raiseLongest(ctx); err != nil {
+	lr, err := l.raiseLongest(ctx)
+	if err != nil {
 		return Route{}, err
+	}
+	if e == nil && lr.Lost {
+		// No message under the key in a bucket whose stream was purged
+		// (the record, read after the key, says so): the key may have
+		// been held, so it counts as deleted when the loss was found.
+		floor, err := l.deletedFloor(ctx, lr.Since)
+		if err != nil {
+			return Route{}, err
+		}
+		claimable := floor.Add(l.cfg.Lease)
+		l.remember(tag, seen{claimable: claimable})
+		if !now.After(claimable) {
+			return Route{}, nil
+		}
 	}
 	mono := l.mono()
 	rec := l.newRecord(l.cfg.Now())
@@ -784,32 +799,71 @@ func (l *Leases) readLongest(ctx context.Context) (lr leasesRecord, rev uint64, 
 // raiseLongest makes sure LeasesKey records a lease at least as long as
 // ours, by compare-and-swap on the revision read: a success proves that the
 // record held it when written. A lost record is written anew, from now.
-func (l *Leases) raiseLongest(ctx context.Context) error {
+func (l *Leases) raiseLongest(ctx context.Context) (leasesRecord, error) {
 	for attempt := 1; ; attempt++ {
 		lr, rev, ok, err := l.readLongest(ctx)
 		if err != nil {
-			return err
+			return lr, err
+		}
+		if ok && lr.LongestMS >= l.cfg.Lease.Milliseconds() {
+			return lr, nil // covered: a read is proof enough, and writes nothing
 		}
 		if !ok {
+			lost := false
 			if rev != 0 {
 				l.log.Error("ownership: the record of the longest lease was deleted, purged or overwritten by hand; writing it anew",
 					"key", LeasesKey)
+			} else if lost, err = l.purged(ctx); err != nil {
+				return lr, err
+			} else if lost {
+				l.log.Error("ownership: the owners bucket lost its values (nats stream purge, or expired): "+
+					"ordered tags without a lease are claimable only a margin from now",
+					"bucket", l.kv.Bucket(), "margin", max(DeletedKeyMargin, 2*MaxLease))
 			}
-			lr = leasesRecord{Version: 1, Since: l.cfg.Now().UTC().Round(0)}
+			lr = leasesRecord{Version: 1, Since: l.cfg.Now().UTC().Round(0), Lost: lost}
 		}
 		lr.LongestMS = max(lr.LongestMS, l.cfg.Lease.Milliseconds())
 		data, err := json.Marshal(lr)
 		if err != nil {
-			return err
+			return lr, err
 		}
 		_, err = l.kv.Update(ctx, LeasesKey, data, rev)
 		if err == nil {
-			return nil
+			return lr, nil
 		}
 		if !conflict(err) || attempt == 3 {
-			return fmt.Errorf("ownership: record the longest lease: %w", err)
+			return lr, fmt.Errorf("ownership: record the longest lease: %w", err)
 		}
 	}
+}
+
+// purged reports whether the bucket, in which LeasesKey has no message,
+// has held values and holds no tag key: its stream was purged or its values
+// expired. A bucket of a version before LeasesKey holds tag keys; a new one
+// has held nothing. The stream is read before LeasesKey is read again: a
+// record written meanwhile makes raiseLongest read it anew.
+func (l *Leases) purged(ctx context.Context) (bool, error) {
+	st, err := l.kv.Status(ctx)
+	if err != nil {
+		return false, fmt.Errorf("ownership: bucket %q: status: %w", l.kv.Bucket(), err)
+	}
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); !ok || bs.StreamInfo() == nil || bs.StreamInfo().State.LastSeq == 0 {
+		return false, nil
+	}
+	if _, rev, _, err := l.readLongest(ctx); err != nil || rev != 0 {
+		return false, err // written meanwhile: the caller's update conflicts
+	}
+	keys, err := l.kv.ListKeys(ctx)
+	if err != nil {
+		return false, fmt.Errorf("ownership: bucket %q: list keys: %w", l.kv.Bucket(), err)
+	}
+	defer keys.Stop()
+	for k := range keys.Keys() {
+		if k != LeasesKey {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 func ownerOf(r *record) string {
@@ -864,7 +918,7 @@ func (l *Leases) heartbeat() {
 		}
 		return
 	}
-	if err := l.raiseLongest(ctx); err != nil {
+	if _, err := l.raiseLongest(ctx); err != nil {
 		if l.ctx.Err() == nil {
 			l.log.Warn("ownership: heartbeat failed", "err", err)
 		}

@@ -496,3 +496,69 @@ func TestBucketRecreated(t *testing.T) {
 		t.Fatalf("a's claim on the recreated bucket: %v, want ErrBucketRecreated", err)
 	}
 }
+
+// TestPurgedBucketWaitsAMargin: `nats stream purge` of the owners bucket
+// leaves no marker under a held key; a claimant must still wait as for a
+// deleted key (from when the loss was found), not take the tag at once
+// while its owner serves until its next heartbeat. A brand-new bucket's
+// tags stay claimable at once. Seen failing before the loss was recorded:
+// b took the tag right after the purge.
+func TestPurgedBucketWaitsAMargin(t *testing.T) {
+	ctx := context.Background()
+	js, err := jetstream.New(testenv.Connect(t, testenv.NATS(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := newWorker(t, kv, "a", 0), newWorker(t, kv, "b", 0)
+	if r := claim(t, a, "orders"); !r.Self {
+		t.Fatalf("a's claim in a new bucket: %+v, want Self at once", r)
+	}
+	st, err := js.Stream(ctx, "KV_"+DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	found := b.clock.Now()
+	for _, after := range []time.Duration{0, DeletedKeyMargin, 2 * MaxLease} {
+		b.clock.Set(found.Add(after))
+		if r := claim(t, b, "orders"); r.Self {
+			t.Fatalf("b claimed the tag %v after the purge, while a may still serve it", after)
+		}
+	}
+	b.clock.Set(found.Add(2*MaxLease + 5*time.Second + time.Millisecond))
+	if r := claim(t, b, "orders"); !r.Self {
+		t.Fatalf("b's claim a margin and a lease after the purge: %+v, want Self", r)
+	}
+}
+
+// TestHeartbeatWritesNoCoveredRecord: a heartbeat round whose lease the
+// record of the longest lease already covers reads it and writes nothing,
+// so that workers do not rewrite one shared key every round (each write
+// reaches every worker's watcher, and three conflicts in a row would renew
+// no lease). Seen failing while every round wrote it.
+func TestHeartbeatWritesNoCoveredRecord(t *testing.T) {
+	kv := newBucket(t)
+	a := newWorker(t, kv, "a", 0)
+	claim(t, a, "orders")
+	before, err := kv.Get(context.Background(), LeasesKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.heartbeat()
+	after, err := kv.Get(context.Background(), LeasesKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Revision() != before.Revision() {
+		t.Errorf("%s rewritten by a heartbeat (revision %d, then %d)", LeasesKey, before.Revision(), after.Revision())
+	}
+	if !a.Owns("orders") {
+		t.Error("a stopped owning orders after the heartbeat")
+	}
+}
