@@ -401,17 +401,10 @@ func (l *Leases) observe(e jetstream.KeyValueEntry) {
 	}
 	switch {
 	case e.Operation() != jetstream.KeyValuePut:
-		l.lose(tag, h, "its key was "+markerVerb(e.Operation())+" by hand")
+		l.lose(tag, h, "its key was "+kvbucket.MarkerVerb(e.Operation())+" by hand")
 	case !s.put || s.rec.Session != l.session:
 		l.lose(tag, h, "its key was rewritten by another worker")
 	}
-}
-
-func markerVerb(op jetstream.KeyValueOp) string {
-	if op == jetstream.KeyValuePurge {
-		return "purged"
-	}
-	return "deleted"
 }
 
 // rememberLocked caches s for tag unless a newer revision is cached. l.mu
@@ -655,7 +648,7 @@ func (l *Leases) claim(tag string) (Route, error) {
 				return Route{}, nil
 			}
 			l.log.Warn("ownership: claiming a tag whose key was deleted or purged by hand, a margin after the marker",
-				"tag", tag, "marker", markerVerb(e.Operation()), "at", at, "claimable_from", claimable)
+				"tag", tag, "marker", kvbucket.MarkerVerb(e.Operation()), "at", at, "claimable_from", claimable)
 			prev = &record{}
 		} else {
 			var r record

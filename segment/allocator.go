@@ -312,21 +312,29 @@ func (a *Allocator) SwitchWindow() time.Duration {
 func (a *Allocator) noteOrdered(b *buffer, ordered bool) {
 	b.ordered.Store(ordered)
 	now := a.now()
-	a.mu.Lock()
-	if !ordered {
-		delete(a.orderedSeen, b.tag)
-		a.mu.Unlock()
-		return
+	if seen, ok := a.orderedSince(b.tag, ordered, now); ok {
+		if end := seen.Add(a.SwitchWindow()); now.Before(end) {
+			b.refetchAt.CompareAndSwap(0, end.UnixNano())
+		}
 	}
-	seen, ok := a.orderedSeen[b.tag]
+}
+
+// orderedSince records whether tag is ordered and returns, for an ordered
+// tag, when this allocator first saw it ordered (now, if this is the
+// first time): the start of its switch window.
+func (a *Allocator) orderedSince(tag string, ordered bool, now time.Time) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !ordered {
+		delete(a.orderedSeen, tag)
+		return time.Time{}, false
+	}
+	seen, ok := a.orderedSeen[tag]
 	if !ok {
 		seen = now
-		a.orderedSeen[b.tag] = seen
+		a.orderedSeen[tag] = seen
 	}
-	a.mu.Unlock()
-	if end := seen.Add(a.SwitchWindow()); now.Before(end) {
-		b.refetchAt.CompareAndSwap(0, end.UnixNano())
-	}
+	return seen, true
 }
 
 func (a *Allocator) takeNow(tag string, n int, dst []Run, owned bool) ([]Run, *Pending, error) {
@@ -683,9 +691,7 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 func (a *Allocator) apply(c TagChange) {
 	b := a.tags.get(c.Tag.Name)
 	if c.Deleted {
-		a.mu.Lock()
-		delete(a.orderedSeen, c.Tag.Name)
-		a.mu.Unlock()
+		a.orderedSince(c.Tag.Name, false, time.Time{})
 		if b != nil {
 			b.remove()
 			a.removeTag(b.tag, b)
@@ -694,13 +700,11 @@ func (a *Allocator) apply(c TagChange) {
 	}
 	a.mu.Lock()
 	delete(a.negative, c.Tag.Name)
-	if _, ok := a.orderedSeen[c.Tag.Name]; c.Tag.Ordered && !ok {
-		a.orderedSeen[c.Tag.Name] = a.now() // not in memory: its window starts now all the same
-	} else if !c.Tag.Ordered {
-		delete(a.orderedSeen, c.Tag.Name)
-	}
 	a.mu.Unlock()
-	if b != nil {
+	if b == nil {
+		// Not in memory: its window starts now all the same.
+		a.orderedSince(c.Tag.Name, c.Tag.Ordered, a.now())
+	} else {
 		a.noteOrdered(b, c.Tag.Ordered)
 		if c.Tag.Step > 0 {
 			b.mu.Lock()

@@ -188,7 +188,7 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lea
 		case e.Operation() != jetstream.KeyValuePut:
 			return fmt.Errorf("%w: key %q of bucket %q was %s at %s; "+
 				"restore the epoch the bucket's workers used (for %s: %s)", ErrEpochLost, configKey, kv.Bucket(),
-				markerVerb(e.Operation()), e.Created().UTC().Format(TimeLayout), epoch.Format(time.RFC3339Nano), restore)
+				kvbucket.MarkerVerb(e.Operation()), e.Created().UTC().Format(TimeLayout), epoch.Format(time.RFC3339Nano), restore)
 		}
 		var c configRecord
 		if err := json.Unmarshal(e.Value(), &c); err != nil {
@@ -206,13 +206,6 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lea
 func restoreCommand(bucket string, epoch time.Time) string {
 	data, _ := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch})
 	return fmt.Sprintf("nats kv put %s %s '%s'", bucket, configKey, data)
-}
-
-func markerVerb(op jetstream.KeyValueOp) string {
-	if op == jetstream.KeyValuePurge {
-		return "purged"
-	}
-	return "deleted"
 }
 
 // DeletedKeyMargin is the least time added to the time a worker key was
@@ -352,7 +345,7 @@ func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
 		case c.op != jetstream.KeyValuePut:
 			return view{}, configRecord{}, fmt.Errorf("%w: key %q of bucket %q was %s at %s while workers run; "+
 				"refusing to claim a worker ID; restore the epoch (%s)", ErrEpochLost, configKey, w.cfg.Bucket,
-				markerVerb(c.op), c.at.UTC().Format(TimeLayout), restoreCommand(w.cfg.Bucket, w.cfg.Epoch))
+				kvbucket.MarkerVerb(c.op), c.at.UTC().Format(TimeLayout), restoreCommand(w.cfg.Bucket, w.cfg.Epoch))
 		}
 		var rec configRecord
 		if err := json.Unmarshal(c.value, &rec); err != nil {

@@ -511,7 +511,7 @@ func (w *Worker) owedLocked(e jetstream.KeyValueEntry, lastMs int64) *owedRecord
 		if e.Operation() == jetstream.KeyValuePurge {
 			cmd = "nats kv purge"
 		}
-		o.what = fmt.Sprintf("%s (%s) at %s", markerVerb(e.Operation()), cmd, e.Created().UTC().Format(TimeLayout))
+		o.what = fmt.Sprintf("%s (%s) at %s", kvbucket.MarkerVerb(e.Operation()), cmd, e.Created().UTC().Format(TimeLayout))
 	}
 	now := w.cfg.Now().UTC().Round(0)
 	boundMs := max(lastMs, 0)

@@ -185,10 +185,7 @@ func (g *Guard) checkInfo(info *jetstream.StreamInfo) error {
 // checkProof checks the proof record e.
 func (g *Guard) checkProof(e jetstream.KeyValueEntry) error {
 	if e.Operation() != jetstream.KeyValuePut {
-		verb := "deleted"
-		if e.Operation() == jetstream.KeyValuePurge {
-			verb = "purged"
-		}
+		verb := MarkerVerb(e.Operation())
 		return fmt.Errorf("%w: the proof record %q of bucket %q (%s) was %s by hand at %s, so a missing key can no longer "+
 			"be told from a purged one; if the bucket still holds every value, put the record back: "+
 			"nats kv put %s %s '{\"version\":1,\"stream_created\":\"%s\"}'",

@@ -176,3 +176,12 @@ func Latest(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.K
 	}
 	return es[len(es)-1], nil
 }
+
+// MarkerVerb names what made a key's delete or purge marker, for messages
+// that tell an operator what was done: "purged" or "deleted".
+func MarkerVerb(op jetstream.KeyValueOp) string {
+	if op == jetstream.KeyValuePurge {
+		return "purged"
+	}
+	return "deleted"
+}

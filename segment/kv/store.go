@@ -504,10 +504,7 @@ func (s *Store) createConflict(ctx context.Context, tag string) error {
 	if e == nil || e.Operation() == jetstream.KeyValuePut {
 		return fmt.Errorf("kv: create tag %q: %w", tag, segment.ErrTagExists)
 	}
-	verb := "deleted"
-	if e.Operation() == jetstream.KeyValuePurge {
-		verb = "purged"
-	}
+	verb := kvbucket.MarkerVerb(e.Operation())
 	err = fmt.Errorf("kv: create tag %q: %w: its key in bucket %q was %s at %s (nats kv del or purge, or DeleteTag), "+
 		"and with it the record of the IDs it handed out; created again from its start it would hand them out again, "+
 		"so it is not created; to serve it, put its value back above every ID it handed out: "+
