@@ -493,9 +493,7 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 			}
 			return nil, fmt.Errorf("%w: looking up tag %q: %w", ErrUnavailable, tag, err)
 		}
-		b := a.addTag(tag)
-		a.noteOrdered(b, t.Ordered)
-		return b, nil
+		return a.addTag(tag, t.Ordered), nil
 	})
 	timer := time.NewTimer(deadline.Sub(a.now()))
 	defer timer.Stop()
@@ -538,13 +536,22 @@ func (a *Allocator) autoCreate(ctx context.Context, tag string) error {
 	return err
 }
 
-// addTag returns the buffer of tag, adding an empty one if there is none.
-func (a *Allocator) addTag(tag string) *buffer {
-	b, added := a.tags.add(tag, func() *buffer { return newBuffer(a, tag) })
+// addTag returns the buffer of tag, adding an empty one if there is none,
+// and records whether the tag is ordered. A new buffer is marked before it
+// is in the map: a request that finds it never takes an ordered tag for a
+// plain one.
+func (a *Allocator) addTag(tag string, ordered bool) *buffer {
+	b, added := a.tags.add(tag, func() *buffer {
+		b := newBuffer(a, tag)
+		a.noteOrdered(b, ordered)
+		return b
+	})
 	if added {
 		a.mu.Lock()
 		delete(a.negative, tag)
 		a.mu.Unlock()
+	} else {
+		a.noteOrdered(b, ordered)
 	}
 	return b
 }
@@ -571,6 +578,11 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 		}
 		if removed {
 			return dst, fmt.Errorf("%w %q", ErrUnknownTag, b.tag)
+		}
+		if !owned && b.ordered.Load() {
+			// Turned ordered while the request waited: its owner
+			// serves it (the IDs taken so far are skipped).
+			return dst, fmt.Errorf("%w %q", ErrOrdered, b.tag)
 		}
 		if b.dropped.Load() {
 			if owned {

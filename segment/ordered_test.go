@@ -3,6 +3,8 @@ package segment
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -189,5 +191,83 @@ func TestSwitchWindowRefetch(t *testing.T) {
 	clk.Add(time.Millisecond)
 	if got := owned(); got < plain.End {
 		t.Fatalf("after the switch window the owner served %d, below the plain segment %d..%d", got, plain.Start, plain.End-1)
+	}
+}
+
+// TestOrderedTagNeverServedAsPlainWhileLookedUp: requests that are not the
+// owner's race the first lookup of a tag created ordered; none of them may
+// get an ID, and none may make the allocator fetch a segment. The old code
+// put the tag's buffer into the tag map before marking it ordered, so a
+// request that found it in between took it for a plain tag, started a fetch
+// and waited for it; the CI run of 2026-11-25 saw a non-owner hand out an
+// ordered tag's IDs below ones its owner had already handed out. (Seen
+// failing on that code in a few hundred rounds.)
+func TestOrderedTagNeverServedAsPlainWhileLookedUp(t *testing.T) {
+	ctx := context.Background()
+	for round := range 300 {
+		mem := newMemStore(t, Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true})
+		a := newAllocator(t, Settings{Store: mem, MaxStep: 10, MaxWait: time.Second, RefreshInterval: time.Hour})
+		var wg sync.WaitGroup
+		var mu sync.Mutex // protects got
+		var got []string
+		wg.Go(func() { a.Take(ctx, "o", 1, nil) }) // looks the tag up
+		for range 2 {
+			wg.Go(func() {
+				for a.tags.get("o") == nil { // in the map: the lookup ends
+					runtime.Gosched()
+				}
+				for {
+					runs, p, err := a.TakeNow("o", 1, nil)
+					if err == nil && p != nil {
+						runs, err = p.Wait(ctx)
+					}
+					if errors.Is(err, ErrOrdered) {
+						return
+					}
+					mu.Lock()
+					got = append(got, fmt.Sprintf("IDs %v, err %v", expand(runs), err))
+					mu.Unlock()
+					return
+				}
+			})
+		}
+		wg.Wait()
+		if len(got) > 0 {
+			t.Fatalf("round %d: a request that is not the owner's: %v; want ErrOrdered", round, got)
+		}
+		if n := mem.fetchCount("o"); n != 0 {
+			t.Fatalf("round %d: %d fetches of an ordered tag nobody owns, want 0", round, n)
+		}
+		a.Close(ctx)
+	}
+}
+
+// TestWaitingPlainRequestOfTagTurnedOrdered: a request admitted while its
+// tag was plain and waiting for a segment when the tag turns out to be
+// ordered gets ErrOrdered (to be routed to the owner), not IDs of that
+// segment. The old code served it from the segment when it arrived.
+func TestWaitingPlainRequestOfTagTurnedOrdered(t *testing.T) {
+	ctx := context.Background()
+	mem := newMemStore(t, Tag{Name: "o", MaxID: 1, Step: 10})
+	fetched, hold := make(chan Allocation, 1), make(chan struct{})
+	st := &lateStore{memStore: mem, fetched: fetched, hold: hold}
+	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxWait: time.Minute, RefreshInterval: time.Hour})
+	_, p, err := a.TakeNow("o", 1, nil)
+	if err != nil || p == nil {
+		t.Fatalf("TakeNow of a new tag: pending %v, err %v; want a pending request", p, err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		runs, err := p.Wait(ctx)
+		if err == nil {
+			err = fmt.Errorf("got IDs %v", expand(runs))
+		}
+		waited <- err
+	}()
+	<-fetched
+	a.apply(TagChange{Tag: Tag{Name: "o", Step: 10, Ordered: true}})
+	close(hold)
+	if err := <-waited; !errors.Is(err, ErrOrdered) {
+		t.Fatalf("a plain request waiting when its tag turned ordered: %v, want ErrOrdered", err)
 	}
 }

@@ -162,6 +162,11 @@ func TestOperatorMistakes(t *testing.T) {
 				t.Errorf("no worker log says what happened (want one of %q); logs:\n%s", tt.logs, all)
 			}
 			t.Logf("%s", l.summary())
+			if t.Failed() {
+				for i, lg := range logs {
+					t.Logf("log of worker %d:\n%s", i, lg.String())
+				}
+			}
 		})
 	}
 }
