@@ -1,5 +1,6 @@
 // Package client is a small Go client of the dispenser ID service. It
-// depends only on nats.go.
+// depends only on nats.go and the wire protocol's package (protocol, which
+// depends on nothing but the standard library).
 //
 //	c, err := client.New(nc)
 //	id, err := c.Segment(ctx, "orders")
@@ -11,16 +12,16 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 // Errors mapped from the service's error codes. Errors returned by a Client
@@ -61,13 +62,13 @@ func (e *Error) Error() string {
 // Is maps the reply code to the package's sentinel errors.
 func (e *Error) Is(target error) bool {
 	switch e.Code {
-	case "400":
+	case protocol.CodeBadRequest:
 		return target == ErrBadRequest
-	case "404":
+	case protocol.CodeNotFound:
 		return target == ErrUnknownTag
-	case "410":
+	case protocol.CodeGone:
 		return target == ErrExhausted
-	case "503":
+	case protocol.CodeUnavailable:
 		return target == ErrUnavailable
 	}
 	return target == ErrInternal
@@ -136,7 +137,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if nc == nil {
 		return nil, errors.New("client: nil connection")
 	}
-	c := &Client{nc: nc, prefix: "id", timeout: 2 * time.Second, pools: map[string]*pool{}}
+	c := &Client{nc: nc, prefix: protocol.DefaultPrefix, timeout: 2 * time.Second, pools: map[string]*pool{}}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -149,16 +150,11 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 // Close stops background refills. Prefetched IDs not yet taken are lost.
 func (c *Client) Close() { c.cancel() }
 
-// checkTag rejects a tag the service would reject (1-128 characters of
-// [A-Za-z0-9_-]) before it becomes a subject.
+// checkTag rejects a tag the service would reject before it becomes a
+// subject.
 func checkTag(tag string) error {
-	ok := len(tag) > 0 && len(tag) <= 128
-	for i := 0; ok && i < len(tag); i++ {
-		c := tag[i]
-		ok = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
-	}
-	if !ok {
-		return fmt.Errorf("%w: invalid tag %q: want 1-128 characters of [A-Za-z0-9_-]", ErrBadRequest, tag)
+	if !protocol.ValidTag(tag) {
+		return fmt.Errorf("%w: invalid tag %q: want %s", ErrBadRequest, tag, protocol.TagRule)
 	}
 	return nil
 }
@@ -171,7 +167,7 @@ func (c *Client) Segment(ctx context.Context, tag string) (int64, error) {
 	if c.prefetch > 0 {
 		return c.pool(tag).take(ctx)
 	}
-	ids, err := c.request(ctx, c.prefix+".segment."+tag, 1, false, minSegment)
+	ids, err := c.request(ctx, protocol.SegmentSubject(c.prefix, tag), 1, false, minSegment)
 	if err != nil {
 		return 0, err
 	}
@@ -184,12 +180,12 @@ func (c *Client) SegmentN(ctx context.Context, tag string, n int) ([]int64, erro
 	if err := checkTag(tag); err != nil {
 		return nil, err
 	}
-	return c.request(ctx, c.prefix+".segment."+tag, n, true, minSegment)
+	return c.request(ctx, protocol.SegmentSubject(c.prefix, tag), n, true, minSegment)
 }
 
 // Snowflake returns one snowflake ID.
 func (c *Client) Snowflake(ctx context.Context) (int64, error) {
-	ids, err := c.request(ctx, c.prefix+".snowflake", 1, false, minSnowflake)
+	ids, err := c.request(ctx, protocol.SnowflakeSubject(c.prefix), 1, false, minSnowflake)
 	if err != nil {
 		return 0, err
 	}
@@ -198,14 +194,13 @@ func (c *Client) Snowflake(ctx context.Context) (int64, error) {
 
 // SnowflakeN returns n snowflake IDs, in increasing order.
 func (c *Client) SnowflakeN(ctx context.Context, n int) ([]int64, error) {
-	return c.request(ctx, c.prefix+".snowflake", n, true, minSnowflake)
+	return c.request(ctx, protocol.SnowflakeSubject(c.prefix), n, true, minSnowflake)
 }
 
-// The smallest IDs of the protocol: segment IDs start at 1, snowflake IDs
-// at 0.
+// The smallest IDs of the protocol.
 const (
-	minSegment   = 1
-	minSnowflake = 0
+	minSegment   = protocol.MinSegmentID
+	minSnowflake = protocol.MinSnowflakeID
 )
 
 // request asks subject for n IDs, each at least lowest, and returns them;
@@ -215,28 +210,24 @@ func (c *Client) request(ctx context.Context, subject string, n int, ranges bool
 	if err != nil {
 		return nil, err
 	}
-	// checkReply has made sure that the runs hold exactly n IDs, so no run
-	// is longer than n and first+k below never passes last (which may be
-	// 2^63-1).
+	// protocol.ParseIDs has made sure that the runs hold exactly n IDs, so
+	// no run is longer than n and First+k below never passes Last (which
+	// may be 2^63-1).
 	ids := make([]int64, 0, n)
 	for _, r := range runs {
-		for k := range r.last - r.first + 1 {
-			ids = append(ids, r.first+k)
+		for k := range r.Len() {
+			ids = append(ids, r.First+k)
 		}
 	}
 	return ids, nil
 }
 
-// run is the IDs first..last, both included.
-type run struct{ first, last int64 }
-
-// maxCount is the largest count a request can carry: the service reads at
-// most nine digits.
-const maxCount = 999_999_999
+// maxCount is the largest count a request can carry.
+const maxCount = protocol.MaxCount
 
 // requestRuns asks subject for n IDs, each at least lowest, and returns them
 // as runs.
-func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges bool, lowest int64) ([]run, error) {
+func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges bool, lowest int64) ([]protocol.Run, error) {
 	if n < 1 || n > maxCount {
 		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
 	}
@@ -249,108 +240,23 @@ func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges 
 	if n > 1 {
 		msg.Data = strconv.AppendInt(nil, int64(n), 10)
 	}
+	format := protocol.FormatList
 	if ranges {
-		msg.Header.Set("Id-Format", "range")
+		format = protocol.FormatRange
+		msg.Header.Set(protocol.FormatHeader, format.String())
 	}
 	resp, err := c.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		return nil, fmt.Errorf("client: %s: %w", subject, err)
 	}
-	if code := resp.Header.Get("Nats-Service-Error-Code"); code != "" {
-		return nil, &Error{Code: code, Description: resp.Header.Get("Nats-Service-Error")}
+	if code := resp.Header.Get(protocol.ErrorCodeHeader); code != "" {
+		return nil, &Error{Code: code, Description: resp.Header.Get(protocol.ErrorHeader)}
 	}
-	runs, err := checkReply(resp.Data, n, ranges, lowest)
+	runs, err := protocol.ParseIDs(resp.Data, n, format, lowest)
 	if err != nil {
 		return nil, fmt.Errorf("%w from %s: %w", ErrBadReply, subject, err)
 	}
 	return runs, nil
-}
-
-// checkReply parses the reply to a request for n IDs and checks it, as
-// anything subscribed to the service's subjects may have sent it: exactly
-// n IDs, each in lowest..2^63-1, in runs that strictly increase (no run
-// overlaps or repeats another), the lines in the format asked for (ranges:
-// "first-last" with first <= last; otherwise one ID per line), in decimal
-// without signs, leading zeros or white space, separated by single
-// newlines. The body's length is checked before anything is parsed, and no
-// arithmetic passes 2^63-1.
-func checkReply(body []byte, n int, ranges bool, lowest int64) ([]run, error) {
-	if len(body) == 0 {
-		return nil, errors.New("empty body")
-	}
-	// Each ID takes at most 20 bytes in a list ("9223372036854775807\n"),
-	// each run at most 40 in ranges.
-	limit := 20 * int64(n)
-	if ranges {
-		limit = 40 * int64(n)
-	}
-	if int64(len(body)) > limit {
-		return nil, fmt.Errorf("body of %d bytes: %d IDs take at most %d", len(body), n, limit)
-	}
-	var runs []run
-	left := int64(n) // IDs still to come
-	for no := 1; ; no++ {
-		line, rest, more := bytes.Cut(body, []byte{'\n'})
-		var r run
-		var err error
-		if ranges {
-			first, last, ok := bytes.Cut(line, []byte{'-'})
-			if !ok {
-				err = errors.New("want first-last")
-			} else if r.first, err = parseID(first, lowest); err == nil {
-				if r.last, err = parseID(last, lowest); err == nil && r.last < r.first {
-					err = errors.New("last below first")
-				}
-			}
-		} else {
-			r.first, err = parseID(line, lowest)
-			r.last = r.first
-		}
-		switch {
-		case err != nil:
-		case len(runs) > 0 && r.first <= runs[len(runs)-1].last:
-			err = fmt.Errorf("does not start above the line before (%d)", runs[len(runs)-1].last)
-		case r.last-r.first >= left: // no overflow: 0 <= first <= last
-			// Refused at the first run too many, so that left and the
-			// run sizes below stay within 0..n.
-			err = fmt.Errorf("more IDs than the %d asked for", n)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("line %d %q: %w", no, truncate(line, 48), err)
-		}
-		runs = append(runs, r)
-		left -= r.last - r.first + 1
-		if !more {
-			break
-		}
-		body = rest
-	}
-	if left != 0 {
-		return nil, fmt.Errorf("%d IDs, want %d", int64(n)-left, n)
-	}
-	return runs, nil
-}
-
-// parseID parses an ID of the reply: 1 to 19 decimal digits without a
-// sign or leading zeros, in lowest..2^63-1.
-func parseID(s []byte, lowest int64) (int64, error) {
-	ok := len(s) > 0 && len(s) <= 19 && (s[0] != '0' || len(s) == 1)
-	var v uint64 // 19 digits fit
-	for i := 0; ok && i < len(s); i++ {
-		ok = '0' <= s[i] && s[i] <= '9'
-		v = v*10 + uint64(s[i]-'0')
-	}
-	if !ok || v > math.MaxInt64 || int64(v) < lowest {
-		return 0, fmt.Errorf("want decimal IDs in %d..%d", lowest, int64(math.MaxInt64))
-	}
-	return int64(v), nil
-}
-
-func truncate(s []byte, n int) string {
-	if len(s) <= n {
-		return string(s)
-	}
-	return string(s[:n]) + "..."
 }
 
 func (c *Client) pool(tag string) *pool {
@@ -371,7 +277,7 @@ type pool struct {
 
 	mu sync.Mutex // protects the fields below
 	// runs are the IDs at hand, in increasing order; runs[0].first is next.
-	runs    []run
+	runs    []protocol.Run
 	left    int           // IDs in runs
 	filling bool          // a refill request is in flight
 	ready   chan struct{} // closed and replaced when a refill ends
@@ -385,11 +291,11 @@ func (p *pool) take(ctx context.Context) (int64, error) {
 		p.mu.Lock()
 		if p.left > 0 {
 			r := &p.runs[0]
-			id := r.first
-			if r.first == r.last {
+			id := r.First
+			if r.First == r.Last {
 				p.runs = p.runs[1:]
 			} else {
-				r.first++
+				r.First++
 			}
 			p.left--
 			if p.left < p.c.prefetch/2 {
@@ -425,14 +331,14 @@ func (p *pool) refillLocked() {
 	}
 	p.filling = true
 	go func() {
-		runs, err := p.c.requestRuns(p.c.ctx, p.c.prefix+".segment."+p.tag, p.c.prefetch, true, minSegment)
+		runs, err := p.c.requestRuns(p.c.ctx, protocol.SegmentSubject(p.c.prefix, p.tag), p.c.prefetch, true, minSegment)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.filling = false
 		p.err = err
 		for _, r := range runs { // checked: prefetch IDs in all
 			p.runs = append(p.runs, r)
-			p.left += int(r.last - r.first + 1)
+			p.left += int(r.Len())
 		}
 		close(p.ready)
 		p.ready = make(chan struct{})

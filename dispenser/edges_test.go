@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -44,7 +45,7 @@ func TestExhaustedTagIs410(t *testing.T) {
 		}
 		seen[id] = true
 	}
-	if code != dispenser.CodeGone {
+	if code != protocol.CodeGone {
 		t.Fatalf("after %d IDs: code %q (%q), want 410", len(seen), code, body)
 	}
 	// 807 IDs are left below 2^63-1: eight whole segments of step 100.
@@ -57,9 +58,9 @@ func TestExhaustedTagIs410(t *testing.T) {
 	}{
 		{"one", "", nil},
 		{"batch", "5", nil},
-		{"range", "3", nats.Header{dispenser.FormatHeader: []string{"range"}}},
+		{"range", "3", nats.Header{protocol.FormatHeader: []string{"range"}}},
 	} {
-		if body, code := request(t, nc, "id.segment.edge", tt.body, tt.hdr); code != dispenser.CodeGone {
+		if body, code := request(t, nc, "id.segment.edge", tt.body, tt.hdr); code != protocol.CodeGone {
 			t.Errorf("%s: code %q (%q), want 410", tt.name, code, body)
 		}
 	}
@@ -71,12 +72,12 @@ func TestExhaustedTagIs410(t *testing.T) {
 // TestAppendListAtMaxInt64: a run that ends at 2^63-1 is formatted once
 // and the formatting ends.
 func TestAppendListAtMaxInt64(t *testing.T) {
-	got := string(dispenser.AppendList(nil, []segment.Run{{First: math.MaxInt64 - 2, Last: math.MaxInt64}}))
+	got := string(protocol.AppendList(nil, []segment.Run{{First: math.MaxInt64 - 2, Last: math.MaxInt64}}))
 	want := "9223372036854775805\n9223372036854775806\n9223372036854775807"
 	if got != want {
 		t.Fatalf("got %q, want %q", got, want)
 	}
-	if got := string(dispenser.AppendList(nil, []segment.Run{{First: 5, Last: 4}})); got != "" {
+	if got := string(protocol.AppendList(nil, []segment.Run{{First: 5, Last: 4}})); got != "" {
 		t.Fatalf("empty run: got %q, want nothing", got)
 	}
 }
@@ -106,7 +107,7 @@ func TestSnowflakeBatchAboveGeneratorLimitIs400(t *testing.T) {
 	}
 	t.Cleanup(func() { svc.Stop(context.Background()) })
 	nc := testenv.Connect(t, ns)
-	if body, code := request(t, nc, "id.snowflake", strconv.Itoa(snowflake.MaxCount+1), nil); code != dispenser.CodeBadRequest {
+	if body, code := request(t, nc, "id.snowflake", strconv.Itoa(snowflake.MaxCount+1), nil); code != protocol.CodeBadRequest {
 		t.Fatalf("batch of MaxCount+1: code %q (%.80q), want 400", code, body)
 	}
 	body, code := request(t, nc, "id.snowflake", strconv.Itoa(snowflake.MaxCount), nil)
@@ -150,7 +151,7 @@ func TestFullBatchFits(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = svc.Stop(context.Background()) })
 	app := testenv.Connect(t, ns)
-	body, code := request(t, app, "id.segment.wide", strconv.Itoa(limit), nats.Header{dispenser.WorkerHeader: []string{"1"}})
+	body, code := request(t, app, "id.segment.wide", strconv.Itoa(limit), nats.Header{protocol.WorkerHeader: []string{"1"}})
 	if code != "" {
 		t.Fatalf("a full batch: code %q", code)
 	}
@@ -159,7 +160,7 @@ func TestFullBatchFits(t *testing.T) {
 		t.Fatalf("a full batch: %d IDs from %d, want %d from %d", len(ids), ids[0], limit, int64(start))
 	}
 	// In runs a reply may take 40 bytes an ID: refused, nothing taken.
-	if body, code := request(t, app, "id.segment.wide", strconv.Itoa(limit), nats.Header{dispenser.FormatHeader: []string{"range"}}); code != dispenser.CodeBadRequest {
+	if body, code := request(t, app, "id.segment.wide", strconv.Itoa(limit), nats.Header{protocol.FormatHeader: []string{"range"}}); code != protocol.CodeBadRequest {
 		t.Fatalf("a full batch in runs: %q code %q, want 400", body, code)
 	}
 	if body, code := request(t, app, "id.segment.wide", "", nil); code != "" || body != strconv.FormatInt(start+int64(limit), 10) {

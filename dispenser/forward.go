@@ -2,8 +2,8 @@ package dispenser
 
 import (
 	"fmt"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -37,8 +37,8 @@ type forwardItem struct {
 	tag    string
 	reply  string
 	n      int
-	format Format
-	worker bool // the requester asked for WorkerHeader
+	format protocol.Format
+	worker bool // the requester asked for protocol.WorkerHeader
 }
 
 // forwarder batches forwarded requests. It is safe for concurrent use.
@@ -57,7 +57,7 @@ func (f *forwarder) leave() {
 
 // enqueueForward hands r to the forwarder, or, if it is backed up, sends it
 // alone.
-func (s *Service) enqueueForward(r replier, owner, tag string, n int, format Format) {
+func (s *Service) enqueueForward(r replier, owner, tag string, n int, format protocol.Format) {
 	it := forwardItem{owner: owner, tag: tag, reply: r.reply, n: n, format: format, worker: r.worker}
 	select {
 	case s.fwd.ch <- it:
@@ -79,23 +79,11 @@ func (s *Service) forwardNow(r replier, it forwardItem) {
 
 // forwardHeader is the header of the messages this worker forwards.
 func (s *Service) forwardHeader() nats.Header {
-	return nats.Header{ForwardedHeader: []string{s.id}}
+	return nats.Header{protocol.ForwardedHeader: []string{s.id}}
 }
 
 func appendForwardLine(dst []byte, it forwardItem) []byte {
-	dst = append(dst, it.reply...)
-	dst = append(dst, ' ')
-	dst = strconv.AppendInt(dst, int64(it.n), 10)
-	dst = append(dst, ' ')
-	if it.format == FormatRange {
-		dst = append(dst, "range"...)
-	} else {
-		dst = append(dst, "list"...)
-	}
-	if it.worker {
-		return append(dst, " 1\n"...)
-	}
-	return append(dst, " 0\n"...)
+	return protocol.AppendForward(dst, protocol.Forward{Reply: it.reply, N: it.n, Format: it.format, Worker: it.worker})
 }
 
 // outbox is the message being built for one owner and tag.
@@ -193,30 +181,11 @@ func (s *Service) failForwarded(tag string, body []byte, err error) {
 	}
 }
 
-// parseForwardLine reads "<reply> <count> <format> <worker>".
+// parseForwardLine reads one line of a forwarded message
+// (protocol.ParseForward).
 func parseForwardLine(line string) (forwardItem, error) {
-	var f [4]string
-	rest := line
-	for i := range f {
-		var ok bool
-		if f[i], rest, ok = strings.Cut(rest, " "); !ok && i < 3 || ok && i == 3 || len(f[i]) == 0 {
-			return forwardItem{}, fmt.Errorf("%w: forwarded line %q", ErrBadCount, truncate(line, 200))
-		}
-	}
-	it := forwardItem{reply: f[0], worker: f[3] == "1"}
-	var err error
-	if it.n, err = strconv.Atoi(f[1]); err != nil {
-		return it, fmt.Errorf("%w %q", ErrBadCount, truncate(f[1], 32))
-	}
-	switch f[2] {
-	case "list":
-		it.format = FormatList
-	case "range":
-		it.format = FormatRange
-	default:
-		return it, fmt.Errorf("%w: format %q: want list or range", ErrBadHeader, truncate(f[2], 32))
-	}
-	return it, nil
+	f, err := protocol.ParseForward(line)
+	return forwardItem{reply: f.Reply, n: f.N, format: f.Format, worker: f.Worker}, err
 }
 
 // handleForwarded serves requests other workers forwarded to this one as
@@ -238,11 +207,11 @@ func (s *Service) handleForwarded(msg *nats.Msg) {
 		r := s.forwardedReplier(it)
 		switch {
 		case !valid:
-			r.fail(fmt.Errorf("%w %q", ErrBadSubject, msg.Subject))
+			r.fail(fmt.Errorf("%w %q", protocol.ErrBadSubject, msg.Subject))
 		case perr != nil:
 			r.fail(perr)
 		case it.n < 1 || it.n > s.cfg.MaxBatch:
-			r.fail(fmt.Errorf("%w: %d", ErrBadCount, it.n))
+			r.fail(fmt.Errorf("%w: %d", protocol.ErrBadCount, it.n))
 		case !s.cfg.Owners.Owns(tag):
 			r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
 		default:

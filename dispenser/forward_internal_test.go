@@ -3,6 +3,7 @@ package dispenser
 import (
 	"context"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -71,8 +72,8 @@ func forward(t testing.TB, ns *server.Server, items []forwardItem, want int) []*
 		if err != nil {
 			t.Fatalf("message %d: %v (got %d of %d requests)", len(msgs)+1, err, lines, want)
 		}
-		if got := msg.Header.Get(ForwardedHeader); got != "w1" {
-			t.Errorf("%s: %q, want the forwarding worker's ID", ForwardedHeader, got)
+		if got := msg.Header.Get(protocol.ForwardedHeader); got != "w1" {
+			t.Errorf("%s: %q, want the forwarding worker's ID", protocol.ForwardedHeader, got)
 		}
 		msgs = append(msgs, msg)
 		lines += strings.Count(string(msg.Data), "\n")
@@ -95,7 +96,7 @@ func TestForwarderBatches(t *testing.T) {
 	const requests = maxForwardBatch + 44
 	var items []forwardItem
 	for i := range requests {
-		items = append(items, forwardItem{owner: "id.owner.x", tag: "seq", reply: fmt.Sprintf("_INBOX.t.%d", i), n: 1 + i%3, format: Format(i % 2), worker: i%5 == 0})
+		items = append(items, forwardItem{owner: "id.owner.x", tag: "seq", reply: fmt.Sprintf("_INBOX.t.%d", i), n: 1 + i%3, format: protocol.Format(i % 2), worker: i%5 == 0})
 	}
 	msgs := forward(t, testenv.NATS(t), items, requests)
 	if len(msgs) != 2 { // a full batch and the rest
@@ -197,7 +198,7 @@ func TestForwardFailureAnswered(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no answer to the request that could not be forwarded: %v", err)
 	}
-	if msg.Subject != long || msg.Header.Get(micro.ErrorCodeHeader) != CodeUnavailable {
+	if msg.Subject != long || msg.Header.Get(micro.ErrorCodeHeader) != protocol.CodeUnavailable {
 		t.Errorf("answer on %.20q... with code %q (%s), want a 503 on the long reply subject",
 			msg.Subject, msg.Header.Get(micro.ErrorCodeHeader), msg.Header.Get(micro.ErrorHeader))
 	}
@@ -258,9 +259,9 @@ func TestForwardedRequestsAnswered(t *testing.T) {
 	}
 	want := map[string]answer{
 		"_INBOX.t.list":   {ids: 2},
-		"_INBOX.t.zero":   {code: CodeBadRequest},
-		"_INBOX.t.huge":   {code: CodeBadRequest},
-		"_INBOX.t.format": {code: CodeBadRequest},
+		"_INBOX.t.zero":   {code: protocol.CodeBadRequest},
+		"_INBOX.t.huge":   {code: protocol.CodeBadRequest},
+		"_INBOX.t.format": {code: protocol.CodeBadRequest},
 		"_INBOX.t.range":  {ids: 3, worker: svc.ID()},
 	}
 	got := map[string]answer{}
@@ -270,7 +271,7 @@ func TestForwardedRequestsAnswered(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %d replies: %v", len(got), err)
 		}
-		a := answer{code: msg.Header.Get(micro.ErrorCodeHeader), worker: msg.Header.Get(WorkerHeader)}
+		a := answer{code: msg.Header.Get(micro.ErrorCodeHeader), worker: msg.Header.Get(protocol.WorkerHeader)}
 		if a.code == "" {
 			for _, line := range strings.Fields(string(msg.Data)) {
 				first, last, isRange := strings.Cut(line, "-")

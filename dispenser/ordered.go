@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"time"
 
 	"github.com/dispenser-dev/dispenser/ownership"
@@ -25,12 +26,6 @@ type Owners interface {
 	Stats() ownership.Stats
 }
 
-// ForwardedHeader marks a message of requests one worker forwarded to the
-// owner of their ordered tag; its value names the forwarding worker. The
-// owner answers them or fails them; only a request that was waiting for a
-// segment when the owner lost the tag is routed again, to the new owner.
-const ForwardedHeader = "Id-Forwarded"
-
 // ErrOwnershipMoving means no worker could be found to own an ordered tag
 // within the wait (the owner died, paused past its lease, or is handing the
 // tag over): try again.
@@ -44,7 +39,7 @@ const orderedWait = 2 * time.Second
 // owns the tag, else by forwarding it to the owner (who answers the
 // requester directly), else by claiming the tag. It runs on the handler's
 // goroutine and parks anything that may wait.
-func (s *Service) takeOrdered(r replier, tag string, n int, format Format) {
+func (s *Service) takeOrdered(r replier, tag string, n int, format protocol.Format) {
 	rt, ok := s.cfg.Owners.Cached(tag)
 	switch {
 	case ok && rt.Self:
@@ -63,7 +58,7 @@ func (s *Service) takeOrdered(r replier, tag string, n int, format Format) {
 }
 
 // takeOwned serves an ordered tag this worker owns.
-func (s *Service) takeOwned(r replier, tag string, n int, format Format) {
+func (s *Service) takeOwned(r replier, tag string, n int, format protocol.Format) {
 	var arr [2]segment.Run
 	runs, pending, err := s.cfg.Segments.TakeOwned(tag, n, arr[:0])
 	switch {
@@ -90,7 +85,7 @@ const (
 
 // routeOrdered finds the owner of tag, claiming it if it has none, until
 // the wait runs out. It runs on a goroutine of its own.
-func (s *Service) routeOrdered(r replier, tag string, n int, format Format) {
+func (s *Service) routeOrdered(r replier, tag string, n int, format protocol.Format) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.orderedWait)
 	defer cancel()
 	backoff := routeRetryMin

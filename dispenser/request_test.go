@@ -1,226 +1,13 @@
 package dispenser
 
 import (
-	"errors"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/protocol"
 )
-
-func TestParseCount(t *testing.T) {
-	tests := []struct {
-		name string
-		body string
-		want int
-		err  error
-	}{
-		{"empty means one", "", 1, nil},
-		{"one", "1", 1, nil},
-		{"ten", "10", 10, nil},
-		{"trailing newline", "10\n", 10, nil},
-		{"surrounding space", " \t42\r\n", 42, nil},
-		{"the maximum", "10000", 10000, nil},
-		{"leading zeros", "007", 7, nil},
-		{"only white space means one", " \n", 1, nil},
-		{"zero", "0", 0, ErrBadCount},
-		{"negative", "-1", 0, ErrBadCount},
-		{"plus sign", "+5", 0, ErrBadCount},
-		{"over the maximum", "10001", 0, ErrBadCount},
-		{"huge", "99999999999999999999999999", 0, ErrBadCount},
-		{"not a number", "ten", 0, ErrBadCount},
-		{"hex", "0x10", 0, ErrBadCount},
-		{"float", "1.5", 0, ErrBadCount},
-		{"inner space", "1 0", 0, ErrBadCount},
-		{"binary garbage", "\x00\xff\xfe", 0, ErrBadCount},
-		{"megabyte body", strings.Repeat("9", 1<<20), 0, ErrBadCount},
-		{"json", `{"n":5}`, 0, ErrBadCount},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseCount([]byte(tt.body), 10000)
-			if !errors.Is(err, tt.err) {
-				t.Fatalf("err = %v, want %v", err, tt.err)
-			}
-			if got != tt.want {
-				t.Fatalf("got %d, want %d", got, tt.want)
-			}
-			if err != nil && len(err.Error()) > 300 {
-				t.Fatalf("error message of %d bytes echoes the body", len(err.Error()))
-			}
-		})
-	}
-}
-
-func TestParseFormat(t *testing.T) {
-	tests := []struct {
-		name   string
-		values []string
-		want   Format
-		err    error
-	}{
-		{"absent", nil, FormatList, nil},
-		{"list", []string{"list"}, FormatList, nil},
-		{"range", []string{"range"}, FormatRange, nil},
-		{"case-insensitive", []string{"RANGE"}, FormatRange, nil},
-		{"empty value", []string{""}, FormatList, nil},
-		{"unknown", []string{"json"}, 0, ErrBadHeader},
-		{"twice", []string{"range", "list"}, 0, ErrBadHeader},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseFormat(tt.values)
-			if !errors.Is(err, tt.err) || got != tt.want {
-				t.Fatalf("got %v, %v; want %v, %v", got, err, tt.want, tt.err)
-			}
-		})
-	}
-}
-
-func TestParseTag(t *testing.T) {
-	tests := []struct {
-		name    string
-		subject string
-		want    string
-		err     error
-	}{
-		{"plain", "id.segment.orders", "orders", nil},
-		{"dash and underscore", "id.segment.a-b_C9", "a-b_C9", nil},
-		{"128 characters", "id.segment." + strings.Repeat("x", 128), strings.Repeat("x", 128), nil},
-		{"129 characters", "id.segment." + strings.Repeat("x", 129), "", ErrBadSubject},
-		{"empty tag", "id.segment.", "", ErrBadSubject},
-		{"dot", "id.segment.a.b", "", ErrBadSubject},
-		{"wildcard", "id.segment.*", "", ErrBadSubject},
-		{"quote", `id.segment.a"b`, "", ErrBadSubject},
-		{"sql", "id.segment.a';DROP", "", ErrBadSubject},
-		{"unicode", "id.segment.zäh", "", ErrBadSubject},
-		{"other prefix", "ids.segment.orders", "", ErrBadSubject},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseTag(tt.subject, "id.segment.")
-			if !errors.Is(err, tt.err) || got != tt.want {
-				t.Fatalf("got %q, %v; want %q, %v", got, err, tt.want, tt.err)
-			}
-		})
-	}
-}
-
-func TestAppendFormats(t *testing.T) {
-	runs := []segment.Run{{First: 1, Last: 3}, {First: 10, Last: 10}}
-	if got, want := string(AppendList(nil, runs)), "1\n2\n3\n10"; got != want {
-		t.Errorf("list = %q, want %q", got, want)
-	}
-	if got, want := string(AppendIDs(nil, []int64{7, 9, 8})), "7\n9\n8"; got != want {
-		t.Errorf("IDs = %q, want %q", got, want)
-	}
-	if got, want := string(AppendRanges(nil, runs)), "1-3\n10-10"; got != want {
-		t.Errorf("ranges = %q, want %q", got, want)
-	}
-	if got, want := Runs(nil, []int64{5, 6, 7, 9, 10, 12}), []segment.Run{{First: 5, Last: 7}, {First: 9, Last: 10}, {First: 12, Last: 12}}; len(got) != len(want) || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
-		t.Errorf("Runs = %v, want %v", got, want)
-	}
-}
-
-func FuzzParseCount(f *testing.F) {
-	for _, s := range []string{"", "1", "10000", "10001", "-1", "0", " 5\n", "\x00", "99999999999"} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		n, err := ParseCount(body, 10000)
-		if err == nil && (n < 1 || n > 10000) {
-			t.Fatalf("ParseCount(%q) = %d without error", body, n)
-		}
-		if err != nil && !errors.Is(err, ErrBadCount) {
-			t.Fatalf("ParseCount(%q): error %v is not ErrBadCount", body, err)
-		}
-	})
-}
-
-func FuzzParseTag(f *testing.F) {
-	for _, s := range []string{"id.segment.orders", "id.segment.", "id.segment.a.b", "id.segment.*", "x"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, subject string) {
-		tag, err := ParseTag(subject, "id.segment.")
-		if err != nil {
-			return
-		}
-		if !segment.ValidTag(tag) || "id.segment."+tag != subject {
-			t.Fatalf("ParseTag(%q) = %q, not a valid tag of that subject", subject, tag)
-		}
-	})
-}
-
-func FuzzParseFormat(f *testing.F) {
-	for _, s := range []string{"", "list", "range", "RANGE", "json", " range ", "\x00"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, v string) {
-		format, err := ParseFormat([]string{v})
-		if err != nil {
-			if !errors.Is(err, ErrBadHeader) {
-				t.Fatalf("ParseFormat(%q): %v is not ErrBadHeader", v, err)
-			}
-			return
-		}
-		if format != FormatList && format != FormatRange {
-			t.Fatalf("ParseFormat(%q) = %v", v, format)
-		}
-	})
-}
-
-func TestCheckReply(t *testing.T) {
-	tests := []struct {
-		name  string
-		reply string
-		err   error
-	}{
-		{"inbox", "_INBOX.abc.def", nil},
-		{"custom inbox prefix", "_MYAPP.replies.1", nil},
-		{"service import reply", "_R_.xyz.abc", nil},
-		{"a dollar inside a token", "_INBOX.$JS", nil},
-		{"a name like the prefix", "idx.segment.a", nil},
-		{"at the length limit", "_INBOX." + strings.Repeat("a", MaxReplyLen-7), nil},
-		{"none", "", ErrNoReply},
-		{"JetStream API", "$JS.API.STREAM.PURGE.KV_dispenser_segments", ErrBadReply},
-		{"JetStream API of a domain", "$JS.hub.API.STREAM.DELETE.x", ErrBadReply},
-		{"key-value put", "$KV.dispenser_owners.orders", ErrBadReply},
-		{"object store", "$O.bucket.C.x", ErrBadReply},
-		{"system account", "$SYS.REQ.SERVER.PING", ErrBadReply},
-		{"micro discovery", "$SRV.PING", ErrBadReply},
-		{"gateway", "$G", ErrBadReply},
-		{"future system namespace", "$NEW.thing", ErrBadReply},
-		{"the prefix itself", "id", ErrBadReply},
-		{"a segment endpoint", "id.segment.orders", ErrBadReply},
-		{"another worker's owner subject", "id.owner.abc.orders", ErrBadReply},
-		{"the owner subject", "own.er", ErrBadReply},
-		{"below the owner subject", "own.er.orders", ErrBadReply},
-		{"too long", "_INBOX." + strings.Repeat("a", MaxReplyLen), ErrBadReply},
-		{"empty token", "_INBOX..a", ErrBadReply},
-		{"leading dot", ".a", ErrBadReply},
-		{"trailing dot", "a.", ErrBadReply},
-		{"star", "_INBOX.*", ErrBadReply},
-		{"full wildcard", "_INBOX.>", ErrBadReply},
-		{"space", "_INBOX.a b", ErrBadReply},
-		{"tab", "_INBOX.a\tb", ErrBadReply},
-		{"newline", "_INBOX.a\r\nPUB x 1", ErrBadReply},
-		{"NUL", "_INBOX.a\x00", ErrBadReply},
-		{"DEL", "_INBOX.a\x7f", ErrBadReply},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := CheckReply(tt.reply, "id", "own.er")
-			if !errors.Is(err, tt.err) {
-				t.Fatalf("CheckReply(%q) = %v, want %v", tt.reply, err, tt.err)
-			}
-			if err != nil && len(err.Error()) > 200 {
-				t.Fatalf("error of %d bytes echoes the subject", len(err.Error()))
-			}
-		})
-	}
-}
 
 func TestRateLimit(t *testing.T) {
 	var l rateLimit
@@ -242,12 +29,12 @@ func TestFits(t *testing.T) {
 	tests := []struct {
 		name       string
 		maxPayload int64
-		format     Format
+		format     protocol.Format
 		want       int
 	}{
-		{"default server, list", 1 << 20, FormatList, (1<<20 - replyHeaderRoom) / 20},
-		{"default server, range", 1 << 20, FormatRange, (1<<20 - replyHeaderRoom) / 40},
-		{"tiny server", 512, FormatList, 0},
+		{"default server, list", 1 << 20, protocol.FormatList, (1<<20 - replyHeaderRoom) / 20},
+		{"default server, range", 1 << 20, protocol.FormatRange, (1<<20 - replyHeaderRoom) / 40},
+		{"tiny server", 512, protocol.FormatList, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -259,15 +46,23 @@ func TestFits(t *testing.T) {
 			worst := 0
 			for i := range n {
 				id := int64(1<<63-1) - int64(i)
-				if tt.format == FormatRange {
-					worst += len(AppendRanges(nil, []segment.Run{{First: id, Last: id}})) + 1
+				if tt.format == protocol.FormatRange {
+					worst += len(protocol.AppendRanges(nil, []protocol.Run{{First: id, Last: id}})) + 1
 				} else {
-					worst += len(AppendIDs(nil, []int64{id})) + 1
+					worst += len(protocol.AppendIDs(nil, []int64{id})) + 1
 				}
 			}
 			if worst+replyHeaderRoom > int(tt.maxPayload) && n > 0 {
 				t.Fatalf("the worst reply of %d IDs is %d bytes: does not fit in %d with headers", n, worst, tt.maxPayload)
 			}
 		})
+	}
+}
+
+// TestProtocolHeadersAreMicros: the protocol's error headers are those of
+// NATS micro services, which the service sets through req.Error.
+func TestProtocolHeadersAreMicros(t *testing.T) {
+	if protocol.ErrorCodeHeader != micro.ErrorCodeHeader || protocol.ErrorHeader != micro.ErrorHeader {
+		t.Fatalf("protocol headers %q, %q; micro's %q, %q", protocol.ErrorCodeHeader, protocol.ErrorHeader, micro.ErrorCodeHeader, micro.ErrorHeader)
 	}
 }

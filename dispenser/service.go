@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -23,17 +24,6 @@ import (
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
-)
-
-// Error codes of replies, in the micro error headers.
-const (
-	CodeBadRequest = "400"
-	CodeNotFound   = "404"
-	// CodeGone: the tag is exhausted (its IDs would pass 2^63-1); final,
-	// retrying does not help.
-	CodeGone        = "410"
-	CodeUnavailable = "503"
-	CodeInternal    = "500"
 )
 
 // Snowflake issues snowflake IDs; *snowflake.Worker implements it.
@@ -152,12 +142,6 @@ type Service struct {
 // most once per statsEvery. With fewer, every request gets fresh stats.
 const statsEvery = time.Second
 
-// WorkerHeader, present in a request (any value), makes the reply (IDs or
-// an error) carry the same header with the answering worker's micro service
-// ID, which is unique per worker process. Tests and debugging use it to
-// tell who issued an ID.
-const WorkerHeader = "Id-Worker"
-
 // ID returns the micro service ID of this worker.
 func (s *Service) ID() string { return s.id }
 
@@ -202,9 +186,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	// A decimal list of MaxBatch IDs, with the reply's headers, must fit in
 	// one message.
-	if limit := fits(cfg.Conn.MaxPayload(), FormatList); cfg.MaxBatch < 1 || cfg.MaxBatch > limit || cfg.MaxBatch > 1e9 {
+	if limit := fits(cfg.Conn.MaxPayload(), protocol.FormatList); cfg.MaxBatch < 1 || cfg.MaxBatch > limit || cfg.MaxBatch > 1e9 {
 		return nil, fmt.Errorf("dispenser: MaxBatch %d: want 1..%d (the server's max payload less %d bytes for headers, / %d bytes an ID)",
-			cfg.MaxBatch, limit, replyHeaderRoom, listBytesPerID)
+			cfg.MaxBatch, limit, replyHeaderRoom, protocol.ListBytesPerID)
 	}
 	if cfg.Owners != nil && (cfg.OwnerSubject == "" || !validSubjectPrefix(cfg.OwnerSubject)) {
 		return nil, fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
@@ -241,7 +225,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.svc = svc
 	s.id = svc.Info().ID
-	s.segPrefix = cfg.Prefix + ".segment."
+	s.segPrefix = protocol.SegmentSubject(cfg.Prefix, "")
 	if cfg.PeerCheck > 0 {
 		err := cfg.Conn.FlushTimeout(5 * time.Second) // others can see this worker now
 		if err == nil {
@@ -268,7 +252,7 @@ func New(cfg Config) (*Service, error) {
 	if err == nil && cfg.Snowflake != nil {
 		err = g.AddEndpoint("snowflake", micro.HandlerFunc(s.handleSnowflake),
 			micro.WithEndpointMetadata(map[string]string{
-				"description": "snowflake IDs: body empty or a count N; header Id-Format: list|range",
+				"description": "snowflake IDs: body empty or a count N; header Id-protocol.Format: list|range",
 			}))
 		if err == nil {
 			err = g.AddEndpoint("snowflake_decode", micro.HandlerFunc(s.handleDecode),
@@ -307,7 +291,7 @@ func (s *Service) addSegmentEndpoint() error {
 	return s.group.AddEndpoint("segment", micro.HandlerFunc(s.handleSegment),
 		micro.WithEndpointSubject("segment.>"), // dotted tags get their 400
 		micro.WithEndpointMetadata(map[string]string{
-			"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range",
+			"description": "IDs of a tag: body empty or a count N; header Id-protocol.Format: list|range",
 		}))
 }
 
@@ -451,13 +435,13 @@ type replier struct {
 	endpoint string
 	tag      string    // metrics label
 	start    time.Time // zero without metrics
-	worker   bool      // the request asked for WorkerHeader
+	worker   bool      // the request asked for protocol.WorkerHeader
 }
 
 func (s *Service) newReplier(req micro.Request, endpoint string) replier {
 	r := replier{s: s, req: req, reply: req.Reply(), inline: true, endpoint: endpoint}
 	if h := req.Headers(); len(h) > 0 {
-		_, r.worker = h[WorkerHeader]
+		_, r.worker = h[protocol.WorkerHeader]
 	}
 	if s.metrics != nil {
 		r.start = time.Now()
@@ -482,10 +466,10 @@ func (r replier) respond(data []byte, ids int) {
 	var err error
 	switch {
 	case r.worker && r.inline:
-		err = r.req.Respond(data, micro.WithHeaders(micro.Headers{WorkerHeader: []string{r.s.id}}))
+		err = r.req.Respond(data, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.id}}))
 	case r.worker:
 		msg := nats.NewMsg(r.reply)
-		msg.Header.Set(WorkerHeader, r.s.id)
+		msg.Header.Set(protocol.WorkerHeader, r.s.id)
 		msg.Data = data
 		err = r.s.cfg.Conn.PublishMsg(msg)
 	default: // a plain publish: micro's Respond costs a nats.Msg per reply
@@ -502,7 +486,7 @@ func (r replier) fail(err error) {
 	var perr error
 	switch {
 	case r.inline && r.worker:
-		perr = r.req.Error(code, desc, nil, micro.WithHeaders(micro.Headers{WorkerHeader: []string{r.s.id}}))
+		perr = r.req.Error(code, desc, nil, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.id}}))
 	case r.inline:
 		perr = r.req.Error(code, desc, nil)
 	default:
@@ -510,7 +494,7 @@ func (r replier) fail(err error) {
 		msg.Header.Set(micro.ErrorHeader, desc)
 		msg.Header.Set(micro.ErrorCodeHeader, code)
 		if r.worker {
-			msg.Header.Set(WorkerHeader, r.s.id)
+			msg.Header.Set(protocol.WorkerHeader, r.s.id)
 		}
 		perr = r.s.cfg.Conn.PublishMsg(msg)
 	}
@@ -525,41 +509,41 @@ func (r replier) fail(err error) {
 // log instead.
 func (s *Service) classify(err error) (code, desc string) {
 	switch {
-	case errors.Is(err, ErrBadCount), errors.Is(err, ErrBadHeader), errors.Is(err, ErrBadSubject),
+	case errors.Is(err, protocol.ErrBadCount), errors.Is(err, protocol.ErrBadHeader), errors.Is(err, protocol.ErrBadSubject),
 		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),
 		errors.Is(err, snowflake.ErrInvalidCount):
-		return CodeBadRequest, err.Error()
+		return protocol.CodeBadRequest, err.Error()
 	case errors.Is(err, segment.ErrUnknownTag):
-		return CodeNotFound, err.Error()
+		return protocol.CodeNotFound, err.Error()
 	case errors.Is(err, segment.ErrExhausted):
-		return CodeGone, err.Error()
+		return protocol.CodeGone, err.Error()
 	case errors.Is(err, segment.ErrClosed):
-		return CodeUnavailable, segment.ErrClosed.Error()
+		return protocol.CodeUnavailable, segment.ErrClosed.Error()
 	case errors.Is(err, ErrOwnershipMoving):
-		return CodeUnavailable, err.Error() + "; try again"
+		return protocol.CodeUnavailable, err.Error() + "; try again"
 	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
-		return CodeUnavailable, ErrOwnershipMoving.Error() + "; try again"
+		return protocol.CodeUnavailable, ErrOwnershipMoving.Error() + "; try again"
 	case errors.Is(err, segment.ErrOrdered):
-		return CodeUnavailable, err.Error() + ": this worker serves no ordered tags"
+		return protocol.CodeUnavailable, err.Error() + ": this worker serves no ordered tags"
 	case errors.Is(err, segment.ErrTagDeleted):
-		return CodeUnavailable, "the tag's record was deleted by hand: it is not created again until an operator restores it"
+		return protocol.CodeUnavailable, "the tag's record was deleted by hand: it is not created again until an operator restores it"
 	case errors.Is(err, kvbucket.ErrPurged), errors.Is(err, kvbucket.ErrRecreated):
 		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
-		return CodeUnavailable, "the store's bucket was purged or recreated: an operator must restore it"
+		return protocol.CodeUnavailable, "the store's bucket was purged or recreated: an operator must restore it"
 	case errors.Is(err, segment.ErrUnavailable):
 		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
-		return CodeUnavailable, segment.ErrUnavailable.Error() + " (store slow or unreachable); try again"
+		return protocol.CodeUnavailable, segment.ErrUnavailable.Error() + " (store slow or unreachable); try again"
 	case s.cfg.Snowflake != nil && s.cfg.Snowflake.Unavailable(err):
 		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
 		for _, e := range snowflakeUnavailable {
 			if errors.Is(err, e) {
-				return CodeUnavailable, e.Error()
+				return protocol.CodeUnavailable, e.Error()
 			}
 		}
-		return CodeUnavailable, snowflake.ErrUnavailable.Error()
+		return protocol.CodeUnavailable, snowflake.ErrUnavailable.Error()
 	}
 	s.cfg.Logger.Error("dispenser: unexpected error", "err", err)
-	return CodeInternal, "internal error"
+	return protocol.CodeInternal, "internal error"
 }
 
 // snowflakeUnavailable are the reasons a snowflake worker cannot issue.
@@ -581,12 +565,12 @@ func headerValues(h micro.Headers, key string) []string {
 }
 
 // parse reads the count and format of a request.
-func (s *Service) parse(req micro.Request) (int, Format, error) {
-	format, err := ParseFormat(headerValues(req.Headers(), FormatHeader))
+func (s *Service) parse(req micro.Request) (int, protocol.Format, error) {
+	format, err := protocol.ParseFormat(headerValues(req.Headers(), protocol.FormatHeader))
 	if err != nil {
 		return 0, 0, err
 	}
-	n, err := ParseCount(req.Data(), s.cfg.MaxBatch)
+	n, err := protocol.ParseCount(req.Data(), s.cfg.MaxBatch)
 	if err != nil {
 		return n, format, err
 	}
@@ -600,14 +584,14 @@ func (s *Service) parse(req micro.Request) (int, Format, error) {
 // in one message of the server the worker is connected to now (a reconnect
 // may have brought a smaller max payload; a reply in runs may need twice
 // the bytes of a list).
-func (s *Service) checkFits(n int, format Format) error {
-	if n*listBytesPerID < replyHeaderRoom {
+func (s *Service) checkFits(n int, format protocol.Format) error {
+	if n*protocol.ListBytesPerID < replyHeaderRoom {
 		return nil // every server's max payload holds it: spare the lock
 	}
 	mp := s.cfg.Conn.MaxPayload()
 	if limit := fits(mp, format); n > limit {
 		return fmt.Errorf("%w %d: a reply of that many IDs may not fit in one message of this server (max payload %d bytes); at most %d (%s)",
-			ErrBadCount, n, mp, limit, format)
+			protocol.ErrBadCount, n, mp, limit, format)
 	}
 	return nil
 }
@@ -620,11 +604,11 @@ func (s *Service) admit(req micro.Request) bool {
 }
 
 func (s *Service) admitReply(reply, subject string) bool {
-	err := CheckReply(reply, s.own...)
+	err := protocol.CheckReply(reply, s.own...)
 	if err == nil {
 		return true
 	}
-	if errors.Is(err, ErrNoReply) {
+	if errors.Is(err, protocol.ErrNoReply) {
 		s.noReply.Add(1)
 	} else {
 		s.badReply.Add(1)
@@ -657,23 +641,12 @@ func (l *rateLimit) allow(now time.Time) (bool, uint64) {
 	return true, l.suppressed.Swap(0)
 }
 
-// Reply sizes. A reply of n IDs in decimal, one per line, takes at most
-// listBytesPerID bytes an ID (19 digits and a newline); one in runs, at
-// most rangeBytesPerID (a run of one ID a line, "first-last" and a
-// newline). replyHeaderRoom is kept free of the max payload for headers.
-const (
-	listBytesPerID  = 20
-	rangeBytesPerID = 40
-	replyHeaderRoom = 1024
-)
+// replyHeaderRoom is kept free of the max payload for a reply's headers.
+const replyHeaderRoom = 1024
 
 // fits returns the most IDs a reply in format can carry within maxPayload.
-func fits(maxPayload int64, format Format) int {
-	per := int64(listBytesPerID)
-	if format == FormatRange {
-		per = rangeBytesPerID
-	}
-	return int(max(maxPayload-replyHeaderRoom, 0) / per)
+func fits(maxPayload int64, format protocol.Format) int {
+	return int(max(maxPayload-replyHeaderRoom, 0) / int64(format.BytesPerID()))
 }
 
 func (s *Service) handleSegment(req micro.Request) {
@@ -681,7 +654,7 @@ func (s *Service) handleSegment(req micro.Request) {
 		return
 	}
 	r := s.newReplier(req, "segment")
-	tag, err := ParseTag(req.Subject(), s.segPrefix)
+	tag, err := protocol.ParseTag(req.Subject(), s.segPrefix)
 	if err != nil {
 		r.fail(err)
 		return
@@ -709,7 +682,7 @@ func (s *Service) handleSegment(req micro.Request) {
 // park answers a request that waits for a segment from a goroutine of its
 // own, so that the handler goes on with other requests (and other tags).
 // owned says the request was admitted as the owner of an ordered tag.
-func (s *Service) park(r replier, p *segment.Pending, format Format, n int, owned bool) {
+func (s *Service) park(r replier, p *segment.Pending, format protocol.Format, n int, owned bool) {
 	r.inline = false
 	if r.req == nil {
 		// A forwarded request's reply subject is a slice of its whole
@@ -743,26 +716,19 @@ func (s *Service) park(r replier, p *segment.Pending, format Format, n int, owne
 // reply answers with runs. Inline replies format into the endpoint's
 // scratch buffer (an endpoint's handler runs on one goroutine: its
 // subscription's); parked ones into a pooled buffer.
-func (s *Service) reply(r replier, format Format, runs []segment.Run, n int) {
+func (s *Service) reply(r replier, format protocol.Format, runs []segment.Run, n int) {
 	if r.inline {
-		s.segScratch.buf = formatRuns(s.segScratch.buf[:0], format, runs)
+		s.segScratch.buf = protocol.AppendRuns(s.segScratch.buf[:0], format, runs)
 		r.respond(s.segScratch.buf, n)
 		return
 	}
 	bp := s.bufs.Get().(*[]byte)
-	buf := formatRuns((*bp)[:0], format, runs)
+	buf := protocol.AppendRuns((*bp)[:0], format, runs)
 	r.respond(buf, n)
 	if cap(buf) <= 1<<16 { // keep big batch buffers out of the pool
 		*bp = buf
 		s.bufs.Put(bp)
 	}
-}
-
-func formatRuns(dst []byte, format Format, runs []segment.Run) []byte {
-	if format == FormatRange {
-		return AppendRanges(dst, runs)
-	}
-	return AppendList(dst, runs)
 }
 
 // scratch is memory one endpoint's handler reuses from request to request.
@@ -790,11 +756,11 @@ func (s *Service) handleSnowflake(req micro.Request) {
 		r.fail(err)
 		return
 	}
-	if format == FormatRange {
-		sc.runs = Runs(sc.runs[:0], ids)
-		sc.buf = AppendRanges(sc.buf[:0], sc.runs)
+	if format == protocol.FormatRange {
+		sc.runs = protocol.Runs(sc.runs[:0], ids)
+		sc.buf = protocol.AppendRanges(sc.buf[:0], sc.runs)
 	} else {
-		sc.buf = AppendIDs(sc.buf[:0], ids)
+		sc.buf = protocol.AppendIDs(sc.buf[:0], ids)
 	}
 	r.respond(sc.buf, n)
 }
@@ -807,10 +773,17 @@ func (s *Service) handleDecode(req micro.Request) {
 	body := strings.TrimSpace(string(req.Data()))
 	id, err := strconv.ParseInt(body, 10, 64)
 	if err != nil || id < 0 {
-		r.fail(fmt.Errorf("%w: %q is not a snowflake ID (a non-negative decimal int64)", ErrBadCount, truncate(body, 64)))
+		r.fail(fmt.Errorf("%w: %q is not a snowflake ID (a non-negative decimal int64)", protocol.ErrBadCount, truncate(body, 64)))
 		return
 	}
 	if err := req.RespondJSON(snowflake.Decode(id, s.cfg.Snowflake.Epoch())); err != nil {
 		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject(), "err", err)
 	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"log/slog"
 	"os"
 	"strconv"
@@ -177,7 +178,7 @@ func TestProtocol(t *testing.T) {
 	st := newStack(t, map[string]int64{"orders": 100})
 	st.worker(t, segment.Settings{})
 	nc := testenv.Connect(t, st.ns)
-	rangeHdr := nats.Header{dispenser.FormatHeader: []string{"range"}}
+	rangeHdr := nats.Header{protocol.FormatHeader: []string{"range"}}
 
 	tests := []struct {
 		name    string
@@ -190,7 +191,7 @@ func TestProtocol(t *testing.T) {
 		{"empty body gives one ID", "id.segment.orders", "", nil, "1", ""},
 		{"a count gives a list", "id.segment.orders", "3", nil, "2\n3\n4", ""},
 		{"range format", "id.segment.orders", "5", rangeHdr, "5-9", ""},
-		{"list format by name", "id.segment.orders", "1", nats.Header{dispenser.FormatHeader: []string{"list"}}, "10", ""},
+		{"list format by name", "id.segment.orders", "1", nats.Header{protocol.FormatHeader: []string{"list"}}, "10", ""},
 		{"unknown headers are ignored", "id.segment.orders", "", nats.Header{"X-Trace": []string{"1"}}, "11", ""},
 		{"zero", "id.segment.orders", "0", nil, "", "400"},
 		{"negative", "id.segment.orders", "-5", nil, "", "400"},
@@ -198,7 +199,7 @@ func TestProtocol(t *testing.T) {
 		{"over the maximum", "id.segment.orders", "10001", nil, "", "400"},
 		{"binary garbage", "id.segment.orders", "\x00\x01\xff", nil, "", "400"},
 		{"megabyte body", "id.segment.orders", strings.Repeat("7", 1<<20-1024), nil, "", "400"},
-		{"bad format header", "id.segment.orders", "", nats.Header{dispenser.FormatHeader: []string{"csv"}}, "", "400"},
+		{"bad format header", "id.segment.orders", "", nats.Header{protocol.FormatHeader: []string{"csv"}}, "", "400"},
 		{"bad tag token", "id.segment.a$b", "", nil, "", "400"},
 		{"dotted tag", "id.segment.orders.eu", "", nil, "", "400"},
 		{"format header in lower case", "id.segment.orders", "2", nats.Header{"id-format": []string{"range"}}, "12-13", ""},
@@ -210,7 +211,7 @@ func TestProtocol(t *testing.T) {
 		{"JSON body", "id.segment.orders", `{"count":3}`, nil, "", "400"},
 		{"float count", "id.segment.orders", "2.5", nil, "", "400"},
 		{"huge count", "id.segment.orders", "99999999999999999999", nil, "", "400"},
-		{"format header twice", "id.segment.orders", "", nats.Header{dispenser.FormatHeader: []string{"range", "list"}}, "", "400"},
+		{"format header twice", "id.segment.orders", "", nats.Header{protocol.FormatHeader: []string{"range", "list"}}, "", "400"},
 		{"unknown tag", "id.segment.payments", "", nil, "", "404"},
 		{"after all that, nothing was consumed", "id.segment.orders", "", nil, "14", ""},
 	}
@@ -240,7 +241,7 @@ func TestBatchAcrossSegmentBoundary(t *testing.T) {
 	if _, err := st.store.Fetch(context.Background(), "a", 0); err != nil {
 		t.Fatal(err)
 	}
-	hdr := nats.Header{dispenser.FormatHeader: []string{"range"}}
+	hdr := nats.Header{protocol.FormatHeader: []string{"range"}}
 	body, code := request(t, nc, "id.segment.a", "5", hdr)
 	if code != "" || body != "9-10\n21-23" {
 		t.Fatalf("got %q (code %q), want two runs 9-10 and 21-23", body, code)
@@ -360,7 +361,7 @@ func TestThreeWorkersNoDuplicates(t *testing.T) {
 				count := 1 + (i*7+c)%9
 				var hdr nats.Header
 				if i%4 == 0 {
-					hdr = nats.Header{dispenser.FormatHeader: []string{"range"}}
+					hdr = nats.Header{protocol.FormatHeader: []string{"range"}}
 				}
 				resp, err := nc.RequestMsg(&nats.Msg{Subject: "id.segment." + tag, Data: []byte(strconv.Itoa(count)), Header: hdr}, 10*time.Second)
 				if err != nil {
@@ -683,7 +684,7 @@ func TestSnowflakeEndpoints(t *testing.T) {
 		}
 		prev = id
 	}
-	ranges, _ := request(t, nc, "id.snowflake", "100", nats.Header{dispenser.FormatHeader: []string{"range"}})
+	ranges, _ := request(t, nc, "id.snowflake", "100", nats.Header{protocol.FormatHeader: []string{"range"}})
 	if got := parseIDs(t, ranges); len(got) != 100 || got[0] <= prev {
 		t.Fatalf("range format: %d IDs starting %d, want 100 above %d", len(got), got[0], prev)
 	}
@@ -717,19 +718,19 @@ func TestWorkerHeader(t *testing.T) {
 	st := newStack(t, map[string]int64{"a": 10})
 	w := st.worker(t, segment.Settings{})
 	nc := testenv.Connect(t, st.ns)
-	resp, err := nc.RequestMsg(&nats.Msg{Subject: "id.segment.a", Header: nats.Header{dispenser.WorkerHeader: []string{""}}}, 5*time.Second)
+	resp, err := nc.RequestMsg(&nats.Msg{Subject: "id.segment.a", Header: nats.Header{protocol.WorkerHeader: []string{""}}}, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := resp.Header.Get(dispenser.WorkerHeader); got == "" || got != w.svc.ID() {
-		t.Fatalf("%s = %q, want the worker's ID %q", dispenser.WorkerHeader, got, w.svc.ID())
+	if got := resp.Header.Get(protocol.WorkerHeader); got == "" || got != w.svc.ID() {
+		t.Fatalf("%s = %q, want the worker's ID %q", protocol.WorkerHeader, got, w.svc.ID())
 	}
 	// Error replies name the worker too.
-	resp, err = nc.RequestMsg(&nats.Msg{Subject: "id.segment.nope", Header: nats.Header{dispenser.WorkerHeader: []string{""}}}, 5*time.Second)
+	resp, err = nc.RequestMsg(&nats.Msg{Subject: "id.segment.nope", Header: nats.Header{protocol.WorkerHeader: []string{""}}}, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, got := resp.Header.Get(micro.ErrorCodeHeader), resp.Header.Get(dispenser.WorkerHeader); code != "404" || got != w.svc.ID() {
+	if code, got := resp.Header.Get(micro.ErrorCodeHeader), resp.Header.Get(protocol.WorkerHeader); code != "404" || got != w.svc.ID() {
 		t.Fatalf("error reply: code %q, worker %q; want 404 from %q", code, got, w.svc.ID())
 	}
 	// Without the request header, the reply has no headers at all.
@@ -896,7 +897,7 @@ func TestSnowflakeThreeWorkersNoDuplicates(t *testing.T) {
 		wg.Go(func() {
 			lastOK := time.Now()
 			for n := 0; n < total/clients; {
-				msg := &nats.Msg{Subject: "id.snowflake", Data: []byte(strconv.Itoa(batch)), Header: nats.Header{dispenser.WorkerHeader: []string{""}}}
+				msg := &nats.Msg{Subject: "id.snowflake", Data: []byte(strconv.Itoa(batch)), Header: nats.Header{protocol.WorkerHeader: []string{""}}}
 				resp, err := nc.RequestMsg(msg, 10*time.Second)
 				if err != nil {
 					t.Errorf("client %d: %v", c, err)
@@ -904,7 +905,7 @@ func TestSnowflakeThreeWorkersNoDuplicates(t *testing.T) {
 				}
 				switch code := resp.Header.Get(micro.ErrorCodeHeader); code {
 				case "":
-				case dispenser.CodeUnavailable:
+				case protocol.CodeUnavailable:
 					if time.Since(lastOK) > retry503For {
 						t.Errorf("client %d: 503 (%s) for %v", c, resp.Header.Get(micro.ErrorHeader), retry503For)
 						return
@@ -925,7 +926,7 @@ func TestSnowflakeThreeWorkersNoDuplicates(t *testing.T) {
 					t.Errorf("client %d: %d IDs, want %d", c, len(ids), batch)
 					return
 				}
-				results[c] = append(results[c], reply{resp.Header.Get(dispenser.WorkerHeader), ids})
+				results[c] = append(results[c], reply{resp.Header.Get(protocol.WorkerHeader), ids})
 				n += batch
 				if issued.Add(batch) >= int64(total/2) {
 					halfOnce.Do(func() { close(halfway) })

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
+
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 // Settings configures an Allocator. Zero values mean the documented defaults.
@@ -90,13 +92,9 @@ const maxLookups = 8
 // DefaultAutoCreateMax is the default of Settings.AutoCreateMax.
 const DefaultAutoCreateMax = 1000
 
-// Run is a contiguous run of IDs, First through Last inclusive.
-type Run struct {
-	First, Last int64
-}
-
-// Len returns the number of IDs in r.
-func (r Run) Len() int64 { return r.Last - r.First + 1 }
+// Run is a contiguous run of IDs, First through Last inclusive: the run of
+// the wire protocol's range format.
+type Run = protocol.Run
 
 // Allocator hands out IDs of many tags from double-buffered segments. It is
 // safe for concurrent use. Background work (prefetches, tag refreshes) runs

@@ -272,7 +272,7 @@ func TestBatchAcrossBoundary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []Run{{8, 10}, {21, 22}}; !slices.Equal(runs, want) {
+	if want := []Run{{First: 8, Last: 10}, {First: 21, Last: 22}}; !slices.Equal(runs, want) {
 		t.Fatalf("runs = %v, want %v", runs, want)
 	}
 	// A batch larger than both segments waits for further fetches.

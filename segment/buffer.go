@@ -127,7 +127,7 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 			}
 		}
 		if first, got := seg.takeUpTo(k); got > 0 {
-			dst = append(dst, Run{first, first + got - 1})
+			dst = append(dst, Run{First: first, Last: first + got - 1})
 			if first+got > seg.threshold {
 				b.prefetch()
 			}

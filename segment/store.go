@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 // Errors returned by the allocator and by stores. Stores wrap them with %w so
@@ -119,27 +121,15 @@ type Admin interface {
 }
 
 // ValidTag reports whether name is a valid tag: 1 to 128 characters from
-// [A-Za-z0-9_-], so that it is always a single NATS subject token.
-func ValidTag(name string) bool {
-	if len(name) == 0 || len(name) > 128 {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
-		default:
-			return false
-		}
-	}
-	return true
-}
+// [A-Za-z0-9_-], so that it is always a single NATS subject token. It is
+// the wire protocol's rule (protocol.ValidTag).
+func ValidTag(name string) bool { return protocol.ValidTag(name) }
 
 // CheckTag returns nil for a valid tag and an error wrapping ErrInvalidTag
 // otherwise.
 func CheckTag(name string) error {
 	if !ValidTag(name) {
-		return fmt.Errorf("%w %q: want 1-128 characters of [A-Za-z0-9_-]", ErrInvalidTag, name)
+		return fmt.Errorf("%w %q: want %s", ErrInvalidTag, name, protocol.TagRule)
 	}
 	return nil
 }

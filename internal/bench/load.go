@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 // The load generator. It runs in a process of its own (the program's
@@ -202,7 +202,7 @@ func RunLoad(ctx context.Context, cfg LoadConfig, progress io.Writer) ([]*LoadRe
 		for i := range t.msgs {
 			m := &nats.Msg{Subject: subj, Reply: l.inbox + "." + strconv.Itoa(i), Data: body}
 			if cfg.Format == "range" {
-				m.Header = nats.Header{dispenser.FormatHeader: []string{"range"}}
+				m.Header = nats.Header{protocol.FormatHeader: []string{"range"}}
 			}
 			t.msgs[i] = m
 		}

@@ -21,9 +21,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
@@ -277,24 +277,24 @@ func startBaseline(nc *nats.Conn, subject string) error {
 	var counter atomic.Int64
 	var buf []byte // only the subscription's goroutine uses it
 	_, err := nc.QueueSubscribe(subject, "bench", func(m *nats.Msg) {
-		n, err := dispenser.ParseCount(m.Data, 1_000_000)
-		format := dispenser.FormatList
+		n, err := protocol.ParseCount(m.Data, 1_000_000)
+		format := protocol.FormatList
 		if err == nil && len(m.Header) > 0 {
-			format, err = dispenser.ParseFormat(m.Header.Values(dispenser.FormatHeader))
+			format, err = protocol.ParseFormat(m.Header.Values(protocol.FormatHeader))
 		}
 		if err != nil {
 			reply := nats.NewMsg(m.Reply)
-			reply.Header.Set(micro.ErrorCodeHeader, dispenser.CodeBadRequest)
-			reply.Header.Set(micro.ErrorHeader, err.Error())
+			reply.Header.Set(protocol.ErrorCodeHeader, protocol.CodeBadRequest)
+			reply.Header.Set(protocol.ErrorHeader, err.Error())
 			nc.PublishMsg(reply)
 			return
 		}
 		last := counter.Add(int64(n))
-		runs := [1]segment.Run{{First: last - int64(n) + 1, Last: last}}
-		if format == dispenser.FormatRange {
-			buf = dispenser.AppendRanges(buf[:0], runs[:])
+		runs := [1]protocol.Run{{First: last - int64(n) + 1, Last: last}}
+		if format == protocol.FormatRange {
+			buf = protocol.AppendRanges(buf[:0], runs[:])
 		} else {
-			buf = dispenser.AppendList(buf[:0], runs[:])
+			buf = protocol.AppendList(buf[:0], runs[:])
 		}
 		nc.Publish(m.Reply, buf)
 	})
@@ -311,12 +311,12 @@ func requestID(ctx context.Context, nc *nats.Conn, subject string, timeout time.
 	for {
 		m, err := nc.RequestWithContext(ctx, subject, nil)
 		if err == nil {
-			code := m.Header.Get(micro.ErrorCodeHeader)
+			code := m.Header.Get(protocol.ErrorCodeHeader)
 			if code == "" {
 				return string(m.Data), nil
 			}
-			err = fmt.Errorf("%w %s: %s", errErrorReply, code, m.Header.Get(micro.ErrorHeader))
-			if code != dispenser.CodeUnavailable {
+			err = fmt.Errorf("%w %s: %s", errErrorReply, code, m.Header.Get(protocol.ErrorHeader))
+			if code != protocol.CodeUnavailable {
 				return "", err
 			}
 		}

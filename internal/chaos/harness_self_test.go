@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 // recordingTB records Errorf instead of failing the test.
@@ -52,7 +52,7 @@ func fakeWorker(tb testing.TB, nc *nats.Conn, subject, id string, calls *atomic.
 		a := answer(n)
 		reply := nats.NewMsg(m.Reply)
 		if !a.noWorker {
-			reply.Header.Set(dispenser.WorkerHeader, id)
+			reply.Header.Set(protocol.WorkerHeader, id)
 		}
 		switch {
 		case a.code != "":
@@ -136,9 +136,9 @@ func TestHarnessDetectsViolations(t *testing.T) {
 	// One worker counting down: more violations than are listed.
 	fake("down", "w3", counter(1e9, -1))
 	// Undocumented error code for a valid request.
-	fake("code", "w4", func(int) fakeReply { return fakeReply{code: dispenser.CodeBadRequest} })
+	fake("code", "w4", func(int) fakeReply { return fakeReply{code: protocol.CodeBadRequest} })
 	// An unexpected error in the worker.
-	fake("internal", "w5", func(int) fakeReply { return fakeReply{code: dispenser.CodeInternal} })
+	fake("internal", "w5", func(int) fakeReply { return fakeReply{code: protocol.CodeInternal} })
 	// A malformed body.
 	fake("bad", "w6", func(int) fakeReply { return fakeReply{body: "12x"} })
 	// One ID more than asked for.

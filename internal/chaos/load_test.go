@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 // target is what a load client asks for: one tag's segment IDs or snowflake
@@ -227,7 +227,7 @@ func (c *client) violate(format string, args ...any) {
 // reports whether IDs came back.
 func (c *client) request(n int) bool {
 	msg := nats.NewMsg(c.target.subject)
-	msg.Header.Set(dispenser.WorkerHeader, "1")
+	msg.Header.Set(protocol.WorkerHeader, "1")
 	if n > 1 {
 		msg.Data = strconv.AppendInt(nil, int64(n), 10)
 	}
@@ -247,15 +247,15 @@ func (c *client) request(n int) bool {
 	}
 	if code := resp.Header.Get(micro.ErrorCodeHeader); code != "" {
 		desc := resp.Header.Get(micro.ErrorHeader)
-		if code != dispenser.CodeUnavailable && code != dispenser.CodeInternal {
+		if code != protocol.CodeUnavailable && code != protocol.CodeInternal {
 			c.violate("error %s %q for a valid request for %d IDs", code, desc, n)
 		}
-		c.fails = append(c.fails, failure{sent: sent, got: got, kind: code, err: desc, worker: resp.Header.Get(dispenser.WorkerHeader)})
+		c.fails = append(c.fails, failure{sent: sent, got: got, kind: code, err: desc, worker: resp.Header.Get(protocol.WorkerHeader)})
 		return false
 	}
-	wid := resp.Header.Get(dispenser.WorkerHeader)
+	wid := resp.Header.Get(protocol.WorkerHeader)
 	if wid == "" {
-		c.violate("reply %q without %s header", truncate(resp.Data), dispenser.WorkerHeader)
+		c.violate("reply %q without %s header", truncate(resp.Data), protocol.WorkerHeader)
 		return false
 	}
 	w, ok := c.local[wid]
@@ -388,7 +388,7 @@ func (l *load) check(tb testing.TB, describe func(string) string) {
 			tb.Errorf("... and %d more violations of a %s client", c.nbad-len(c.bad), c.target.name)
 		}
 		for _, f := range c.fails {
-			if f.kind == dispenser.CodeInternal {
+			if f.kind == protocol.CodeInternal {
 				if internal == 0 {
 					example = fmt.Sprintf("%s at %.3fs: %s", c.target.name, float64(f.got)/1e9, f.err)
 				}
@@ -648,7 +648,7 @@ func (fl *faultLog) attribute(got int64) string {
 // buffers ran dry) or a timeout (sent to a process that was killed or
 // frozen). The nats-server restart adds those of any request while clients
 // and workers reconnect.
-var orderedFailureKinds = map[string]bool{dispenser.CodeUnavailable: true, "timeout": true}
+var orderedFailureKinds = map[string]bool{protocol.CodeUnavailable: true, "timeout": true}
 
 // checkOrderedFailures fails the test for every request of an ordered tag
 // that failed otherwise than orderedFailureKinds allow, or otherwise than

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 )
@@ -544,7 +544,7 @@ func (c *ownerChaos) checkFailures() {
 	bad := map[string]int{}
 	for _, cl := range c.load.clients {
 		for _, f := range cl.fails {
-			if f.kind != dispenser.CodeUnavailable && f.kind != "timeout" {
+			if f.kind != protocol.CodeUnavailable && f.kind != "timeout" {
 				bad[f.kind+" during "+c.log.attribute(f.got)]++
 			}
 		}

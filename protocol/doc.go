@@ -1,0 +1,51 @@
+// Package protocol is dispenser's wire protocol, in one place: the subjects,
+// the headers, the error codes, how a request's count and format are read,
+// how IDs are written into a reply and read back out of one, which reply
+// subjects a worker may answer to, and the line format of requests one
+// worker forwards to the owner of an ordered tag. The service (package
+// dispenser), the Go client (package client) and the benchmark's baseline
+// all use it, so that they cannot drift apart. It depends on the standard
+// library only.
+//
+// # Requests
+//
+// A request is a NATS request on one of these subjects (Prefix defaults to
+// "id"):
+//
+//	<prefix>.segment.<tag>    IDs of the tag's sequence (SegmentSubject)
+//	<prefix>.snowflake        snowflake IDs (SnowflakeSubject)
+//	<prefix>.snowflake.decode a snowflake ID's parts, as JSON
+//
+// The body is the count: empty for one ID, otherwise a decimal number from
+// 1 to the service's batch limit, optionally surrounded by ASCII white space
+// (ParseCount). A tag is 1 to 128 characters of [A-Za-z0-9_-], so that it
+// is always one subject token (ValidTag).
+//
+// Headers a request may carry: FormatHeader ("list", the default, or
+// "range") and WorkerHeader (any value: the reply names the worker that
+// answered it).
+//
+// # Replies
+//
+// A reply carries exactly the IDs asked for, strictly increasing: one
+// decimal ID per line (FormatList, AppendList), or one "first-last" line per
+// run of consecutive IDs (FormatRange, AppendRanges), lines separated by a
+// single newline. ParseIDs reads a reply back and refuses anything else.
+//
+// A failure is a reply with an empty body and the micro error headers
+// ErrorCodeHeader and ErrorHeader: code 400 (CodeBadRequest) for a request
+// the service cannot read, 404 (CodeNotFound) for an unknown tag, 410
+// (CodeGone) for a tag whose IDs would pass 2^63-1, 503 (CodeUnavailable)
+// for "try again", 500 (CodeInternal) for anything else.
+//
+// A request whose reply subject is refused (CheckReply) gets no reply at
+// all: a reply subject is chosen freely by the requester, and a worker never
+// publishes where the requester could not.
+//
+// # Forwarded requests
+//
+// A worker that does not own an ordered tag forwards the tag's requests to
+// the owner: one message to "<owner subject>.<tag>", with ForwardedHeader
+// naming the forwarding worker, holding one request per line (Forward,
+// AppendForward, ParseForward).
+package protocol

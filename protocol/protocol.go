@@ -1,0 +1,177 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Errors of reading requests: a request that fails with one of them is
+// answered with CodeBadRequest and changes nothing.
+var (
+	// ErrBadCount means the body is not a decimal count in 1..max.
+	ErrBadCount = errors.New("protocol: bad count")
+	// ErrBadHeader means a header the service reads has a value it does not
+	// understand.
+	ErrBadHeader = errors.New("protocol: bad header")
+	// ErrBadSubject means the subject does not name a valid tag.
+	ErrBadSubject = errors.New("protocol: bad subject")
+	// ErrNoReply means a request has no reply subject: nobody could receive
+	// its IDs.
+	ErrNoReply = errors.New("protocol: request without a reply subject")
+	// ErrBadReply means a request's reply subject is one a worker never
+	// publishes to (CheckReply).
+	ErrBadReply = errors.New("protocol: refused reply subject")
+	// ErrBadIDs means a reply's body is not exactly the IDs asked for, well
+	// formed (ParseIDs).
+	ErrBadIDs = errors.New("protocol: bad IDs")
+)
+
+// DefaultPrefix is the first token of the service's subjects unless
+// configured otherwise.
+const DefaultPrefix = "id"
+
+// SegmentSubject is the subject of requests for IDs of tag.
+func SegmentSubject(prefix, tag string) string { return prefix + ".segment." + tag }
+
+// SnowflakeSubject is the subject of requests for snowflake IDs.
+func SnowflakeSubject(prefix string) string { return prefix + ".snowflake" }
+
+// Headers.
+const (
+	// FormatHeader selects the reply format: "list" (default) or "range".
+	FormatHeader = "Id-Format"
+	// WorkerHeader, on a request with any value, asks the worker to name
+	// itself in the reply's header of the same name.
+	WorkerHeader = "Id-Worker"
+	// ForwardedHeader marks a message of requests one worker forwarded to
+	// the owner of their ordered tag; its value names the forwarding
+	// worker.
+	ForwardedHeader = "Id-Forwarded"
+	// ErrorCodeHeader and ErrorHeader carry a failure's code and
+	// description: the headers of NATS micro services.
+	ErrorCodeHeader = "Nats-Service-Error-Code"
+	ErrorHeader     = "Nats-Service-Error"
+)
+
+// Error codes of failed requests, in ErrorCodeHeader.
+const (
+	CodeBadRequest = "400"
+	CodeNotFound   = "404"
+	// CodeGone: the tag is exhausted (its IDs would pass 2^63-1); final,
+	// retrying does not help.
+	CodeGone        = "410"
+	CodeUnavailable = "503"
+	CodeInternal    = "500"
+)
+
+// Format is the reply format of a request.
+type Format uint8
+
+const (
+	// FormatList replies with the IDs in decimal, one per line.
+	FormatList Format = iota
+	// FormatRange replies with one "first-last" line per contiguous run.
+	FormatRange
+)
+
+func (f Format) String() string {
+	if f == FormatRange {
+		return "range"
+	}
+	return "list"
+}
+
+// MaxCountDigits bounds a count's digits before it is parsed, so that no
+// body can overflow the parser or make it work long: no request can ask
+// for more than MaxCount IDs, whatever the service's batch limit.
+const (
+	MaxCountDigits = 9
+	MaxCount       = 999_999_999
+)
+
+// ParseCount parses a request body: empty means 1, otherwise a decimal
+// number in 1..max, optionally surrounded by ASCII white space (so that
+// `echo 10 | nats req ...` works).
+func ParseCount(body []byte, max int) (int, error) {
+	s := strings.Trim(string(body), " \t\r\n")
+	if s == "" {
+		return 1, nil
+	}
+	if len(s) > MaxCountDigits {
+		if len(s) > 32 {
+			return 0, fmt.Errorf("%w: body of %d bytes is not a count in 1..%d", ErrBadCount, len(body), max)
+		}
+		return 0, fmt.Errorf("%w %q: want a decimal count in 1..%d", ErrBadCount, s, max)
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("%w %q: want a decimal count in 1..%d", ErrBadCount, s, max)
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n < 1 || n > max {
+		return 0, fmt.Errorf("%w %d: want 1..%d", ErrBadCount, n, max)
+	}
+	return n, nil
+}
+
+// ParseFormat reads the FormatHeader values: none, "list" or "range"
+// (case-insensitive).
+func ParseFormat(values []string) (Format, error) {
+	switch len(values) {
+	case 0:
+		return FormatList, nil
+	case 1:
+	default:
+		return 0, fmt.Errorf("%w: %s given %d times", ErrBadHeader, FormatHeader, len(values))
+	}
+	switch v := strings.TrimSpace(values[0]); {
+	case v == "" || strings.EqualFold(v, "list"):
+		return FormatList, nil
+	case strings.EqualFold(v, "range"):
+		return FormatRange, nil
+	default:
+		return 0, fmt.Errorf("%w: %s %q: want list or range", ErrBadHeader, FormatHeader, truncate(v, 64))
+	}
+}
+
+// MaxTagLen is the longest tag, in bytes.
+const MaxTagLen = 128
+
+// ValidTag reports whether name is a valid tag: 1 to MaxTagLen characters
+// from [A-Za-z0-9_-], so that it is always a single NATS subject token.
+func ValidTag(name string) bool {
+	if len(name) == 0 || len(name) > MaxTagLen {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// TagRule describes a valid tag, for error messages.
+const TagRule = "1-128 characters of [A-Za-z0-9_-]"
+
+// ParseTag returns the tag of a segment subject: its token after prefix,
+// which ends with "segment.".
+func ParseTag(subject, prefix string) (string, error) {
+	tag, ok := strings.CutPrefix(subject, prefix)
+	if !ok || !ValidTag(tag) {
+		return "", fmt.Errorf("%w %q: want %s<tag>, tag %s", ErrBadSubject, truncate(subject, 200), prefix, TagRule)
+	}
+	return tag, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
