@@ -252,7 +252,7 @@ func New(cfg Config) (*Service, error) {
 	if err == nil && cfg.Snowflake != nil {
 		err = g.AddEndpoint("snowflake", micro.HandlerFunc(s.handleSnowflake),
 			micro.WithEndpointMetadata(map[string]string{
-				"description": "snowflake IDs: body empty or a count N; header Id-protocol.Format: list|range",
+				"description": "snowflake IDs: body empty or a count N; header Id-Format: list|range",
 			}))
 		if err == nil {
 			err = g.AddEndpoint("snowflake_decode", micro.HandlerFunc(s.handleDecode),
@@ -291,7 +291,7 @@ func (s *Service) addSegmentEndpoint() error {
 	return s.group.AddEndpoint("segment", micro.HandlerFunc(s.handleSegment),
 		micro.WithEndpointSubject("segment.>"), // dotted tags get their 400
 		micro.WithEndpointMetadata(map[string]string{
-			"description": "IDs of a tag: body empty or a count N; header Id-protocol.Format: list|range",
+			"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range",
 		}))
 }
 
