@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 	if s.cfg.Snowflake != nil {
 		cs = append(cs, snowflakeCollector{s.cfg.Snowflake})
 	}
-	if s.cfg.Owners != nil {
+	if s.ordered != nil {
 		cs = append(cs, ownersCollector{s})
 	}
 	for _, c := range cs {
@@ -181,12 +181,12 @@ func (c ownersCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c ownersCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.s.cfg.Owners.Stats()
+	st := c.s.ordered.Stats()
 	ch <- prometheus.MustNewConstMetric(ordOwned, prometheus.GaugeValue, float64(len(st.Owned)))
 	ch <- prometheus.MustNewConstMetric(ordClaims, prometheus.CounterValue, float64(st.Claims))
 	ch <- prometheus.MustNewConstMetric(ordHandovers, prometheus.CounterValue, float64(st.Handovers))
 	ch <- prometheus.MustNewConstMetric(ordLosses, prometheus.CounterValue, float64(st.Losses))
-	ch <- prometheus.MustNewConstMetric(ordForwarded, prometheus.CounterValue, float64(c.s.forwarded.Load()))
+	ch <- prometheus.MustNewConstMetric(ordForwarded, prometheus.CounterValue, float64(st.Forwarded))
 }
 
 func sfDesc(name, help string) *prometheus.Desc {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -120,11 +121,13 @@ func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*ordered
 	os := o.owners
 	os.Owner, os.Subject, os.Logger = name, subject, quiet
 	os.Lease = cmp.Or(os.Lease, 2*time.Second)
-	os.OnAcquire, os.OnLose = alloc.Reset, alloc.Reset
-	if o.onAcquire != nil {
-		os.OnAcquire = func(tag string) { o.onAcquire(tag, alloc.Reset) }
+	var owners *ownership.Leases
+	if o.onAcquire != nil { // the wiring of ordered.OpenLeases, with the hook
+		os.OnAcquire, os.OnLose, os.Plain = func(tag string) { o.onAcquire(tag, alloc.Reset) }, alloc.Reset, alloc.Plain
+		owners, err = ownership.Open(context.Background(), js, os)
+	} else {
+		owners, err = ordered.OpenLeases(context.Background(), js, alloc, os)
 	}
-	owners, err := ownership.Open(context.Background(), js, os)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
-	"github.com/dispenser-dev/dispenser/ownership"
+	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
@@ -79,7 +79,7 @@ type Config struct {
 	// Owners, if set, serves ordered tags: only a tag's owner serves it,
 	// other workers forward its requests to the owner. Without it, requests
 	// for ordered tags get 503.
-	Owners Owners
+	Owners ordered.Owners
 	// OwnerSubject is where this worker takes forwarded requests
 	// (OwnerSubject.<tag>); it must be the subject its Owners records.
 	// Required with Owners.
@@ -111,13 +111,10 @@ type Service struct {
 	segScratch scratch // the segment handler's
 	sfScratch  scratch // the snowflake handler's
 	group      micro.Group
-	bg         sync.WaitGroup     // adds the segment endpoint late
-	done       chan struct{}      // closed by Stop
-	fwdSub     *nats.Subscription // OwnerSubject.*; nil without Owners
-	forwarded  atomic.Uint64      // requests forwarded to an owner
-	fwd        forwarder          // batches requests for other owners
-	// orderedWait bounds the search for an ordered tag's owner.
-	orderedWait time.Duration
+	bg         sync.WaitGroup // adds the segment endpoint late
+	done       chan struct{}  // closed by Stop
+	// ordered serves the ordered tags; nil without Owners or Segments.
+	ordered *ordered.Tags
 	// own are the subject prefixes no reply goes to (CheckReply).
 	own []string
 	// noReply and badReply count requests refused for their reply subject
@@ -193,24 +190,11 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Owners != nil && (cfg.OwnerSubject == "" || !validSubjectPrefix(cfg.OwnerSubject)) {
 		return nil, fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
 	}
-	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), orderedWait: orderedWait, own: []string{cfg.Prefix}, now: time.Now}
+	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), own: []string{cfg.Prefix}, now: time.Now}
 	if cfg.OwnerSubject != "" {
 		s.own = append(s.own, cfg.OwnerSubject)
 	}
-	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be forwarded
-		s.fwd.ch = make(chan forwardItem, forwardBacklog)
-		s.fwd.stop = make(chan struct{})
-	}
-	if cfg.Segments != nil {
-		s.orderedWait = max(cfg.Segments.MaxWait(), orderedWait)
-	}
 	s.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
-	m, err := newMetrics(cfg.Registerer, s)
-	if err != nil {
-		return nil, fmt.Errorf("dispenser: registering metrics: %w", err)
-	}
-	s.metrics = m
-
 	svc, err := micro.AddService(cfg.Conn, micro.Config{
 		Name:    Name,
 		Version: cfg.Version,
@@ -236,6 +220,24 @@ func New(cfg Config) (*Service, error) {
 			return nil, err
 		}
 	}
+	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be routed
+		s.ordered, err = ordered.New(ordered.Settings{Conn: cfg.Conn, Allocator: cfg.Segments, Owners: cfg.Owners,
+			Subject: cfg.OwnerSubject, Replies: replies{s}, MaxBatch: cfg.MaxBatch, Logger: cfg.Logger}, s.id)
+		if err != nil {
+			_ = svc.Stop()
+			return nil, fmt.Errorf("dispenser: %w", err)
+		}
+	}
+	m, err := newMetrics(cfg.Registerer, s)
+	if err != nil {
+		if s.ordered != nil {
+			_ = s.ordered.Drain()
+			s.ordered.Leave()
+		}
+		_ = svc.Stop()
+		return nil, fmt.Errorf("dispenser: registering metrics: %w", err)
+	}
+	s.metrics = m
 	g := svc.AddGroup(cfg.Prefix)
 	s.group = g
 	s.done = make(chan struct{})
@@ -262,9 +264,6 @@ func New(cfg Config) (*Service, error) {
 				}))
 		}
 	}
-	if err == nil && cfg.Owners != nil && cfg.Segments != nil {
-		s.fwdSub, err = cfg.Conn.Subscribe(cfg.OwnerSubject+".*", s.handleForwarded)
-	}
 	if err != nil {
 		s.stop()
 		return nil, fmt.Errorf("dispenser: adding endpoint: %w", err)
@@ -273,10 +272,6 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.Conn.FlushTimeout(5 * time.Second); err != nil {
 		s.stop()
 		return nil, fmt.Errorf("dispenser: flushing subscriptions: %w", err)
-	}
-	if s.fwd.ch != nil {
-		s.parked.Add(1)
-		go s.runForwarder()
 	}
 	return s, nil
 }
@@ -331,7 +326,7 @@ func (s *Service) Info() micro.Info { return s.svc.Info() }
 // allocator or the snowflake worker: their owner does that after Stop.
 func (s *Service) Stop(ctx context.Context) error {
 	if err := s.stop(); err != nil {
-		s.fwd.leave()
+		s.leaveOrdered()
 		return fmt.Errorf("dispenser: stopping: %w", err)
 	}
 	// micro drains the subscriptions: messages already received are still
@@ -343,19 +338,32 @@ func (s *Service) Stop(ctx context.Context) error {
 	for s.cfg.Conn.NumSubscriptions() > s.baseSub && s.cfg.Conn.IsConnected() {
 		select {
 		case <-ctx.Done():
-			s.fwd.leave()
+			s.leaveOrdered()
 			return fmt.Errorf("dispenser: draining requests: %w", ctx.Err())
 		case <-tick.C:
 		}
 	}
-	s.fwd.leave() // no handler runs any more: send what it holds
+	s.leaveOrdered() // no handler runs any more: send what it holds
 	done := make(chan struct{})
 	go func() { s.parked.Wait(); close(done) }()
 	select {
 	case <-done:
-		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("dispenser: waiting for parked requests: %w", ctx.Err())
+	}
+	if s.ordered != nil {
+		if err := s.ordered.Wait(ctx); err != nil {
+			return fmt.Errorf("dispenser: %w", err)
+		}
+	}
+	return nil
+}
+
+// leaveOrdered makes the ordered tags' forwarder send what it holds and
+// stop.
+func (s *Service) leaveOrdered() {
+	if s.ordered != nil {
+		s.ordered.Leave()
 	}
 }
 
@@ -369,9 +377,9 @@ func (s *Service) stop() error {
 	}
 	s.mu.Unlock()
 	s.bg.Wait()
-	if s.fwdSub != nil {
-		if err := s.fwdSub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-			s.cfg.Logger.Warn("dispenser: draining forwarded requests", "err", err)
+	if s.ordered != nil {
+		if err := s.ordered.Drain(); err != nil {
+			s.cfg.Logger.Warn("dispenser: stopping", "err", err)
 		}
 	}
 	return s.svc.Stop()
@@ -413,11 +421,8 @@ func (s *Service) segmentStats() (_ any, many bool) {
 	}
 	m := map[string]any{"totals": s.cfg.Segments.Totals(), "shown": shown, "tags": tags,
 		"refused": map[string]uint64{"no_reply": s.noReply.Load(), "reply_subject": s.badReply.Load()}}
-	if s.cfg.Owners != nil {
-		m["ordered"] = struct {
-			ownership.Stats
-			Forwarded uint64 `json:"forwarded"`
-		}{s.cfg.Owners.Stats(), s.forwarded.Load()}
+	if s.ordered != nil {
+		m["ordered"] = s.ordered.Stats()
 	}
 	return m, many
 }
@@ -436,6 +441,8 @@ type replier struct {
 	tag      string    // metrics label
 	start    time.Time // zero without metrics
 	worker   bool      // the request asked for protocol.WorkerHeader
+	n        int       // IDs asked for, once parsed
+	format   protocol.Format
 }
 
 func (s *Service) newReplier(req micro.Request, endpoint string) replier {
@@ -449,12 +456,40 @@ func (s *Service) newReplier(req micro.Request, endpoint string) replier {
 	return r
 }
 
-// forwardedReplier answers a request for tag that another worker forwarded
-// to this one.
-func (s *Service) forwardedReplier(it forwardItem) replier {
-	r := replier{s: s, reply: it.reply, endpoint: "segment", tag: it.tag, worker: it.worker}
-	if s.metrics != nil {
+// replies makes the replies of requests forwarded to this worker as the
+// owner of their ordered tag (ordered.Replies).
+type replies struct{ s *Service }
+
+func (rs replies) Forwarded(f protocol.Forward, tag string) ordered.Reply {
+	r := replier{s: rs.s, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, n: f.N, format: f.Format}
+	if rs.s.metrics != nil {
 		r.start = time.Now()
+	}
+	return r
+}
+
+func (rs replies) Admit(reply, subject string) bool { return rs.s.admitReply(reply, subject) }
+
+// A replier answers a request for an ordered tag too (ordered.Reply).
+
+func (r replier) Request() protocol.Forward {
+	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker}
+}
+
+func (r replier) IDs(runs []segment.Run) { r.s.reply(r, r.format, runs, r.n) }
+
+func (r replier) Fail(err error) { r.fail(err) }
+
+func (r replier) Detach() ordered.Reply { return r.detach() }
+
+// detach returns r for use off the handler's goroutine: answered by
+// publishing, and without a forwarded batch's memory.
+func (r replier) detach() replier {
+	r.inline = false
+	if r.req == nil {
+		// A forwarded request's reply subject is a slice of its whole
+		// batch: do not keep the batch while the request waits.
+		r.reply = strings.Clone(r.reply)
 	}
 	return r
 }
@@ -519,10 +554,10 @@ func (s *Service) classify(err error) (code, desc string) {
 		return protocol.CodeGone, err.Error()
 	case errors.Is(err, segment.ErrClosed):
 		return protocol.CodeUnavailable, segment.ErrClosed.Error()
-	case errors.Is(err, ErrOwnershipMoving):
+	case errors.Is(err, ordered.ErrOwnershipMoving):
 		return protocol.CodeUnavailable, err.Error() + "; try again"
 	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
-		return protocol.CodeUnavailable, ErrOwnershipMoving.Error() + "; try again"
+		return protocol.CodeUnavailable, ordered.ErrOwnershipMoving.Error() + "; try again"
 	case errors.Is(err, segment.ErrOrdered):
 		return protocol.CodeUnavailable, err.Error() + ": this worker serves no ordered tags"
 	case errors.Is(err, segment.ErrTagDeleted):
@@ -665,15 +700,16 @@ func (s *Service) handleSegment(req micro.Request) {
 		r.fail(err)
 		return
 	}
+	r.n, r.format = n, format
 	var arr [2]segment.Run
 	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
 	switch {
-	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
-		s.takeOrdered(r, tag, n, format)
+	case errors.Is(err, segment.ErrOrdered) && s.ordered != nil:
+		s.ordered.Serve(r, tag)
 	case err != nil:
 		r.fail(err)
 	case pending != nil:
-		s.park(r, pending, format, n, false)
+		s.park(r, pending)
 	default:
 		s.reply(r, format, runs, n)
 	}
@@ -681,35 +717,22 @@ func (s *Service) handleSegment(req micro.Request) {
 
 // park answers a request that waits for a segment from a goroutine of its
 // own, so that the handler goes on with other requests (and other tags).
-// owned says the request was admitted as the owner of an ordered tag.
-func (s *Service) park(r replier, p *segment.Pending, format protocol.Format, n int, owned bool) {
-	r.inline = false
-	if r.req == nil {
-		// A forwarded request's reply subject is a slice of its whole
-		// batch: do not keep the batch while the request waits.
-		r.reply = strings.Clone(r.reply)
-	}
+func (s *Service) park(r replier, p *segment.Pending) {
+	r = r.detach()
 	s.parked.Add(1)
 	go func() {
 		defer s.parked.Done()
 		runs, err := p.Wait(context.Background())
-		if s.cfg.Owners != nil && (errors.Is(err, segment.ErrOrdered) || owned && err == nil && !s.cfg.Owners.Owns(r.tag)) {
-			// Known to be ordered only now, the owner's buffers were
-			// reset, or this worker stopped owning the tag while the
-			// request waited (its IDs may come from a segment fetched
-			// since: they are skipped). Route it again from here.
-			if s.cfg.Owners.Owns(r.tag) {
-				s.takeOwned(r, r.tag, n, format)
-			} else {
-				s.routeOrdered(r, r.tag, n, format)
-			}
+		if errors.Is(err, segment.ErrOrdered) && s.ordered != nil {
+			// Known to be ordered only now: its owner serves it.
+			s.ordered.Reroute(r, r.tag)
 			return
 		}
 		if err != nil {
 			r.fail(err)
 			return
 		}
-		s.reply(r, format, runs, n)
+		s.reply(r, r.format, runs, r.n)
 	}()
 }
 

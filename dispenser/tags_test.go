@@ -101,8 +101,8 @@ func TestMicroStatsBounded(t *testing.T) {
 	st := newStack(t, nil)
 	n := dispenser.StatsTags + 50
 	st.createTags(t, n+1)
-	w := st.worker(t, segment.Settings{})
-	var mu sync.Mutex // protects now
+	w := st.worker(t, segment.Settings{MaxWait: 3 * time.Second}) // a cold tag on a busy machine
+	var mu sync.Mutex                                             // protects now
 	now := time.Now()
 	dispenser.SetClock(w.svc, func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
 	nc := testenv.Connect(t, st.ns)

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -171,10 +172,9 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	ownerToken := strings.ToLower(rand.Text()[:16])
 	ownerSubject := cmp.Or(s.cfg.Prefix, "id") + ".owner." + ownerToken
-	s.owners, err = ownership.Open(ctx, js, ownership.Settings{
+	s.owners, err = ordered.OpenLeases(ctx, js, s.alloc, ownership.Settings{
 		Bucket: s.cfg.OwnersBucket, Replicas: s.cfg.OwnersReplicas, Lease: s.cfg.OwnersLease,
 		Owner: s.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: s.log,
-		OnAcquire: s.alloc.Reset, OnLose: s.alloc.Reset, Plain: s.alloc.Plain,
 	})
 	if err != nil {
 		return err

@@ -1,15 +1,14 @@
-package dispenser
+package ordered
 
 import (
 	"fmt"
-	"github.com/dispenser-dev/dispenser/protocol"
 	"slices"
 	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 // Forwarding in batches. A worker hands the requests for an ordered tag it
@@ -33,12 +32,9 @@ const forwardBacklog = 4096
 
 // forwardItem is a request for an ordered tag on its way to the owner.
 type forwardItem struct {
-	owner  string // the owner's subject (Route.Subject); the tag follows
-	tag    string
-	reply  string
-	n      int
-	format protocol.Format
-	worker bool // the requester asked for protocol.WorkerHeader
+	owner string // the owner's subject (Route.Subject); the tag follows
+	tag   string
+	protocol.Forward
 }
 
 // forwarder batches forwarded requests. It is safe for concurrent use.
@@ -57,33 +53,29 @@ func (f *forwarder) leave() {
 
 // enqueueForward hands r to the forwarder, or, if it is backed up, sends it
 // alone.
-func (s *Service) enqueueForward(r replier, owner, tag string, n int, format protocol.Format) {
-	it := forwardItem{owner: owner, tag: tag, reply: r.reply, n: n, format: format, worker: r.worker}
+func (t *Tags) enqueueForward(r Reply, owner, tag string) {
+	it := forwardItem{owner: owner, tag: tag, Forward: r.Request()}
 	select {
-	case s.fwd.ch <- it:
-		s.forwarded.Add(1)
+	case t.fwd.ch <- it:
+		t.forwarded.Add(1)
 	default:
-		s.forwardNow(r, it)
+		t.forwardNow(r, it)
 	}
 }
 
 // forwardNow sends one request to the owner from the caller's goroutine.
-func (s *Service) forwardNow(r replier, it forwardItem) {
-	msg := nats.Msg{Subject: it.owner + "." + it.tag, Data: appendForwardLine(nil, it), Header: s.forwardHeader()}
-	if err := s.cfg.Conn.PublishMsg(&msg); err != nil {
-		r.fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+func (t *Tags) forwardNow(r Reply, it forwardItem) {
+	msg := nats.Msg{Subject: it.owner + "." + it.tag, Data: protocol.AppendForward(nil, it.Forward), Header: t.forwardHeader()}
+	if err := t.cfg.Conn.PublishMsg(&msg); err != nil {
+		r.Fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		return
 	}
-	s.forwarded.Add(1)
+	t.forwarded.Add(1)
 }
 
 // forwardHeader is the header of the messages this worker forwards.
-func (s *Service) forwardHeader() nats.Header {
-	return nats.Header{protocol.ForwardedHeader: []string{s.id}}
-}
-
-func appendForwardLine(dst []byte, it forwardItem) []byte {
-	return protocol.AppendForward(dst, protocol.Forward{Reply: it.reply, N: it.n, Format: it.format, Worker: it.worker})
+func (t *Tags) forwardHeader() nats.Header {
+	return nats.Header{protocol.ForwardedHeader: []string{t.id}}
 }
 
 // outbox is the message being built for one owner and tag.
@@ -94,25 +86,25 @@ type outbox struct {
 
 // runForwarder sends the forwarder's requests, as many per message as have
 // piled up, until Stop, then those left.
-func (s *Service) runForwarder() {
-	defer s.parked.Done()
-	hdr := s.forwardHeader() // read-only from here on
+func (t *Tags) runForwarder() {
+	defer t.parked.Done()
+	hdr := t.forwardHeader() // read-only from here on
 	var batch []forwardItem
 	// outs has one outbox per owner and tag of a batch, almost always one;
 	// their bodies are reused from batch to batch.
 	var outs []outbox
 	publish := func(o *outbox, body []byte) {
 		msg := nats.Msg{Subject: o.owner + "." + o.tag, Data: body, Header: hdr}
-		if err := s.cfg.Conn.PublishMsg(&msg); err != nil {
-			s.cfg.Logger.Warn("dispenser: forwarding to the owner of an ordered tag", "subject", msg.Subject, "err", err)
-			s.failForwarded(o.tag, body, err)
+		if err := t.cfg.Conn.PublishMsg(&msg); err != nil {
+			t.cfg.Logger.Warn("ordered: forwarding to the owner of an ordered tag", "subject", msg.Subject, "err", err)
+			t.failForwarded(o.tag, body, err)
 		}
 	}
 	send := func() {
 		// A message stays within the server's max payload (read each time:
 		// a reconnect may change it), with room for the header: a line that
 		// would not fit starts the next message.
-		maxPayload := int(s.cfg.Conn.MaxPayload())
+		maxPayload := int(t.cfg.Conn.MaxPayload())
 		limit := maxPayload - min(forwardHeaderRoom, maxPayload/2)
 		outs = outs[:0]
 		last := -1
@@ -131,7 +123,7 @@ func (s *Service) runForwarder() {
 			}
 			o := &outs[last]
 			n := len(o.body)
-			o.body = appendForwardLine(o.body, it)
+			o.body = protocol.AppendForward(o.body, it.Forward)
 			if len(o.body) > limit && n > 0 {
 				publish(o, o.body[:n])
 				o.body = append(o.body[:0], o.body[n:]...)
@@ -146,16 +138,16 @@ func (s *Service) runForwarder() {
 	for {
 		if !stopping {
 			select {
-			case it := <-s.fwd.ch:
+			case it := <-t.fwd.ch:
 				batch = append(batch, it)
-			case <-s.fwd.stop:
+			case <-t.fwd.stop:
 				stopping = true // send what is left, then return
 			}
 		}
 	more:
 		for len(batch) < maxForwardBatch {
 			select {
-			case it := <-s.fwd.ch:
+			case it := <-t.fwd.ch:
 				batch = append(batch, it)
 			default:
 				break more
@@ -164,7 +156,7 @@ func (s *Service) runForwarder() {
 		if len(batch) > 0 {
 			send()
 		}
-		if stopping && len(s.fwd.ch) == 0 {
+		if stopping && len(t.fwd.ch) == 0 {
 			return
 		}
 	}
@@ -172,50 +164,10 @@ func (s *Service) runForwarder() {
 
 // failForwarded answers the requests for tag in body, a message that could
 // not be sent.
-func (s *Service) failForwarded(tag string, body []byte, err error) {
+func (t *Tags) failForwarded(tag string, body []byte, err error) {
 	for line := range strings.Lines(string(body)) {
-		if it, perr := parseForwardLine(strings.TrimSuffix(line, "\n")); perr == nil {
-			it.tag = tag
-			s.forwardedReplier(it).fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
-		}
-	}
-}
-
-// parseForwardLine reads one line of a forwarded message
-// (protocol.ParseForward).
-func parseForwardLine(line string) (forwardItem, error) {
-	f, err := protocol.ParseForward(line)
-	return forwardItem{reply: f.Reply, n: f.N, format: f.Format, worker: f.Worker}, err
-}
-
-// handleForwarded serves requests other workers forwarded to this one as
-// the owner of their ordered tag, on <OwnerSubject>.<tag>.
-func (s *Service) handleForwarded(msg *nats.Msg) {
-	tag := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
-	valid := segment.ValidTag(tag)
-	// One string for the whole message: the reply subjects are slices of it.
-	for line := range strings.Lines(string(msg.Data)) {
-		it, perr := parseForwardLine(strings.TrimSuffix(line, "\n"))
-		if it.reply == "" {
-			s.cfg.Logger.Warn("dispenser: unreadable forwarded request", "subject", msg.Subject, "err", perr)
-			continue
-		}
-		if !s.admitReply(it.reply, msg.Subject) {
-			continue // checked by the forwarder too: a forged batch
-		}
-		it.tag = tag
-		r := s.forwardedReplier(it)
-		switch {
-		case !valid:
-			r.fail(fmt.Errorf("%w %q", protocol.ErrBadSubject, msg.Subject))
-		case perr != nil:
-			r.fail(perr)
-		case it.n < 1 || it.n > s.cfg.MaxBatch:
-			r.fail(fmt.Errorf("%w: %d", protocol.ErrBadCount, it.n))
-		case !s.cfg.Owners.Owns(tag):
-			r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
-		default:
-			s.takeOwned(r, tag, it.n, it.format)
+		if f, perr := protocol.ParseForward(strings.TrimSuffix(line, "\n")); perr == nil {
+			t.cfg.Replies.Forwarded(f, tag).Fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		}
 	}
 }

@@ -1,0 +1,37 @@
+// Package ordered serves ordered tags: tags whose IDs increase
+// linearizably across all workers. Exactly one worker at a time, the tag's
+// owner, hands out its IDs; every other worker forwards the tag's requests
+// to the owner, in batches, and the owner answers each requester directly.
+//
+// # Why no ID is handed out out of order
+//
+// The argument is made here once; the code it names enforces it.
+//
+//  1. One owner at a time. Ownership is a lease in a JetStream KV bucket
+//     (package ownership): taken and renewed by compare-and-swap, and held
+//     by this worker only while both its monotonic and its wall clock say
+//     the lease is valid (Owners.Owns), so a worker that was paused,
+//     partitioned or suspended stops serving before anyone else may claim
+//     the tag.
+//  2. An owner serves only segments fetched while it owned the tag.
+//     OpenLeases wires the leases to the allocator so that the tag's
+//     buffers are reset (Allocator.Reset) when ownership is gained, before
+//     Owns reports it, and again when it is lost, after Owns stopped
+//     reporting it. A segment fetched under an earlier ownership is never
+//     installed (the allocator's generations), so every ID an owner hands
+//     out is above every ID any earlier owner handed out.
+//  3. IDs are taken only while owning. Tags takes IDs with TakeOwned and
+//     checks Owns after taking them: IDs taken across a loss are skipped
+//     (never handed out) and the request is routed again. A request that
+//     waited for a segment is checked the same way when the wait ends.
+//     Forwarded requests are served only while Owns holds; otherwise they
+//     fail with ErrOwnershipMoving (503), and the requester retries.
+//  4. A tag made ordered while it was served as plain: workers that have
+//     not seen the change yet may serve it as plain for a switch window
+//     (segment.Allocator.SwitchWindow); the owner drops segments made
+//     before the window ended, so everything it serves afterwards is
+//     above what was served as plain.
+//
+// A request may fail (503) while ownership moves; it is never answered
+// with an ID out of order.
+package ordered

@@ -1,0 +1,340 @@
+package ordered
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/ownership"
+	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// ErrOwnershipMoving means no worker could be found to own an ordered tag
+// within the wait (the owner died, paused past its lease, or is handing the
+// tag over), or a forwarded request reached a worker that no longer owns
+// it: try again.
+var ErrOwnershipMoving = errors.New("dispenser: ordered tag's owner is changing")
+
+// Allocator is what Tags needs of the segment allocator;
+// *segment.Allocator implements it.
+type Allocator interface {
+	// TakeOwned takes IDs of a tag this worker owns (see package segment).
+	TakeOwned(tag string, n int, dst []segment.Run) ([]segment.Run, *segment.Pending, error)
+	// Reset drops a tag's buffers: a new generation of segments.
+	Reset(tag string)
+	// Plain reports whether a tag is known not to be ordered.
+	Plain(tag string) bool
+	// MaxWait is how long a request waits for a segment at most.
+	MaxWait() time.Duration
+}
+
+// Owners says which worker owns an ordered tag; *ownership.Leases
+// implements it. Its leases must reset the tag's buffers on acquire and
+// loss (OpenLeases does that).
+type Owners interface {
+	// Owns reports whether this worker may serve tag now.
+	Owns(tag string) bool
+	// Cached says where tag's requests go without I/O, if it knows.
+	Cached(tag string) (ownership.Route, bool)
+	// Route says where tag's requests go, from what this worker last saw.
+	Route(ctx context.Context, tag string) (ownership.Route, error)
+	// Claim makes this worker the owner if nobody holds a live lease.
+	Claim(ctx context.Context, tag string) (ownership.Route, error)
+	// Stats describes the ownership for micro stats and metrics.
+	Stats() ownership.Stats
+}
+
+// OpenLeases opens the ownership leases of ordered tags for a worker whose
+// allocator is alloc, wired as the safety argument needs: the tag's buffers
+// are reset when ownership is gained (before it is visible) and when it is
+// lost, and a tag found plain at a heartbeat is released. s must not set
+// OnAcquire, OnLose or Plain.
+func OpenLeases(ctx context.Context, js jetstream.JetStream, alloc Allocator, s ownership.Settings) (*ownership.Leases, error) {
+	if s.OnAcquire != nil || s.OnLose != nil || s.Plain != nil {
+		return nil, errors.New("ordered: OpenLeases wires OnAcquire, OnLose and Plain itself")
+	}
+	s.OnAcquire, s.OnLose, s.Plain = alloc.Reset, alloc.Reset, alloc.Plain
+	return ownership.Open(ctx, js, s)
+}
+
+// Reply answers one request for IDs of an ordered tag. The service makes
+// them, so that every answer carries its metrics, headers and error codes;
+// Tags calls IDs or Fail exactly once per request.
+type Reply interface {
+	// Request is the request as a forwarded line carries it.
+	Request() protocol.Forward
+	// IDs answers with runs, Request().N IDs in all.
+	IDs(runs []segment.Run)
+	// Fail answers with the error's code.
+	Fail(err error)
+	// Detach returns the Reply to use once the request has left the
+	// handler's goroutine (it waits for a segment or for an owner).
+	Detach() Reply
+}
+
+// Replies makes the Replies of requests forwarded to this worker.
+type Replies interface {
+	// Forwarded returns the Reply of a request for tag that another worker
+	// forwarded to this one.
+	Forwarded(f protocol.Forward, tag string) Reply
+	// Admit reports whether reply may be answered at all (the service's
+	// reply-subject rule); a refused request gets no answer. subject is
+	// where it came from, for the log.
+	Admit(reply, subject string) bool
+}
+
+// Settings configures Tags. Zero values mean the documented defaults.
+type Settings struct {
+	// Conn is the NATS connection that forwards requests and takes those
+	// forwarded to this worker. Required.
+	Conn *nats.Conn
+	// Allocator and Owners: required.
+	Allocator Allocator
+	Owners    Owners
+	// Subject is where this worker takes forwarded requests
+	// (Subject.<tag>); it must be the subject its Owners records.
+	// Required.
+	Subject string
+	// Replies makes the Replies of forwarded requests. Required.
+	Replies Replies
+	// MaxBatch is the most IDs a forwarded request may ask for. Required.
+	MaxBatch int
+	// Wait bounds the search for a tag's owner. Default: the longer of 2 s
+	// and the allocator's MaxWait.
+	Wait time.Duration
+	// Logger receives forwarding failures. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// defaultWait bounds how long a request for an ordered tag looks for its
+// owner when the allocator says nothing else.
+const defaultWait = 2 * time.Second
+
+// Tags serves the ordered tags of one worker. It is safe for concurrent
+// use.
+type Tags struct {
+	cfg       Settings
+	id        string             // names this worker in ForwardedHeader
+	sub       *nats.Subscription // Subject.*
+	fwd       forwarder
+	forwarded atomic.Uint64  // requests forwarded to an owner
+	parked    sync.WaitGroup // requests waiting, and the forwarder
+}
+
+// New validates s, subscribes to the forwarded requests and starts the
+// forwarder. id names this worker in the messages it forwards.
+func New(s Settings, id string) (*Tags, error) {
+	switch {
+	case s.Conn == nil, s.Allocator == nil, s.Owners == nil, s.Replies == nil:
+		return nil, errors.New("ordered: Settings.Conn, Allocator, Owners and Replies are required")
+	case s.Subject == "":
+		return nil, errors.New("ordered: Settings.Subject is required")
+	case s.MaxBatch < 1:
+		return nil, fmt.Errorf("ordered: MaxBatch %d: want at least 1", s.MaxBatch)
+	}
+	if s.Wait <= 0 {
+		s.Wait = max(s.Allocator.MaxWait(), defaultWait)
+	}
+	if s.Logger == nil {
+		s.Logger = slog.Default()
+	}
+	t := &Tags{cfg: s, id: id}
+	t.fwd.ch = make(chan forwardItem, forwardBacklog)
+	t.fwd.stop = make(chan struct{})
+	var err error
+	if t.sub, err = s.Conn.Subscribe(s.Subject+".*", t.handleForwarded); err != nil {
+		return nil, fmt.Errorf("ordered: subscribing to %s.*: %w", s.Subject, err)
+	}
+	t.parked.Add(1)
+	go t.runForwarder()
+	return t, nil
+}
+
+// Drain stops taking forwarded requests; those received are still served.
+func (t *Tags) Drain() error {
+	if err := t.sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		return fmt.Errorf("ordered: draining forwarded requests: %w", err)
+	}
+	return nil
+}
+
+// Leave makes the forwarder send what it holds and stop; call it once no
+// request can reach Serve any more.
+func (t *Tags) Leave() { t.fwd.leave() }
+
+// Wait waits for the requests Tags holds (waiting for a segment or for an
+// owner) and the forwarder, or until ctx ends.
+func (t *Tags) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { t.parked.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("ordered: waiting for requests: %w", ctx.Err())
+	}
+}
+
+// Stats describes the ownership and the requests forwarded.
+type Stats struct {
+	ownership.Stats
+	Forwarded uint64 `json:"forwarded"`
+}
+
+// Stats returns the ownership's stats and the requests forwarded.
+func (t *Tags) Stats() Stats {
+	return Stats{t.cfg.Owners.Stats(), t.forwarded.Load()}
+}
+
+// Serve serves a request for an ordered tag, on the handler's goroutine:
+// from this worker if it owns the tag, else by forwarding it to the owner
+// (who answers the requester directly), else by claiming the tag. Anything
+// that may wait goes to a goroutine of its own.
+func (t *Tags) Serve(r Reply, tag string) {
+	rt, ok := t.cfg.Owners.Cached(tag)
+	switch {
+	case ok && rt.Self:
+		t.takeOwned(r, tag)
+		return
+	case ok && rt.Subject != "":
+		t.enqueueForward(r, rt.Subject, tag) // the common case
+		return
+	}
+	r = r.Detach()
+	t.parked.Add(1)
+	go func() {
+		defer t.parked.Done()
+		t.route(r, tag)
+	}()
+}
+
+// Reroute serves a request, already off the handler's goroutine, whose
+// tag turned out to be ordered while it waited as a plain one.
+func (t *Tags) Reroute(r Reply, tag string) {
+	if t.cfg.Owners.Owns(tag) {
+		t.takeOwned(r, tag)
+	} else {
+		t.route(r, tag)
+	}
+}
+
+// takeOwned serves an ordered tag this worker owns.
+func (t *Tags) takeOwned(r Reply, tag string) {
+	var arr [2]segment.Run
+	runs, pending, err := t.cfg.Allocator.TakeOwned(tag, r.Request().N, arr[:0])
+	switch {
+	case err != nil:
+		r.Fail(err)
+	case pending != nil:
+		t.park(r, tag, pending)
+	case !t.cfg.Owners.Owns(tag):
+		// Lost while taking: the IDs may come from a segment fetched
+		// after the loss (they are skipped). Route the request again.
+		t.Serve(r, tag)
+	default:
+		r.IDs(runs)
+	}
+}
+
+// park finishes an owned request that waits for a segment on a goroutine
+// of its own.
+func (t *Tags) park(r Reply, tag string, p *segment.Pending) {
+	r = r.Detach()
+	t.parked.Add(1)
+	go func() {
+		defer t.parked.Done()
+		runs, err := p.Wait(context.Background())
+		if errors.Is(err, segment.ErrOrdered) || err == nil && !t.cfg.Owners.Owns(tag) {
+			// The buffers were reset, or this worker stopped owning
+			// the tag while the request waited (its IDs may come from
+			// a segment fetched since: they are skipped). Route it
+			// again from here.
+			t.Reroute(r, tag)
+			return
+		}
+		if err != nil {
+			r.Fail(err)
+			return
+		}
+		r.IDs(runs)
+	}()
+}
+
+// Backoff between looks for an ordered tag's owner. Owners answers what it
+// already knows without I/O and reads the bucket once per tag at a time,
+// so the requests for a tag whose owner died cost no more reads than one.
+const (
+	routeRetryMin = 20 * time.Millisecond
+	routeRetryMax = 200 * time.Millisecond
+)
+
+// route finds the owner of tag, claiming it if it has none, until the
+// wait runs out. It runs on a goroutine of its own.
+func (t *Tags) route(r Reply, tag string) {
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Wait)
+	defer cancel()
+	backoff := routeRetryMin
+	for {
+		rt, err := t.cfg.Owners.Route(ctx, tag)
+		if err == nil && !rt.Self && rt.Subject == "" {
+			rt, err = t.cfg.Owners.Claim(ctx, tag)
+		}
+		switch {
+		case err == nil && rt.Self:
+			t.takeOwned(r, tag)
+			return
+		case err == nil && rt.Subject != "":
+			t.forwardNow(r, forwardItem{owner: rt.Subject, tag: tag, Forward: r.Request()})
+			return
+		case err != nil:
+			t.cfg.Logger.Debug("ordered: looking for the owner of an ordered tag", "tag", tag, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			r.Fail(fmt.Errorf("%w: %q has no owner within %v", ErrOwnershipMoving, tag, t.cfg.Wait))
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, routeRetryMax)
+	}
+}
+
+// handleForwarded serves requests other workers forwarded to this one as
+// the owner of their ordered tag, on <Subject>.<tag>.
+func (t *Tags) handleForwarded(msg *nats.Msg) {
+	tag := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
+	valid := segment.ValidTag(tag)
+	// One string for the whole message: the reply subjects are slices of it.
+	for line := range strings.Lines(string(msg.Data)) {
+		f, perr := protocol.ParseForward(strings.TrimSuffix(line, "\n"))
+		if f.Reply == "" {
+			t.cfg.Logger.Warn("ordered: unreadable forwarded request", "subject", msg.Subject, "err", perr)
+			continue
+		}
+		if !t.cfg.Replies.Admit(f.Reply, msg.Subject) {
+			continue // checked by the forwarder too: a forged batch
+		}
+		r := t.cfg.Replies.Forwarded(f, tag)
+		switch {
+		case !valid:
+			r.Fail(fmt.Errorf("%w %q", protocol.ErrBadSubject, msg.Subject))
+		case perr != nil:
+			r.Fail(perr)
+		case f.N < 1 || f.N > t.cfg.MaxBatch:
+			r.Fail(fmt.Errorf("%w: %d", protocol.ErrBadCount, f.N))
+		case !t.cfg.Owners.Owns(tag):
+			r.Fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
+		default:
+			t.takeOwned(r, tag)
+		}
+	}
+}
