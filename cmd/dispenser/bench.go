@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -13,63 +12,24 @@ import (
 
 	"github.com/dispenser-dev/dispenser/internal/bench"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/worker"
 )
 
 // `dispenser bench` and its hidden load generator command: the flags are
-// parsed here, the harness is package internal/bench. The local set-up of
-// the harness starts its service under test through benchLocal, as
-// `dispenser serve` would run it.
+// parsed here, the harness is package internal/bench, which starts the
+// workers of its local set-up with package worker, as serve does.
 
 // benchChildEnv marks the processes that `dispenser bench` starts from
 // os.Executable(); a test binary's TestMain runs their command line
 // instead of the tests.
 const benchChildEnv = bench.ChildEnv
 
-// benchLocal is what the harness's local set-up needs from this program:
-// the embedded nats-server's options and the worker, both as serve has
-// them.
-var benchLocal = bench.Local{
-	NATSServerOptions: embeddedOptions,
-	StartWorker:       startBenchWorker,
-}
-
-// startBenchWorker starts a Server with s, serving segment and snowflake
-// IDs, and returns once it serves.
-func startBenchWorker(ctx context.Context, s bench.WorkerSettings) (bench.Worker, error) {
-	srv := NewServer(serveConfig{
-		NATSURL:         s.NATSURL,
-		Instance:        s.Instance,
-		PostgresURL:     s.PostgresURL,
-		Prefix:          cmp.Or(s.Prefix, "id"),
-		QueueGroup:      s.QueueGroup,
-		Snowflake:       true,
-		Segment:         s.Segment,
-		ShutdownTimeout: 10 * time.Second,
-	}, s.Log)
-	if err := srv.Start(ctx); err != nil {
-		return nil, errors.Join(err, srv.Close())
-	}
-	return benchWorker{srv}, nil
-}
-
-// benchWorker is a Server as the harness's service under test.
-type benchWorker struct{ *Server }
-
-// SegmentStats returns the allocator's state of every tag.
-func (w benchWorker) SegmentStats() []segment.TagStats {
-	if w.alloc == nil {
-		return nil
-	}
-	return w.alloc.Stats()
-}
-
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench", "dispenser bench [flags]", stderr)
-	c := bench.Config{Local: benchLocal}
-	var auth serveConfig
+	var c bench.Config
+	var conn worker.NATS
 	var formats, modes string
-	fs.StringVar(&c.URL, "nats-url", "", "NATS server URL(s) of a running deployment to load, starting nothing; empty starts an embedded nats-server, a baseline responder and the service under test in this process")
-	benchAuthFlags(fs, &auth)
+	natsFlags(fs, &conn, "NATS server URL(s) of a running deployment to load, starting nothing; empty starts an embedded nats-server, a baseline responder and the service under test in this process", false)
 	fs.StringVar(&c.Prefix, "prefix", "id", "subject prefix of the service (with --nats-url)")
 	fs.StringVar(&c.Tag, "tag", "bench", "segment tag to load; with --nats-url it must exist")
 	fs.StringVar(&c.PostgresURL, "postgres-url", "", "PostgreSQL segment store of the service under test; empty: a JetStream key-value bucket in the embedded nats-server. bench creates or updates the tags TAG, bench_step100 and bench_step1m")
@@ -94,6 +54,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(pos) > 0 {
 		return fmt.Errorf("bench: unexpected argument %q", pos[0])
 	}
+	c.URL = conn.URL
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if c.Smoke {
@@ -151,10 +112,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if c.URL != "" && c.PostgresURL != "" {
 		return errors.New("bench: --postgres-url configures the local service; it does nothing with --nats-url")
 	}
-	if c.NATSOptions, err = auth.natsOptions(auth.NATSCreds, auth.NATSNKey); err != nil {
+	if c.NATSOptions, err = conn.Options(false); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	c.ChildArgs = benchAuthArgs(auth)
+	c.ChildArgs = natsArgs(conn)
 	return bench.Run(ctx, c, stdout, stderr)
 }
 
@@ -164,9 +125,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet(bench.LoadCommand, "dispenser "+bench.LoadCommand+" --subject SUBJECT... [flags]", stderr)
 	var c bench.LoadConfig
-	var auth serveConfig
+	var conn worker.NATS
 	c.AddFlags(fs)
-	benchAuthFlags(fs, &auth)
+	natsFlags(fs, &conn, "", false)
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -174,31 +135,8 @@ func benchLoad(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(pos) > 0 || len(c.Subjects) == 0 {
 		return errors.New(bench.LoadCommand + ": want --subject and no arguments")
 	}
-	if c.NATSOptions, err = auth.natsOptions(auth.NATSCreds, auth.NATSNKey); err != nil {
+	if c.NATSOptions, err = conn.Options(false); err != nil {
 		return fmt.Errorf("%s: %w", bench.LoadCommand, err)
 	}
 	return bench.ServeLoad(ctx, c, stdout, stderr)
-}
-
-// benchAuthFlags adds the NATS credential and TLS flags of serve to fs.
-func benchAuthFlags(fs *flag.FlagSet, c *serveConfig) {
-	fs.StringVar(&c.NATSCreds, "nats-creds", "", "NATS credentials file (JWT and seed); user/password or token go in --nats-url")
-	fs.StringVar(&c.NATSNKey, "nats-nkey", "", "NATS NKey seed file")
-	fs.StringVar(&c.NATSTLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
-	fs.StringVar(&c.NATSTLSCert, "nats-tls-cert", "", "client certificate file for NATS TLS")
-	fs.StringVar(&c.NATSTLSKey, "nats-tls-key", "", "client key file for NATS TLS")
-}
-
-// benchAuthArgs returns the flags that benchAuthFlags reads for c.
-func benchAuthArgs(c serveConfig) []string {
-	var a []string
-	for _, f := range []struct{ name, v string }{
-		{"nats-creds", c.NATSCreds}, {"nats-nkey", c.NATSNKey}, {"nats-tls-ca", c.NATSTLSCA},
-		{"nats-tls-cert", c.NATSTLSCert}, {"nats-tls-key", c.NATSTLSKey},
-	} {
-		if f.v != "" {
-			a = append(a, "--"+f.name, f.v)
-		}
-	}
-	return a
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/testenv"
+	"github.com/dispenser-dev/dispenser/worker"
 )
 
 // testMain runs the tests, or, in a process that `dispenser bench` started
@@ -96,9 +97,9 @@ func TestBenchDeployment(t *testing.T) {
 	if err := st.CreateTag(context.Background(), segment.Tag{Name: "orders", Step: 1000, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer(serveConfig{NATSURL: ns.ClientURL(), Instance: "w1", Snowflake: true, ShutdownTimeout: 10 * time.Second},
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err := srv.Start(context.Background()); err != nil {
+	srv, err := worker.New(context.Background(), worker.Config{NATS: worker.NATS{URL: ns.ClientURL()}, Instance: "w1", ShutdownTimeout: 10 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Close()

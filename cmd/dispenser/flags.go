@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/dispenser-dev/dispenser/worker"
 )
 
 // envName returns the environment variable that stands in for a flag:
@@ -67,4 +69,40 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 	})
 	return pos, err
+}
+
+// natsFlags adds the NATS connection flags to fs, filling n: --nats-url
+// (urlUsage says what it is for this command; empty: the caller defines
+// it, as bench.LoadConfig.AddFlags does), the credentials and TLS flags,
+// and with jetStream the --nats-js-* flags of serve's second connection.
+// serve, the admin commands and bench all define them here.
+func natsFlags(fs *flag.FlagSet, n *worker.NATS, urlUsage string, jetStream bool) {
+	if urlUsage != "" {
+		fs.StringVar(&n.URL, "nats-url", "", urlUsage)
+	}
+	fs.StringVar(&n.Creds, "nats-creds", "", "NATS credentials file (JWT and seed); user/password or token go in --nats-url")
+	fs.StringVar(&n.NKey, "nats-nkey", "", "NATS NKey seed file")
+	if jetStream {
+		fs.StringVar(&n.JSURL, "nats-js-url", "", "NATS URL(s) of the second connection, which carries JetStream (KV store, witness, leases) and answers no requests; empty: --nats-url. Put a second user in it (nats://user:pass@host) to keep JetStream rights away from the connection that answers requests")
+		fs.StringVar(&n.JSCreds, "nats-js-creds", "", "credentials file of the JetStream connection; empty: --nats-creds")
+		fs.StringVar(&n.JSNKey, "nats-js-nkey", "", "NKey seed file of the JetStream connection; empty: --nats-nkey")
+	}
+	fs.StringVar(&n.TLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
+	fs.StringVar(&n.TLSCert, "nats-tls-cert", "", "client certificate file for NATS TLS")
+	fs.StringVar(&n.TLSKey, "nats-tls-key", "", "client key file for NATS TLS")
+}
+
+// natsArgs returns the credentials and TLS flags that natsFlags reads for
+// n, for a child process (not --nats-url, not --nats-js-*).
+func natsArgs(n worker.NATS) []string {
+	var a []string
+	for _, f := range []struct{ name, v string }{
+		{"nats-creds", n.Creds}, {"nats-nkey", n.NKey}, {"nats-tls-ca", n.TLSCA},
+		{"nats-tls-cert", n.TLSCert}, {"nats-tls-key", n.TLSKey},
+	} {
+		if f.v != "" {
+			a = append(a, "--"+f.name, f.v)
+		}
+	}
+	return a
 }

@@ -168,17 +168,3 @@ func discardOld(t *testing.T, js jetstream.JetStream, bucket string) {
 		t.Fatalf("update stream %s: %v", cfg.Name, err)
 	}
 }
-
-// TestEmbeddedNATSSyncsEveryWrite: the zero-setup mode's nats-server must
-// write every JetStream message to disk before acknowledging it, or a crash
-// of the machine can roll back a tag's max_id or a lease's bound.
-func TestEmbeddedNATSSyncsEveryWrite(t *testing.T) {
-	ns, err := startEmbeddedNATS("127.0.0.1:-1", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	if cfg := ns.JetStreamConfig(); cfg == nil || !cfg.SyncAlways {
-		t.Fatalf("JetStream config %+v: want SyncAlways", cfg)
-	}
-}

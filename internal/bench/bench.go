@@ -11,7 +11,8 @@
 //     LoadCommand, so that it shares no runtime with the service it loads;
 //   - the measurement: latencies in an HdrHistogram (latency.go), the local
 //     set-up (local.go: an embedded nats-server, the baseline responder and
-//     the service under test, which the program supplies through Local),
+//     the service under test, workers of package worker as `dispenser serve`
+//     runs them),
 //     idle memory, start-up time and segment fetch latency (fetch.go);
 //   - the feature runs: an ordered tag served by three workers (ordered.go)
 //     and many tags: new-tag rate, memory and /metrics per warm tag,
@@ -108,8 +109,6 @@ type Config struct {
 	// SyncAlways makes the embedded nats-server write every JetStream
 	// message to disk before acknowledging it, as `dispenser serve`'s does.
 	SyncAlways bool
-	// Local supplies the service under test of the local set-up.
-	Local Local
 }
 
 // Run runs the bench that c describes, writing the report to stdout and
@@ -137,7 +136,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 		if c.Smoke {
 			maxWait = 5 * time.Second
 		}
-		e, err = startEnv(ctx, c.Local, c.Tag, c.PostgresURL, maxWait, c.SyncAlways, log)
+		e, err = startEnv(ctx, c.Tag, c.PostgresURL, maxWait, c.SyncAlways, log)
 		if err != nil {
 			return fmt.Errorf("local set-up: %w", err)
 		}
@@ -317,7 +316,7 @@ func runOrdered(ctx context.Context, c Config, e *env, log *slog.Logger, p *prog
 	if err := e.orderedTags(ctx, c.PostgresURL); err != nil {
 		return err
 	}
-	ws, err := e.startOrdered(ctx, c.Local, c.PostgresURL, e.maxWait, log, 0, 1)
+	ws, err := e.startOrdered(ctx, c.PostgresURL, e.maxWait, log, 0, 1)
 	if err != nil {
 		return err
 	}
@@ -331,7 +330,7 @@ func runOrdered(ctx context.Context, c Config, e *env, log *slog.Logger, p *prog
 		return err
 	}
 	p.note(fmt.Sprintf("ordered: %d more workers", orderedWorkers-1))
-	more, err := e.startOrdered(ctx, c.Local, c.PostgresURL, e.maxWait, log, 1, orderedWorkers)
+	more, err := e.startOrdered(ctx, c.PostgresURL, e.maxWait, log, 1, orderedWorkers)
 	ws = append(ws, more...)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/witness"
+	"github.com/dispenser-dev/dispenser/worker/pgstore"
 )
 
 // fetchTag is the tag whose fetches the fetch run times; no request
@@ -28,7 +29,7 @@ type FetchResult struct {
 // measureFetch times n fetches of each kind, alternating, so that noise
 // from the rest of the machine falls on both alike.
 func (e *env) measureFetch(ctx context.Context, postgresURL string, n int) (*FetchResult, error) {
-	pool, err := openPostgres(ctx, postgresURL)
+	pool, err := pgstore.Connect(ctx, postgresURL)
 	if err != nil {
 		return nil, err
 	}

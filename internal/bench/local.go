@@ -27,53 +27,46 @@ import (
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
-	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/worker"
+	"github.com/dispenser-dev/dispenser/worker/pgstore"
 )
 
 // What Run starts in its own process without Config.URL, and the child
 // processes it measures memory and start-up with.
 
-// Local is what the local set-up needs from the program that runs the
-// bench: the service under test and the nats-server it uses, configured as
-// the program's serve command configures them. This package cannot import
-// the program, so the program supplies them.
-//
-// The memory and start-up runs start the program itself (os.Executable)
-// with its `serve` command and serve's flags, as an operator would.
-type Local struct {
-	// NATSServerOptions returns the options of an embedded nats-server
-	// named name, listening on host:port and storing JetStream under
-	// storeDir; syncAlways makes JetStream write every message to disk
-	// before acknowledging it.
-	NATSServerOptions func(name, host string, port int, storeDir string, syncAlways bool) *server.Options
-	// StartWorker starts the service under test on the NATS server at
-	// s.NATSURL, serving segment and snowflake IDs under the subject
-	// prefix "id", and returns once it serves.
-	StartWorker func(ctx context.Context, s WorkerSettings) (Worker, error)
-}
-
-// WorkerSettings are the settings of the service under test.
-type WorkerSettings struct {
+// workerSettings are the settings of a worker of the service under test,
+// which startWorker starts with package worker as `dispenser serve` does.
+type workerSettings struct {
 	NATSURL  string
 	Instance string
-	// PostgresURL is the segment store; empty: the default JetStream KV
-	// bucket.
+	// PostgresURL is the segment store (behind the witness, as serve has
+	// it); empty: the default JetStream KV bucket.
 	PostgresURL string
 	// Prefix and QueueGroup are the worker's subject prefix and queue
-	// group; empty: "id" and serve's default group. The ordered run starts
-	// three workers of their own under another prefix.
+	// group; empty: serve's defaults. The ordered run starts three workers
+	// of their own under another prefix.
 	Prefix, QueueGroup string
 	// Segment are the allocator's settings; zero fields keep the defaults.
 	Segment segment.Settings
 	Log     *slog.Logger
 }
 
-// Worker is a running service under test.
-type Worker interface {
-	// SegmentStats returns the allocator's state of every tag.
-	SegmentStats() []segment.TagStats
-	// Close stops the worker gracefully.
-	Close() error
+// startWorker starts a worker of the service under test, serving segment
+// and snowflake IDs, and returns once it serves.
+func startWorker(ctx context.Context, s workerSettings) (*worker.Worker, error) {
+	var store worker.StoreOpener = worker.KV{}
+	if s.PostgresURL != "" {
+		store = pgstore.Postgres{URL: s.PostgresURL}
+	}
+	return worker.New(ctx, worker.Config{
+		NATS:       worker.NATS{URL: s.NATSURL},
+		Instance:   s.Instance,
+		Logger:     s.Log,
+		Store:      store,
+		Segment:    s.Segment,
+		Prefix:     s.Prefix,
+		QueueGroup: s.QueueGroup,
+	})
 }
 
 // Tags of the local service under test. The service runs with MaxStep
@@ -105,17 +98,14 @@ type env struct {
 	ctlNC  *nats.Conn // bench's own requests and tag set-up
 	baseNC *nats.Conn // baseline responder
 	js     jetstream.JetStream
-	srv    Worker
+	srv    *worker.Worker
 	// maxWait is the service's --max-wait; zero keeps the default.
 	maxWait time.Duration
 }
 
 // startEnv starts the local set-up with tag as the segment tag. maxWait,
 // if not zero, replaces the service's default --max-wait.
-func startEnv(ctx context.Context, local Local, tag, postgresURL string, maxWait time.Duration, syncAlways bool, log *slog.Logger) (_ *env, err error) {
-	if local.NATSServerOptions == nil || local.StartWorker == nil {
-		return nil, errors.New("the local set-up needs Local.NATSServerOptions and Local.StartWorker")
-	}
+func startEnv(ctx context.Context, tag, postgresURL string, maxWait time.Duration, syncAlways bool, log *slog.Logger) (_ *env, err error) {
 	e := &env{store: "kv", maxWait: maxWait}
 	defer func() {
 		if err != nil {
@@ -125,7 +115,7 @@ func startEnv(ctx context.Context, local Local, tag, postgresURL string, maxWait
 	if e.dir, err = os.MkdirTemp("", "dispenser-bench-"); err != nil {
 		return nil, err
 	}
-	e.ns, err = server.NewServer(local.NATSServerOptions("dispenser-bench", "127.0.0.1", server.RANDOM_PORT,
+	e.ns, err = server.NewServer(worker.EmbeddedOptions("dispenser-bench", "127.0.0.1", server.RANDOM_PORT,
 		filepath.Join(e.dir, "jetstream"), syncAlways))
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
@@ -155,7 +145,7 @@ func startEnv(ctx context.Context, local Local, tag, postgresURL string, maxWait
 		// before serving it, as serve does by default.
 		e.store = "postgres (witness on)"
 	}
-	e.srv, err = local.StartWorker(ctx, WorkerSettings{
+	e.srv, err = startWorker(ctx, workerSettings{
 		NATSURL:     e.url,
 		Instance:    "bench",
 		PostgresURL: postgresURL,
@@ -195,21 +185,23 @@ func createTags(ctx context.Context, js jetstream.JetStream, tag, postgresURL st
 }
 
 // openStore opens the segment store of the local service under test, the
-// default KV bucket or PostgreSQL (migrated), without the witness, and
-// returns it with the function that closes it.
+// default KV bucket or PostgreSQL (migrated), without the witness (bench
+// only creates tags with it), and returns it with the function that closes
+// it.
 func openStore(ctx context.Context, js jetstream.JetStream, postgresURL string) (segment.Store, func(), error) {
-	if postgresURL == "" {
-		st, err := kv.New(ctx, js, kv.Settings{})
-		if err != nil {
-			return nil, nil, err
-		}
-		return st, func() {}, nil
+	var opener worker.StoreOpener = worker.KV{}
+	if postgresURL != "" {
+		opener = pgstore.Postgres{URL: postgresURL, Migrate: true, NoWitness: true}
 	}
-	pool, err := openMigrated(ctx, postgresURL)
+	st, err := opener.OpenStore(ctx, js, worker.StoreEnv{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, nil, err
 	}
-	return postgres.New(pool), pool.Close, nil
+	return st.Store, func() {
+		if st.Close != nil {
+			st.Close()
+		}
+	}, nil
 }
 
 // openStore opens the store of e's service under test (see openStore).
@@ -609,26 +601,13 @@ func (t *tailBuffer) String() string {
 // openMigrated connects to the PostgreSQL segment store at url and applies
 // the migrations.
 func openMigrated(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pool, err := openPostgres(ctx, url)
+	pool, err := pgstore.Connect(ctx, url)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := schema.Migrate(ctx, pool); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("migrating: %w", err)
-	}
-	return pool, nil
-}
-
-// openPostgres connects to the PostgreSQL segment store at url.
-func openPostgres(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	return pool, nil
 }

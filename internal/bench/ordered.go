@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/worker"
 )
 
 // The ordered run (issue 11): workers of the service under test in this
@@ -50,7 +51,7 @@ type OrderedResult struct {
 }
 
 // orderedSet is the three workers of the ordered run.
-type orderedSet []Worker
+type orderedSet []*worker.Worker
 
 // Close stops the workers.
 func (ws orderedSet) Close() error {
@@ -79,7 +80,7 @@ func (e *env) orderedTags(ctx context.Context, postgresURL string) error {
 // takes IDs of both tags, so that the ordered tag has an owner (the first
 // worker started) and the new workers are likely to have seen both tags
 // before the load.
-func (e *env) startOrdered(ctx context.Context, local Local, postgresURL string, maxWait time.Duration, log *slog.Logger, from, to int) (_ orderedSet, err error) {
+func (e *env) startOrdered(ctx context.Context, postgresURL string, maxWait time.Duration, log *slog.Logger, from, to int) (_ orderedSet, err error) {
 	var ws orderedSet
 	defer func() {
 		if err != nil {
@@ -87,7 +88,7 @@ func (e *env) startOrdered(ctx context.Context, local Local, postgresURL string,
 		}
 	}()
 	for i := from; i < to; i++ {
-		w, err := local.StartWorker(ctx, WorkerSettings{
+		w, err := startWorker(ctx, workerSettings{
 			NATSURL:     e.url,
 			Instance:    fmt.Sprintf("bench-ordered-%d", i+1),
 			PostgresURL: postgresURL,

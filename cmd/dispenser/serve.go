@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/ownership"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/segment/witness"
+	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/worker"
+	"github.com/dispenser-dev/dispenser/worker/pgstore"
+)
+
+// serve is `dispenser serve`: its flags make a worker.Config, the worker
+// package validates it, starts the worker and runs it until ctx ends.
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlagSet("serve", "dispenser [serve] [flags]", stderr)
+	var c worker.Config
+	var kvs worker.KV
+	var pg pgstore.Postgres
+	var logLevel, logFormat string
+	natsFlags(fs, &c.NATS, "NATS server URL(s), comma-separated; empty starts an embedded nats-server with JetStream", true)
+	fs.StringVar(&c.Embedded.Listen, "nats-listen", worker.DefaultListen, "address of the embedded nats-server (when --nats-url is empty)")
+	fs.StringVar(&c.Embedded.DataDir, "data-dir", worker.DefaultDataDir, "data directory of the embedded nats-server")
+	fs.StringVar(&c.Instance, "instance", "", "this worker's name, used as NATS connection name (default host name plus a random suffix)")
+	fs.Func("metrics-tags", "comma-separated tags whose requests and buffers get metric series of their own (all others are counted together, so scrapes stay small)", func(v string) error {
+		c.MetricsTags = nil
+		for t := range strings.SplitSeq(v, ",") {
+			if t = strings.TrimSpace(t); t != "" {
+				if err := segment.CheckTag(t); err != nil {
+					return err
+				}
+				c.MetricsTags = append(c.MetricsTags, t)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "address for /metrics, /healthz and /readyz (off when empty), e.g. 127.0.0.1:9090")
+	fs.StringVar(&pg.URL, "postgres-url", "", "PostgreSQL URL of the segment store (table leaf_alloc); empty keeps segments in a JetStream KV bucket")
+	fs.BoolVar(&pg.Migrate, "migrate", false, "apply the database migrations before serving (PostgreSQL)")
+	fs.StringVar(&kvs.Bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store (without --postgres-url)")
+	fs.IntVar(&kvs.Replicas, "segment-replicas", 1, "replicas of the segment bucket when it is created; an existing bucket with fewer is refused")
+	witnessOn := fs.Bool("witness", true, "with --postgres-url: record every segment in a JetStream KV witness before serving it, so that a failover to a replica that missed writes (or a restored backup) never hands out IDs twice")
+	fs.StringVar(&pg.WitnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks")
+	fs.IntVar(&pg.WitnessReplicas, "witness-replicas", 1, "replicas of the witness bucket when it is created; an existing bucket with fewer is refused")
+	fs.StringVar(&c.Owners.Bucket, "ordered-bucket", ownership.DefaultBucket, "JetStream KV bucket of the owners of ordered tags")
+	fs.IntVar(&c.Owners.Replicas, "ordered-replicas", 1, "replicas of that bucket when it is created; an existing bucket with fewer is refused")
+	fs.DurationVar(&c.Owners.Lease, "ordered-lease", ownership.DefaultLease, "lease of an ordered tag's owner (at most 5m): one that could not renew for this long stops serving the tag, and another takes it over a lease later")
+	autoCreate := fs.Bool("auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url and no --postgres-url)")
+	autoCreateStep := fs.Int64("auto-create-step", 1000, "step of tags created on first use")
+	fs.IntVar(&c.Segment.AutoCreateMax, "auto-create-max", segment.DefaultAutoCreateMax, "most tags one worker creates on first use over its life (requests for random names cannot fill the store); beyond it an unknown tag is 404; -1: no bound")
+	snowflakeOn := fs.Bool("snowflake", true, "serve snowflake IDs (needs JetStream for worker-ID leases)")
+	fs.StringVar(&c.Snowflake.Bucket, "snowflake-bucket", snowflake.DefaultBucket, "JetStream KV bucket of the worker-ID leases")
+	fs.IntVar(&c.Snowflake.Replicas, "snowflake-replicas", 1, "replicas of the lease bucket when it is created; an existing bucket with fewer is refused")
+	epoch := fs.String("snowflake-epoch", snowflake.DefaultEpoch.Format(time.RFC3339), "epoch of snowflake timestamps (RFC 3339); every worker of a bucket must use the same")
+	fs.DurationVar(&c.Snowflake.Lease, "snowflake-lease", snowflake.DefaultLease, "worker-ID lease: a worker that could not renew for this long stops issuing")
+	fs.DurationVar(&c.Snowflake.Heartbeat, "snowflake-heartbeat", 0, "interval of lease renewals, below --snowflake-lease (default 3s, or a third of the lease if that is shorter)")
+	fs.BoolVar(&c.Snowflake.RandomSequence, "snowflake-random-sequence", false, "start each millisecond's sequence at a small random offset (even id % n sharding)")
+	fs.StringVar(&c.Prefix, "prefix", worker.DefaultPrefix, "subject prefix: endpoints are PREFIX.segment.<tag> and PREFIX.snowflake")
+	fs.StringVar(&c.QueueGroup, "queue-group", worker.DefaultQueueGroup, "queue group of the endpoints; workers in one group share the load")
+	fs.IntVar(&c.MaxBatch, "max-batch", worker.DefaultMaxBatch, "most IDs one request may ask for")
+	fs.DurationVar(&c.Segment.MaxWait, "max-wait", 100*time.Millisecond, "how long a request waits for a segment when both buffers are empty, before 503")
+	fs.Float64Var(&c.Segment.PrefetchRatio, "prefetch-ratio", 0.1, "fetch the next segment once this fraction of the current one is used")
+	fs.DurationVar(&c.Segment.FetchTimeout, "fetch-timeout", 2*time.Second, "timeout of one store call")
+	fs.DurationVar(&c.Segment.RefreshInterval, "refresh-interval", time.Minute, "how often the tag list is reloaded")
+	fs.DurationVar(&c.Segment.IdleTimeout, "idle-timeout", time.Hour, "a tag without requests for this long gives its unused IDs back and drops its buffers (0 or less: never)")
+	fs.DurationVar(&c.Segment.NegativeTTL, "unknown-tag-ttl", 2*time.Second, "how long an unknown tag is answered from cache before the store is asked again")
+	fs.Int64Var(&c.Segment.MaxStep, "max-step", 1_000_000, "cap of the dynamic step; a value below a tag's step pins that tag's step")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", worker.DefaultShutdownTimeout, "how long a graceful shutdown may take")
+	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fmt.Errorf("serve: unexpected argument %q", pos[0])
+	}
+	if c.Logger, err = newLogger(stderr, logLevel, logFormat); err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if !given["auto-create-tags"] && os.Getenv(envName("auto-create-tags")) == "" {
+		*autoCreate = c.NATS.URL == "" && pg.URL == ""
+	}
+	if *autoCreateStep < 1 || *autoCreateStep > segment.MaxStepLimit {
+		return fmt.Errorf("--auto-create-step %d: want 1..%d", *autoCreateStep, segment.MaxStepLimit)
+	}
+	if *autoCreate {
+		c.Segment.AutoCreateStep = *autoCreateStep
+	}
+	if c.Segment.AutoCreateMax < -1 || c.Segment.AutoCreateMax == 0 {
+		return fmt.Errorf("--auto-create-max %d: want a positive number, or -1 for no bound", c.Segment.AutoCreateMax)
+	}
+	if c.Segment.IdleTimeout <= 0 {
+		c.Segment.IdleTimeout = -1 // never
+	}
+	if c.Snowflake.Epoch, err = time.Parse(time.RFC3339, *epoch); err != nil {
+		return fmt.Errorf("--snowflake-epoch %q: %w", *epoch, err)
+	}
+	c.NoSnowflake = !*snowflakeOn
+	c.Store = kvs
+	if pg.URL != "" {
+		pg.NoWitness = !*witnessOn
+		c.Store = pg
+	}
+	if err := checkFlags(c, pg); err != nil {
+		return err
+	}
+	w, err := worker.New(ctx, c)
+	if err != nil {
+		return err
+	}
+	return w.Run(ctx)
+}
+
+// checkFlags refuses flags given as zero where the flag has a default of
+// its own (worker.Config reads a zero as "the default"; an operator's 0 is
+// a mistake), and --witness-replicas out of range also without
+// --postgres-url. The worker validates the rest before it starts.
+func checkFlags(c worker.Config, pg pgstore.Postgres) error {
+	switch s := c.Segment; {
+	case c.MaxBatch == 0:
+		return fmt.Errorf("--max-batch 0: want 1..1000000")
+	case s.PrefetchRatio == 0:
+		return fmt.Errorf("--prefetch-ratio 0: want more than 0, at most 1")
+	case s.MaxStep == 0:
+		return fmt.Errorf("--max-step 0: want 1..%d", segment.MaxStepLimit)
+	case s.MaxWait == 0 || s.FetchTimeout == 0 || s.RefreshInterval == 0 || s.NegativeTTL == 0 || c.ShutdownTimeout == 0:
+		return errors.New("--max-wait, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
+	case pg.WitnessReplicas < 1 || pg.WitnessReplicas > 5:
+		return fmt.Errorf("--witness-replicas %d: want 1..5", pg.WitnessReplicas)
+	case c.Owners.Replicas == 0:
+		return errors.New("--ordered-replicas 0: want 1..5")
+	case c.Owners.Lease == 0:
+		return fmt.Errorf("--ordered-lease 0s: want 10ms..%v", ownership.MaxLease)
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+)
+
+// A StoreOpener opens the segment store a worker allocates from: KV (the
+// default) or pgstore.Postgres. `dispenser serve`, the admin commands and
+// the bench open their stores through these two.
+type StoreOpener interface {
+	// Validate reports settings that cannot work. New calls it before it
+	// starts anything.
+	Validate() error
+	// OpenStore opens the store on the worker's JetStream connection.
+	OpenStore(ctx context.Context, js jetstream.JetStream, env StoreEnv) (*Store, error)
+}
+
+// StoreEnv is what a worker gives its StoreOpener.
+type StoreEnv struct {
+	// Logger is the worker's logger; never nil.
+	Logger *slog.Logger
+	// Registerer, if not nil, registers the store's metrics.
+	Registerer prometheus.Registerer
+}
+
+// Store is an open segment store.
+type Store struct {
+	// Store is what the allocator fetches from.
+	segment.Store
+	// Admin creates and changes tags; nil if the store cannot.
+	Admin segment.Admin
+	// Name identifies the store among the stores a queue group of workers
+	// could use (dispenser.Config.Store): workers of one queue group and
+	// prefix must share it.
+	Name string
+	// Close releases what OpenStore opened besides the worker's
+	// connection; nil if nothing.
+	Close func()
+}
+
+// KV opens the JetStream KV segment store: a tag's sequence in one key of
+// a bucket, on the NATS server the worker uses.
+type KV struct {
+	// Bucket is the bucket's name. Default kv.DefaultBucket.
+	Bucket string
+	// Replicas of the bucket when it is created, and the fewest an
+	// existing bucket may have. Default 1.
+	Replicas int
+}
+
+// Validate implements StoreOpener.
+func (k KV) Validate() error {
+	if k.Replicas < 0 || k.Replicas > 5 {
+		return fmt.Errorf("%w: --segment-replicas %d: want 1..5", ErrConfig, k.Replicas)
+	}
+	return nil
+}
+
+// OpenStore implements StoreOpener: it creates the bucket if missing.
+func (k KV) OpenStore(ctx context.Context, js jetstream.JetStream, env StoreEnv) (*Store, error) {
+	st, err := kv.New(ctx, js, kv.Settings{Bucket: k.Bucket, Replicas: k.Replicas, Logger: env.Logger})
+	if err != nil {
+		return nil, err
+	}
+	name, err := BucketIdentity(ctx, js, k.bucket())
+	if err != nil {
+		return nil, err
+	}
+	return &Store{Store: st, Admin: st, Name: "kv:" + name}, nil
+}
+
+func (k KV) bucket() string {
+	if k.Bucket == "" {
+		return kv.DefaultBucket
+	}
+	return k.Bucket
+}
+
+// BucketIdentity names a JetStream KV bucket by its name and its stream's
+// creation time, so that two buckets of one name (in two JetStream domains,
+// or deleted and made again) tell apart.
+func BucketIdentity(ctx context.Context, js jetstream.JetStream, bucket string) (string, error) {
+	kvb, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return "", fmt.Errorf("bucket %q: %w", bucket, err)
+	}
+	st, err := kvb.Status(ctx)
+	if err != nil {
+		return "", fmt.Errorf("bucket %q: status: %w", bucket, err)
+	}
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		return bucket + "@" + bs.StreamInfo().Created.UTC().Format(time.RFC3339Nano), nil
+	}
+	return bucket, nil
+}

@@ -1,0 +1,523 @@
+// Package worker runs one dispenser worker in a process: it connects to
+// NATS (or starts an embedded nats-server), opens the segment store, the
+// allocator, the ownership leases of ordered tags and the snowflake
+// worker-ID lease, and serves the NATS micro service, with metrics and
+// health over HTTP if asked. `dispenser serve` is flags, a Config, New and
+// Run; the bench and package dispensertest start workers the same way.
+//
+//	w, err := worker.New(ctx, worker.Config{NATS: worker.NATS{URL: url}})
+//	if err != nil { … }
+//	defer w.Close()
+package worker
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/ordered"
+	"github.com/dispenser-dev/dispenser/ownership"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/snowflake"
+)
+
+// ErrConfig means a Config (or a flag behind it) cannot work; New returns
+// it before it starts anything.
+var ErrConfig = errors.New("worker: invalid configuration")
+
+// Defaults of Config's zero values.
+const (
+	DefaultListen          = "127.0.0.1:4222"
+	DefaultDataDir         = "./dispenser-data"
+	DefaultPrefix          = "id"
+	DefaultQueueGroup      = "dispenser"
+	DefaultMaxBatch        = 10000
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+// peerCheck is how long a worker waits for the running workers to describe
+// themselves before it serves (dispenser.Config.PeerCheck).
+const peerCheck = 150 * time.Millisecond
+
+// Config configures a worker. Its zero value is a worker on an embedded
+// nats-server (127.0.0.1:4222, data in ./dispenser-data) with segments in
+// the JetStream KV bucket and snowflake IDs; every zero field means the
+// default its comment names. The flags of `dispenser serve` in
+// parentheses.
+type Config struct {
+	// NATS is how the worker connects (--nats-*). With NATS.URL empty it
+	// starts an embedded nats-server as Embedded says.
+	NATS     NATS
+	Embedded Embedded
+	// Instance names this worker: its NATS connections, its snowflake
+	// lease and its ordered-tag leases (--instance). Default: the host
+	// name, "-" and six random hex digits.
+	Instance string
+	// Logger gets the worker's log. Default slog.Default().
+	Logger *slog.Logger
+
+	// Store opens the segment store (--postgres-url, --segment-bucket,
+	// --witness…). Default KV{}: the bucket kv.DefaultBucket.
+	Store StoreOpener
+	// Segment configures the allocator (--max-wait, --max-step, …, and
+	// --auto-create-* as AutoCreateStep and AutoCreateMax); its zero
+	// fields are the allocator's defaults. Store, Logger and OnFetch are
+	// the worker's: values given here are ignored.
+	Segment segment.Settings
+
+	// Owners configures the ownership leases of ordered tags (--ordered-*).
+	Owners Owners
+
+	// NoSnowflake serves no snowflake IDs (--snowflake=false); default
+	// false: snowflake IDs with a worker ID leased from Snowflake.Bucket.
+	NoSnowflake bool
+	// Snowflake configures the snowflake worker-ID lease (--snowflake-*);
+	// zero fields are snowflake's defaults. Instance and Logger are the
+	// worker's.
+	Snowflake snowflake.WorkerSettings
+
+	// Prefix is the subject prefix (--prefix). Default "id".
+	Prefix string
+	// QueueGroup is the endpoints' queue group (--queue-group). Default
+	// "dispenser".
+	QueueGroup string
+	// MaxBatch is the most IDs one request may ask for (--max-batch),
+	// 1..1,000,000. Default 10,000.
+	MaxBatch int
+
+	// MetricsAddr, if not empty, serves /metrics, /healthz and /readyz
+	// there (--metrics-addr). MetricsTags get metric series of their own
+	// (--metrics-tags).
+	MetricsAddr string
+	MetricsTags []string
+
+	// ShutdownTimeout bounds Close (--shutdown-timeout). Default 10 s.
+	ShutdownTimeout time.Duration
+}
+
+// Owners configures the leases that give each ordered tag one owner at a
+// time (package ownership).
+type Owners struct {
+	// Bucket is their JetStream KV bucket (--ordered-bucket). Default
+	// ownership.DefaultBucket.
+	Bucket string
+	// Replicas of the bucket when it is created, and the fewest an
+	// existing one may have (--ordered-replicas), 1..5. Default 1.
+	Replicas int
+	// Lease is an owner's lease (--ordered-lease), 10ms..ownership.MaxLease:
+	// an owner that could not renew for this long stops serving the tag.
+	// Default ownership.DefaultLease.
+	Lease time.Duration
+}
+
+// withDefaults returns c with its zero fields set to their defaults.
+func (c Config) withDefaults() Config {
+	c.Embedded.Listen = cmp.Or(c.Embedded.Listen, DefaultListen)
+	c.Embedded.DataDir = cmp.Or(c.Embedded.DataDir, DefaultDataDir)
+	if c.Instance == "" {
+		c.Instance = DefaultInstance()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Store == nil {
+		c.Store = KV{}
+	}
+	c.Owners.Lease = cmp.Or(c.Owners.Lease, ownership.DefaultLease)
+	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
+	c.QueueGroup = cmp.Or(c.QueueGroup, DefaultQueueGroup)
+	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	return c
+}
+
+// validate rejects settings that cannot work before anything starts, so
+// that a typo changes nothing (no server started, no lease claimed). c has
+// its defaults.
+func (c Config) validate() error {
+	var err error
+	switch s := c.Segment; {
+	case c.MaxBatch < 1 || c.MaxBatch > 1_000_000:
+		err = fmt.Errorf("--max-batch %d: want 1..1000000 (and a reply of 20 bytes per ID must fit the NATS max payload)", c.MaxBatch)
+	case !(s.PrefetchRatio >= 0 && s.PrefetchRatio <= 1):
+		err = fmt.Errorf("--prefetch-ratio %v: want more than 0, at most 1", s.PrefetchRatio)
+	case s.MaxStep < 0 || s.MaxStep > segment.MaxStepLimit:
+		err = fmt.Errorf("--max-step %d: want 1..%d", s.MaxStep, segment.MaxStepLimit)
+	case s.AutoCreateStep < 0 || s.AutoCreateStep > segment.MaxStepLimit:
+		err = fmt.Errorf("--auto-create-step %d: want 1..%d", s.AutoCreateStep, segment.MaxStepLimit)
+	case s.MaxWait < 0 || s.FetchTimeout < 0 || s.RefreshInterval < 0 || s.NegativeTTL < 0 || c.ShutdownTimeout < 0:
+		err = errors.New("--max-wait, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
+	case c.Owners.Replicas < 0 || c.Owners.Replicas > 5:
+		err = fmt.Errorf("--ordered-replicas %d: want 1..5", c.Owners.Replicas)
+	case c.Owners.Lease < 10*time.Millisecond || c.Owners.Lease > ownership.MaxLease:
+		err = fmt.Errorf("--ordered-lease %v: want 10ms..%v", c.Owners.Lease, ownership.MaxLease)
+	case c.Snowflake.Lease < 0 || c.Snowflake.Heartbeat < 0:
+		err = errors.New("--snowflake-lease and --snowflake-heartbeat must not be negative")
+	case c.Snowflake.Lease > 0 && c.Snowflake.Heartbeat >= c.Snowflake.Lease:
+		err = fmt.Errorf("--snowflake-heartbeat %v must be below --snowflake-lease %v", c.Snowflake.Heartbeat, c.Snowflake.Lease)
+	case !c.Snowflake.Epoch.Before(time.Now()):
+		err = fmt.Errorf("--snowflake-epoch %v is in the future", c.Snowflake.Epoch)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if _, err := c.NATS.Options(false); err != nil {
+		return err
+	}
+	return c.Store.Validate()
+}
+
+// DefaultInstance returns the host name, "-" and six random hex digits.
+func DefaultInstance() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "dispenser"
+	}
+	var b [3]byte
+	rand.Read(b[:])
+	return host + "-" + hex.EncodeToString(b[:])
+}
+
+// Worker is a running dispenser worker. Close stops it.
+type Worker struct {
+	cfg Config
+	log *slog.Logger
+
+	// ctx is the worker's own context, for its background work (the
+	// metrics server's requests); Close cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	ns        *server.Server // embedded; nil with Config.NATS.URL
+	nc        *nats.Conn     // serves requests; drained on shutdown
+	jsnc      *nats.Conn     // JetStream: store, witness and leases
+	store     *Store
+	leaseName string // snowflake lease bucket identity and epoch; "" without snowflake
+	alloc     *segment.Allocator
+	owners    *ownership.Leases
+	sf        *snowflake.Worker
+	svc       *dispenser.Service
+	http      *http.Server  // metrics and health; nil without MetricsAddr
+	httpDone  chan struct{} // closed when the metrics server's goroutine returns
+
+	closeOnce sync.Once
+	closeErr  error // Close's result; written once under closeOnce
+}
+
+// New validates cfg, starts the worker and returns once it serves. ctx
+// bounds the start only: the worker runs until Close. On an error
+// everything started is stopped again.
+func New(ctx context.Context, cfg Config) (*Worker, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	w := &Worker{cfg: cfg, log: cfg.Logger}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	if err := w.start(ctx); err != nil {
+		return nil, errors.Join(err, w.Close())
+	}
+	return w, nil
+}
+
+// Run serves until ctx ends, then shuts down gracefully (Close): it stops
+// taking requests, answers those in flight, gives unissued segment IDs
+// back and returns.
+func (w *Worker) Run(ctx context.Context) error {
+	<-ctx.Done()
+	w.log.Info("shutting down")
+	return w.Close()
+}
+
+func (w *Worker) start(ctx context.Context) error {
+	t0 := time.Now()
+	cfg := w.cfg
+	nopts := cfg.NATS
+	if nopts.URL == "" {
+		ns, err := StartEmbedded(cfg.Embedded)
+		if err != nil {
+			return err
+		}
+		w.ns = ns
+		nopts.URL = ns.ClientURL()
+		w.log.Info("embedded nats-server started", "listen", nopts.URL, "store", filepath.Join(cfg.Embedded.DataDir, "jetstream"))
+	}
+	// Two connections: one serves requests and is drained on shutdown, the
+	// other carries JetStream (KV store, leases) until the very end. They
+	// may log in as two users, so that the one answering requests, whose
+	// reply subjects the requesters choose, holds no JetStream rights.
+	var err error
+	if w.nc, err = nopts.connect(cfg.Instance, false, w.log); err != nil {
+		return err
+	}
+	if w.jsnc, err = nopts.connect(cfg.Instance+"-js", true, w.log); err != nil {
+		return err
+	}
+	js, err := jetstream.New(w.jsnc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	var reg *prometheus.Registry
+	if cfg.MetricsAddr != "" {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	var regr prometheus.Registerer // nil unless reg is: no typed nil
+	if reg != nil {
+		regr = reg
+	}
+	if w.store, err = cfg.Store.OpenStore(ctx, js, StoreEnv{Logger: w.log, Registerer: regr}); err != nil {
+		return err
+	}
+	st := cfg.Segment
+	st.Store = w.store.Store
+	st.Logger = w.log
+	st.OnFetch = nil
+	if reg != nil {
+		st.OnFetch = fetchHistogram(reg)
+	}
+	if w.alloc, err = segment.New(st); err != nil {
+		return err
+	}
+	ownerSubject, err := w.openOwners(ctx, js)
+	if err != nil {
+		return err
+	}
+	var sf dispenser.Snowflake
+	if !cfg.NoSnowflake {
+		sfs := cfg.Snowflake
+		sfs.Instance = cfg.Instance
+		sfs.Logger = w.log
+		if w.sf, err = snowflake.StartWorker(ctx, js, sfs); err != nil {
+			return err // snowflake's errors say "snowflake:" themselves
+		}
+		sf = w.sf
+		id, _ := w.sf.WorkerID()
+		w.log.Info("snowflake worker ID leased", "worker_id", id, "bucket", sfs.Bucket)
+		if w.leaseName, err = BucketIdentity(ctx, js, cmp.Or(sfs.Bucket, snowflake.DefaultBucket)); err != nil {
+			return err
+		}
+		w.leaseName += " epoch " + w.sf.Epoch().Format(time.RFC3339Nano)
+	}
+
+	dc := dispenser.Config{
+		Conn:            w.nc,
+		Segments:        w.alloc,
+		Owners:          w.owners,
+		OwnerSubject:    ownerSubject,
+		Snowflake:       sf,
+		Prefix:          cfg.Prefix,
+		QueueGroup:      cfg.QueueGroup,
+		MaxBatch:        cfg.MaxBatch,
+		Logger:          w.log,
+		Store:           w.store.Name,
+		SnowflakeLeases: w.leaseName,
+		PeerCheck:       peerCheck,
+	}
+	if reg != nil {
+		dc.Registerer = reg
+		dc.MetricsTags = cfg.MetricsTags
+	}
+	if w.svc, err = dispenser.New(dc); err != nil {
+		return err
+	}
+	if reg != nil {
+		if err := w.serveHTTP(reg); err != nil {
+			return err
+		}
+	}
+	info := w.svc.Info()
+	w.log.Info("serving", "service", info.Name, "id", info.ID, "nats", nopts.URL, "prefix", cfg.Prefix,
+		"queue_group", cfg.QueueGroup, "store", w.store.Name, "startup", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// openOwners opens the ownership leases of ordered tags, wired to the
+// allocator by package ordered, and returns the subject on which this
+// worker, as an owner, takes forwarded requests.
+func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (string, error) {
+	ownerToken := strings.ToLower(rand.Text()[:16])
+	ownerSubject := w.cfg.Prefix + ".owner." + ownerToken
+	var err error
+	w.owners, err = ordered.OpenLeases(ctx, js, w.alloc, ownership.Settings{
+		Bucket: w.cfg.Owners.Bucket, Replicas: w.cfg.Owners.Replicas, Lease: w.cfg.Owners.Lease,
+		Owner: w.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: w.log,
+	})
+	return ownerSubject, err
+}
+
+// URL returns the URL of the NATS server the worker uses for requests.
+func (w *Worker) URL() string {
+	if w.nc == nil {
+		return ""
+	}
+	return w.nc.ConnectedUrl()
+}
+
+// SegmentStats returns the allocator's state of every tag.
+func (w *Worker) SegmentStats() []segment.TagStats {
+	if w.alloc == nil {
+		return nil
+	}
+	return w.alloc.Stats()
+}
+
+// Close shuts the worker down in order: the metrics server, the ordered
+// tags' leases (handed over at once), the service (answering requests in
+// flight), the allocator (giving segments back), the snowflake lease, then
+// the store, the connections and the embedded nats-server. It waits at
+// most Config.ShutdownTimeout for the graceful part. Calls after the first
+// return its result.
+func (w *Worker) Close() error {
+	w.closeOnce.Do(func() { w.closeErr = w.close() })
+	return w.closeErr
+}
+
+func (w *Worker) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownTimeout)
+	defer cancel()
+	var errs []error
+	if w.http != nil {
+		errs = append(errs, w.http.Shutdown(ctx))
+		<-w.httpDone
+	}
+	w.cancel()
+	if w.owners != nil {
+		// Hand ordered tags over at once: stop serving them, release the
+		// leases. Requests for them from here on go to the new owners.
+		w.owners.Close()
+	}
+	if w.svc != nil {
+		errs = append(errs, w.svc.Stop(ctx))
+	}
+	// Giving segments back and releasing the lease only save IDs and time
+	// for a successor; failing them (store or NATS down) is safe, so it is
+	// logged, not a failed shutdown.
+	if w.alloc != nil {
+		if err := w.alloc.Close(ctx); err != nil {
+			w.log.Warn("segments not given back; their unissued IDs are skipped", "err", err)
+		}
+	}
+	if w.sf != nil {
+		if err := w.sf.Close(ctx); err != nil {
+			w.log.Warn("snowflake lease not released; a successor waits for it to expire", "err", err)
+		}
+	}
+	if w.nc != nil {
+		w.nc.Close()
+	}
+	if w.jsnc != nil {
+		w.jsnc.Close()
+	}
+	if w.store != nil && w.store.Close != nil {
+		w.store.Close()
+	}
+	if w.ns != nil {
+		w.ns.Shutdown()
+		w.ns.WaitForShutdown()
+	}
+	return errors.Join(errs...)
+}
+
+// serveHTTP serves /metrics, /healthz and /readyz on Config.MetricsAddr.
+func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
+	ln, err := net.Listen("tcp", w.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(rw, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
+		if err := w.ready(r.Context()); err != nil {
+			http.Error(rw, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(rw, "ready")
+	})
+	w.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return w.ctx }}
+	w.httpDone = make(chan struct{})
+	go func() {
+		defer close(w.httpDone)
+		if err := w.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			w.log.Error("metrics server", "err", err)
+		}
+	}()
+	w.log.Info("metrics and health", "addr", ln.Addr().String())
+	return nil
+}
+
+// ready reports why the worker cannot serve, or nil: it must be connected
+// to NATS (both connections), hold a valid snowflake lease, and its store
+// must answer or its buffers hold IDs.
+func (w *Worker) ready(ctx context.Context) error {
+	for _, nc := range []*nats.Conn{w.nc, w.jsnc} {
+		if !nc.IsConnected() {
+			return fmt.Errorf("nats: %s", nc.Status())
+		}
+	}
+	if w.sf != nil {
+		st, _ := w.sf.Stats().(snowflake.WorkerStats)
+		if !st.Held || st.Fenced || st.ClockBehind {
+			return fmt.Errorf("snowflake: lease held %v, fenced %v, clock behind %v", st.Held, st.Fenced, st.ClockBehind)
+		}
+	}
+	if w.alloc == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	pinger, ok := w.store.Store.(interface{ Ping(context.Context) error })
+	if !ok {
+		return nil
+	}
+	err := pinger.Ping(ctx)
+	if err == nil {
+		return nil
+	}
+	if w.alloc.Totals().Remaining > 0 {
+		return nil // warm buffers keep serving while the store is away
+	}
+	return fmt.Errorf("store unreachable and no warm buffers: %w", err)
+}
+
+// fetchHistogram registers the segment fetch latency histogram and returns
+// the allocator hook that feeds it.
+func fetchHistogram(reg prometheus.Registerer) func(string, time.Duration, error) {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "dispenser_segment_fetch_duration_seconds",
+		Help:    "Latency of segment fetches from the store, by result.",
+		Buckets: prometheus.ExponentialBuckets(250e-6, 2, 14),
+	}, []string{"result"})
+	reg.MustRegister(h)
+	ok, failed := h.WithLabelValues("ok"), h.WithLabelValues("error")
+	return func(_ string, d time.Duration, err error) {
+		if err != nil {
+			failed.Observe(d.Seconds())
+			return
+		}
+		ok.Observe(d.Seconds())
+	}
+}
