@@ -1,0 +1,119 @@
+package dispenser
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dispenser-dev/dispenser/ordered"
+	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// Config configures a Service. Zero values mean the documented defaults.
+type Config struct {
+	// Conn is the NATS connection to serve on. Required. Use a connection of
+	// its own: Stop waits until all of its subscriptions are drained.
+	Conn *nats.Conn
+	// Segments serves <prefix>.segment.<tag>; nil leaves the endpoint out.
+	Segments *segment.Allocator
+	// Snowflake serves <prefix>.snowflake and <prefix>.snowflake.decode;
+	// nil leaves them out.
+	Snowflake Snowflake
+	// Prefix is the first subject token. Default "id".
+	Prefix string
+	// QueueGroup is the endpoints' queue group. Default "dispenser".
+	QueueGroup string
+	// MaxBatch is the most IDs one request may ask for. Default 10000.
+	MaxBatch int
+	// Version is the service version reported by micro. Default "0.1.0".
+	Version string
+	// Store names the segment store (e.g. "postgres:host:5432/ids" or
+	// "kv:dispenser_segments"). It is published in the micro metadata under
+	// StoreMetadata, so that workers can refuse to share a queue group with
+	// a worker of another store: two stores hand out the same IDs.
+	Store string
+	// SnowflakeLeases names the snowflake lease bucket and epoch (e.g.
+	// "dispenser_workers@<bucket creation time> epoch <epoch>"). It is
+	// published in the micro metadata under SnowflakeMetadata, so that
+	// workers can refuse to share a queue group with a worker that leases
+	// its worker IDs elsewhere: both would issue the same IDs.
+	SnowflakeLeases string
+	// Logger receives unexpected errors. Default slog.Default().
+	Logger *slog.Logger
+	// Registerer, if set, receives the service's Prometheus metrics.
+	Registerer prometheus.Registerer
+	// MetricsTags names the tags whose requests and buffers get metric
+	// series of their own; all others are counted together (tag ""), so
+	// that a scrape stays small whatever the number of tags.
+	MetricsTags []string
+	// Owners, if set, serves ordered tags: only a tag's owner serves it,
+	// other workers forward its requests to the owner. Without it, requests
+	// for ordered tags get 503.
+	Owners ordered.Owners
+	// OwnerSubject is where this worker takes forwarded requests
+	// (OwnerSubject.<tag>); it must be the subject its Owners records.
+	// Required with Owners.
+	OwnerSubject string
+	// PeerCheck, if positive, is how long New waits for the running
+	// dispenser workers to describe themselves before it serves: it
+	// refuses (ErrPeerMismatch) to join a queue group whose workers use
+	// another Store or other SnowflakeLeases. Zero: no check.
+	PeerCheck time.Duration
+	// ReadyTimeout is how long New waits for the allocator's tag list
+	// before it serves without the segment endpoint, which it then adds
+	// once the list has loaded: a worker that cannot reach its store must
+	// not take a share of the segment requests its peers could serve.
+	// Default 2 s.
+	ReadyTimeout time.Duration
+}
+
+// withDefaults fills in the documented defaults of zero fields.
+func (cfg *Config) withDefaults() {
+	cfg.Prefix = cmp.Or(cfg.Prefix, protocol.DefaultPrefix)
+	cfg.QueueGroup = cmp.Or(cfg.QueueGroup, "dispenser")
+	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, 10000)
+	cfg.Version = cmp.Or(cfg.Version, "0.1.0")
+	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, 2*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+}
+
+// validate checks cfg once its defaults are in.
+func (cfg *Config) validate() error {
+	if cfg.Conn == nil {
+		return errors.New("dispenser: Config.Conn is required")
+	}
+	if cfg.Segments == nil && cfg.Snowflake == nil {
+		return errors.New("dispenser: nothing to serve: set Segments or Snowflake")
+	}
+	if !validSubjectPrefix(cfg.Prefix) {
+		return fmt.Errorf("dispenser: subject prefix %q: want dot-separated tokens without wildcards or spaces", cfg.Prefix)
+	}
+	// A decimal list of MaxBatch IDs, with the reply's headers, must fit in
+	// one message.
+	if limit := fits(cfg.Conn.MaxPayload(), protocol.FormatList); cfg.MaxBatch < 1 || cfg.MaxBatch > limit || cfg.MaxBatch > 1e9 {
+		return fmt.Errorf("dispenser: MaxBatch %d: want 1..%d (the server's max payload less %d bytes for headers, / %d bytes an ID)",
+			cfg.MaxBatch, limit, replyHeaderRoom, protocol.ListBytesPerID)
+	}
+	if cfg.Owners != nil && (cfg.OwnerSubject == "" || !validSubjectPrefix(cfg.OwnerSubject)) {
+		return fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
+	}
+	return nil
+}
+
+func validSubjectPrefix(p string) bool {
+	for _, tok := range strings.Split(p, ".") {
+		if tok == "" || strings.ContainsAny(tok, "*> \t\r\n") {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,109 @@
+package dispenser
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/snowflake"
+)
+
+func (s *Service) handleSegment(req micro.Request) {
+	if !s.admit(req) {
+		return
+	}
+	r := s.newReplier(req, "segment")
+	tag, err := protocol.ParseTag(req.Subject(), s.segPrefix)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	r.tag = tag
+	n, format, err := s.parse(req)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	r.n, r.format = n, format
+	var arr [2]segment.Run
+	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
+	switch {
+	case errors.Is(err, segment.ErrOrdered) && s.ordered != nil:
+		s.ordered.Serve(r, tag)
+	case err != nil:
+		r.fail(err)
+	case pending != nil:
+		s.park(r, pending)
+	default:
+		s.reply(r, format, runs, n)
+	}
+}
+
+// park answers a request that waits for a segment from a goroutine of its
+// own, so that the handler goes on with other requests (and other tags).
+func (s *Service) park(r replier, p *segment.Pending) {
+	r = r.detach()
+	s.parked.Add(1)
+	go func() {
+		defer s.parked.Done()
+		runs, err := p.Wait(context.Background())
+		if errors.Is(err, segment.ErrOrdered) && s.ordered != nil {
+			// Known to be ordered only now: its owner serves it.
+			s.ordered.Reroute(r, r.tag)
+			return
+		}
+		if err != nil {
+			r.fail(err)
+			return
+		}
+		s.reply(r, r.format, runs, r.n)
+	}()
+}
+
+func (s *Service) handleSnowflake(req micro.Request) {
+	if !s.admit(req) {
+		return
+	}
+	r := s.newReplier(req, "snowflake")
+	n, format, err := s.parse(req)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	sc := &s.sfScratch
+	ids, err := s.cfg.Snowflake.AppendIDs(sc.ids[:0], n)
+	sc.ids = ids
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	if format == protocol.FormatRange {
+		sc.runs = protocol.Runs(sc.runs[:0], ids)
+		sc.buf = protocol.AppendRanges(sc.buf[:0], sc.runs)
+	} else {
+		sc.buf = protocol.AppendIDs(sc.buf[:0], ids)
+	}
+	r.respond(sc.buf, n)
+}
+
+func (s *Service) handleDecode(req micro.Request) {
+	if !s.admit(req) {
+		return
+	}
+	r := s.newReplier(req, "snowflake_decode")
+	body := strings.TrimSpace(string(req.Data()))
+	id, err := strconv.ParseInt(body, 10, 64)
+	if err != nil || id < 0 {
+		r.fail(fmt.Errorf("%w: %q is not a snowflake ID (a non-negative decimal int64)", protocol.ErrBadCount, truncate(body, 64)))
+		return
+	}
+	if err := req.RespondJSON(snowflake.Decode(id, s.cfg.Snowflake.Epoch())); err != nil {
+		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject(), "err", err)
+	}
+}

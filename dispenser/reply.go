@@ -1,0 +1,200 @@
+package dispenser
+
+import (
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/ordered"
+	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/snowflake"
+)
+
+// replier answers one request. Inline answers go through micro (so that its
+// stats count them); answers from a parked request's goroutine are published
+// directly, because micro's request may not be touched after the handler
+// returned. A request another worker forwarded has no micro request: it is
+// always answered by publishing.
+type replier struct {
+	s        *Service
+	req      micro.Request // nil for a forwarded request
+	reply    string        // the requester's reply subject
+	inline   bool
+	endpoint string
+	tag      string    // metrics label
+	start    time.Time // zero without metrics
+	worker   bool      // the request asked for protocol.WorkerHeader
+	n        int       // IDs asked for, once parsed
+	format   protocol.Format
+}
+
+func (s *Service) newReplier(req micro.Request, endpoint string) replier {
+	r := replier{s: s, req: req, reply: req.Reply(), inline: true, endpoint: endpoint}
+	if h := req.Headers(); len(h) > 0 {
+		_, r.worker = h[protocol.WorkerHeader]
+	}
+	if s.metrics != nil {
+		r.start = time.Now()
+	}
+	return r
+}
+
+// replies makes the replies of requests forwarded to this worker as the
+// owner of their ordered tag (ordered.Replies).
+type replies struct{ s *Service }
+
+func (rs replies) Forwarded(f protocol.Forward, tag string) ordered.Reply {
+	r := replier{s: rs.s, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, n: f.N, format: f.Format}
+	if rs.s.metrics != nil {
+		r.start = time.Now()
+	}
+	return r
+}
+
+func (rs replies) Admit(reply, subject string) bool { return rs.s.admitReply(reply, subject) }
+
+// A replier answers a request for an ordered tag too (ordered.Reply).
+
+func (r replier) Request() protocol.Forward {
+	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker}
+}
+
+func (r replier) IDs(runs []segment.Run) { r.s.reply(r, r.format, runs, r.n) }
+
+func (r replier) Fail(err error) { r.fail(err) }
+
+func (r replier) Detach() ordered.Reply { return r.detach() }
+
+// detach returns r for use off the handler's goroutine: answered by
+// publishing, and without a forwarded batch's memory.
+func (r replier) detach() replier {
+	r.inline = false
+	if r.req == nil {
+		// A forwarded request's reply subject is a slice of its whole
+		// batch: do not keep the batch while the request waits.
+		r.reply = strings.Clone(r.reply)
+	}
+	return r
+}
+
+func (r replier) respond(data []byte, ids int) {
+	// Counted before the reply goes out, so that a client that got its
+	// IDs finds them counted.
+	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
+	var err error
+	switch {
+	case r.worker && r.inline:
+		err = r.req.Respond(data, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.id}}))
+	case r.worker:
+		msg := nats.NewMsg(r.reply)
+		msg.Header.Set(protocol.WorkerHeader, r.s.id)
+		msg.Data = data
+		err = r.s.cfg.Conn.PublishMsg(msg)
+	default: // a plain publish: micro's Respond costs a nats.Msg per reply
+		err = r.s.cfg.Conn.Publish(r.reply, data)
+	}
+	if err != nil {
+		r.s.cfg.Logger.Warn("dispenser: reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", err)
+	}
+}
+
+func (r replier) fail(err error) {
+	code, desc := r.s.classify(err)
+	r.s.metrics.observe(r.endpoint, r.tag, code, 0, r.start)
+	var perr error
+	switch {
+	case r.inline && r.worker:
+		perr = r.req.Error(code, desc, nil, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.id}}))
+	case r.inline:
+		perr = r.req.Error(code, desc, nil)
+	default:
+		msg := nats.NewMsg(r.reply)
+		msg.Header.Set(micro.ErrorHeader, desc)
+		msg.Header.Set(micro.ErrorCodeHeader, code)
+		if r.worker {
+			msg.Header.Set(protocol.WorkerHeader, r.s.id)
+		}
+		perr = r.s.cfg.Conn.PublishMsg(msg)
+	}
+	if perr != nil {
+		r.s.cfg.Logger.Warn("dispenser: error reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", perr)
+	}
+}
+
+// classify maps an error to a reply code and description. 400 and 404
+// describe the request; 503 and 500 say what happened without the store's
+// or the network's details (addresses, users, databases), which go to the
+// log instead.
+func (s *Service) classify(err error) (code, desc string) {
+	switch {
+	case errors.Is(err, protocol.ErrBadCount), errors.Is(err, protocol.ErrBadHeader), errors.Is(err, protocol.ErrBadSubject),
+		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),
+		errors.Is(err, snowflake.ErrInvalidCount):
+		return protocol.CodeBadRequest, err.Error()
+	case errors.Is(err, segment.ErrUnknownTag):
+		return protocol.CodeNotFound, err.Error()
+	case errors.Is(err, segment.ErrExhausted):
+		return protocol.CodeGone, err.Error()
+	case errors.Is(err, segment.ErrClosed):
+		return protocol.CodeUnavailable, segment.ErrClosed.Error()
+	case errors.Is(err, ordered.ErrOwnershipMoving):
+		return protocol.CodeUnavailable, err.Error() + "; try again"
+	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
+		return protocol.CodeUnavailable, ordered.ErrOwnershipMoving.Error() + "; try again"
+	case errors.Is(err, segment.ErrOrdered):
+		return protocol.CodeUnavailable, err.Error() + ": this worker serves no ordered tags"
+	case errors.Is(err, segment.ErrTagDeleted):
+		return protocol.CodeUnavailable, "the tag's record was deleted by hand: it is not created again until an operator restores it"
+	case errors.Is(err, kvbucket.ErrPurged), errors.Is(err, kvbucket.ErrRecreated):
+		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
+		return protocol.CodeUnavailable, "the store's bucket was purged or recreated: an operator must restore it"
+	case errors.Is(err, segment.ErrUnavailable):
+		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
+		return protocol.CodeUnavailable, segment.ErrUnavailable.Error() + " (store slow or unreachable); try again"
+	case s.cfg.Snowflake != nil && s.cfg.Snowflake.Unavailable(err):
+		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
+		for _, e := range snowflakeUnavailable {
+			if errors.Is(err, e) {
+				return protocol.CodeUnavailable, e.Error()
+			}
+		}
+		return protocol.CodeUnavailable, snowflake.ErrUnavailable.Error()
+	}
+	s.cfg.Logger.Error("dispenser: unexpected error", "err", err)
+	return protocol.CodeInternal, "internal error"
+}
+
+// snowflakeUnavailable are the reasons a snowflake worker cannot issue.
+var snowflakeUnavailable = []error{snowflake.ErrBucketDeleted, snowflake.ErrEpochLost, snowflake.ErrClockBackwards, snowflake.ErrFenced,
+	snowflake.ErrOverloaded, snowflake.ErrClosed, snowflake.ErrNoWorkerID}
+
+// reply answers with runs. Inline replies format into the endpoint's
+// scratch buffer (an endpoint's handler runs on one goroutine: its
+// subscription's); parked ones into a pooled buffer.
+func (s *Service) reply(r replier, format protocol.Format, runs []segment.Run, n int) {
+	if r.inline {
+		s.segScratch.buf = protocol.AppendRuns(s.segScratch.buf[:0], format, runs)
+		r.respond(s.segScratch.buf, n)
+		return
+	}
+	bp := s.bufs.Get().(*[]byte)
+	buf := protocol.AppendRuns((*bp)[:0], format, runs)
+	r.respond(buf, n)
+	if cap(buf) <= 1<<16 { // keep big batch buffers out of the pool
+		*bp = buf
+		s.bufs.Put(bp)
+	}
+}
+
+// scratch is memory one endpoint's handler reuses from request to request.
+// Only that endpoint's handler goroutine touches it.
+type scratch struct {
+	ids  []int64
+	runs []segment.Run
+	buf  []byte
+}
