@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/dispenser-dev/dispenser/internal/testdb"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -413,7 +414,7 @@ func TestSustainedLoad(t *testing.T) {
 		measure, sustain = 10*time.Second, 60*time.Second
 	}
 	dbURL := testenv.Postgres(t)
-	createTags(t, dbURL, map[string]int64{"orders": 1000, "users": 1000})
+	testdb.Setup(t, dbURL, map[string]int64{"orders": 1000, "users": 1000})
 	ns := startNATS(t)
 	f := newFleet(t, "--nats-url", ns.URL(), "--postgres-url", dbURL)
 	var procs []*proc
