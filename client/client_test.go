@@ -25,7 +25,9 @@ func serve(tb testing.TB, tags map[string]int64) (*nats.Conn, *server.Server) {
 	store := testdb.New(tb, tags).Store
 	ns := testenv.NATS(tb)
 	quiet := slog.New(slog.DiscardHandler)
-	alloc, err := segment.New(segment.Settings{Store: store, Logger: quiet})
+	// MaxWait far above the default 100ms: a request waits for the tag's
+	// first segment, which on a busy machine takes longer (503 otherwise).
+	alloc, err := segment.New(segment.Settings{Store: store, MaxWait: 10 * time.Second, Logger: quiet})
 	if err != nil {
 		tb.Fatal(err)
 	}
