@@ -228,7 +228,9 @@ func TestRestartDuringDatabaseOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	faults.end(w)
-	time.Sleep(3 * time.Second)
+	// The event itself, not a fixed pause after PostgreSQL's start: the
+	// new worker holds segments of every tag again.
+	waitBuffers(t, nc, procs[:1])
 	since := l.now()
 	time.Sleep(2 * time.Second)
 	l.stop()
