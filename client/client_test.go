@@ -8,15 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/dispenser"
-	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/internal/testdb"
 	"github.com/dispenser-dev/dispenser/segment"
-	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -24,24 +22,12 @@ import (
 // the given tags, and returns a client connection.
 func serve(tb testing.TB, tags map[string]int64) (*nats.Conn, *server.Server) {
 	tb.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Postgres(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(pool.Close)
-	if _, err := schema.Migrate(ctx, pool); err != nil {
-		tb.Fatal(err)
-	}
-	store := postgres.New(pool)
-	for name, step := range tags {
-		if err := store.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1}); err != nil {
-			tb.Fatal(err)
-		}
-	}
+	store := testdb.New(tb, tags).Store
 	ns := testenv.NATS(tb)
 	quiet := slog.New(slog.DiscardHandler)
-	alloc, err := segment.New(segment.Settings{Store: store, Logger: quiet})
+	// MaxWait far above the default 100ms: a request waits for the tag's
+	// first segment, which on a busy machine takes longer (503 otherwise).
+	alloc, err := segment.New(segment.Settings{Store: store, MaxWait: 10 * time.Second, Logger: quiet})
 	if err != nil {
 		tb.Fatal(err)
 	}

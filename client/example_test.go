@@ -61,7 +61,10 @@ func startExampleWorker() (stop func(), err error) {
 		return nil, err
 	}
 	quiet := slog.New(slog.DiscardHandler)
-	alloc, err := segment.New(segment.Settings{Store: store, AutoCreateStep: 1000, Logger: quiet})
+	// MaxWait far above the default 100ms: an Example's first request
+	// waits for its tag to be created and fetched, which on a busy machine
+	// takes longer (it printed a 503 otherwise).
+	alloc, err := segment.New(segment.Settings{Store: store, AutoCreateStep: 1000, MaxWait: 10 * time.Second, Logger: quiet})
 	if err != nil {
 		return nil, err
 	}

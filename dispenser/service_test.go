@@ -24,7 +24,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
-	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/internal/testdb"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/snowflake"
@@ -44,22 +44,8 @@ type stack struct {
 
 func newStack(tb testing.TB, tags map[string]int64) *stack {
 	tb.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Postgres(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(pool.Close)
-	if _, err := schema.Migrate(ctx, pool); err != nil {
-		tb.Fatal(err)
-	}
-	st := &stack{ns: testenv.NATS(tb), pool: pool, store: postgres.New(pool)}
-	for name, step := range tags {
-		if err := st.store.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1}); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return st
+	db := testdb.New(tb, tags)
+	return &stack{ns: testenv.NATS(tb), pool: db.Pool, store: db.Store}
 }
 
 // recorder wraps the real store and remembers the segments one worker got.

@@ -27,7 +27,10 @@ type memStore struct {
 	tagsGate chan struct{} // Tags waits on it, after listing, while set
 	listed   chan struct{} // Tags sends on it before waiting on tagsGate
 	onTag    func()        // called by Tag, without mu, while set
-	giveBack []string
+	giveBack []string      // tag:first of each give-back taken
+	// onGiveBack is called by GiveBack, without mu, once it has decided,
+	// while set.
+	onGiveBack func(tag string)
 }
 
 type fetchCall struct {
@@ -123,6 +126,12 @@ func (s *memStore) Tag(ctx context.Context, name string) (Tag, error) {
 }
 
 func (s *memStore) GiveBack(ctx context.Context, tag string, end, first int64) (bool, error) {
+	s.mu.Lock()
+	f := s.onGiveBack
+	s.mu.Unlock()
+	if f != nil {
+		defer f(tag)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.tags[tag]

@@ -141,6 +141,18 @@ func TestIncrementalRefresh(t *testing.T) {
 // back, and a tag in use is kept.
 func TestIdleTagReleased(t *testing.T) {
 	st := newMemStore(t, Tag{Name: "idle", MaxID: 1, Step: 100}, Tag{Name: "busy", MaxID: 1, Step: 100})
+	// The event is the give-back itself: the tag leaves the tag map (Known)
+	// before its IDs are offered back, so waiting for !Known and then
+	// reading max_id raced with the give-back.
+	gaveBack := make(chan struct{})
+	var once sync.Once
+	st.set(func(s *memStore) {
+		s.onGiveBack = func(tag string) {
+			if tag == "idle" {
+				once.Do(func() { close(gaveBack) })
+			}
+		}
+	})
 	a := newAllocator(t, Settings{Store: st, IdleTimeout: 40 * time.Millisecond, PrefetchRatio: 1})
 	take(t, a, "idle", 3)
 	stop := make(chan struct{})
@@ -156,9 +168,16 @@ func TestIdleTagReleased(t *testing.T) {
 			}
 		}
 	}()
-	eventually(t, "the idle tag to be released", func() bool { return !a.Known("idle") })
+	select {
+	case <-gaveBack:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle tag's IDs were not given back within 10s")
+	}
 	close(stop)
 	<-done
+	if a.Known("idle") {
+		t.Errorf("the idle tag is still known after its IDs were given back")
+	}
 	if !a.Known("busy") {
 		t.Errorf("the busy tag was released")
 	}

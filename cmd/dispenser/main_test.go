@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -240,9 +241,11 @@ func TestServeAndShutDown(t *testing.T) {
 	}()
 	nc := testenv.Connect(t, ns)
 	var body string
-	deadline := time.Now().Add(10 * time.Second)
+	// Each request waits until the deadline: one given up on could still
+	// be served, taking IDs 1..3 (see waitForID).
+	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := nc.Request("id.segment.orders", []byte("3"), time.Second)
+		resp, err := nc.Request("id.segment.orders", []byte("3"), time.Until(deadline))
 		if err == nil && resp.Header.Get(micro.ErrorCodeHeader) == "" {
 			body = string(resp.Data)
 			break
@@ -271,15 +274,17 @@ func TestServeAndShutDown(t *testing.T) {
 	}
 }
 
-// freeAddr returns a loopback address with a port that was free just now.
+// freeAddr returns a loopback address with a port that was free just now,
+// below the kernel's ephemeral port range (testenv.ServerPort): a port from
+// that range can be taken by any process's outgoing connection before the
+// worker binds it (seen on a busy machine: "bind: address already in use").
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testenv.ServerPort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
 func httpGet(t *testing.T, url string) (int, string) {
@@ -307,9 +312,9 @@ func TestMetricsAndHealth(t *testing.T) {
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	nc := testenv.Connect(t, ns)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if resp, err := nc.Request("id.segment.orders", []byte("7"), time.Second); err == nil && resp.Header.Get(micro.ErrorCodeHeader) == "" {
+		if resp, err := nc.Request("id.segment.orders", []byte("7"), time.Until(deadline)); err == nil && resp.Header.Get(micro.ErrorCodeHeader) == "" {
 			break
 		}
 		if time.Now().After(deadline) {

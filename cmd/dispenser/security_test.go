@@ -43,12 +43,15 @@ func startServe(t *testing.T, args ...string) *syncBuffer {
 	return logs
 }
 
-// waitForID requests subject until the service answers with IDs.
+// waitForID requests subject until the service answers with IDs. Each
+// request waits for its reply until the deadline, never less: a request
+// given up on can still be served, and the IDs of its lost reply (the tag's
+// first, which callers check) would be missing.
 func waitForID(t *testing.T, nc *nats.Conn, subject string, logs *syncBuffer) string {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := nc.Request(subject, nil, time.Second)
+		resp, err := nc.Request(subject, nil, time.Until(deadline))
 		if err == nil && resp.Header.Get(micro.ErrorCodeHeader) == "" {
 			return string(resp.Data)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/dispenser-dev/dispenser/internal/testdb"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -227,7 +228,9 @@ func TestRestartDuringDatabaseOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	faults.end(w)
-	time.Sleep(3 * time.Second)
+	// The event itself, not a fixed pause after PostgreSQL's start: the
+	// new worker holds segments of every tag again.
+	waitBuffers(t, nc, procs[:1])
 	since := l.now()
 	time.Sleep(2 * time.Second)
 	l.stop()
@@ -413,7 +416,7 @@ func TestSustainedLoad(t *testing.T) {
 		measure, sustain = 10*time.Second, 60*time.Second
 	}
 	dbURL := testenv.Postgres(t)
-	createTags(t, dbURL, map[string]int64{"orders": 1000, "users": 1000})
+	testdb.Setup(t, dbURL, map[string]int64{"orders": 1000, "users": 1000})
 	ns := startNATS(t)
 	f := newFleet(t, "--nats-url", ns.URL(), "--postgres-url", dbURL)
 	var procs []*proc

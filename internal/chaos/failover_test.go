@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dispenser-dev/dispenser/internal/testdb"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -34,7 +35,7 @@ func postgresPair(tb testing.TB, tags map[string]int64, ordered ...string) (prim
 		tb.Fatal(err)
 	}
 	db = strings.TrimPrefix(u.Path, "/")
-	createTags(tb, dbURL, tags, ordered...)
+	testdb.Setup(tb, dbURL, tags, ordered...)
 	if err := replica.WaitReplayed(ctx, primary); err != nil {
 		tb.Fatal(err)
 	}

@@ -20,18 +20,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/testdb"
 	"github.com/dispenser-dev/dispenser/ownership"
-	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
-	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -624,31 +622,8 @@ func postgresCluster(tb testing.TB, tags map[string]int64) (*testenv.PostgresClu
 	if err != nil {
 		tb.Fatal(err)
 	}
-	createTags(tb, dbURL, tags)
+	testdb.Setup(tb, dbURL, tags)
 	return c, dbURL
-}
-
-// createTags migrates the database at dbURL and creates tags with steps;
-// those named in ordered are ordered tags.
-func createTags(tb testing.TB, dbURL string, tags map[string]int64, ordered ...string) {
-	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := schema.Migrate(ctx, pool); err != nil {
-		tb.Fatal(err)
-	}
-	st := postgres.New(pool)
-	for tag, step := range tags {
-		t := segment.Tag{Name: tag, Step: step, MaxID: 1, Description: "chaos test", Ordered: slices.Contains(ordered, tag)}
-		if err := st.CreateTag(ctx, t); err != nil {
-			tb.Fatal(err)
-		}
-	}
 }
 
 // createKVTags creates tags with steps in the JetStream KV segment store

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/internal/testdb"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -25,9 +25,7 @@ var ctx = context.Background()
 func newDB(tb testing.TB) string {
 	tb.Helper()
 	url := testenv.Postgres(tb)
-	if _, err := schema.Migrate(ctx, newPool(tb, url)); err != nil {
-		tb.Fatalf("schema.Migrate: %v", err)
-	}
+	testdb.Setup(tb, url, nil)
 	return url
 }
 
@@ -45,7 +43,7 @@ func newPool(tb testing.TB, url string) *pgxpool.Pool {
 // newStore returns a Store on a new database with the schema.
 func newStore(tb testing.TB) *postgres.Store {
 	tb.Helper()
-	return postgres.New(newPool(tb, newDB(tb)))
+	return testdb.New(tb, nil).Store
 }
 
 // createTag creates a tag and fails the test on error.

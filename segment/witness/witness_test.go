@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
-	"github.com/dispenser-dev/dispenser/schema"
+	"github.com/dispenser-dev/dispenser/internal/testdb"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/witness"
@@ -38,19 +38,9 @@ type env struct {
 
 func newEnv(tb testing.TB) *env {
 	tb.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Postgres(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(pool.Close)
-	if _, err := schema.Migrate(ctx, pool); err != nil {
-		tb.Fatal(err)
-	}
-	e := &env{pool: pool, pg: postgres.New(pool), ns: testenv.NATS(tb)}
-	if err := e.pg.CreateTag(ctx, segment.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
-		tb.Fatal(err)
-	}
+	db := testdb.New(tb, map[string]int64{"t": 10})
+	e := &env{pool: db.Pool, pg: db.Store, ns: testenv.NATS(tb)}
+	var err error
 	if e.js, err = jetstream.New(testenv.Connect(tb, e.ns)); err != nil {
 		tb.Fatal(err)
 	}
