@@ -310,15 +310,11 @@ func start(ctx context.Context, kv jetstream.KeyValue, s Settings) (*Leases, err
 }
 
 func streamCreated(ctx context.Context, kv jetstream.KeyValue) (time.Time, error) {
-	st, err := kv.Status(ctx)
+	created, err := kvbucket.StreamCreated(ctx, kv)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("ownership: bucket %q: status: %w", kv.Bucket(), err)
+		return time.Time{}, fmt.Errorf("ownership: %w", err)
 	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok || bs.StreamInfo() == nil {
-		return time.Time{}, fmt.Errorf("ownership: bucket %q: status of type %T carries no stream information", kv.Bucket(), st)
-	}
-	return bs.StreamInfo().Created, nil
+	return created, nil
 }
 
 // checkStream refuses a bucket whose stream is not the one Open found; on
@@ -691,7 +687,7 @@ func (l *Leases) claim(tag string) (Route, error) {
 		return Route{}, err
 	}
 	newRev, err := l.kv.Update(ctx, tag, data, rev)
-	if conflict(err) {
+	if kvbucket.Conflict(err) {
 		// Somebody else was quicker: where did it go?
 		s, err := l.read(ctx, tag)
 		if err != nil {
@@ -824,7 +820,7 @@ func (l *Leases) raiseLongest(ctx context.Context) (leasesRecord, error) {
 		if err == nil {
 			return lr, nil
 		}
-		if !conflict(err) || attempt == 3 {
+		if !kvbucket.Conflict(err) || attempt == 3 {
 			return lr, fmt.Errorf("ownership: record the longest lease: %w", err)
 		}
 	}
@@ -836,11 +832,11 @@ func (l *Leases) raiseLongest(ctx context.Context) (leasesRecord, error) {
 // has held nothing. The stream is read before LeasesKey is read again: a
 // record written meanwhile makes raiseLongest read it anew.
 func (l *Leases) purged(ctx context.Context) (bool, error) {
-	st, err := l.kv.Status(ctx)
+	info, err := kvbucket.StreamInfo(ctx, l.kv)
 	if err != nil {
-		return false, fmt.Errorf("ownership: bucket %q: status: %w", l.kv.Bucket(), err)
+		return false, fmt.Errorf("ownership: %w", err)
 	}
-	if bs, ok := st.(*jetstream.KeyValueBucketStatus); !ok || bs.StreamInfo() == nil || bs.StreamInfo().State.LastSeq == 0 {
+	if info.State.LastSeq == 0 {
 		return false, nil
 	}
 	if _, rev, _, err := l.readLongest(ctx); err != nil || rev != 0 {
@@ -961,7 +957,7 @@ func (l *Leases) renew(tag string) {
 		}
 		h.validUntil.Store(max(h.validUntil.Load(), int64(mono+l.cfg.Lease)))
 		h.expires.Store(max(h.expires.Load(), rec.Expires.UnixNano()))
-	case conflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+	case kvbucket.Conflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
 		l.lose(tag, h, "its key was rewritten, deleted or purged")
 	default:
 		if l.ctx.Err() == nil {
@@ -1098,8 +1094,4 @@ func (l *Leases) Close() {
 		h.expires.Store(0)
 		l.release(tag, h)
 	}
-}
-
-func conflict(err error) bool {
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }

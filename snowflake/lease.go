@@ -155,14 +155,11 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lea
 		// The stream's last sequence is read before the key: a worker
 		// stores the epoch before it writes anything else, so if the
 		// bucket had held any value by now, the key would be found.
-		st, err := kv.Status(ctx)
+		info, err := kvbucket.StreamInfo(ctx, kv)
 		if err != nil {
 			return fmt.Errorf("snowflake: read epoch: %w", err)
 		}
-		var lastSeq uint64
-		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
-			lastSeq = bs.StreamInfo().State.LastSeq
-		}
+		lastSeq := info.State.LastSeq
 		e, err := kvbucket.Latest(ctx, kv, configKey)
 		if err != nil {
 			return fmt.Errorf("snowflake: read epoch: %w", err)
@@ -175,7 +172,7 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lea
 			if err == nil {
 				return nil
 			}
-			if attempt < 3 && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)) {
+			if attempt < 3 && kvbucket.Conflict(err) {
 				continue // another worker stored it first: compare
 			}
 			return fmt.Errorf("snowflake: store epoch: %w", err)
@@ -381,7 +378,7 @@ func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
 			v.conf.rev, v.conf.value = rev, data
 			return v, raised, nil
 		}
-		if pass < configPasses && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)) {
+		if pass < configPasses && kvbucket.Conflict(err) {
 			continue // another worker wrote it first: read again
 		}
 		return view{}, configRecord{}, fmt.Errorf("snowflake: record the longest lease: %w", err)
@@ -498,7 +495,7 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 		if err == nil {
 			return cl, lost, nil
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if kvbucket.Conflict(err) {
 			w.log.Debug("snowflake: lost a race for a worker ID", "worker", c.id, "error", err)
 			lost++
 			continue

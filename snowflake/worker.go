@@ -207,7 +207,7 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 	if err := checkEpoch(ctx, kv, cfg.Epoch, cfg.Lease); err != nil {
 		return nil, err
 	}
-	created, err := streamCreated(ctx, kv)
+	created, err := kvbucket.StreamCreated(ctx, kv)
 	if err != nil {
 		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", cfg.Bucket, err)
 	}
@@ -316,19 +316,6 @@ func (w *Worker) run() {
 	}
 }
 
-// streamCreated returns the creation time of the bucket's stream.
-func streamCreated(ctx context.Context, kv jetstream.KeyValue) (time.Time, error) {
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return time.Time{}, err
-	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok || bs.StreamInfo() == nil {
-		return time.Time{}, fmt.Errorf("status of type %T carries no stream information", st)
-	}
-	return bs.StreamInfo().Created, nil
-}
-
 // checkBucket makes sure the bucket is the one the worker started on. A
 // bucket deleted (and maybe created again) while the worker runs has lost
 // every bound; in a new one revisions restart, so a compare-and-swap on a
@@ -343,7 +330,7 @@ func (w *Worker) checkBucket(ctx context.Context) error {
 	if gone != nil {
 		return gone
 	}
-	created, err := streamCreated(ctx, w.kv)
+	created, err := kvbucket.StreamCreated(ctx, w.kv)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound):
 		w.stop(fmt.Errorf("%w: bucket %q no longer exists (nats kv rm / nats stream rm); every lease bound in it is lost",
@@ -426,7 +413,7 @@ func (w *Worker) heartbeat() {
 	if w.ctx.Err() != nil {
 		return // closing
 	}
-	if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+	if !kvbucket.Conflict(err) {
 		w.heartbeatFailed(id, err)
 		return
 	}
@@ -545,7 +532,7 @@ func (w *Worker) writeBack(ctx context.Context) bool {
 	rev := o.rev
 	for attempt := 1; ; attempt++ {
 		_, err = w.kv.Update(ctx, key, data, rev)
-		if attempt == 3 || (!errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists)) {
+		if attempt == 3 || !kvbucket.Conflict(err) {
 			break
 		}
 		// The revision we found may have been a stale read, or the key
@@ -571,7 +558,7 @@ func (w *Worker) writeBack(ctx context.Context) bool {
 	case err == nil:
 		w.log.Warn("snowflake: wrote back a released lease over the deleted or purged key; a successor starts above its bound",
 			"worker", o.rec.Worker, "bound", o.rec.Bound)
-	case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists):
+	case kvbucket.Conflict(err):
 		w.log.Error("snowflake: could not write back the bound of a deleted or purged lease key: it was written since; "+
 			"its new holder started above a floor derived from the deletion", "worker", o.rec.Worker, "bound", o.rec.Bound)
 	default:
@@ -792,7 +779,7 @@ func (w *Worker) close(ctx context.Context) error {
 		return err
 	}
 	_, err = w.kv.Update(ctx, workerKey(id), data, rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+	if kvbucket.Conflict(err) {
 		// A heartbeat whose reply was lost (or that Close canceled after
 		// it was sent) may have landed: if the key still holds our
 		// session's lease, release it on its revision. If it was deleted
@@ -817,7 +804,7 @@ func (w *Worker) close(ctx context.Context) error {
 		if json.Unmarshal(e.Value(), &cur) == nil && cur.Session == w.session && !cur.Released {
 			_, err = w.kv.Update(ctx, workerKey(id), data, e.Revision())
 		}
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		if kvbucket.Conflict(err) {
 			w.log.Warn("snowflake: worker ID was taken over before release", "worker", id)
 			return nil
 		}
