@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/lease"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -102,22 +103,16 @@ func parseWorkerKey(key string) (int, bool) {
 // lease returns the recorded lease duration.
 func (r *leaseRecord) lease() time.Duration { return time.Duration(r.LeaseMS) * time.Millisecond }
 
-// claimableAt returns when, by a claimant's clock, the lease may be taken
-// over: at once if released; else once it has expired and the clock is
-// past the recorded bound plus the lease.
-func (r *leaseRecord) claimableAt() time.Time {
-	if r.Released {
-		return time.Time{}
-	}
-	return later(r.Expires, r.Bound.Add(r.lease()))
+// terms are what the record says to a claimant: the holder may use
+// timestamps up to its bound, so that is how long it may act.
+func (r *leaseRecord) terms() lease.Terms {
+	return lease.Terms{Lease: r.lease(), Expires: r.Expires, Until: r.Bound, Released: r.Released}
 }
 
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
+// claimableAt returns when, by a claimant's clock, the lease may be taken
+// over: at once if released; else once it has expired and the clock is
+// past the recorded bound plus the lease (lease.Terms.ClaimableAt).
+func (r *leaseRecord) claimableAt() time.Time { return r.terms().ClaimableAt() }
 
 // openBucket opens the lease bucket, or creates it if missing, and refuses
 // one that can drop values (kvbucket.Check): a TTL, limits that discard old
@@ -207,8 +202,8 @@ func restoreCommand(bucket string, epoch time.Time) string {
 
 // DeletedKeyMargin is the least time added to the time a worker key was
 // deleted or purged (its marker's server timestamp) to get the floor of
-// its next holder; see deletedRecord.
-const DeletedKeyMargin = time.Minute
+// its next holder; see deletedRecord and lease.DeletedMargin.
+const DeletedKeyMargin = lease.DeletedKeyMargin
 
 // UnknownLeaseMargin replaces the margin of a deleted key whose holder's
 // lease may not be recorded: a key deleted before any worker of this
@@ -216,12 +211,12 @@ const DeletedKeyMargin = time.Minute
 // far longer than any sensible lease; such keys are claimed last anyway.
 const UnknownLeaseMargin = 24 * time.Hour
 
-// deletedMargin returns the margin of a deleted key: DeletedKeyMargin or
-// twice the longest lease known (the claimant's, every one recorded in the
-// bucket's values, and the bucket's recorded maximum), whichever is
-// longer; UnknownLeaseMargin if the holder's lease may be unrecorded.
+// deletedMargin returns the margin of a deleted key: lease.DeletedMargin of
+// the longest lease known (the claimant's, every one recorded in the
+// bucket's values, and the bucket's recorded maximum); UnknownLeaseMargin
+// if the holder's lease may be unrecorded.
 func deletedMargin(longest time.Duration, unknown bool) time.Duration {
-	m := max(DeletedKeyMargin, 2*longest)
+	m := lease.DeletedMargin(longest)
 	if unknown {
 		m = max(m, UnknownLeaseMargin)
 	}
@@ -495,7 +490,7 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 		if err == nil {
 			return cl, lost, nil
 		}
-		if kvbucket.Conflict(err) {
+		if kvbucket.Conflict(err) || errors.Is(err, lease.ErrNotClaimable) { // the latter: the wall clock stepped back
 			w.log.Debug("snowflake: lost a race for a worker ID", "worker", c.id, "error", err)
 			lost++
 			continue
@@ -518,21 +513,18 @@ func suffix(soonest time.Time) string {
 
 // try claims one candidate.
 func (w *Worker) try(ctx context.Context, c candidate) (claim, error) {
-	mono := w.gen.monoNow()
-	now := w.cfg.Now()
 	floorMs := int64(-1)
+	var prev lease.Terms
 	if c.prev != nil {
 		floorMs = c.prev.Bound.UnixMilli() - w.gen.epochMs
+		prev = c.prev.terms()
 	}
-	nowMs := now.UnixMilli() - w.gen.epochMs
-	rec := w.newRecord(c.id, now, max(nowMs, floorMs)+w.cfg.Lease.Milliseconds())
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return claim{}, err
-	}
-	// Update on revision 0 fails if the key has any message: unlike
-	// Create, it never writes over a delete marker it did not see.
-	rev, err := w.kv.Update(ctx, workerKey(c.id), data, c.rev)
+	var rec leaseRecord
+	g, err := w.terms.Claim(ctx, w.kv, workerKey(c.id), c.rev, prev, func(now time.Time) ([]byte, error) {
+		nowMs := now.UnixMilli() - w.gen.epochMs
+		rec = w.newRecord(c.id, now, max(nowMs, floorMs)+w.cfg.Lease.Milliseconds())
+		return json.Marshal(rec)
+	})
 	if err != nil {
 		return claim{}, err
 	}
@@ -540,7 +532,7 @@ func (w *Worker) try(ctx context.Context, c candidate) (claim, error) {
 		w.log.Warn("snowflake: claimed a worker ID whose key had been deleted or purged; starting above a floor derived from the marker",
 			"worker", c.id, "deleted", c.prev.Heartbeat, "floor", c.prev.Bound)
 	}
-	return claim{id: c.id, rev: rev, rec: rec, floorMs: floorMs, mono: mono}, nil
+	return claim{id: c.id, rev: g.Rev, rec: rec, floorMs: floorMs, mono: g.Mono}, nil
 }
 
 // newRecord returns our lease value written at now with the given bound.
