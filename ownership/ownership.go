@@ -1,35 +1,28 @@
 // Package ownership gives each ordered tag one owner at a time among
-// dispenser's workers, through leases in a JetStream key-value bucket: claim
-// and takeover by compare-and-swap, heartbeats, and self-fencing on both
-// clocks, with the same safety as the snowflake worker-ID leases.
+// dispenser's workers, through leases in a JetStream key-value bucket: one
+// key per tag, claimed, renewed and released under the rules of package
+// lease, where their safety argument is written (fencing on both clocks,
+// claimableAt, deleted keys, recreated buckets).
 //
-// # Safety
+// # What ownership adds to package lease
 //
-// An owner counts its lease valid until the monotonic time at which it sent
-// its last successful claim or heartbeat, plus the lease, and, since the
-// monotonic clock stops while a machine is suspended, only while its wall
-// clock is before the expiry its record states (its wall clock's send time
-// plus the lease). Another worker may take the tag over only once its own
-// wall clock is past that expiry plus one more lease (or at once after a
-// release). So as long as two workers' clocks disagree by less than a lease,
-// the old owner has stopped serving before the new one starts. A worker
-// that sees its key rewritten, deleted or purged (a watcher event newer than
-// its own last write, or a heartbeat that finds another revision) stops at
-// once.
+// The record names the owner and the subject it takes forwarded requests
+// on (Route). A watcher keeps every worker's routes current, and makes an
+// owner whose key changed under it (a watcher event newer than its own
+// last write, or a heartbeat that finds another revision) stop at once.
+// An owner may take its own record back at once.
 //
-// A key deleted or purged by hand is claimable only a margin after its
-// marker: DeletedKeyMargin or twice the longest lease any worker of the
-// bucket may hold, whichever is longer. Workers record the longest lease
-// they use under LeasesKey, raised by compare-and-swap before they claim
-// and at each heartbeat round (a round that cannot renews nothing); while
-// that record is missing, or less than three MaxLease old, the margin
-// counts with MaxLease. The claim is made the claimant's lease after that.
+// A key deleted or purged by hand is claimable only the claimant's lease
+// after a floor: lease.DeletedMargin of the longest lease recorded under
+// LeasesKey (raised by compare-and-swap before a claim and at each
+// heartbeat round; a round that cannot renews nothing); while that record
+// is missing, or less than three MaxLease old, the floor counts with
+// MaxLease. A purged bucket is recorded there (Lost) and a tag key without
+// any message counts as deleted when the loss was found.
 //
-// A worker never acts on a bucket whose stream was deleted and recreated
-// since Open (revisions restart there, so a compare-and-swap could match a
-// stranger's record): it checks the stream's creation time before every
-// claim and heartbeat round and, on a mismatch, drops every lease and
-// refuses to claim (ErrBucketRecreated) until restarted.
+// A bucket deleted and recreated since Open (lease.Stream) makes the worker
+// drop every lease and refuse to claim (ErrBucketRecreated) until
+// restarted.
 //
 // # Serving
 //
@@ -56,6 +49,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/lease"
 )
 
 // Defaults and limits.
@@ -67,8 +61,8 @@ const (
 	MaxLease = 5 * time.Minute
 	// DeletedKeyMargin is the least time between a key's delete or purge
 	// marker and the end of its last holder's lease as a claimant counts
-	// it, as for the snowflake leases.
-	DeletedKeyMargin = time.Minute
+	// it (lease.DeletedKeyMargin).
+	DeletedKeyMargin = lease.DeletedKeyMargin
 	// LeasesKey holds the longest lease used in the bucket (leasesRecord).
 	// Tag names have no dots, so it is no tag's key.
 	LeasesKey = "config.leases"
@@ -135,12 +129,9 @@ type record struct {
 
 func (r record) lease() time.Duration { return time.Duration(r.LeaseMS) * time.Millisecond }
 
-// claimableAt is when, by a claimant's clock, the lease may be taken over.
-func (r record) claimableAt() time.Time {
-	if r.Released {
-		return time.Time{}
-	}
-	return r.Expires.Add(r.lease())
+// terms are what the record says to a claimant.
+func (r record) terms() lease.Terms {
+	return lease.Terms{Lease: r.lease(), Expires: r.Expires, Released: r.Released}
 }
 
 // leasesRecord is the JSON value under LeasesKey.
@@ -175,10 +166,8 @@ type seen struct {
 type held struct {
 	rev uint64 // under Leases.mu
 	rec record // under Leases.mu
-	// validUntil is the monotonic time (ns) the lease is trusted until.
-	validUntil atomic.Int64
-	// expires is the record's expiry (Unix ns, wall clock).
-	expires atomic.Int64
+	// fence is the lease's validity on both clocks.
+	fence lease.Fence
 }
 
 // Route says where a tag's requests go.
@@ -195,11 +184,11 @@ type Route struct {
 type Leases struct {
 	kv      jetstream.KeyValue
 	cfg     Settings
+	terms   lease.Settings // cfg's lease, heartbeat and clocks
 	log     *slog.Logger
 	session string
-	base    time.Time
-	// created is the creation time of the bucket's stream at Open.
-	created time.Time
+	// stream is the bucket's stream at Open.
+	stream *lease.Stream
 
 	ctx    context.Context // owned; canceled by Close
 	cancel context.CancelFunc
@@ -263,38 +252,39 @@ func Open(ctx context.Context, js jetstream.JetStream, s Settings) (*Leases, err
 
 // check fills in defaults and validates s.
 func (s *Settings) check() error {
-	if s.Lease == 0 {
-		s.Lease = DefaultLease
-	}
-	if s.Heartbeat == 0 {
-		s.Heartbeat = s.Lease / 3
-	}
-	switch {
-	case s.Owner == "" || s.Subject == "":
+	if s.Owner == "" || s.Subject == "" {
 		return fmt.Errorf("%w: Owner and Subject are required", ErrInvalidSettings)
-	case s.Lease < 10*time.Millisecond || s.Lease > MaxLease:
-		return fmt.Errorf("%w: Lease %v not in 10ms..%v", ErrInvalidSettings, s.Lease, MaxLease)
-	case s.Heartbeat <= 0 || s.Heartbeat >= s.Lease:
-		return fmt.Errorf("%w: Heartbeat %v not in (0, Lease %v)", ErrInvalidSettings, s.Heartbeat, s.Lease)
 	}
-	if s.Now == nil {
-		s.Now = time.Now
+	ls, err := s.leaseSettings().Check()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidSettings, err)
 	}
+	s.Lease, s.Heartbeat, s.Now, s.mono = ls.Lease, ls.Heartbeat, ls.Now, ls.Mono
 	if s.Logger == nil {
 		s.Logger = slog.Default()
 	}
 	return nil
 }
 
+// leaseSettings are s's terms for package lease.
+func (s *Settings) leaseSettings() lease.Settings {
+	return lease.Settings{Lease: s.Lease, Heartbeat: s.Heartbeat, MaxLease: MaxLease, Clock: lease.Clock{Now: s.Now, Mono: s.mono}}
+}
+
 // start returns running Leases with checked settings over a checked
 // bucket, recording its stream's creation time.
 func start(ctx context.Context, kv jetstream.KeyValue, s Settings) (*Leases, error) {
-	created, err := streamCreated(ctx, kv)
+	stream, err := lease.NewStream(ctx, kv)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("ownership: %w", err)
+	}
+	terms := s.leaseSettings()
+	if terms.Mono == nil {
+		base := time.Now()
+		terms.Mono = func() time.Duration { return time.Since(base) }
 	}
 	l := &Leases{
-		kv: kv, cfg: s, log: s.Logger.With("bucket", kv.Bucket()), session: rand.Text(), base: time.Now(), created: created,
+		kv: kv, cfg: s, terms: terms, log: s.Logger.With("bucket", kv.Bucket()), session: rand.Text(), stream: stream,
 		done: make(chan struct{}), owned: map[string]*held{}, routes: map[string]seen{}, failed: map[string]failure{},
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
@@ -309,35 +299,22 @@ func start(ctx context.Context, kv jetstream.KeyValue, s Settings) (*Leases, err
 	return l, nil
 }
 
-func streamCreated(ctx context.Context, kv jetstream.KeyValue) (time.Time, error) {
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("ownership: bucket %q: status: %w", kv.Bucket(), err)
-	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok || bs.StreamInfo() == nil {
-		return time.Time{}, fmt.Errorf("ownership: bucket %q: status of type %T carries no stream information", kv.Bucket(), st)
-	}
-	return bs.StreamInfo().Created, nil
-}
-
 // checkStream refuses a bucket whose stream is not the one Open found; on
 // the first mismatch it drops every lease held.
 func (l *Leases) checkStream(ctx context.Context) error {
 	if l.recreated.Load() {
 		return ErrBucketRecreated
 	}
-	created, err := streamCreated(ctx, l.kv)
-	if err != nil {
-		return err
-	}
-	if created.Equal(l.created) {
+	err := l.stream.Check(ctx)
+	switch {
+	case err == nil:
 		return nil
+	case !errors.Is(err, lease.ErrRecreated):
+		return fmt.Errorf("ownership: %w", err) // unreadable or gone: nothing is written
 	}
 	if !l.recreated.Swap(true) {
 		l.log.Error("ownership: the bucket's stream was deleted and created again while this worker ran; "+
-			"it no longer serves or claims ordered tags: restart it",
-			"created_at_open", l.created, "created_now", created)
+			"it no longer serves or claims ordered tags: restart it", "err", err)
 		l.mu.Lock()
 		owned := make(map[string]*held, len(l.owned))
 		for tag, h := range l.owned {
@@ -348,8 +325,7 @@ func (l *Leases) checkStream(ctx context.Context) error {
 			l.lose(tag, h, "the bucket was deleted and recreated")
 		}
 	}
-	return fmt.Errorf("%w: stream created at %s, at start-up it was created at %s",
-		ErrBucketRecreated, created.UTC().Format(time.RFC3339Nano), l.created.UTC().Format(time.RFC3339Nano))
+	return fmt.Errorf("%w: %w", ErrBucketRecreated, err)
 }
 
 // watch keeps the route cache current with every change of the bucket, so
@@ -424,12 +400,7 @@ func (l *Leases) remember(tag string, s seen) {
 	l.mu.Unlock()
 }
 
-func (l *Leases) mono() time.Duration {
-	if l.cfg.mono != nil {
-		return l.cfg.mono()
-	}
-	return time.Since(l.base)
-}
+func (l *Leases) mono() time.Duration { return l.terms.Mono() }
 
 // Owns reports whether this worker holds a valid lease for tag now: the
 // only condition under which it may serve the tag. Valid means both before
@@ -443,7 +414,7 @@ func (l *Leases) Owns(tag string) bool {
 	if h == nil {
 		return false
 	}
-	if int64(l.mono()) < h.validUntil.Load() && l.cfg.Now().UnixNano() < h.expires.Load() {
+	if h.fence.Valid(l.terms.Clock) {
 		return true
 	}
 	l.fencedHits.Add(1)
@@ -612,7 +583,7 @@ func (l *Leases) settled(s seen, now time.Time) bool {
 	switch {
 	case s.put:
 		r := s.rec
-		return r.Owner != l.cfg.Owner && !r.Released && !now.Before(r.Expires) && !now.After(r.claimableAt())
+		return r.Owner != l.cfg.Owner && !r.Released && !now.Before(r.Expires) && !r.terms().Claimable(now)
 	default: // a delete or purge marker, or no message in a purged bucket
 		return !s.claimable.IsZero() && !now.After(s.claimable)
 	}
@@ -634,6 +605,7 @@ func (l *Leases) claim(tag string) (Route, error) {
 	now := l.cfg.Now()
 	var rev uint64
 	var prev *record
+	var terms lease.Terms // of the key as this claimant counts them
 	if e != nil {
 		rev = e.Revision()
 		if e.Operation() != jetstream.KeyValuePut {
@@ -642,9 +614,10 @@ func (l *Leases) claim(tag string) (Route, error) {
 			if err != nil {
 				return Route{}, err
 			}
-			claimable := floor.Add(l.cfg.Lease)
+			terms = lease.Terms{Lease: l.cfg.Lease, Expires: floor}
+			claimable := terms.ClaimableAt()
 			l.remember(tag, seen{rev: rev, claimable: claimable})
-			if !now.After(claimable) {
+			if !terms.Claimable(now) {
 				return Route{}, nil
 			}
 			l.log.Warn("ownership: claiming a tag whose key was deleted or purged by hand, a margin after the marker",
@@ -657,8 +630,11 @@ func (l *Leases) claim(tag string) (Route, error) {
 			}
 			prev = &r
 			l.remember(tag, seen{rev: rev, rec: r, put: true})
-			if r.Owner != l.cfg.Owner && !now.After(r.claimableAt()) {
-				if now.Before(r.Expires) && !r.Released {
+			if r.Owner != l.cfg.Owner { // our own record we may take back at once
+				terms = r.terms()
+			}
+			if !terms.Claimable(now) {
+				if terms.Live(now) {
 					return Route{Owner: r.Owner, Subject: r.Subject}, nil
 				}
 				return Route{}, nil // expired, not yet claimable: wait
@@ -678,20 +654,21 @@ func (l *Leases) claim(tag string) (Route, error) {
 		if err != nil {
 			return Route{}, err
 		}
-		claimable := floor.Add(l.cfg.Lease)
-		l.remember(tag, seen{claimable: claimable})
-		if !now.After(claimable) {
+		terms = lease.Terms{Lease: l.cfg.Lease, Expires: floor}
+		l.remember(tag, seen{claimable: terms.ClaimableAt()})
+		if !terms.Claimable(now) {
 			return Route{}, nil
 		}
 	}
-	mono := l.mono()
-	rec := l.newRecord(l.cfg.Now())
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return Route{}, err
+	var rec record
+	g, err := l.terms.Claim(ctx, l.kv, tag, rev, terms, func(now time.Time) ([]byte, error) {
+		rec = l.newRecord(now)
+		return json.Marshal(rec)
+	})
+	if errors.Is(err, lease.ErrNotClaimable) {
+		return Route{}, nil // the wall clock stepped back since: wait
 	}
-	newRev, err := l.kv.Update(ctx, tag, data, rev)
-	if conflict(err) {
+	if kvbucket.Conflict(err) {
 		// Somebody else was quicker: where did it go?
 		s, err := l.read(ctx, tag)
 		if err != nil {
@@ -702,9 +679,9 @@ func (l *Leases) claim(tag string) (Route, error) {
 	if err != nil {
 		return Route{}, fmt.Errorf("ownership: claim %q: %w", tag, err)
 	}
+	newRev := g.Rev
 	h := &held{rev: newRev, rec: rec}
-	h.validUntil.Store(int64(mono + l.cfg.Lease))
-	h.expires.Store(rec.Expires.UnixNano())
+	h.fence.Extend(g, l.cfg.Lease)
 	l.mu.Lock()
 	closed := l.closed
 	l.mu.Unlock()
@@ -740,9 +717,8 @@ func (l *Leases) claim(tag string) (Route, error) {
 
 // deletedFloor returns the time after which the holder of a key deleted or
 // purged at the server time at has stopped serving, give or take a lease of
-// clock skew: at plus DeletedKeyMargin or twice the longest lease recorded,
-// whichever is longer; while the record of the longest lease is lost,
-// twice MaxLease; and at least three MaxLease after the record was written
+// clock skew: at plus lease.DeletedMargin of the longest lease recorded
+// (of MaxLease while the record of the longest lease is lost); and at least three MaxLease after the record was written
 // anew (a holder that last renewed before then is not in it).
 func (l *Leases) deletedFloor(ctx context.Context, at time.Time) (time.Time, error) {
 	lr, _, ok, err := l.readLongest(ctx)
@@ -756,7 +732,7 @@ func (l *Leases) deletedFloor(ctx context.Context, at time.Time) (time.Time, err
 		l.log.Warn("ownership: the record of the longest lease is missing; a deleted key waits out the longest lease allowed",
 			"key", LeasesKey, "max_lease", MaxLease)
 	}
-	floor := at.Add(max(DeletedKeyMargin, 2*longest))
+	floor := at.Add(lease.DeletedMargin(longest))
 	if ok {
 		// A holder not in the record renewed last before it was written
 		// (or, once, in the round that raised the lost one), and before
@@ -811,7 +787,7 @@ func (l *Leases) raiseLongest(ctx context.Context) (leasesRecord, error) {
 			} else if lost {
 				l.log.Error("ownership: the owners bucket lost its values (nats stream purge, or expired): "+
 					"ordered tags without a lease are claimable only a margin from now",
-					"bucket", l.kv.Bucket(), "margin", max(DeletedKeyMargin, 2*MaxLease))
+					"bucket", l.kv.Bucket(), "margin", lease.DeletedMargin(MaxLease))
 			}
 			lr = leasesRecord{Version: 1, Since: l.cfg.Now().UTC().Round(0), Lost: lost}
 		}
@@ -824,7 +800,7 @@ func (l *Leases) raiseLongest(ctx context.Context) (leasesRecord, error) {
 		if err == nil {
 			return lr, nil
 		}
-		if !conflict(err) || attempt == 3 {
+		if !kvbucket.Conflict(err) || attempt == 3 {
 			return lr, fmt.Errorf("ownership: record the longest lease: %w", err)
 		}
 	}
@@ -836,11 +812,11 @@ func (l *Leases) raiseLongest(ctx context.Context) (leasesRecord, error) {
 // has held nothing. The stream is read before LeasesKey is read again: a
 // record written meanwhile makes raiseLongest read it anew.
 func (l *Leases) purged(ctx context.Context) (bool, error) {
-	st, err := l.kv.Status(ctx)
+	info, err := kvbucket.StreamInfo(ctx, l.kv)
 	if err != nil {
-		return false, fmt.Errorf("ownership: bucket %q: status: %w", l.kv.Bucket(), err)
+		return false, fmt.Errorf("ownership: %w", err)
 	}
-	if bs, ok := st.(*jetstream.KeyValueBucketStatus); !ok || bs.StreamInfo() == nil || bs.StreamInfo().State.LastSeq == 0 {
+	if info.State.LastSeq == 0 {
 		return false, nil
 	}
 	if _, rev, _, err := l.readLongest(ctx); err != nil || rev != 0 {
@@ -939,17 +915,16 @@ func (l *Leases) renew(tag string) {
 	if h == nil || l.recreated.Load() {
 		return
 	}
-	mono := l.mono()
-	rec := l.newRecord(l.cfg.Now())
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return
-	}
 	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.Lease)
 	defer cancel()
-	newRev, err := l.kv.Update(ctx, tag, data, rev)
+	var rec record
+	g, err := l.terms.Write(ctx, l.kv, tag, rev, func(now time.Time) ([]byte, error) {
+		rec = l.newRecord(now)
+		return json.Marshal(rec)
+	})
 	switch {
 	case err == nil:
+		newRev := g.Rev
 		l.mu.Lock()
 		h.rev, h.rec = newRev, rec
 		l.rememberLocked(tag, seen{rev: newRev, rec: rec, put: true})
@@ -959,9 +934,8 @@ func (l *Leases) renew(tag string) {
 			l.lose(tag, h, "its key changed right after the heartbeat")
 			return
 		}
-		h.validUntil.Store(max(h.validUntil.Load(), int64(mono+l.cfg.Lease)))
-		h.expires.Store(max(h.expires.Load(), rec.Expires.UnixNano()))
-	case conflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		h.fence.Extend(g, l.cfg.Lease)
+	case kvbucket.Conflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
 		l.lose(tag, h, "its key was rewritten, deleted or purged")
 	default:
 		if l.ctx.Err() == nil {
@@ -973,8 +947,7 @@ func (l *Leases) renew(tag string) {
 // lose drops a lease this worker no longer holds: Owns turns false before
 // OnLose runs.
 func (l *Leases) lose(tag string, h *held, why string) {
-	h.validUntil.Store(0)
-	h.expires.Store(0)
+	h.fence.Revoke()
 	l.mu.Lock()
 	if l.owned[tag] != h {
 		l.mu.Unlock()
@@ -1001,8 +974,7 @@ func (l *Leases) Release(tag string) {
 	delete(l.owned, tag)
 	l.mu.Unlock()
 	if h != nil {
-		h.validUntil.Store(0)
-		h.expires.Store(0)
+		h.fence.Revoke()
 		l.release(tag, h)
 		if l.cfg.OnLose != nil {
 			l.cfg.OnLose(tag)
@@ -1017,20 +989,17 @@ func (l *Leases) release(tag string, h *held) {
 	if l.recreated.Load() {
 		return // never write to a stranger's stream
 	}
-	now := l.cfg.Now().UTC().Round(0)
-	rec.Heartbeat, rec.Expires, rec.Released = now, now, true
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Lease)
 	defer cancel()
-	newRev, err := l.kv.Update(ctx, tag, data, rev)
+	g, err := l.terms.Write(ctx, l.kv, tag, rev, func(now time.Time) ([]byte, error) {
+		rec.Heartbeat, rec.Expires, rec.Released = now, now, true
+		return json.Marshal(rec)
+	})
 	if err != nil {
 		l.log.Warn("ownership: release failed; the tag moves once the lease expires", "tag", tag, "err", err)
 		return
 	}
-	l.remember(tag, seen{rev: newRev, rec: rec, put: true})
+	l.remember(tag, seen{rev: g.Rev, rec: rec, put: true})
 }
 
 // Owned returns the tags this worker holds valid leases for, sorted.
@@ -1094,12 +1063,7 @@ func (l *Leases) Close() {
 	l.owned = map[string]*held{}
 	l.mu.Unlock()
 	for tag, h := range rest { // fenced ones: release them too
-		h.validUntil.Store(0)
-		h.expires.Store(0)
+		h.fence.Revoke()
 		l.release(tag, h)
 	}
-}
-
-func conflict(err error) bool {
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }

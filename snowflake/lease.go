@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/lease"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -102,22 +103,16 @@ func parseWorkerKey(key string) (int, bool) {
 // lease returns the recorded lease duration.
 func (r *leaseRecord) lease() time.Duration { return time.Duration(r.LeaseMS) * time.Millisecond }
 
-// claimableAt returns when, by a claimant's clock, the lease may be taken
-// over: at once if released; else once it has expired and the clock is
-// past the recorded bound plus the lease.
-func (r *leaseRecord) claimableAt() time.Time {
-	if r.Released {
-		return time.Time{}
-	}
-	return later(r.Expires, r.Bound.Add(r.lease()))
+// terms are what the record says to a claimant: the holder may use
+// timestamps up to its bound, so that is how long it may act.
+func (r *leaseRecord) terms() lease.Terms {
+	return lease.Terms{Lease: r.lease(), Expires: r.Expires, Until: r.Bound, Released: r.Released}
 }
 
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
+// claimableAt returns when, by a claimant's clock, the lease may be taken
+// over: at once if released; else once it has expired and the clock is
+// past the recorded bound plus the lease (lease.Terms.ClaimableAt).
+func (r *leaseRecord) claimableAt() time.Time { return r.terms().ClaimableAt() }
 
 // openBucket opens the lease bucket, or creates it if missing, and refuses
 // one that can drop values (kvbucket.Check): a TTL, limits that discard old
@@ -155,14 +150,11 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lea
 		// The stream's last sequence is read before the key: a worker
 		// stores the epoch before it writes anything else, so if the
 		// bucket had held any value by now, the key would be found.
-		st, err := kv.Status(ctx)
+		info, err := kvbucket.StreamInfo(ctx, kv)
 		if err != nil {
 			return fmt.Errorf("snowflake: read epoch: %w", err)
 		}
-		var lastSeq uint64
-		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
-			lastSeq = bs.StreamInfo().State.LastSeq
-		}
+		lastSeq := info.State.LastSeq
 		e, err := kvbucket.Latest(ctx, kv, configKey)
 		if err != nil {
 			return fmt.Errorf("snowflake: read epoch: %w", err)
@@ -175,7 +167,7 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lea
 			if err == nil {
 				return nil
 			}
-			if attempt < 3 && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)) {
+			if attempt < 3 && kvbucket.Conflict(err) {
 				continue // another worker stored it first: compare
 			}
 			return fmt.Errorf("snowflake: store epoch: %w", err)
@@ -210,8 +202,8 @@ func restoreCommand(bucket string, epoch time.Time) string {
 
 // DeletedKeyMargin is the least time added to the time a worker key was
 // deleted or purged (its marker's server timestamp) to get the floor of
-// its next holder; see deletedRecord.
-const DeletedKeyMargin = time.Minute
+// its next holder; see deletedRecord and lease.DeletedMargin.
+const DeletedKeyMargin = lease.DeletedKeyMargin
 
 // UnknownLeaseMargin replaces the margin of a deleted key whose holder's
 // lease may not be recorded: a key deleted before any worker of this
@@ -219,12 +211,12 @@ const DeletedKeyMargin = time.Minute
 // far longer than any sensible lease; such keys are claimed last anyway.
 const UnknownLeaseMargin = 24 * time.Hour
 
-// deletedMargin returns the margin of a deleted key: DeletedKeyMargin or
-// twice the longest lease known (the claimant's, every one recorded in the
-// bucket's values, and the bucket's recorded maximum), whichever is
-// longer; UnknownLeaseMargin if the holder's lease may be unrecorded.
+// deletedMargin returns the margin of a deleted key: lease.DeletedMargin of
+// the longest lease known (the claimant's, every one recorded in the
+// bucket's values, and the bucket's recorded maximum); UnknownLeaseMargin
+// if the holder's lease may be unrecorded.
 func deletedMargin(longest time.Duration, unknown bool) time.Duration {
-	m := max(DeletedKeyMargin, 2*longest)
+	m := lease.DeletedMargin(longest)
 	if unknown {
 		m = max(m, UnknownLeaseMargin)
 	}
@@ -381,7 +373,7 @@ func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
 			v.conf.rev, v.conf.value = rev, data
 			return v, raised, nil
 		}
-		if pass < configPasses && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)) {
+		if pass < configPasses && kvbucket.Conflict(err) {
 			continue // another worker wrote it first: read again
 		}
 		return view{}, configRecord{}, fmt.Errorf("snowflake: record the longest lease: %w", err)
@@ -498,7 +490,7 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 		if err == nil {
 			return cl, lost, nil
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if kvbucket.Conflict(err) || errors.Is(err, lease.ErrNotClaimable) { // the latter: the wall clock stepped back
 			w.log.Debug("snowflake: lost a race for a worker ID", "worker", c.id, "error", err)
 			lost++
 			continue
@@ -521,21 +513,18 @@ func suffix(soonest time.Time) string {
 
 // try claims one candidate.
 func (w *Worker) try(ctx context.Context, c candidate) (claim, error) {
-	mono := w.gen.monoNow()
-	now := w.cfg.Now()
 	floorMs := int64(-1)
+	var prev lease.Terms
 	if c.prev != nil {
 		floorMs = c.prev.Bound.UnixMilli() - w.gen.epochMs
+		prev = c.prev.terms()
 	}
-	nowMs := now.UnixMilli() - w.gen.epochMs
-	rec := w.newRecord(c.id, now, max(nowMs, floorMs)+w.cfg.Lease.Milliseconds())
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return claim{}, err
-	}
-	// Update on revision 0 fails if the key has any message: unlike
-	// Create, it never writes over a delete marker it did not see.
-	rev, err := w.kv.Update(ctx, workerKey(c.id), data, c.rev)
+	var rec leaseRecord
+	g, err := w.terms.Claim(ctx, w.kv, workerKey(c.id), c.rev, prev, func(now time.Time) ([]byte, error) {
+		nowMs := now.UnixMilli() - w.gen.epochMs
+		rec = w.newRecord(c.id, now, max(nowMs, floorMs)+w.cfg.Lease.Milliseconds())
+		return json.Marshal(rec)
+	})
 	if err != nil {
 		return claim{}, err
 	}
@@ -543,7 +532,7 @@ func (w *Worker) try(ctx context.Context, c candidate) (claim, error) {
 		w.log.Warn("snowflake: claimed a worker ID whose key had been deleted or purged; starting above a floor derived from the marker",
 			"worker", c.id, "deleted", c.prev.Heartbeat, "floor", c.prev.Bound)
 	}
-	return claim{id: c.id, rev: rev, rec: rec, floorMs: floorMs, mono: mono}, nil
+	return claim{id: c.id, rev: g.Rev, rec: rec, floorMs: floorMs, mono: g.Mono}, nil
 }
 
 // newRecord returns our lease value written at now with the given bound.

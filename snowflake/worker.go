@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/lease"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -88,14 +89,11 @@ func (s WorkerSettings) normalize() (WorkerSettings, error) {
 	if s.Lease == 0 {
 		s.Lease = DefaultLease
 	}
-	if s.Lease < 10*time.Millisecond {
-		return s, fmt.Errorf("%w: Lease %v shorter than 10ms", ErrInvalidSettings, s.Lease)
-	}
-	if s.Heartbeat == 0 {
+	if s.Heartbeat == 0 && s.Lease > 0 {
 		s.Heartbeat = min(DefaultHeartbeat, s.Lease/3)
 	}
-	if s.Heartbeat < 0 || s.Heartbeat >= s.Lease {
-		return s, fmt.Errorf("%w: Heartbeat %v not in (0, Lease %v)", ErrInvalidSettings, s.Heartbeat, s.Lease)
+	if _, err := (lease.Settings{Lease: s.Lease, Heartbeat: s.Heartbeat}).Check(); err != nil {
+		return s, fmt.Errorf("%w: %w", ErrInvalidSettings, err)
 	}
 	if s.Epoch.IsZero() {
 		s.Epoch = DefaultEpoch
@@ -139,10 +137,12 @@ type Worker struct {
 	paused    atomic.Bool // tests: skip heartbeats as if partitioned
 	closeOnce sync.Once
 	closeErr  error
-	// created is the creation time of the bucket's stream when the
-	// worker started: a stream with another one is a new bucket, whose
-	// revisions restart (checkBucket).
-	created time.Time
+	// terms are the lease's duration and clocks (the generator's
+	// monotonic clock, which fences).
+	terms lease.Settings
+	// stream is the bucket's stream when the worker started: another one
+	// is a new bucket, whose revisions restart (checkBucket).
+	stream *lease.Stream
 
 	// mu protects the lease bookkeeping below. Lock order: mu, then gen.mu.
 	mu     sync.Mutex
@@ -207,12 +207,13 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 	if err := checkEpoch(ctx, kv, cfg.Epoch, cfg.Lease); err != nil {
 		return nil, err
 	}
-	created, err := streamCreated(ctx, kv)
+	stream, err := lease.NewStream(ctx, kv)
 	if err != nil {
 		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", cfg.Bucket, err)
 	}
 	w := &Worker{
-		created: created,
+		terms:   lease.Settings{Lease: cfg.Lease, Heartbeat: cfg.Heartbeat, Clock: lease.Clock{Now: cfg.Now, Mono: gen.monoNow}},
+		stream:  stream,
 		gen:     gen,
 		kv:      kv,
 		cfg:     cfg,
@@ -316,19 +317,6 @@ func (w *Worker) run() {
 	}
 }
 
-// streamCreated returns the creation time of the bucket's stream.
-func streamCreated(ctx context.Context, kv jetstream.KeyValue) (time.Time, error) {
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return time.Time{}, err
-	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok || bs.StreamInfo() == nil {
-		return time.Time{}, fmt.Errorf("status of type %T carries no stream information", st)
-	}
-	return bs.StreamInfo().Created, nil
-}
-
 // checkBucket makes sure the bucket is the one the worker started on. A
 // bucket deleted (and maybe created again) while the worker runs has lost
 // every bound; in a new one revisions restart, so a compare-and-swap on a
@@ -343,17 +331,17 @@ func (w *Worker) checkBucket(ctx context.Context) error {
 	if gone != nil {
 		return gone
 	}
-	created, err := streamCreated(ctx, w.kv)
+	err := w.stream.Check(ctx)
 	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound):
+	case errors.Is(err, lease.ErrBucketDeleted):
 		w.stop(fmt.Errorf("%w: bucket %q no longer exists (nats kv rm / nats stream rm); every lease bound in it is lost",
 			ErrBucketDeleted, w.cfg.Bucket))
+	case errors.Is(err, lease.ErrRecreated):
+		w.stop(fmt.Errorf("%w: bucket %q was deleted and created again (its stream was created at %s, now another); "+
+			"every lease bound in it is lost and its revisions restarted: %w", ErrBucketDeleted, w.cfg.Bucket,
+			w.stream.Created().UTC().Format(TimeLayout), err))
 	case err != nil:
 		return fmt.Errorf("snowflake: read lease bucket %q: %w", w.cfg.Bucket, err)
-	case !created.Equal(w.created):
-		w.stop(fmt.Errorf("%w: bucket %q was deleted and created again (its stream was created at %s, now %s); "+
-			"every lease bound in it is lost and its revisions restarted", ErrBucketDeleted, w.cfg.Bucket,
-			w.created.UTC().Format(TimeLayout), created.UTC().Format(TimeLayout)))
 	default:
 		return nil
 	}
@@ -397,8 +385,6 @@ func (w *Worker) heartbeat() {
 		}
 		return
 	}
-	mono := w.gen.monoNow()
-	now := w.cfg.Now()
 	w.mu.Lock()
 	id, rev := w.id, w.rev
 	oldBoundMs := w.rec.Bound.UnixMilli() - w.gen.epochMs
@@ -406,27 +392,25 @@ func (w *Worker) heartbeat() {
 	if id < 0 {
 		return
 	}
-	nowMs := now.UnixMilli() - w.gen.epochMs
-	rec := w.newRecord(id, now, max(oldBoundMs, nowMs+w.cfg.Lease.Milliseconds()))
-	data, err := json.Marshal(rec)
-	if err != nil {
-		w.log.Error("snowflake: encode lease", "error", err)
-		return
-	}
-	newRev, err := w.kv.Update(ctx, workerKey(id), data, rev)
+	var rec leaseRecord
+	g, err := w.terms.Write(ctx, w.kv, workerKey(id), rev, func(now time.Time) ([]byte, error) {
+		nowMs := now.UnixMilli() - w.gen.epochMs
+		rec = w.newRecord(id, now, max(oldBoundMs, nowMs+w.cfg.Lease.Milliseconds()))
+		return json.Marshal(rec)
+	})
 	if err == nil {
 		w.mu.Lock()
-		w.rev, w.rec = newRev, rec
+		w.rev, w.rec = g.Rev, rec
 		w.heartbeats++
 		w.hbFailStreak = 0
-		w.gen.renew(rec.Bound.UnixMilli()-w.gen.epochMs, mono+w.cfg.Lease)
+		w.gen.renew(rec.Bound.UnixMilli()-w.gen.epochMs, g.Mono+w.cfg.Lease)
 		w.mu.Unlock()
 		return
 	}
 	if w.ctx.Err() != nil {
 		return // closing
 	}
-	if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+	if !kvbucket.Conflict(err) {
 		w.heartbeatFailed(id, err)
 		return
 	}
@@ -545,7 +529,7 @@ func (w *Worker) writeBack(ctx context.Context) bool {
 	rev := o.rev
 	for attempt := 1; ; attempt++ {
 		_, err = w.kv.Update(ctx, key, data, rev)
-		if attempt == 3 || (!errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists)) {
+		if attempt == 3 || !kvbucket.Conflict(err) {
 			break
 		}
 		// The revision we found may have been a stale read, or the key
@@ -571,7 +555,7 @@ func (w *Worker) writeBack(ctx context.Context) bool {
 	case err == nil:
 		w.log.Warn("snowflake: wrote back a released lease over the deleted or purged key; a successor starts above its bound",
 			"worker", o.rec.Worker, "bound", o.rec.Bound)
-	case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists):
+	case kvbucket.Conflict(err):
 		w.log.Error("snowflake: could not write back the bound of a deleted or purged lease key: it was written since; "+
 			"its new holder started above a floor derived from the deletion", "worker", o.rec.Worker, "bound", o.rec.Bound)
 	default:
@@ -783,16 +767,16 @@ func (w *Worker) close(ctx context.Context) error {
 	w.mu.Lock()
 	rec := w.rec
 	w.mu.Unlock()
-	now := w.cfg.Now().UTC().Round(0)
-	rec.Heartbeat, rec.Expires = now, now
-	rec.Bound = w.gen.msTime(max(lastMs, 0))
-	rec.Released = true
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	_, err = w.kv.Update(ctx, workerKey(id), data, rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+	var data []byte
+	_, err := w.terms.Write(ctx, w.kv, workerKey(id), rev, func(now time.Time) ([]byte, error) {
+		rec.Heartbeat, rec.Expires = now, now
+		rec.Bound = w.gen.msTime(max(lastMs, 0))
+		rec.Released = true
+		var err error
+		data, err = json.Marshal(rec)
+		return data, err
+	})
+	if kvbucket.Conflict(err) {
 		// A heartbeat whose reply was lost (or that Close canceled after
 		// it was sent) may have landed: if the key still holds our
 		// session's lease, release it on its revision. If it was deleted
@@ -817,7 +801,7 @@ func (w *Worker) close(ctx context.Context) error {
 		if json.Unmarshal(e.Value(), &cur) == nil && cur.Session == w.session && !cur.Released {
 			_, err = w.kv.Update(ctx, workerKey(id), data, e.Revision())
 		}
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		if kvbucket.Conflict(err) {
 			w.log.Warn("snowflake: worker ID was taken over before release", "worker", id)
 			return nil
 		}

@@ -76,7 +76,7 @@ func NewGuard(ctx context.Context, kv jetstream.KeyValue, r Requirements, what s
 	}
 	g := &Guard{kv: kv, req: r, what: what, log: logger}
 	for attempt := 1; ; attempt++ {
-		info, err := g.info(ctx)
+		info, err := StreamInfo(ctx, g.kv)
 		if err != nil {
 			return nil, err
 		}
@@ -115,7 +115,7 @@ func NewGuard(ctx context.Context, kv jetstream.KeyValue, r Requirements, what s
 		switch {
 		case err == nil:
 			return g, nil
-		case attempt < 3 && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)):
+		case attempt < 3 && Conflict(err):
 			continue // another worker stored it first: check it
 		}
 		return nil, fmt.Errorf("kvbucket: bucket %q: store %s: %w", kv.Bucket(), ProofKey, err)
@@ -131,7 +131,7 @@ func (g *Guard) Created() time.Time { return g.created }
 // every value (CheckConfig); otherwise ErrRecreated, or CheckConfig's
 // error. A failure is logged when it first appears.
 func (g *Guard) Check(ctx context.Context) error {
-	info, err := g.info(ctx)
+	info, err := StreamInfo(ctx, g.kv)
 	if err != nil {
 		return err // unreachable, not wrong: not logged here
 	}
@@ -142,7 +142,7 @@ func (g *Guard) Check(ctx context.Context) error {
 // (one more request): call it before taking a missing key for one that was
 // never written.
 func (g *Guard) CheckHeld(ctx context.Context) error {
-	info, err := g.info(ctx)
+	info, err := StreamInfo(ctx, g.kv)
 	if err != nil {
 		return err
 	}
@@ -157,18 +157,6 @@ func (g *Guard) CheckHeld(ctx context.Context) error {
 		return g.verdict(partProof, g.purged(info.State.LastSeq))
 	}
 	return g.verdict(partProof, g.checkProof(e))
-}
-
-func (g *Guard) info(ctx context.Context) (*jetstream.StreamInfo, error) {
-	st, err := g.kv.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("kvbucket: bucket %q: read stream: %w", g.kv.Bucket(), err)
-	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok || bs.StreamInfo() == nil {
-		return nil, fmt.Errorf("kvbucket: bucket %q: status of type %T carries no stream information", g.kv.Bucket(), st)
-	}
-	return bs.StreamInfo(), nil
 }
 
 func (g *Guard) checkInfo(info *jetstream.StreamInfo) error {

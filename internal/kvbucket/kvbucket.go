@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -65,15 +66,11 @@ type Requirements struct {
 // Check reads the configuration of the stream under kv and returns
 // CheckConfig's verdict, or the error of reading it.
 func Check(ctx context.Context, kv jetstream.KeyValue, r Requirements) error {
-	st, err := kv.Status(ctx)
+	info, err := StreamInfo(ctx, kv)
 	if err != nil {
-		return fmt.Errorf("kvbucket: bucket %q: read configuration: %w", kv.Bucket(), err)
+		return err
 	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok || bs.StreamInfo() == nil {
-		return fmt.Errorf("kvbucket: bucket %q: status of type %T carries no stream configuration", kv.Bucket(), st)
-	}
-	return CheckConfig(kv.Bucket(), bs.StreamInfo().Config, r)
+	return CheckConfig(kv.Bucket(), info.Config, r)
 }
 
 // CheckConfig checks the configuration cfg of the stream behind bucket and
@@ -184,4 +181,41 @@ func MarkerVerb(op jetstream.KeyValueOp) string {
 		return "purged"
 	}
 	return "deleted"
+}
+
+// Conflict reports whether err is a lost compare-and-swap: the key's
+// revision was not the one expected (an Update or Create that found another
+// revision: 10071, or 10164 from a replicated bucket).
+func Conflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) ||
+		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// StreamInfo reads the information of the stream under kv (one request):
+// its configuration, state and creation time. The error is the server's
+// (test errors.Is(err, jetstream.ErrStreamNotFound) and ErrBucketNotFound
+// for a deleted bucket), wrapped with the bucket's name.
+func StreamInfo(ctx context.Context, kv jetstream.KeyValue) (*jetstream.StreamInfo, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kvbucket: bucket %q: read stream: %w", kv.Bucket(), err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return nil, fmt.Errorf("kvbucket: bucket %q: status of type %T carries no stream information", kv.Bucket(), st)
+	}
+	return bs.StreamInfo(), nil
+}
+
+// StreamCreated returns the creation time of the stream under kv: a bucket
+// deleted and created again has a stream created later, and its revisions
+// started over.
+func StreamCreated(ctx context.Context, kv jetstream.KeyValue) (time.Time, error) {
+	info, err := StreamInfo(ctx, kv)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return info.Created, nil
 }

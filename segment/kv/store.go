@@ -251,7 +251,7 @@ func (s *Store) modify(ctx context.Context, tag string, change func(v *value, re
 			return nil
 		}
 		s.forget(tag)
-		if !conflict(err) {
+		if !kvbucket.Conflict(err) {
 			return err
 		}
 		if cached {
@@ -282,15 +282,6 @@ func (s *Store) forget(tag string) {
 	s.mu.Lock()
 	delete(s.last, tag)
 	s.mu.Unlock()
-}
-
-// conflict reports whether err says that a key's revision was not the
-// expected one: 10071, or 10164 from a replicated bucket.
-func conflict(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) ||
-		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // pause waits a random time up to 1 ms doubled attempt times, at most
@@ -401,7 +392,7 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	rev, err := s.kv.Update(ctx, tag, b, e.rev)
 	if err != nil {
 		s.forget(tag)
-		if conflict(err) {
+		if kvbucket.Conflict(err) {
 			return false, nil // somebody wrote the key after us
 		}
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
@@ -481,7 +472,7 @@ func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 	// Update on revision 0 fails if the key has any message, a delete
 	// marker included (Create would write over one).
 	_, err = s.kv.Update(ctx, t.Name, b, 0)
-	if conflict(err) {
+	if kvbucket.Conflict(err) {
 		return s.createConflict(ctx, t.Name)
 	}
 	if err != nil {
@@ -583,15 +574,11 @@ func (s *Store) DeleteTag(ctx context.Context, name string) error {
 // changed. Cursor 0 lists nothing. A key written several times is listed
 // once per write.
 func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
-	st, err := s.kv.Status(ctx)
+	info, err := kvbucket.StreamInfo(ctx, s.kv)
 	if err != nil {
 		return nil, 0, fmt.Errorf("kv: changes: %w", err)
 	}
-	bs, ok := st.(*jetstream.KeyValueBucketStatus)
-	if !ok {
-		return nil, 0, fmt.Errorf("kv: changes: status of type %T", st)
-	}
-	last := int64(bs.StreamInfo().State.LastSeq)
+	last := int64(info.State.LastSeq)
 	if cursor <= 0 || cursor >= last {
 		return nil, last, nil
 	}

@@ -225,7 +225,7 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 			}
 			return a, nil
 		}
-		if !conflict(err) {
+		if !kvbucket.Conflict(err) {
 			return segment.Allocation{}, fmt.Errorf("witness: recording segment %d..%d of tag %q: %w", a.Start, a.End-1, tag, err)
 		}
 		w.forget(tag)
@@ -249,7 +249,7 @@ func (w *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 		return false, nil // somebody recorded after us
 	}
 	if err := w.swap(ctx, tag, m, firstUnissued); err != nil {
-		if conflict(err) {
+		if kvbucket.Conflict(err) {
 			return false, nil
 		}
 		return false, fmt.Errorf("witness: give back %q: %w", tag, err)
@@ -407,9 +407,4 @@ func decode(tag string, data []byte) (record, error) {
 		return record{}, fmt.Errorf("witness: tag %q: unreadable mark %q", tag, data)
 	}
 	return r, nil
-}
-
-// conflict reports whether err is a lost compare-and-swap.
-func conflict(err error) bool {
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }

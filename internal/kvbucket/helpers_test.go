@@ -1,0 +1,97 @@
+package kvbucket_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestConflict runs the compare-and-swap outcomes of a real bucket through
+// Conflict: only a write that found another revision is a conflict.
+func TestConflict(t *testing.T) {
+	js := newJetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "conflict", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Create(ctx, "k", []byte("1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, createErr := kv.Create(ctx, "k", []byte("2"))
+	_, staleErr := kv.Update(ctx, "k", []byte("2"), rev+7)
+	_, zeroErr := kv.Update(ctx, "k", []byte("2"), 0)
+	_, badKeyErr := kv.Update(ctx, "bad key", []byte("2"), rev)
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{name: "create over a value", err: createErr, want: true},
+		{name: "update on a stale revision", err: staleErr, want: true},
+		{name: "update on revision 0 of a written key", err: zeroErr, want: true},
+		{name: "wrapped", err: fmt.Errorf("claim: %w", staleErr), want: true},
+		{name: "replicated bucket's code", err: &jetstream.APIError{ErrorCode: jetstream.JSErrCodeStreamWrongLastSequenceConstant}, want: true},
+		{name: "nil", err: nil, want: false},
+		{name: "invalid key", err: badKeyErr, want: false},
+		{name: "timeout", err: context.DeadlineExceeded, want: false},
+		{name: "other", err: errors.New("boom"), want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := kvbucket.Conflict(tt.err); got != tt.want {
+				t.Fatalf("Conflict(%v) = %v, want %v", tt.err, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestStreamCreated checks that a bucket deleted and created again reports
+// a later creation time, and that a deleted bucket's error says so.
+func TestStreamCreated(t *testing.T) {
+	js := newJetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := jetstream.KeyValueConfig{Bucket: "created", History: 1}
+	kv, err := js.CreateKeyValue(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := kvbucket.StreamCreated(ctx, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.IsZero() {
+		t.Fatal("StreamCreated = zero time")
+	}
+	info, err := kvbucket.StreamInfo(ctx, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Created.Equal(first) || info.Config.Name != "KV_created" {
+		t.Fatalf("StreamInfo: created %v, stream %q; want %v, KV_created", info.Created, info.Config.Name, first)
+	}
+	if err := js.DeleteKeyValue(ctx, cfg.Bucket); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvbucket.StreamCreated(ctx, kv); !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound) {
+		t.Fatalf("StreamCreated of a deleted bucket: %v, want ErrStreamNotFound or ErrBucketNotFound", err)
+	}
+	if _, err := js.CreateKeyValue(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	again, err := kvbucket.StreamCreated(ctx, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.After(first) {
+		t.Fatalf("recreated bucket's stream created at %v, want after %v", again, first)
+	}
+}
