@@ -38,11 +38,7 @@ func (c *clock) Clock() lease.Clock { return lease.Clock{Now: c.Now, Mono: c.Mon
 // newBucket returns a fresh bucket on an embedded JetStream server.
 func newBucket(tb testing.TB, js jetstream.JetStream, name string) jetstream.KeyValue {
 	tb.Helper()
-	kv, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: name, History: 1})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return kv
+	return testenv.CreateKeyValue(tb, js, jetstream.KeyValueConfig{Bucket: name, History: 1})
 }
 
 func newJetStream(tb testing.TB) jetstream.JetStream {

@@ -465,10 +465,7 @@ func TestBucketRecreated(t *testing.T) {
 	if err := js.DeleteKeyValue(ctx, DefaultBucket); err != nil {
 		t.Fatal(err)
 	}
-	kv2, err := js.CreateKeyValue(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv2 := testenv.CreateKeyValue(t, js, cfg)
 	// Fill the new stream up to a's revision, as other keys would.
 	for i := uint64(1); i+1 < rev; i++ {
 		if _, err := kv2.Put(ctx, fmt.Sprintf("filler%d", i), []byte("{}")); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/testenv"
 )
 
 // TestWorkerRefusesHostileBucket: a lease bucket that can forget values, or
@@ -326,10 +327,7 @@ func TestWorkerInvalidCount(t *testing.T) {
 func newBucket(tb testing.TB, js jetstream.JetStream, name string) jetstream.KeyValue {
 	tb.Helper()
 	ctx := context.Background()
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, History: 1, Storage: jetstream.FileStorage})
-	if err != nil {
-		tb.Fatalf("create bucket %q: %v", name, err)
-	}
+	kv := testenv.CreateKeyValue(tb, js, jetstream.KeyValueConfig{Bucket: name, History: 1, Storage: jetstream.FileStorage})
 	data, _ := json.Marshal(configRecord{Version: recordVersion, Epoch: DefaultEpoch})
 	if _, err := kv.Create(ctx, configKey, data); err != nil {
 		tb.Fatalf("store epoch: %v", err)

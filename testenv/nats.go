@@ -4,11 +4,14 @@
 package testenv
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // NATSOptions returns server options for an embedded nats-server on a random
@@ -61,4 +64,29 @@ func Connect(tb testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {
 	}
 	tb.Cleanup(nc.Close)
 	return nc
+}
+
+// streamStoreFailed is nats-server's JSStreamStoreFailedF: "error creating
+// store for stream".
+const streamStoreFailed jetstream.ErrorCode = 10049
+
+// CreateKeyValue creates a KV bucket. Right after a bucket of the same name
+// was deleted, nats-server may still be removing the old stream's files and
+// refuse the create ("error creating store for stream", 10049); the create
+// is then tried again until it succeeds, at most for 10 s.
+func CreateKeyValue(tb testing.TB, js jetstream.JetStream, cfg jetstream.KeyValueConfig) jetstream.KeyValue {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		kv, err := js.CreateKeyValue(context.Background(), cfg)
+		var apiErr *jetstream.APIError
+		switch {
+		case err == nil:
+			return kv
+		case errors.As(err, &apiErr) && apiErr.ErrorCode == streamStoreFailed && time.Now().Before(deadline):
+			time.Sleep(20 * time.Millisecond)
+		default:
+			tb.Fatalf("create bucket %q: %v", cfg.Bucket, err)
+		}
+	}
 }

@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/testenv"
 )
 
 // logBuffer collects a logger's output for a test.
@@ -165,9 +167,7 @@ func TestGuardCheck(t *testing.T) {
 	if err := js.DeleteKeyValue(ctx, "guarded"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "guarded"}); err != nil {
-		t.Fatal(err)
-	}
+	testenv.CreateKeyValue(t, js, jetstream.KeyValueConfig{Bucket: "guarded"})
 	if err := g.Check(ctx); !errors.Is(err, kvbucket.ErrRecreated) {
 		t.Errorf("Check on the re-created bucket: %v, want ErrRecreated", err)
 	}

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/testenv"
 )
 
 // TestConflict runs the compare-and-swap outcomes of a real bucket through
@@ -84,9 +86,7 @@ func TestStreamCreated(t *testing.T) {
 	if _, err := kvbucket.StreamCreated(ctx, kv); !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, jetstream.ErrBucketNotFound) {
 		t.Fatalf("StreamCreated of a deleted bucket: %v, want ErrStreamNotFound or ErrBucketNotFound", err)
 	}
-	if _, err := js.CreateKeyValue(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	testenv.CreateKeyValue(t, js, cfg)
 	again, err := kvbucket.StreamCreated(ctx, kv)
 	if err != nil {
 		t.Fatal(err)

@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/dispenser-dev/dispenser/testenv"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 func newJetStream(tb testing.TB) jetstream.JetStream {
