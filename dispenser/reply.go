@@ -44,11 +44,11 @@ func (s *Service) newReplier(req micro.Request, endpoint string) replier {
 	return r
 }
 
-// replies makes the replies of requests forwarded to this worker as the
-// owner of their ordered tag (ordered.Replies).
+// replies answers the requests of ordered tags (ordered.Replies): a
+// replier is the record of one request.
 type replies struct{ s *Service }
 
-func (rs replies) Forwarded(f protocol.Forward, tag string) ordered.Reply {
+func (rs replies) Forwarded(f protocol.Forward, tag string) replier {
 	r := replier{s: rs.s, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, n: f.N, format: f.Format}
 	if rs.s.metrics != nil {
 		r.start = time.Now()
@@ -58,17 +58,15 @@ func (rs replies) Forwarded(f protocol.Forward, tag string) ordered.Reply {
 
 func (rs replies) Admit(reply, subject string) bool { return rs.s.admitReply(reply, subject) }
 
-// A replier answers a request for an ordered tag too (ordered.Reply).
-
-func (r replier) Request() protocol.Forward {
+func (replies) Request(r replier) protocol.Forward {
 	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker}
 }
 
-func (r replier) IDs(runs []segment.Run) { r.s.reply(r, r.format, runs, r.n) }
+func (rs replies) IDs(r replier, runs []segment.Run) { rs.s.reply(r, r.format, runs, r.n) }
 
-func (r replier) Fail(err error) { r.fail(err) }
+func (replies) Fail(r replier, err error) { r.fail(err) }
 
-func (r replier) Detach() ordered.Reply { return r.detach() }
+func (replies) Detach(r replier) replier { return r.detach() }
 
 // detach returns r for use off the handler's goroutine: answered by
 // publishing, and without a forwarded batch's memory.

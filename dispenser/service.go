@@ -47,7 +47,7 @@ type Service struct {
 	bg         sync.WaitGroup // adds the segment endpoint late
 	done       chan struct{}  // closed by Stop
 	// ordered serves the ordered tags; nil without Owners or Segments.
-	ordered *ordered.Tags
+	ordered *ordered.Tags[replier]
 	// own are the subject prefixes no reply goes to (CheckReply).
 	own []string
 	// noReply and badReply count requests refused for their reply subject
@@ -117,7 +117,7 @@ func New(cfg Config) (*Service, error) {
 		}
 	}
 	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be routed
-		s.ordered, err = ordered.New(ordered.Settings{Conn: cfg.Conn, Allocator: cfg.Segments, Owners: cfg.Owners,
+		s.ordered, err = ordered.New(ordered.Settings[replier]{Conn: cfg.Conn, Allocator: cfg.Segments, Owners: cfg.Owners,
 			Subject: cfg.OwnerSubject, Replies: replies{s}, MaxBatch: cfg.MaxBatch, Logger: cfg.Logger}, s.id)
 		if err != nil {
 			_ = svc.Stop()

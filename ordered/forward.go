@@ -53,8 +53,8 @@ func (f *forwarder) leave() {
 
 // enqueueForward hands r to the forwarder, or, if it is backed up, sends it
 // alone.
-func (t *Tags) enqueueForward(r Reply, owner, tag string) {
-	it := forwardItem{owner: owner, tag: tag, Forward: r.Request()}
+func (t *Tags[R]) enqueueForward(r R, owner, tag string) {
+	it := forwardItem{owner: owner, tag: tag, Forward: t.cfg.Replies.Request(r)}
 	select {
 	case t.fwd.ch <- it:
 		t.forwarded.Add(1)
@@ -64,17 +64,17 @@ func (t *Tags) enqueueForward(r Reply, owner, tag string) {
 }
 
 // forwardNow sends one request to the owner from the caller's goroutine.
-func (t *Tags) forwardNow(r Reply, it forwardItem) {
+func (t *Tags[R]) forwardNow(r R, it forwardItem) {
 	msg := nats.Msg{Subject: it.owner + "." + it.tag, Data: protocol.AppendForward(nil, it.Forward), Header: t.forwardHeader()}
 	if err := t.cfg.Conn.PublishMsg(&msg); err != nil {
-		r.Fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+		t.cfg.Replies.Fail(r, fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		return
 	}
 	t.forwarded.Add(1)
 }
 
 // forwardHeader is the header of the messages this worker forwards.
-func (t *Tags) forwardHeader() nats.Header {
+func (t *Tags[R]) forwardHeader() nats.Header {
 	return nats.Header{protocol.ForwardedHeader: []string{t.id}}
 }
 
@@ -86,7 +86,7 @@ type outbox struct {
 
 // runForwarder sends the forwarder's requests, as many per message as have
 // piled up, until Stop, then those left.
-func (t *Tags) runForwarder() {
+func (t *Tags[R]) runForwarder() {
 	defer t.parked.Done()
 	hdr := t.forwardHeader() // read-only from here on
 	var batch []forwardItem
@@ -164,10 +164,10 @@ func (t *Tags) runForwarder() {
 
 // failForwarded answers the requests for tag in body, a message that could
 // not be sent.
-func (t *Tags) failForwarded(tag string, body []byte, err error) {
+func (t *Tags[R]) failForwarded(tag string, body []byte, err error) {
 	for line := range strings.Lines(string(body)) {
 		if f, perr := protocol.ParseForward(strings.TrimSuffix(line, "\n")); perr == nil {
-			t.cfg.Replies.Forwarded(f, tag).Fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+			t.cfg.Replies.Fail(t.cfg.Replies.Forwarded(f, tag), fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		}
 	}
 }

@@ -20,22 +20,16 @@ import (
 // headers, as the service does.
 type errorReplies struct{ nc *nats.Conn }
 
-func (e errorReplies) Forwarded(f protocol.Forward, tag string) Reply { return errorReply{e.nc, f} }
-func (e errorReplies) Admit(string, string) bool                      { return true }
-
-type errorReply struct {
-	nc *nats.Conn
-	f  protocol.Forward
-}
-
-func (r errorReply) Request() protocol.Forward { return r.f }
-func (r errorReply) IDs([]segment.Run)         {}
-func (r errorReply) Detach() Reply             { return r }
-func (r errorReply) Fail(err error) {
-	msg := nats.NewMsg(r.f.Reply)
+func (e errorReplies) Forwarded(f protocol.Forward, tag string) protocol.Forward { return f }
+func (e errorReplies) Admit(string, string) bool                                 { return true }
+func (e errorReplies) Request(f protocol.Forward) protocol.Forward               { return f }
+func (e errorReplies) IDs(protocol.Forward, []segment.Run)                       {}
+func (e errorReplies) Detach(f protocol.Forward) protocol.Forward                { return f }
+func (e errorReplies) Fail(f protocol.Forward, err error) {
+	msg := nats.NewMsg(f.Reply)
 	msg.Header.Set(protocol.ErrorCodeHeader, protocol.CodeUnavailable)
 	msg.Header.Set(protocol.ErrorHeader, err.Error())
-	_ = r.nc.PublishMsg(msg)
+	_ = e.nc.PublishMsg(msg)
 }
 
 // subscribe subscribes nc to subject and makes sure the server knows.
@@ -58,7 +52,7 @@ func forward(t testing.TB, ns *server.Server, items []forwardItem, want int) []*
 	owner := testenv.Connect(t, ns)
 	sub := subscribe(t, owner, "id.owner.>")
 	conn := testenv.Connect(t, ns)
-	s := &Tags{cfg: Settings{Conn: conn, Replies: errorReplies{conn}, Logger: slog.New(slog.DiscardHandler)}, id: "w1"}
+	s := &Tags[protocol.Forward]{cfg: Settings[protocol.Forward]{Conn: conn, Replies: errorReplies{conn}, Logger: slog.New(slog.DiscardHandler)}, id: "w1"}
 	s.fwd.ch = make(chan forwardItem, len(items))
 	s.fwd.stop = make(chan struct{})
 	for _, it := range items {

@@ -66,26 +66,24 @@ func OpenLeases(ctx context.Context, js jetstream.JetStream, alloc Allocator, s 
 	return ownership.Open(ctx, js, s)
 }
 
-// Reply answers one request for IDs of an ordered tag. The service makes
-// them, so that every answer carries its metrics, headers and error codes;
-// Tags calls IDs or Fail exactly once per request.
-type Reply interface {
-	// Request is the request as a forwarded line carries it.
-	Request() protocol.Forward
-	// IDs answers with runs, Request().N IDs in all.
-	IDs(runs []segment.Run)
-	// Fail answers with the error's code.
-	Fail(err error)
-	// Detach returns the Reply to use once the request has left the
+// Replies answers the requests for IDs of ordered tags. The service
+// implements it, so that every answer carries its metrics, headers and
+// error codes; R is the service's own record of one request (a value, so
+// that no request costs an allocation here). Tags answers each request
+// exactly once, with IDs or Fail.
+type Replies[R any] interface {
+	// Request is the request r as a forwarded line carries it.
+	Request(r R) protocol.Forward
+	// IDs answers r with runs, Request(r).N IDs in all.
+	IDs(r R, runs []segment.Run)
+	// Fail answers r with the error's code.
+	Fail(r R, err error)
+	// Detach returns r as it must be used once the request has left the
 	// handler's goroutine (it waits for a segment or for an owner).
-	Detach() Reply
-}
-
-// Replies makes the Replies of requests forwarded to this worker.
-type Replies interface {
-	// Forwarded returns the Reply of a request for tag that another worker
-	// forwarded to this one.
-	Forwarded(f protocol.Forward, tag string) Reply
+	Detach(r R) R
+	// Forwarded returns the record of a request for tag that another
+	// worker forwarded to this one.
+	Forwarded(f protocol.Forward, tag string) R
 	// Admit reports whether reply may be answered at all (the service's
 	// reply-subject rule); a refused request gets no answer. subject is
 	// where it came from, for the log.
@@ -93,7 +91,7 @@ type Replies interface {
 }
 
 // Settings configures Tags. Zero values mean the documented defaults.
-type Settings struct {
+type Settings[R any] struct {
 	// Conn is the NATS connection that forwards requests and takes those
 	// forwarded to this worker. Required.
 	Conn *nats.Conn
@@ -105,7 +103,7 @@ type Settings struct {
 	// Required.
 	Subject string
 	// Replies makes the Replies of forwarded requests. Required.
-	Replies Replies
+	Replies Replies[R]
 	// MaxBatch is the most IDs a forwarded request may ask for. Required.
 	MaxBatch int
 	// Wait bounds the search for a tag's owner. Default: the longer of 2 s
@@ -121,8 +119,8 @@ const defaultWait = 2 * time.Second
 
 // Tags serves the ordered tags of one worker. It is safe for concurrent
 // use.
-type Tags struct {
-	cfg       Settings
+type Tags[R any] struct {
+	cfg       Settings[R]
 	id        string             // names this worker in ForwardedHeader
 	sub       *nats.Subscription // Subject.*
 	fwd       forwarder
@@ -132,7 +130,7 @@ type Tags struct {
 
 // New validates s, subscribes to the forwarded requests and starts the
 // forwarder. id names this worker in the messages it forwards.
-func New(s Settings, id string) (*Tags, error) {
+func New[R any](s Settings[R], id string) (*Tags[R], error) {
 	switch {
 	case s.Conn == nil, s.Allocator == nil, s.Owners == nil, s.Replies == nil:
 		return nil, errors.New("ordered: Settings.Conn, Allocator, Owners and Replies are required")
@@ -147,7 +145,7 @@ func New(s Settings, id string) (*Tags, error) {
 	if s.Logger == nil {
 		s.Logger = slog.Default()
 	}
-	t := &Tags{cfg: s, id: id}
+	t := &Tags[R]{cfg: s, id: id}
 	t.fwd.ch = make(chan forwardItem, forwardBacklog)
 	t.fwd.stop = make(chan struct{})
 	var err error
@@ -160,7 +158,7 @@ func New(s Settings, id string) (*Tags, error) {
 }
 
 // Drain stops taking forwarded requests; those received are still served.
-func (t *Tags) Drain() error {
+func (t *Tags[R]) Drain() error {
 	if err := t.sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		return fmt.Errorf("ordered: draining forwarded requests: %w", err)
 	}
@@ -169,11 +167,11 @@ func (t *Tags) Drain() error {
 
 // Leave makes the forwarder send what it holds and stop; call it once no
 // request can reach Serve any more.
-func (t *Tags) Leave() { t.fwd.leave() }
+func (t *Tags[R]) Leave() { t.fwd.leave() }
 
 // Wait waits for the requests Tags holds (waiting for a segment or for an
 // owner) and the forwarder, or until ctx ends.
-func (t *Tags) Wait(ctx context.Context) error {
+func (t *Tags[R]) Wait(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { t.parked.Wait(); close(done) }()
 	select {
@@ -191,7 +189,7 @@ type Stats struct {
 }
 
 // Stats returns the ownership's stats and the requests forwarded.
-func (t *Tags) Stats() Stats {
+func (t *Tags[R]) Stats() Stats {
 	return Stats{t.cfg.Owners.Stats(), t.forwarded.Load()}
 }
 
@@ -199,7 +197,7 @@ func (t *Tags) Stats() Stats {
 // from this worker if it owns the tag, else by forwarding it to the owner
 // (who answers the requester directly), else by claiming the tag. Anything
 // that may wait goes to a goroutine of its own.
-func (t *Tags) Serve(r Reply, tag string) {
+func (t *Tags[R]) Serve(r R, tag string) {
 	rt, ok := t.cfg.Owners.Cached(tag)
 	switch {
 	case ok && rt.Self:
@@ -209,7 +207,7 @@ func (t *Tags) Serve(r Reply, tag string) {
 		t.enqueueForward(r, rt.Subject, tag) // the common case
 		return
 	}
-	r = r.Detach()
+	r = t.cfg.Replies.Detach(r)
 	t.parked.Add(1)
 	go func() {
 		defer t.parked.Done()
@@ -219,7 +217,7 @@ func (t *Tags) Serve(r Reply, tag string) {
 
 // Reroute serves a request, already off the handler's goroutine, whose
 // tag turned out to be ordered while it waited as a plain one.
-func (t *Tags) Reroute(r Reply, tag string) {
+func (t *Tags[R]) Reroute(r R, tag string) {
 	if t.cfg.Owners.Owns(tag) {
 		t.takeOwned(r, tag)
 	} else {
@@ -228,12 +226,12 @@ func (t *Tags) Reroute(r Reply, tag string) {
 }
 
 // takeOwned serves an ordered tag this worker owns.
-func (t *Tags) takeOwned(r Reply, tag string) {
+func (t *Tags[R]) takeOwned(r R, tag string) {
 	var arr [2]segment.Run
-	runs, pending, err := t.cfg.Allocator.TakeOwned(tag, r.Request().N, arr[:0])
+	runs, pending, err := t.cfg.Allocator.TakeOwned(tag, t.cfg.Replies.Request(r).N, arr[:0])
 	switch {
 	case err != nil:
-		r.Fail(err)
+		t.cfg.Replies.Fail(r, err)
 	case pending != nil:
 		t.park(r, tag, pending)
 	case !t.cfg.Owners.Owns(tag):
@@ -241,14 +239,14 @@ func (t *Tags) takeOwned(r Reply, tag string) {
 		// after the loss (they are skipped). Route the request again.
 		t.Serve(r, tag)
 	default:
-		r.IDs(runs)
+		t.cfg.Replies.IDs(r, runs)
 	}
 }
 
 // park finishes an owned request that waits for a segment on a goroutine
 // of its own.
-func (t *Tags) park(r Reply, tag string, p *segment.Pending) {
-	r = r.Detach()
+func (t *Tags[R]) park(r R, tag string, p *segment.Pending) {
+	r = t.cfg.Replies.Detach(r)
 	t.parked.Add(1)
 	go func() {
 		defer t.parked.Done()
@@ -262,10 +260,10 @@ func (t *Tags) park(r Reply, tag string, p *segment.Pending) {
 			return
 		}
 		if err != nil {
-			r.Fail(err)
+			t.cfg.Replies.Fail(r, err)
 			return
 		}
-		r.IDs(runs)
+		t.cfg.Replies.IDs(r, runs)
 	}()
 }
 
@@ -279,7 +277,7 @@ const (
 
 // route finds the owner of tag, claiming it if it has none, until the
 // wait runs out. It runs on a goroutine of its own.
-func (t *Tags) route(r Reply, tag string) {
+func (t *Tags[R]) route(r R, tag string) {
 	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Wait)
 	defer cancel()
 	backoff := routeRetryMin
@@ -293,14 +291,14 @@ func (t *Tags) route(r Reply, tag string) {
 			t.takeOwned(r, tag)
 			return
 		case err == nil && rt.Subject != "":
-			t.forwardNow(r, forwardItem{owner: rt.Subject, tag: tag, Forward: r.Request()})
+			t.forwardNow(r, forwardItem{owner: rt.Subject, tag: tag, Forward: t.cfg.Replies.Request(r)})
 			return
 		case err != nil:
 			t.cfg.Logger.Debug("ordered: looking for the owner of an ordered tag", "tag", tag, "err", err)
 		}
 		select {
 		case <-ctx.Done():
-			r.Fail(fmt.Errorf("%w: %q has no owner within %v", ErrOwnershipMoving, tag, t.cfg.Wait))
+			t.cfg.Replies.Fail(r, fmt.Errorf("%w: %q has no owner within %v", ErrOwnershipMoving, tag, t.cfg.Wait))
 			return
 		case <-time.After(backoff):
 		}
@@ -310,7 +308,7 @@ func (t *Tags) route(r Reply, tag string) {
 
 // handleForwarded serves requests other workers forwarded to this one as
 // the owner of their ordered tag, on <Subject>.<tag>.
-func (t *Tags) handleForwarded(msg *nats.Msg) {
+func (t *Tags[R]) handleForwarded(msg *nats.Msg) {
 	tag := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
 	valid := segment.ValidTag(tag)
 	// One string for the whole message: the reply subjects are slices of it.
@@ -326,13 +324,13 @@ func (t *Tags) handleForwarded(msg *nats.Msg) {
 		r := t.cfg.Replies.Forwarded(f, tag)
 		switch {
 		case !valid:
-			r.Fail(fmt.Errorf("%w %q", protocol.ErrBadSubject, msg.Subject))
+			t.cfg.Replies.Fail(r, fmt.Errorf("%w %q", protocol.ErrBadSubject, msg.Subject))
 		case perr != nil:
-			r.Fail(perr)
+			t.cfg.Replies.Fail(r, perr)
 		case f.N < 1 || f.N > t.cfg.MaxBatch:
-			r.Fail(fmt.Errorf("%w: %d", protocol.ErrBadCount, f.N))
+			t.cfg.Replies.Fail(r, fmt.Errorf("%w: %d", protocol.ErrBadCount, f.N))
 		case !t.cfg.Owners.Owns(tag):
-			r.Fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
+			t.cfg.Replies.Fail(r, fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
 		default:
 			t.takeOwned(r, tag)
 		}
