@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
@@ -46,10 +47,10 @@ func subscribe(t testing.TB, nc *nats.Conn, subject string) *nats.Subscription {
 	return sub
 }
 
-// TestForwardedRequestsAnswered: the owner answers every line of a
-// forwarded message on its reply subject, with IDs or the error the
-// request would get itself; a line without a reply subject is dropped.
-func TestForwardedRequestsAnswered(t *testing.T) {
+// orderedTagStack returns a NATS server and an allocator on a KV store
+// holding the ordered tag "seq", step 1000, from 1.
+func orderedTagStack(t *testing.T) (*server.Server, *segment.Allocator) {
+	t.Helper()
 	ns := testenv.NATS(t)
 	js, err := jetstream.New(testenv.Connect(t, ns))
 	if err != nil {
@@ -67,6 +68,14 @@ func TestForwardedRequestsAnswered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ns, alloc
+}
+
+// TestForwardedRequestsAnswered: the owner answers every line of a
+// forwarded message on its reply subject, with IDs or the error the
+// request would get itself; a line without a reply subject is dropped.
+func TestForwardedRequestsAnswered(t *testing.T) {
+	ns, alloc := orderedTagStack(t)
 	svc, err := New(Config{Conn: testenv.Connect(t, ns), Segments: alloc, Owners: fixedOwners{}, OwnerSubject: "id.owner.a",
 		MaxBatch: 100, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -175,23 +184,7 @@ func (o *losingOwners) Stats() ownership.Stats { return ownership.Stats{} }
 // owner. Seen failing while takeOwned replied without looking again: the
 // second request was answered here, not forwarded.
 func TestOwnerLostWhileTaking(t *testing.T) {
-	ns := testenv.NATS(t)
-	js, err := jetstream.New(testenv.Connect(t, ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	store, err := kv.New(ctx, js, kv.Settings{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.CreateTag(ctx, segment.Tag{Name: "seq", Step: 1000, MaxID: 1, Ordered: true}); err != nil {
-		t.Fatal(err)
-	}
-	alloc, err := segment.New(segment.Settings{Store: store, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns, alloc := orderedTagStack(t)
 	// The first request: Cached (1) and the parked request's check (2);
 	// the second: Cached (3), then the loss.
 	owners := &losingOwners{limit: 3}
