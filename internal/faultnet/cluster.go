@@ -1,0 +1,207 @@
+package faultnet
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// ClusterOptions configures Cluster. The zero value means the defaults.
+type ClusterOptions struct {
+	// RoutePingInterval is how often a server pings its routes; a route
+	// whose peer misses two pings is closed. Default 1 s, so that a black
+	// hole takes a route down within seconds (nats-server's default is
+	// 2 min: an idle route through a black hole would stay up for
+	// minutes, as it does in a real partition).
+	RoutePingInterval time.Duration
+}
+
+// Cluster is embedded nats-servers with JetStream (sync_interval: always)
+// clustered on 127.0.0.1, every route through a faultnet link.
+// Links[i][j] carries the routes that server i dials to server j; routes
+// between i and j may use either link, so a cut between two servers
+// covers both.
+type Cluster struct {
+	Servers []*server.Server
+	Links   [][]*Link
+	Net     *Net
+}
+
+// deadRoute is the cluster address every server advertises: nothing
+// listens there. Gossiped (implicit) routes dial it and fail, so no route
+// bypasses the links.
+const deadRoute = "127.0.0.1:1"
+
+// NewCluster starts n servers, each dialing every other through its own
+// link, waits until every server has routes to all others and JetStream
+// is healthy, and shuts them down in Cleanup.
+func NewCluster(tb testing.TB, n int, o ClusterOptions) *Cluster {
+	tb.Helper()
+	if o.RoutePingInterval == 0 {
+		o.RoutePingInterval = time.Second
+	}
+	c := &Cluster{Net: New(tb), Links: make([][]*Link, n)}
+	ports := make([]int, n)
+	for i := range ports {
+		p, err := testenv.ServerPort()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ports[i] = p
+	}
+	for i := range n {
+		c.Links[i] = make([]*Link, n)
+		for j := range n {
+			if i != j {
+				c.Links[i][j] = c.Net.Link(tb, fmt.Sprintf("route-n%d-n%d", i, j), net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[j])))
+			}
+		}
+	}
+	for i := range n {
+		opts := testenv.NATSOptions(tb.TempDir())
+		opts.ServerName = fmt.Sprintf("n%d", i)
+		opts.SyncAlways = true
+		opts.Cluster = server.ClusterOpts{
+			Name:         "faultnet",
+			Host:         "127.0.0.1",
+			Port:         ports[i],
+			Advertise:    deadRoute,
+			PingInterval: o.RoutePingInterval,
+			MaxPingsOut:  2,
+		}
+		for j := range n {
+			if i != j {
+				opts.Routes = append(opts.Routes, &url.URL{Scheme: "nats-route", Host: c.Links[i][j].Addr()})
+			}
+		}
+		s, err := server.NewServer(opts)
+		if err != nil {
+			tb.Fatalf("faultnet: nats-server n%d: %v", i, err)
+		}
+		c.Servers = append(c.Servers, s)
+		tb.Cleanup(func() {
+			s.Shutdown()
+			s.WaitForShutdown()
+		})
+	}
+	for _, s := range c.Servers {
+		go s.Start()
+	}
+	for _, s := range c.Servers {
+		if !s.ReadyForConnections(30 * time.Second) {
+			tb.Fatalf("faultnet: nats-server %s not ready within 30s", s.Name())
+		}
+	}
+	for i := range n {
+		c.WaitRoutes(tb, i, n-1)
+	}
+	c.WaitHealthy(tb)
+	return c
+}
+
+// Isolate cuts server i from every other in both directions (black hole).
+func (c *Cluster) Isolate(i int) {
+	for j := range c.Servers {
+		if j != i {
+			c.Links[i][j].BlackHole(Both)
+			c.Links[j][i].BlackHole(Both)
+		}
+	}
+}
+
+// Cut black-holes what server from sends to server to, whichever of
+// them dialed the route; to's traffic to from still flows.
+func (c *Cluster) Cut(from, to int) {
+	c.Links[from][to].BlackHole(Up)
+	c.Links[to][from].BlackHole(Down)
+}
+
+// Heal removes every fault from every link.
+func (c *Cluster) Heal() {
+	for _, row := range c.Links {
+		for _, l := range row {
+			if l != nil {
+				l.Heal()
+			}
+		}
+	}
+}
+
+// Peers returns the names of the servers server i has a route to, from
+// its monitoring (Routez).
+func (c *Cluster) Peers(tb testing.TB, i int) map[string]bool {
+	tb.Helper()
+	rz, err := c.Servers[i].Routez(nil)
+	if err != nil {
+		tb.Fatalf("faultnet: routez of n%d: %v", i, err)
+	}
+	peers := map[string]bool{}
+	for _, r := range rz.Routes {
+		peers[r.RemoteName] = true
+	}
+	return peers
+}
+
+// WaitRoutes waits until server i has routes to exactly want other
+// servers, at most 60 s.
+func (c *Cluster) WaitRoutes(tb testing.TB, i, want int) {
+	tb.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		peers := c.Peers(tb, i)
+		if len(peers) == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("faultnet: n%d has routes to %v, want %d servers, after 60s", i, peers, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// WaitHealthy waits until every server reports healthy (JetStream meta
+// group and all streams current), at most 60 s.
+func (c *Cluster) WaitHealthy(tb testing.TB) {
+	tb.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var bad []string
+		for _, s := range c.Servers {
+			if h := s.Healthz(nil); h.Status != "ok" {
+				bad = append(bad, fmt.Sprintf("%s: %s %s", s.Name(), h.Status, h.Error))
+			}
+		}
+		if len(bad) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("faultnet: cluster not healthy within 60s: %v", bad)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// StreamLastSeq returns the last sequence of stream in server i's own
+// replica, from its monitoring (Jsz), and whether i holds a replica.
+func (c *Cluster) StreamLastSeq(tb testing.TB, i int, stream string) (uint64, bool) {
+	tb.Helper()
+	jsz, err := c.Servers[i].Jsz(&server.JSzOptions{Accounts: true, Streams: true})
+	if err != nil {
+		tb.Fatalf("faultnet: jsz of n%d: %v", i, err)
+	}
+	for _, a := range jsz.AccountDetails {
+		for _, s := range a.Streams {
+			if s.Name == stream {
+				return s.State.LastSeq, true
+			}
+		}
+	}
+	return 0, false
+}
