@@ -88,7 +88,8 @@ func WithPrefix(prefix string) Option {
 	}
 }
 
-// WithTimeout bounds requests whose context has no deadline (default 2 s).
+// WithTimeout bounds requests whose context has no deadline, retries
+// included (default 5 s).
 func WithTimeout(d time.Duration) Option {
 	return func(c *Client) error {
 		if d <= 0 {
@@ -98,6 +99,32 @@ func WithTimeout(d time.Duration) Option {
 		return nil
 	}
 }
+
+// WithoutRetries makes a request fail at its first failure. By default a
+// request that found no worker (nats.ErrNoResponders), got no reply within
+// an attempt (AttemptTimeout: a worker stopped, or the connection moved to
+// another server), or was answered 503 is sent again, with a short backoff,
+// until it succeeds or its context ends. Asking again is always safe: an
+// ID handed out to a lost attempt is never handed out again (a gap, never
+// a duplicate).
+func WithoutRetries() Option {
+	return func(c *Client) error {
+		c.noRetry = true
+		return nil
+	}
+}
+
+// AttemptTimeout bounds one attempt of a request that is retried: longer
+// than any reply of a worker takes (it answers 503 after at most its
+// MaxWait, or 2 s for an ordered tag whose owner moves), shorter than the
+// default request timeout.
+const AttemptTimeout = 2500 * time.Millisecond
+
+// Backoff between the attempts of a request.
+const (
+	retryMin = 5 * time.Millisecond
+	retryMax = 200 * time.Millisecond
+)
 
 // WithPrefetch turns on client-side prefetch of segment IDs: per tag, the
 // client keeps a local range of up to batch IDs fetched with
@@ -124,6 +151,7 @@ type Client struct {
 	prefix   string
 	timeout  time.Duration
 	prefetch int
+	noRetry  bool
 
 	ctx    context.Context // background refills; canceled by Close
 	cancel context.CancelFunc
@@ -137,7 +165,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if nc == nil {
 		return nil, errors.New("client: nil connection")
 	}
-	c := &Client{nc: nc, prefix: protocol.DefaultPrefix, timeout: 2 * time.Second, pools: map[string]*pool{}}
+	c := &Client{nc: nc, prefix: protocol.DefaultPrefix, timeout: 5 * time.Second, pools: map[string]*pool{}}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -245,18 +273,60 @@ func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges 
 		format = protocol.FormatRange
 		msg.Header.Set(protocol.FormatHeader, format.String())
 	}
-	resp, err := c.nc.RequestMsgWithContext(ctx, msg)
+	resp, err := c.send(ctx, msg)
 	if err != nil {
-		return nil, fmt.Errorf("client: %s: %w", subject, err)
-	}
-	if code := resp.Header.Get(protocol.ErrorCodeHeader); code != "" {
-		return nil, &Error{Code: code, Description: resp.Header.Get(protocol.ErrorHeader)}
+		return nil, err
 	}
 	runs, err := protocol.ParseIDs(resp.Data, n, format, lowest)
 	if err != nil {
 		return nil, fmt.Errorf("%w from %s: %w", ErrBadReply, subject, err)
 	}
 	return runs, nil
+}
+
+// send sends msg and returns the reply with IDs, retrying what is safe to
+// retry (see WithoutRetries) until ctx ends. An error reply is returned
+// as *Error.
+func (c *Client) send(ctx context.Context, msg *nats.Msg) (*nats.Msg, error) {
+	backoff := retryMin
+	var last error
+	for {
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if !c.noRetry {
+			actx, cancel = context.WithTimeout(ctx, AttemptTimeout)
+		}
+		resp, err := c.nc.RequestMsgWithContext(actx, msg)
+		cancel()
+		switch {
+		case err == nil && resp.Header.Get(protocol.ErrorCodeHeader) == "":
+			return resp, nil
+		case err == nil:
+			err = &Error{Code: resp.Header.Get(protocol.ErrorCodeHeader), Description: resp.Header.Get(protocol.ErrorHeader)}
+		default:
+			err = fmt.Errorf("client: %s: %w", msg.Subject, err)
+		}
+		if ctx.Err() != nil && last != nil && errors.Is(err, ctx.Err()) {
+			err = last // the deadline cut a retry short: say why it was retried
+		}
+		if c.noRetry || ctx.Err() != nil || !retryable(err) {
+			return nil, err
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return nil, last
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, retryMax)
+	}
+}
+
+// retryable reports whether a request that failed with err may be sent
+// again: no worker answered, the attempt timed out, or a worker said 503.
+func retryable(err error) bool {
+	var e *Error
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.As(err, &e) && e.Code == protocol.CodeUnavailable
 }
 
 func (c *Client) pool(tag string) *pool {

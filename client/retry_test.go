@@ -1,0 +1,166 @@
+package client_test
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// restartable is one worker that a test stops and starts again, on one
+// store and one NATS server.
+type restartable struct {
+	store segment.Store
+	ns    *server.Server
+	alloc *segment.Allocator
+	svc   *dispenser.Service
+}
+
+func (w *restartable) start(tb testing.TB) {
+	tb.Helper()
+	quiet := slog.New(slog.DiscardHandler)
+	alloc, err := segment.New(segment.Settings{Store: w.store, MaxWait: 10 * time.Second, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(tb, w.ns), Segments: alloc, Logger: quiet})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w.alloc, w.svc = alloc, svc
+}
+
+func (w *restartable) stop(tb testing.TB) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.svc.Stop(ctx); err != nil {
+		tb.Error(err)
+	}
+	if err := w.alloc.Close(ctx); err != nil {
+		tb.Error(err)
+	}
+}
+
+// TestRetriesAcrossRestart: requests made while the only worker restarts
+// (a gap in which nobody answers) all succeed through a Client, with no ID
+// twice; a Client WithoutRetries fails some of them with no responders,
+// which shows that the load did meet the gap.
+func TestRetriesAcrossRestart(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		opts     []client.Option
+		wantFail bool
+	}{
+		{name: "retries", opts: nil},
+		{name: "without retries", opts: []client.Option{client.WithoutRetries()}, wantFail: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &restartable{store: testdb.New(t, map[string]int64{"orders": 50}).Store, ns: testenv.NATS(t)}
+			w.start(t)
+			c := newClient(t, testenv.Connect(t, w.ns), tt.opts...)
+			ctx, cancel := context.WithCancel(context.Background())
+			var mu sync.Mutex // protects seen and fails
+			seen := map[int64]bool{}
+			var fails []error
+			var answered atomic.Int64
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						id, err := c.Segment(context.Background(), "orders")
+						mu.Lock()
+						if err != nil {
+							fails = append(fails, err)
+						} else if seen[id] {
+							t.Errorf("ID %d handed out twice", id)
+						} else {
+							seen[id] = true
+						}
+						mu.Unlock()
+						answered.Add(1)
+					}
+				})
+			}
+			waitAnswered := func(n int64) {
+				t.Helper()
+				want := answered.Load() + n
+				for deadline := time.Now().Add(30 * time.Second); answered.Load() < want; time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("fewer than %d requests answered within 30 s", n)
+					}
+				}
+			}
+			waitAnswered(50)
+			for range 3 {
+				w.stop(t)
+				time.Sleep(100 * time.Millisecond) // nobody answers meanwhile
+				w.start(t)
+				waitAnswered(50)
+			}
+			cancel()
+			wg.Wait()
+			w.stop(t)
+			mu.Lock()
+			defer mu.Unlock()
+			if tt.wantFail && len(fails) == 0 {
+				t.Fatalf("no request failed without retries: the load missed the gaps")
+			}
+			if !tt.wantFail && len(fails) > 0 {
+				t.Fatalf("%d of %d requests failed across restarts, e.g. %v", len(fails), answered.Load(), fails[0])
+			}
+			t.Logf("%d requests, %d failed, %d IDs", answered.Load(), len(fails), len(seen))
+		})
+	}
+}
+
+// TestRetriesAfterSilentAttempt: an attempt that gets no reply (its worker
+// stopped answering, or the connection moved) is sent again after
+// AttemptTimeout and answered by a worker that is up by then.
+func TestRetriesAfterSilentAttempt(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts []client.Option
+		ok   bool
+	}{
+		{name: "retries", ok: true},
+		{name: "without retries", opts: []client.Option{client.WithoutRetries()}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &restartable{store: testdb.New(t, map[string]int64{"orders": 50}).Store, ns: testenv.NATS(t)}
+			silent, err := testenv.Connect(t, w.ns).QueueSubscribeSync("id.segment.orders", "dispenser")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newClient(t, testenv.Connect(t, w.ns), tt.opts...)
+			done := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), client.AttemptTimeout+2*time.Second)
+				defer cancel()
+				_, err := c.Segment(ctx, "orders")
+				done <- err
+			}()
+			if _, err := silent.NextMsg(10 * time.Second); err != nil { // the first attempt reached it
+				t.Fatal(err)
+			}
+			if err := silent.Unsubscribe(); err != nil {
+				t.Fatal(err)
+			}
+			w.start(t)
+			t.Cleanup(func() { w.stop(t) })
+			if err := <-done; (err == nil) != tt.ok {
+				t.Fatalf("Segment after a silent attempt: %v, want success %v", err, tt.ok)
+			}
+		})
+	}
+}
