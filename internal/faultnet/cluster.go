@@ -32,6 +32,7 @@ type Cluster struct {
 	Servers []*server.Server
 	Links   [][]*Link
 	Net     *Net
+	opts    []*server.Options // each server's options before it started (Restart)
 }
 
 // deadRoute is the cluster address every server advertises: nothing
@@ -81,6 +82,11 @@ func NewCluster(tb testing.TB, n int, o ClusterOptions) *Cluster {
 				opts.Routes = append(opts.Routes, &url.URL{Scheme: "nats-route", Host: c.Links[i][j].Addr()})
 			}
 		}
+		// Lame-duck mode (Restart) spreads closing clients over 2 s,
+		// after a grace period, as the NATS Helm chart's preStop does
+		// over its longer defaults.
+		opts.LameDuckDuration, opts.LameDuckGracePeriod = 2*time.Second, 500*time.Millisecond
+		c.opts = append(c.opts, opts.Clone())
 		s, err := server.NewServer(opts)
 		if err != nil {
 			tb.Fatalf("faultnet: nats-server n%d: %v", i, err)

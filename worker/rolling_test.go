@@ -1,0 +1,264 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/internal/faultnet"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/testenv"
+	"github.com/dispenser-dev/dispenser/worker"
+)
+
+// rollingLoad requests IDs of a plain tag, an ordered tag and snowflake
+// IDs through the Go client, from two clients on every node, and records
+// every reply: one client retries what is safe to retry (the default),
+// the other does not, so that its failures show what a client without
+// retries sees, and where.
+type rollingLoad struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu sync.Mutex // protects the fields below
+	// phase is what is being restarted: "workers", or "server <i>".
+	phase string
+	// raw holds the failures of the clients without retries, by phase,
+	// node of the client and subject.
+	raw     map[string][]string
+	seen    map[string]map[int64]bool
+	answers map[string]int
+	fails   map[string][]string
+	dups    []string
+	// highest is the ordered tag's highest ID of a completed reply; an ID
+	// at or below the highest when its request was sent breaks order.
+	highest  int64
+	outOfOrd []string
+}
+
+func startRollingLoad(t *testing.T, c *faultnet.Cluster) *rollingLoad {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &rollingLoad{cancel: cancel, seen: map[string]map[int64]bool{}, answers: map[string]int{}, fails: map[string][]string{},
+		raw: map[string][]string{}, phase: "none"}
+	for _, subject := range []string{"plain", "orders", "snowflake"} {
+		l.seen[subject] = map[int64]bool{}
+	}
+	for node, s := range c.Servers {
+		for _, retries := range []bool{true, false} {
+			nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			opts := []client.Option{client.WithTimeout(30 * time.Second)}
+			if !retries {
+				opts = []client.Option{client.WithTimeout(5 * time.Second), client.WithoutRetries()}
+			}
+			cl, err := client.New(nc, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cl.Close)
+			for _, subject := range []string{"plain", "orders", "snowflake"} {
+				l.wg.Go(func() {
+					for ctx.Err() == nil {
+						l.mu.Lock()
+						floor, phase := l.highest, l.phase
+						l.mu.Unlock()
+						var id int64
+						var err error
+						if subject == "snowflake" {
+							id, err = cl.Snowflake(context.Background())
+						} else {
+							id, err = cl.Segment(context.Background(), subject)
+						}
+						if !retries && err != nil {
+							l.mu.Lock()
+							key := fmt.Sprintf("%s, client on n%d, %s", phase, node, subject)
+							l.raw[key] = append(l.raw[key], err.Error())
+							l.mu.Unlock()
+							continue
+						}
+						l.record(subject, id, err, floor)
+					}
+				})
+			}
+		}
+	}
+	return l
+}
+
+func (l *rollingLoad) setPhase(phase string) {
+	l.mu.Lock()
+	l.phase = phase
+	l.mu.Unlock()
+}
+
+func (l *rollingLoad) record(subject string, id int64, err error, floor int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.answers[subject]++
+	if err != nil {
+		l.fails[subject] = append(l.fails[subject], err.Error())
+		return
+	}
+	if l.seen[subject][id] {
+		l.dups = append(l.dups, fmt.Sprintf("%s %d", subject, id))
+	}
+	l.seen[subject][id] = true
+	if subject == "orders" {
+		if id <= floor {
+			l.outOfOrd = append(l.outOfOrd, fmt.Sprintf("%d after a reply with %d had completed", id, floor))
+		}
+		l.highest = max(l.highest, id)
+	}
+}
+
+// waitFor waits until every subject has n more answers than now.
+func (l *rollingLoad) waitFor(t *testing.T, n int) {
+	t.Helper()
+	l.mu.Lock()
+	want := map[string]int{}
+	for s := range l.seen {
+		want[s] = l.answers[s] + n
+	}
+	l.mu.Unlock()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		l.mu.Lock()
+		done := true
+		for s, w := range want {
+			done = done && l.answers[s] >= w
+		}
+		l.mu.Unlock()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d more answers of every subject within 60 s", n)
+		}
+	}
+}
+
+// TestRollingRestarts: under steady load from clients on every node of a
+// 3-node cluster, every worker is restarted one by one (stopped, a new one
+// started, which returns once it serves), then every nats-server one by
+// one in lame-duck mode. Through the Go client (which retries what is
+// safe to retry) no request fails, no ID is handed out twice and the
+// ordered tag stays in order. Clients without retries: no plain or
+// snowflake request fails while workers restart (a stopping worker leaves
+// the queue group before it stops answering; a new one joins once it can
+// answer); ordered-tag requests may fail with 503 while the owner moves,
+// at most orderedRawBound of them. What clients without retries lose
+// while a server restarts is logged, not yet asserted.
+func TestRollingRestarts(t *testing.T) {
+	c := faultnet.NewCluster(t, 3, faultnet.ClusterOptions{})
+	ctx := context.Background()
+	js, err := jetstream.New(testenv.Connect(t, c.Servers[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := kv.New(ctx, js, kv.Settings{Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []segment.Tag{{Name: "plain", Step: 100, MaxID: 1}, {Name: "orders", Step: 100, MaxID: 1, Ordered: true}} {
+		if err := store.CreateTag(ctx, tag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	start := func(i int) *worker.Worker {
+		t.Helper()
+		w, err := worker.New(ctx, worker.Config{
+			NATS:      worker.NATS{URL: c.Servers[i].ClientURL()},
+			Instance:  fmt.Sprintf("w%d", i),
+			Logger:    quiet,
+			Store:     worker.KV{Replicas: 3},
+			Segment:   segment.Settings{MaxWait: 2 * time.Second},
+			Owners:    worker.Owners{Replicas: 3},
+			Snowflake: snowflake.WorkerSettings{Replicas: 3},
+		})
+		if err != nil {
+			t.Fatalf("worker %d: %v", i, err)
+		}
+		return w
+	}
+	workers := make([]*worker.Worker, len(c.Servers))
+	for i := range workers {
+		workers[i] = start(i)
+	}
+	t.Cleanup(func() {
+		for _, w := range workers {
+			w.Close()
+		}
+	})
+	l := startRollingLoad(t, c)
+	l.waitFor(t, 100)
+	l.setPhase("workers")
+	for i := range workers {
+		if err := workers[i].Close(); err != nil {
+			t.Errorf("worker %d: close: %v", i, err)
+		}
+		workers[i] = start(i)
+		l.waitFor(t, 100)
+	}
+	for i := range c.Servers {
+		l.setPhase(fmt.Sprintf("server n%d", i))
+		c.Restart(t, i, true)
+		l.waitFor(t, 100)
+	}
+	l.cancel()
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for subject, fails := range l.fails {
+		if len(fails) > 0 {
+			t.Errorf("%s: %d of %d requests failed, e.g. %s", subject, len(fails), l.answers[subject], fails[0])
+		}
+	}
+	if len(l.dups) > 0 {
+		t.Errorf("%d IDs handed out twice, e.g. %v", len(l.dups), l.dups[0])
+	}
+	if len(l.outOfOrd) > 0 {
+		t.Errorf("%d ordered IDs out of order, e.g. %v", len(l.outOfOrd), l.outOfOrd[0])
+	}
+	ordered := 0
+	for key, fails := range l.raw {
+		t.Logf("without retries: %s: %d failed, e.g. %s", key, len(fails), fails[0])
+		parts := strings.Split(key, ", ") // phase, client's node, subject
+		switch {
+		case parts[2] == "orders":
+			ordered += len(fails)
+		case strings.HasPrefix(parts[0], "server "):
+			// Not yet zero: a request or reply in flight through the
+			// server in lame-duck mode when it closes the worker's
+			// connection is lost, also for clients on other servers
+			// (issue 23, point 5: open). Logged above.
+		default:
+			t.Errorf("without retries: %s: %d requests failed, want 0, e.g. %s", key, len(fails), fails[0])
+		}
+	}
+	if ordered > orderedRawBound {
+		t.Errorf("without retries: %d ordered-tag requests failed, want at most %d", ordered, orderedRawBound)
+	}
+	t.Logf("answers %v", l.answers)
+}
+
+// orderedRawBound is the most ordered-tag requests the clients without
+// retries may see fail in the whole rolling restart: each of the six
+// restarts (three workers, three servers) may move the owner or its
+// leases' leaders, and fail the requests in flight then or sent before the
+// new owner serves: at most two per client (three) per restart, so 36.
+// Seen: 12.
+const orderedRawBound = 36
