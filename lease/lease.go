@@ -94,6 +94,26 @@ func (s Settings) Check() (Settings, error) {
 	return s, nil
 }
 
+// MaxAttempt bounds how long one renewal request waits for its reply
+// (Settings.Attempt).
+const MaxAttempt = time.Second
+
+// Attempt is how long one request of a renewal round waits for its reply
+// before the round gives it up and tries again (Retry): Lease/4, at most
+// MaxAttempt. A request can be lost for good without an error: sent into
+// a route that is partitioned but not yet closed, or to a stream or meta
+// leader that is gone while JetStream elects a new one. Waiting longer for
+// it only delays the round; the next attempt reads the clocks again, so a
+// retried write never fences on the send time of a failed one.
+func (s Settings) Attempt() time.Duration { return min(s.Lease/4, MaxAttempt) }
+
+// Retry is the pause between a failed renewal round and the next one:
+// Heartbeat/4, at most MaxAttempt/4. A round that failed is retried this
+// soon, not a whole Heartbeat later, so that a holder renews as soon as a
+// JetStream leader election is over and rides out elections shorter than
+// Lease - Heartbeat - Attempt - Retry.
+func (s Settings) Retry() time.Duration { return min(s.Heartbeat/4, MaxAttempt/4) }
+
 // Terms are what a lease record says to a claimant.
 type Terms struct {
 	// Lease is the holder's lease duration.

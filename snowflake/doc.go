@@ -99,7 +99,7 @@
 // "lease_ms" have passed. A lost race (wrong revision) moves on to the next
 // key; if none is left, ErrNoWorkerID.
 //
-// Heartbeats: every Heartbeat (default 3 s; lease default 10 s) the worker
+// Heartbeats: every Heartbeat (default 2 s; lease default 15 s) the worker
 // writes, by compare-and-set on its last revision, its clock and a bound of
 // at least its clock plus the lease. Only once that write has succeeded does
 // the generator use the new bound, and it never issues a timestamp above

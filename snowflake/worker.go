@@ -21,9 +21,16 @@ import (
 
 // Worker defaults.
 const (
-	DefaultBucket    = "dispenser_workers"
-	DefaultLease     = 10 * time.Second
-	DefaultHeartbeat = 3 * time.Second
+	DefaultBucket = "dispenser_workers"
+	// DefaultLease and DefaultHeartbeat are sized from JetStream leader
+	// elections: a worker on the majority side of a partition that cut off
+	// the lease bucket's stream leader renews once the majority has
+	// elected a new one, 5-9 s later as measured on a 3-node cluster on a
+	// busy 2-core machine (nats-server's raft election timeout is 4-9 s).
+	// A lease rides out an election shorter than Lease - Heartbeat -
+	// lease.MaxAttempt - lease.MaxAttempt/4, 11.75 s with these defaults.
+	DefaultLease     = 15 * time.Second
+	DefaultHeartbeat = 2 * time.Second
 )
 
 // WorkerSettings configure a Worker. The zero value of every field means its
@@ -279,11 +286,14 @@ func (w *Worker) run() {
 	// that a storm of refusals does not hammer NATS.
 	spacing := w.cfg.Heartbeat / 4
 	var last time.Time
+	// retry fires a short pause after a failed heartbeat (lease.Settings.Retry).
+	var retry <-chan time.Time
 	for {
 		select {
 		case <-w.ctx.Done():
 			return
 		case <-t.C:
+		case <-retry:
 		case <-w.kick:
 			if wait := spacing - time.Since(last); wait > 0 {
 				select {
@@ -293,6 +303,7 @@ func (w *Worker) run() {
 				}
 			}
 		}
+		retry = nil
 		if w.paused.Load() {
 			continue
 		}
@@ -304,7 +315,9 @@ func (w *Worker) run() {
 		case gone:
 			// Stopped for good; Close ends the loop.
 		case held:
-			w.heartbeat()
+			if w.heartbeat() {
+				retry = time.After(w.terms.Retry())
+			}
 		case owed:
 			ctx, cancel := context.WithTimeout(w.ctx, w.cfg.Lease)
 			if w.writeBack(ctx) {
@@ -373,8 +386,16 @@ func (w *Worker) stop(err error) {
 // heartbeat renews the lease: a CAS write of the current time and a bound
 // at least a lease ahead. Only after the write succeeded may the generator
 // use the new bound, so the recorded bound always covers what was issued.
-func (w *Worker) heartbeat() {
-	ctx, cancel := context.WithTimeout(w.ctx, w.cfg.Lease)
+// It reports whether it failed for want of an answer, and should be tried
+// again soon (run retries it after lease.Settings.Retry).
+//
+// Its requests wait at most lease.Settings.Attempt each: a request lost in
+// a partition or to a JetStream leader that is gone would otherwise hold
+// the round until the lease ran out, and a worker on the majority side of
+// a partition would be fenced by a leader election it could have ridden
+// out.
+func (w *Worker) heartbeat() (retry bool) {
+	ctx, cancel := context.WithTimeout(w.ctx, w.terms.Attempt())
 	defer cancel()
 	// Before writing on a revision, make sure the bucket is the one that
 	// revision belongs to.
@@ -382,15 +403,16 @@ func (w *Worker) heartbeat() {
 		if !errors.Is(err, ErrBucketDeleted) {
 			id, _ := w.WorkerID()
 			w.heartbeatFailed(id, err)
+			return true
 		}
-		return
+		return false
 	}
 	w.mu.Lock()
 	id, rev := w.id, w.rev
 	oldBoundMs := w.rec.Bound.UnixMilli() - w.gen.epochMs
 	w.mu.Unlock()
 	if id < 0 {
-		return
+		return false
 	}
 	var rec leaseRecord
 	g, err := w.terms.Write(ctx, w.kv, workerKey(id), rev, func(now time.Time) ([]byte, error) {
@@ -405,14 +427,14 @@ func (w *Worker) heartbeat() {
 		w.hbFailStreak = 0
 		w.gen.renew(rec.Bound.UnixMilli()-w.gen.epochMs, g.Mono+w.cfg.Lease)
 		w.mu.Unlock()
-		return
+		return false
 	}
 	if w.ctx.Err() != nil {
-		return // closing
+		return false // closing
 	}
 	if !kvbucket.Conflict(err) {
 		w.heartbeatFailed(id, err)
-		return
+		return true
 	}
 	// The key changed under us. If our own earlier write landed after all
 	// (its reply was lost), adopt its revision; else we lost the key, to
@@ -420,7 +442,7 @@ func (w *Worker) heartbeat() {
 	e, gerr := kvbucket.Latest(ctx, w.kv, workerKey(id))
 	if gerr != nil {
 		w.heartbeatFailed(id, fmt.Errorf("read lease: %w", gerr))
-		return
+		return true
 	}
 	if e != nil && e.Operation() == jetstream.KeyValuePut {
 		var cur leaseRecord
@@ -429,7 +451,7 @@ func (w *Worker) heartbeat() {
 			w.rev, w.rec = e.Revision(), cur
 			w.mu.Unlock()
 			w.poke()
-			return
+			return false
 		}
 		w.gen.revoke(ErrFenced)
 		w.mu.Lock()
@@ -438,7 +460,7 @@ func (w *Worker) heartbeat() {
 		w.mu.Unlock()
 		w.log.Warn("snowflake: lost worker ID to another holder; claiming a new one", "worker", id, "holder", cur.Instance)
 		w.poke()
-		return
+		return false
 	}
 	// Deleted or purged (a marker), or gone without a trace (the stream
 	// was purged). Our bound is the only record left of what we may have
@@ -457,6 +479,7 @@ func (w *Worker) heartbeat() {
 	if w.writeBack(ctx) {
 		w.poke()
 	}
+	return false
 }
 
 // heartbeatFailed counts a failed heartbeat and logs the first of a streak

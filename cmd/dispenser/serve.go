@@ -62,7 +62,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&c.Snowflake.Replicas, "snowflake-replicas", 1, "replicas of the lease bucket when it is created; an existing bucket with fewer is refused")
 	epoch := fs.String("snowflake-epoch", snowflake.DefaultEpoch.Format(time.RFC3339), "epoch of snowflake timestamps (RFC 3339); every worker of a bucket must use the same")
 	fs.DurationVar(&c.Snowflake.Lease, "snowflake-lease", snowflake.DefaultLease, "worker-ID lease: a worker that could not renew for this long stops issuing")
-	fs.DurationVar(&c.Snowflake.Heartbeat, "snowflake-heartbeat", 0, "interval of lease renewals, below --snowflake-lease (default 3s, or a third of the lease if that is shorter)")
+	fs.DurationVar(&c.Snowflake.Heartbeat, "snowflake-heartbeat", 0, "interval of lease renewals, below --snowflake-lease (default 2s, or a third of the lease if that is shorter)")
 	fs.BoolVar(&c.Snowflake.RandomSequence, "snowflake-random-sequence", false, "start each millisecond's sequence at a small random offset (even id % n sharding)")
 	fs.StringVar(&c.Prefix, "prefix", worker.DefaultPrefix, "subject prefix: endpoints are PREFIX.segment.<tag> and PREFIX.snowflake")
 	fs.StringVar(&c.QueueGroup, "queue-group", worker.DefaultQueueGroup, "queue group of the endpoints; workers in one group share the load")
