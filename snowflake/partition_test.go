@@ -81,7 +81,10 @@ func TestMinorityPartitionMajorityKeepsIssuing(t *testing.T) {
 		}
 		s := WorkerSettings{Replicas: 3, Instance: c.Servers[i].Name(), Logger: testLogger(t).With("node", i)}
 		// A fresh 3-replica stream sometimes leaves a first request
-		// unanswered; start-up is not what this test is about.
+		// unanswered, and a cluster just up may not place one yet (no
+		// suitable peers); start-up is not what this test is about, so
+		// it is tried again until it succeeds, for at most 60 s.
+		deadline := time.Now().Add(60 * time.Second)
 		for try := 1; ; try++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			w, err := StartWorker(ctx, js, s)
@@ -96,10 +99,11 @@ func TestMinorityPartitionMajorityKeepsIssuing(t *testing.T) {
 				})
 				return w
 			}
-			if try == 3 {
+			if time.Now().After(deadline) {
 				t.Fatalf("StartWorker(%q): %v", s.Instance, err)
 			}
 			t.Logf("StartWorker(%q), try %d: %v", s.Instance, try, err)
+			time.Sleep(200 * time.Millisecond)
 		}
 	}
 	// The first worker creates the bucket; the others start once its
