@@ -186,12 +186,14 @@ func TestMinorityPartitionMajorityOwnerKeepsServing(t *testing.T) {
 	wg.Wait()
 	_, isoExpires := heldRev(ls[iso], isoTag)
 	isoOwnsAtEnd := ls[iso].Owns(isoTag)
+	// Heal, and wait until the isolated node has its routes back, so that
+	// the releases in Cleanup land (they need the majority's leaders, not
+	// a healthy cluster).
 	c.Heal()
 	for i := range c.Servers {
 		c.WaitRoutes(t, i, 2)
 	}
-	c.WaitHealthy(t) // so that the releases in Cleanup land
-	t.Logf("healed and healthy %v after the isolation", time.Since(isolated))
+	t.Logf("healed %v after the isolation", time.Since(isolated))
 	t.Logf("the majority owner renewed its lease %v after the isolation", renewed)
 
 	majW.mu.Lock()
