@@ -9,7 +9,13 @@
 // The record names the owner and the subject it takes forwarded requests
 // on (Route). A watcher keeps every worker's routes current, and makes an
 // owner whose key changed under it (a watcher event newer than its own
-// last write, or a heartbeat that finds another revision) stop at once.
+// last write, or a heartbeat that finds another worker's record or a
+// marker) stop at once. A heartbeat round's requests each wait at most
+// lease.Settings.Attempt and a failed round is tried again after
+// lease.Settings.Retry, so that an owner rides out a JetStream leader
+// election; a renewal whose answer was lost but which landed is
+// recognised by the record's Session and adopted (without extending the
+// fence), not taken for a lost lease.
 // An owner may take its own record back at once.
 //
 // A key deleted or purged by hand is claimable only the claimant's lease
@@ -55,7 +61,18 @@ import (
 // Defaults and limits.
 const (
 	DefaultBucket = "dispenser_owners"
-	DefaultLease  = 5 * time.Second
+	// DefaultLease and DefaultHeartbeat are sized from JetStream leader
+	// elections, as snowflake's are: an owner on the majority side of a
+	// partition that cut off the owners bucket's stream leader renews once
+	// the majority has elected a new one, 5-9 s later as measured on a
+	// 3-node cluster on a busy 2-core machine (nats-server's raft election
+	// timeout is 4-9 s). A lease rides out an election shorter than Lease -
+	// Heartbeat - lease.MaxAttempt - lease.MaxAttempt/4, 11.75 s with these
+	// defaults. The cost: after an owner crashes, its tags wait about two
+	// leases (claimableAt) before another worker takes them over; a
+	// graceful shutdown releases them at once.
+	DefaultLease     = 15 * time.Second
+	DefaultHeartbeat = 2 * time.Second
 	// MaxLease is the longest lease accepted: it bounds how long a worker
 	// not recorded under LeasesKey may serve.
 	MaxLease = 5 * time.Minute
@@ -95,7 +112,10 @@ type Settings struct {
 	// Lease is how long a lease lives without a heartbeat, 10ms to
 	// MaxLease. Default DefaultLease.
 	Lease time.Duration
-	// Heartbeat is the interval of renewals, below Lease. Default Lease/3.
+	// Heartbeat is the interval of renewals, below Lease. Default
+	// DefaultHeartbeat, or Lease/3 if that is shorter. A failed round is
+	// tried again after lease.Settings.Retry, each request waiting at most
+	// lease.Settings.Attempt.
 	Heartbeat time.Duration
 	// OnAcquire is called when this worker becomes a tag's owner, before
 	// Owns reports it (it must not call Claim), and OnLose when it stops
@@ -202,6 +222,8 @@ type Leases struct {
 	fencedHits atomic.Uint64
 	lookups    atomic.Uint64 // reads of the bucket
 	recreated  atomic.Bool   // the stream is not the one Open found
+	// hbFailStreak counts heartbeat rounds failed in a row (heartbeatFailed).
+	hbFailStreak atomic.Uint64
 
 	mu sync.Mutex // protects owned, routes, failed and closed
 	// owned holds the leases this worker holds, valid or not.
@@ -254,6 +276,12 @@ func Open(ctx context.Context, js jetstream.JetStream, s Settings) (*Leases, err
 func (s *Settings) check() error {
 	if s.Owner == "" || s.Subject == "" {
 		return fmt.Errorf("%w: Owner and Subject are required", ErrInvalidSettings)
+	}
+	if s.Lease == 0 {
+		s.Lease = DefaultLease
+	}
+	if s.Heartbeat == 0 && s.Lease > 0 {
+		s.Heartbeat = min(DefaultHeartbeat, s.Lease/3)
 	}
 	ls, err := s.leaseSettings().Check()
 	if err != nil {
@@ -850,25 +878,40 @@ func (l *Leases) newRecord(now time.Time) record {
 	}
 }
 
-// run renews the held leases every Heartbeat until Close.
+// run renews the held leases every Heartbeat until Close, and a round that
+// failed for want of an answer again after lease.Settings.Retry.
 func (l *Leases) run() {
 	defer close(l.done)
 	t := time.NewTicker(l.cfg.Heartbeat)
 	defer t.Stop()
+	// retry fires a short pause after a failed round.
+	var retry <-chan time.Time
 	for {
 		select {
 		case <-l.ctx.Done():
 			return
 		case <-t.C:
+		case <-retry:
 		}
-		l.heartbeat()
+		retry = nil
+		if l.heartbeat() {
+			retry = time.After(l.terms.Retry())
+		}
 	}
 }
 
 // heartbeat renews every held lease once, or releases it (Plain). It first
 // checks that the bucket is the one Open found and that the longest lease
 // recorded covers ours; if either fails, no lease is renewed this round.
-func (l *Leases) heartbeat() {
+// It reports whether the round failed for want of an answer, and should
+// be tried again soon (run retries it after lease.Settings.Retry).
+//
+// Each of its requests waits at most lease.Settings.Attempt: a request
+// lost in a partition or to a JetStream leader that is gone would
+// otherwise hold the round until the lease ran out, and an owner on the
+// majority side of a partition would be fenced by a leader election it
+// could have ridden out.
+func (l *Leases) heartbeat() (retry bool) {
 	l.mu.Lock()
 	tags := make([]string, 0, len(l.owned))
 	for tag := range l.owned {
@@ -876,22 +919,28 @@ func (l *Leases) heartbeat() {
 	}
 	l.mu.Unlock()
 	if len(tags) == 0 {
-		return
+		return false
 	}
 	sort.Strings(tags)
-	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.Lease)
-	defer cancel()
-	if err := l.checkStream(ctx); err != nil {
-		if !errors.Is(err, ErrBucketRecreated) && l.ctx.Err() == nil {
-			l.log.Warn("ownership: heartbeat failed", "err", err)
+	ctx, cancel := context.WithTimeout(l.ctx, l.terms.Attempt())
+	err := l.checkStream(ctx)
+	cancel()
+	if err != nil {
+		if errors.Is(err, ErrBucketRecreated) || l.ctx.Err() != nil {
+			return false
 		}
-		return
+		l.heartbeatFailed(err)
+		return true
 	}
-	if _, err := l.raiseLongest(ctx); err != nil {
-		if l.ctx.Err() == nil {
-			l.log.Warn("ownership: heartbeat failed", "err", err)
+	ctx, cancel = context.WithTimeout(l.ctx, l.terms.Attempt())
+	_, err = l.raiseLongest(ctx)
+	cancel()
+	if err != nil {
+		if l.ctx.Err() != nil {
+			return false
 		}
-		return
+		l.heartbeatFailed(err)
+		return true
 	}
 	for _, tag := range tags {
 		if l.cfg.Plain != nil && l.cfg.Plain(tag) {
@@ -899,12 +948,31 @@ func (l *Leases) heartbeat() {
 			l.Release(tag)
 			continue
 		}
-		l.renew(tag)
+		if l.renew(tag) {
+			retry = true
+		}
+	}
+	if !retry {
+		l.hbFailStreak.Store(0)
+	}
+	return retry
+}
+
+// heartbeatFailed logs the first failure of a streak, retried every
+// lease.Settings.Retry, and every hundredth.
+func (l *Leases) heartbeatFailed(err error, args ...any) {
+	if n := l.hbFailStreak.Add(1); n == 1 || n%100 == 0 {
+		l.log.Warn("ownership: heartbeat failed", append(args, "err", err, "consecutive_failures", n)...)
 	}
 }
 
-// renew renews one lease: a compare-and-swap on the revision last written.
-func (l *Leases) renew(tag string) {
+// renew renews one lease: a compare-and-swap on the revision last written,
+// the fence extended from the send time of the write. It reports whether
+// it should be tried again soon: it got no answer, or it found that a
+// write of its own whose answer was lost had landed after all (the key
+// holds this session's record at a newer revision), which it adopts
+// without extending the fence: that write's send time is not known here.
+func (l *Leases) renew(tag string) (retry bool) {
 	l.mu.Lock()
 	h := l.owned[tag]
 	var rev uint64
@@ -913,9 +981,9 @@ func (l *Leases) renew(tag string) {
 	}
 	l.mu.Unlock()
 	if h == nil || l.recreated.Load() {
-		return
+		return false
 	}
-	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.Lease)
+	ctx, cancel := context.WithTimeout(l.ctx, l.terms.Attempt())
 	defer cancel()
 	var rec record
 	g, err := l.terms.Write(ctx, l.kv, tag, rev, func(now time.Time) ([]byte, error) {
@@ -932,16 +1000,48 @@ func (l *Leases) renew(tag string) {
 		l.mu.Unlock()
 		if newer {
 			l.lose(tag, h, "its key changed right after the heartbeat")
-			return
+			return false
 		}
 		h.fence.Extend(g, l.cfg.Lease)
-	case kvbucket.Conflict(err) || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
-		l.lose(tag, h, "its key was rewritten, deleted or purged")
-	default:
-		if l.ctx.Err() == nil {
-			l.log.Warn("ownership: heartbeat failed", "tag", tag, "err", err)
-		}
+		return false
+	case l.ctx.Err() != nil:
+		return false // closing
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		l.lose(tag, h, "its key was deleted or purged")
+		return false
+	case !kvbucket.Conflict(err):
+		l.heartbeatFailed(err, "tag", tag)
+		return true
 	}
+	// The key changed under us. If our own earlier write landed after all
+	// (its answer was lost), adopt its revision; else we lost the key.
+	rctx, rcancel := context.WithTimeout(l.ctx, l.terms.Attempt())
+	defer rcancel()
+	e, err := l.latest(rctx, tag)
+	if err != nil {
+		if l.ctx.Err() == nil {
+			l.heartbeatFailed(fmt.Errorf("read lease: %w", err), "tag", tag)
+		}
+		return l.ctx.Err() == nil
+	}
+	s := seenOf(e)
+	l.mu.Lock()
+	stale := e != nil && s.rev <= h.rev
+	l.mu.Unlock()
+	if stale {
+		return true // a follower behind the write that conflicted: read again next round
+	}
+	if !s.put || s.rec.Session != l.session {
+		l.lose(tag, h, "its key was rewritten, deleted or purged")
+		return false
+	}
+	l.mu.Lock()
+	if s.rev > h.rev {
+		h.rev, h.rec = s.rev, s.rec
+	}
+	l.rememberLocked(tag, s)
+	l.mu.Unlock()
+	return true
 }
 
 // lose drops a lease this worker no longer holds: Owns turns false before

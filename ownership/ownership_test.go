@@ -2,6 +2,7 @@ package ownership
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -557,5 +558,48 @@ func TestHeartbeatWritesNoCoveredRecord(t *testing.T) {
 	}
 	if !a.Owns("orders") {
 		t.Error("a stopped owning orders after the heartbeat")
+	}
+}
+
+// TestLandedRenewalAdopted: a renewal whose answer was lost (it timed out)
+// but which landed leaves the key one revision past what the owner knows,
+// holding the owner's own record. The next renewal's compare-and-swap
+// conflicts; the owner must recognise its session and adopt the revision,
+// not drop the tag as lost, and the adoption must not extend its fence.
+// The old code dropped the tag on any conflict.
+func TestLandedRenewalAdopted(t *testing.T) {
+	kv := newBucket(t)
+	a := newWorker(t, kv, "a", 0)
+	claim(t, a, "orders")
+	rev, _ := heldRev(a.Leases, "orders")
+	// The landed write, a second after the claim.
+	a.clock.Add(time.Second)
+	data, err := json.Marshal(a.newRecord(a.clock.Now()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	landed, err := kv.Update(context.Background(), "orders", data, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retry := a.renew("orders"); !retry {
+		t.Error("renew after a conflict with its own write: retry = false, want true")
+	}
+	if got, _ := heldRev(a.Leases, "orders"); got != landed {
+		t.Errorf("held revision %d after the conflict, want the landed write's %d", got, landed)
+	}
+	if !a.Owns("orders") || a.Stats().Losses != 0 {
+		t.Fatalf("a after its own landed write: owns %v, losses %d; want true, 0", a.Owns("orders"), a.Stats().Losses)
+	}
+	// Not extended by the adoption: the claim's lease (5 s) still ends it.
+	a.clock.Add(4001 * time.Millisecond)
+	if a.Owns("orders") {
+		t.Error("a's fence extended by adopting a write whose send time it does not know")
+	}
+	if retry := a.renew("orders"); retry {
+		t.Error("renew on the adopted revision: retry = true, want false")
+	}
+	if !a.Owns("orders") {
+		t.Error("a does not own orders after renewing on the adopted revision")
 	}
 }

@@ -53,7 +53,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&pg.WitnessReplicas, "witness-replicas", 1, "replicas of the witness bucket when it is created; an existing bucket with fewer is refused")
 	fs.StringVar(&c.Owners.Bucket, "ordered-bucket", ownership.DefaultBucket, "JetStream KV bucket of the owners of ordered tags")
 	fs.IntVar(&c.Owners.Replicas, "ordered-replicas", 1, "replicas of that bucket when it is created; an existing bucket with fewer is refused")
-	fs.DurationVar(&c.Owners.Lease, "ordered-lease", ownership.DefaultLease, "lease of an ordered tag's owner (at most 5m): one that could not renew for this long stops serving the tag, and another takes it over a lease later")
+	fs.DurationVar(&c.Owners.Lease, "ordered-lease", ownership.DefaultLease, "lease of an ordered tag's owner (at most 5m; heartbeats every 2s, or a third of it if shorter): one that could not renew for this long stops serving the tag, and another takes it over a lease later (after a crash about two leases; a graceful shutdown releases at once)")
 	autoCreate := fs.Bool("auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url and no --postgres-url)")
 	autoCreateStep := fs.Int64("auto-create-step", 1000, "step of tags created on first use")
 	fs.IntVar(&c.Segment.AutoCreateMax, "auto-create-max", segment.DefaultAutoCreateMax, "most tags one worker creates on first use over its life (requests for random names cannot fill the store); beyond it an unknown tag is 404; -1: no bound")
