@@ -138,8 +138,12 @@ func TestRetriesAfterSilentAttempt(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			w := &restartable{store: testdb.New(t, map[string]int64{"orders": 50}).Store, ns: testenv.NATS(t)}
-			silent, err := testenv.Connect(t, w.ns).QueueSubscribeSync("id.segment.orders", "dispenser")
+			snc := testenv.Connect(t, w.ns)
+			silent, err := snc.QueueSubscribeSync("id.segment.orders", "dispenser")
 			if err != nil {
+				t.Fatal(err)
+			}
+			if err := snc.Flush(); err != nil { // the server knows it before the request
 				t.Fatal(err)
 			}
 			c := newClient(t, testenv.Connect(t, w.ns), tt.opts...)
