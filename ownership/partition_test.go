@@ -13,26 +13,6 @@ import (
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
-// streamLeader returns the index of the server leading stream, or -1.
-func streamLeader(c *faultnet.Cluster, stream string) int {
-	for i, s := range c.Servers {
-		if s.JetStreamIsStreamLeader("$G", stream) {
-			return i
-		}
-	}
-	return -1
-}
-
-// metaLeader returns the index of the JetStream meta leader, or -1.
-func metaLeader(c *faultnet.Cluster) int {
-	for i, s := range c.Servers {
-		if s.JetStreamIsLeader() {
-			return i
-		}
-	}
-	return -1
-}
-
 // heldRev is the revision of tag's lease l last wrote or adopted, and the
 // expiry recorded in it; 0 if l holds no lease on tag.
 func heldRev(l *Leases, tag string) (uint64, time.Time) {
@@ -122,18 +102,12 @@ func TestMinorityPartitionMajorityOwnerKeepsServing(t *testing.T) {
 	// The worst case: the isolated node leads both the stream and the
 	// meta group, so both need an election on the majority side.
 	nc := testenv.Connect(t, c.Servers[0])
-	for try := 0; try < 6 && streamLeader(c, stream) != metaLeader(c); try++ {
-		if _, err := nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil, 5*time.Second); err != nil {
-			t.Logf("stream leader step-down: %v", err)
-		}
-		waitFor(t, "a stream leader", func() bool { return streamLeader(c, stream) >= 0 })
-	}
-	iso := streamLeader(c, stream)
+	iso := c.LeadBoth(t, nc, stream)
 	if iso < 0 {
 		t.Fatal("no stream leader")
 	}
 	maj := (iso + 1) % 3
-	t.Logf("isolating n%d: stream leader; meta leader is n%d; majority owner n%d", iso, metaLeader(c), maj)
+	t.Logf("isolating n%d: stream leader; meta leader is n%d; majority owner n%d", iso, c.MetaLeader(), maj)
 
 	// One tag owned on the majority side, one on the node to be isolated.
 	const majTag, isoTag = "majority", "minority"

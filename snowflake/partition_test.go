@@ -44,26 +44,6 @@ func (is *issuer) run(ctx context.Context) {
 	}
 }
 
-// streamLeader returns the index of the server leading stream, or -1.
-func streamLeader(c *faultnet.Cluster, stream string) int {
-	for i, s := range c.Servers {
-		if s.JetStreamIsStreamLeader("$G", stream) {
-			return i
-		}
-	}
-	return -1
-}
-
-// metaLeader returns the index of the JetStream meta leader, or -1.
-func metaLeader(c *faultnet.Cluster) int {
-	for i, s := range c.Servers {
-		if s.JetStreamIsLeader() {
-			return i
-		}
-	}
-	return -1
-}
-
 // TestMinorityPartitionMajorityKeepsIssuing isolates the node that leads
 // the lease bucket's stream (and, if a few step-downs get there, the
 // JetStream meta leader too), with one worker on each node and default
@@ -115,17 +95,11 @@ func TestMinorityPartitionMajorityKeepsIssuing(t *testing.T) {
 	// The worst case: the isolated node leads both the stream and the
 	// meta group, so both need an election on the majority side.
 	nc := testenv.Connect(t, c.Servers[0])
-	for try := 0; try < 6 && streamLeader(c, stream) != metaLeader(c); try++ {
-		if _, err := nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil, 5*time.Second); err != nil {
-			t.Logf("stream leader step-down: %v", err)
-		}
-		waitFor(t, "a stream leader", func() bool { return streamLeader(c, stream) >= 0 })
-	}
-	iso := streamLeader(c, stream)
+	iso := c.LeadBoth(t, nc, stream)
 	if iso < 0 {
 		t.Fatal("no stream leader")
 	}
-	t.Logf("isolating n%d: stream leader; meta leader is n%d", iso, metaLeader(c))
+	t.Logf("isolating n%d: stream leader; meta leader is n%d", iso, c.MetaLeader())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
