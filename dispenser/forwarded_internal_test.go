@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -34,22 +35,10 @@ func (fixedOwners) Claim(context.Context, string) (ownership.Route, error) {
 }
 func (fixedOwners) Stats() ownership.Stats { return ownership.Stats{} }
 
-// subscribe subscribes nc to subject and makes sure the server knows.
-func subscribe(t testing.TB, nc *nats.Conn, subject string) *nats.Subscription {
-	t.Helper()
-	sub, err := nc.SubscribeSync(subject)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return sub
-}
-
-// orderedTagStack returns a NATS server and an allocator on a KV store
-// holding the ordered tag "seq", step 1000, from 1.
-func orderedTagStack(t *testing.T) (*server.Server, *segment.Allocator) {
+// orderedService starts a Service with owners on a NATS server and a KV
+// store holding the ordered tag "seq", step 1000, from 1, and returns the
+// server and the Service; both stop in Cleanup.
+func orderedService(t *testing.T, owners ordered.Owners, maxBatch int) (*server.Server, *Service) {
 	t.Helper()
 	ns := testenv.NATS(t)
 	js, err := jetstream.New(testenv.Connect(t, ns))
@@ -68,16 +57,8 @@ func orderedTagStack(t *testing.T) (*server.Server, *segment.Allocator) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ns, alloc
-}
-
-// TestForwardedRequestsAnswered: the owner answers every line of a
-// forwarded message on its reply subject, with IDs or the error the
-// request would get itself; a line without a reply subject is dropped.
-func TestForwardedRequestsAnswered(t *testing.T) {
-	ns, alloc := orderedTagStack(t)
-	svc, err := New(Config{Conn: testenv.Connect(t, ns), Segments: alloc, Owners: fixedOwners{}, OwnerSubject: "id.owner.a",
-		MaxBatch: 100, Logger: slog.New(slog.DiscardHandler)})
+	svc, err := New(Config{Conn: testenv.Connect(t, ns), Segments: alloc, Owners: owners, OwnerSubject: "id.owner.a",
+		MaxBatch: maxBatch, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,8 +68,16 @@ func TestForwardedRequestsAnswered(t *testing.T) {
 		_ = svc.Stop(ctx)
 		_ = alloc.Close(ctx)
 	})
+	return ns, svc
+}
+
+// TestForwardedRequestsAnswered: the owner answers every line of a
+// forwarded message on its reply subject, with IDs or the error the
+// request would get itself; a line without a reply subject is dropped.
+func TestForwardedRequestsAnswered(t *testing.T) {
+	ns, svc := orderedService(t, fixedOwners{}, 100)
 	nc := testenv.Connect(t, ns)
-	replies := subscribe(t, nc, "_INBOX.t.*")
+	replies := testenv.Subscribe(t, nc, "_INBOX.t.*")
 	body := "_INBOX.t.list 2 list 0\n" +
 		"_INBOX.t.zero 0 list 0\n" +
 		"_INBOX.t.huge 101 list 0\n" +
@@ -184,27 +173,15 @@ func (o *losingOwners) Stats() ownership.Stats { return ownership.Stats{} }
 // owner. Seen failing while takeOwned replied without looking again: the
 // second request was answered here, not forwarded.
 func TestOwnerLostWhileTaking(t *testing.T) {
-	ns, alloc := orderedTagStack(t)
 	// The first request: Cached (1) and the parked request's check (2);
 	// the second: Cached (3), then the loss.
-	owners := &losingOwners{limit: 3}
-	svc, err := New(Config{Conn: testenv.Connect(t, ns), Segments: alloc, Owners: owners, OwnerSubject: "id.owner.a",
-		Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = svc.Stop(ctx)
-		_ = alloc.Close(ctx)
-	})
+	ns, _ := orderedService(t, &losingOwners{limit: 3}, 0)
 	nc := testenv.Connect(t, ns)
 	if resp, err := nc.Request("id.segment.seq", nil, 5*time.Second); err != nil || string(resp.Data) != "1" {
 		t.Fatalf("first request, as the owner: %v %v, want ID 1", resp, err)
 	}
-	forwarded := subscribe(t, nc, "id.owner.b.seq")
-	replies := subscribe(t, nc, "_INBOX.lost")
+	forwarded := testenv.Subscribe(t, nc, "id.owner.b.seq")
+	replies := testenv.Subscribe(t, nc, "_INBOX.lost")
 	if err := nc.PublishRequest("id.segment.seq", "_INBOX.lost", nil); err != nil {
 		t.Fatal(err)
 	}

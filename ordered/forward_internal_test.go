@@ -32,25 +32,12 @@ func (e errorReplies) Fail(f protocol.Forward, err error) {
 	_ = e.nc.PublishMsg(msg)
 }
 
-// subscribe subscribes nc to subject and makes sure the server knows.
-func subscribe(t testing.TB, nc *nats.Conn, subject string) *nats.Subscription {
-	t.Helper()
-	sub, err := nc.SubscribeSync(subject)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return sub
-}
-
 // forward runs a forwarder of worker "w1" on a connection to ns over items
 // and returns the messages on id.owner.> until they hold want lines.
 func forward(t testing.TB, ns *server.Server, items []forwardItem, want int) []*nats.Msg {
 	t.Helper()
 	owner := testenv.Connect(t, ns)
-	sub := subscribe(t, owner, "id.owner.>")
+	sub := testenv.Subscribe(t, owner, "id.owner.>")
 	conn := testenv.Connect(t, ns)
 	s := &Tags[protocol.Forward]{cfg: Settings[protocol.Forward]{Conn: conn, Replies: errorReplies{conn}, Logger: slog.New(slog.DiscardHandler)}, id: "w1"}
 	s.fwd.ch = make(chan forwardItem, len(items))
@@ -181,7 +168,7 @@ func TestForwardFailureAnswered(t *testing.T) {
 	t.Cleanup(ns.Shutdown)
 	long := "_INBOX.t." + strings.Repeat("r", 1200) // a line above the max payload
 	requester := testenv.Connect(t, ns)
-	replies := subscribe(t, requester, "_INBOX.>")
+	replies := testenv.Subscribe(t, requester, "_INBOX.>")
 	items := []forwardItem{
 		{owner: "id.owner.x", tag: "seq", Forward: protocol.Forward{Reply: "_INBOX.t.a", N: 1}},
 		{owner: "id.owner.x", tag: "seq", Forward: protocol.Forward{Reply: long, N: 1}},

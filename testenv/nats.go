@@ -90,3 +90,17 @@ func CreateKeyValue(tb testing.TB, js jetstream.JetStream, cfg jetstream.KeyValu
 		}
 	}
 }
+
+// Subscribe subscribes nc to subject synchronously and flushes, so that the
+// server knows the subscription before the caller sends anything.
+func Subscribe(tb testing.TB, nc *nats.Conn, subject string) *nats.Subscription {
+	tb.Helper()
+	sub, err := nc.SubscribeSync(subject)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+	return sub
+}
