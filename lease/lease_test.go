@@ -68,9 +68,12 @@ func TestSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Lease != lease.DefaultLease || got.Heartbeat != lease.DefaultLease/3 || got.Now == nil || got.Mono == nil {
+	if got.Lease != lease.DefaultLease || got.Heartbeat != lease.DefaultHeartbeat || got.Now == nil || got.Mono == nil {
 		t.Fatalf("defaults: Lease %v, Heartbeat %v, Now set %v, Mono set %v; want %v, %v, set, set",
-			got.Lease, got.Heartbeat, got.Now != nil, got.Mono != nil, lease.DefaultLease, lease.DefaultLease/3)
+			got.Lease, got.Heartbeat, got.Now != nil, got.Mono != nil, lease.DefaultLease, lease.DefaultHeartbeat)
+	}
+	if got, err := (lease.Settings{Lease: 3 * time.Second}).Check(); err != nil || got.Heartbeat != time.Second {
+		t.Fatalf("short lease: Heartbeat %v, %v; want a third of the lease, 1s", got.Heartbeat, err)
 	}
 	tests := []struct {
 		name string

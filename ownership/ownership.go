@@ -61,18 +61,11 @@ import (
 // Defaults and limits.
 const (
 	DefaultBucket = "dispenser_owners"
-	// DefaultLease and DefaultHeartbeat are sized from JetStream leader
-	// elections, as snowflake's are: an owner on the majority side of a
-	// partition that cut off the owners bucket's stream leader renews once
-	// the majority has elected a new one, 5-9 s later as measured on a
-	// 3-node cluster on a busy 2-core machine (nats-server's raft election
-	// timeout is 4-9 s). A lease rides out an election shorter than Lease -
-	// Heartbeat - lease.MaxAttempt - lease.MaxAttempt/4, 11.75 s with these
-	// defaults. The cost: after an owner crashes, its tags wait about two
-	// leases (claimableAt) before another worker takes them over; a
-	// graceful shutdown releases them at once.
-	DefaultLease     = 15 * time.Second
-	DefaultHeartbeat = 2 * time.Second
+	// DefaultLease and DefaultHeartbeat are package lease's, sized from
+	// JetStream leader elections; after an owner crashes its tags wait
+	// about two leases before another worker takes them over.
+	DefaultLease     = lease.DefaultLease
+	DefaultHeartbeat = lease.DefaultHeartbeat
 	// MaxLease is the longest lease accepted: it bounds how long a worker
 	// not recorded under LeasesKey may serve.
 	MaxLease = 5 * time.Minute
@@ -277,13 +270,7 @@ func (s *Settings) check() error {
 	if s.Owner == "" || s.Subject == "" {
 		return fmt.Errorf("%w: Owner and Subject are required", ErrInvalidSettings)
 	}
-	if s.Lease == 0 {
-		s.Lease = DefaultLease
-	}
-	if s.Heartbeat == 0 && s.Lease > 0 {
-		s.Heartbeat = min(DefaultHeartbeat, s.Lease/3)
-	}
-	ls, err := s.leaseSettings().Check()
+	ls, err := s.leaseSettings().Check() // fills in the defaults
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidSettings, err)
 	}

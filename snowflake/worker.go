@@ -22,15 +22,10 @@ import (
 // Worker defaults.
 const (
 	DefaultBucket = "dispenser_workers"
-	// DefaultLease and DefaultHeartbeat are sized from JetStream leader
-	// elections: a worker on the majority side of a partition that cut off
-	// the lease bucket's stream leader renews once the majority has
-	// elected a new one, 5-9 s later as measured on a 3-node cluster on a
-	// busy 2-core machine (nats-server's raft election timeout is 4-9 s).
-	// A lease rides out an election shorter than Lease - Heartbeat -
-	// lease.MaxAttempt - lease.MaxAttempt/4, 11.75 s with these defaults.
-	DefaultLease     = 15 * time.Second
-	DefaultHeartbeat = 2 * time.Second
+	// DefaultLease and DefaultHeartbeat are package lease's, sized from
+	// JetStream leader elections.
+	DefaultLease     = lease.DefaultLease
+	DefaultHeartbeat = lease.DefaultHeartbeat
 )
 
 // WorkerSettings configure a Worker. The zero value of every field means its
@@ -93,15 +88,11 @@ func (s WorkerSettings) normalize() (WorkerSettings, error) {
 		}
 		s.Instance = host + "-" + strings.ToLower(rand.Text()[:6])
 	}
-	if s.Lease == 0 {
-		s.Lease = DefaultLease
-	}
-	if s.Heartbeat == 0 && s.Lease > 0 {
-		s.Heartbeat = min(DefaultHeartbeat, s.Lease/3)
-	}
-	if _, err := (lease.Settings{Lease: s.Lease, Heartbeat: s.Heartbeat}).Check(); err != nil {
+	ls, err := (lease.Settings{Lease: s.Lease, Heartbeat: s.Heartbeat}).Check() // fills in the defaults
+	if err != nil {
 		return s, fmt.Errorf("%w: %w", ErrInvalidSettings, err)
 	}
+	s.Lease, s.Heartbeat = ls.Lease, ls.Heartbeat
 	if s.Epoch.IsZero() {
 		s.Epoch = DefaultEpoch
 	}
