@@ -1,12 +1,10 @@
 package kvbucket_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,23 +14,8 @@ import (
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
-// logBuffer collects a logger's output for a test.
-type logBuffer struct {
-	mu  sync.Mutex // protects buf
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+// logBuffer collects output for a test to read (testenv.LogBuffer).
+type logBuffer = testenv.LogBuffer
 
 // TestNewGuard opens guards on buckets in the states an operator can leave
 // them in.

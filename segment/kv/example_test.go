@@ -7,12 +7,13 @@ import (
 	"os"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/segment"
-	"github.com/dispenser-dev/dispenser/segment/kv"
-	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/testenv"
 )
 
 // Keep the tags in an embedded NATS server's JetStream: no database needed.

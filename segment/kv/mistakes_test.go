@@ -1,44 +1,26 @@
 package kv_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/testenv"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 var quiet = slog.New(slog.DiscardHandler)
 
-// logBuffer is a slog.Logger whose output a test can read.
-type logBuffer struct {
-	mu  sync.Mutex // protects buf
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+// logBuffer collects output for a test to read (testenv.LogBuffer).
+type logBuffer = testenv.LogBuffer
 
 // checkLogged fails the test unless the log holds every one of want.
 func checkLogged(tb testing.TB, log *logBuffer, want ...string) {
@@ -55,7 +37,7 @@ func checkLogged(tb testing.TB, log *logBuffer, want ...string) {
 func openLogged(tb testing.TB, srv *server.Server) (*kv.Store, *logBuffer) {
 	tb.Helper()
 	log := &logBuffer{}
-	return newStore(tb, srv, kv.Settings{Logger: log.logger()}), log
+	return newStore(tb, srv, kv.Settings{Logger: log.Logger()}), log
 }
 
 func mustCreate(tb testing.TB, s *kv.Store, name string, step int64) {
