@@ -173,7 +173,9 @@ func (c *Cluster) WaitRoutes(tb testing.TB, i, want int) {
 }
 
 // WaitHealthy waits until every server reports healthy (JetStream meta
-// group and all streams current), at most 60 s.
+// group and all streams current) and the meta leader sees every other
+// server online and current, so that a replicated stream can be placed;
+// at most 60 s.
 func (c *Cluster) WaitHealthy(tb testing.TB) {
 	tb.Helper()
 	deadline := time.Now().Add(60 * time.Second)
@@ -183,6 +185,12 @@ func (c *Cluster) WaitHealthy(tb testing.TB) {
 			if h := s.Healthz(nil); h.Status != "ok" {
 				bad = append(bad, fmt.Sprintf("%s: %s %s", s.Name(), h.Status, h.Error))
 			}
+		}
+		// Healthy servers are not enough to place a replicated stream:
+		// the meta leader must also see every other peer online and
+		// current ("no suitable peers for placement" otherwise).
+		if len(bad) == 0 {
+			bad = c.metaPeersBehind()
 		}
 		if len(bad) == 0 {
 			return
@@ -210,4 +218,28 @@ func (c *Cluster) StreamLastSeq(tb testing.TB, i int, stream string) (uint64, bo
 		}
 	}
 	return 0, false
+}
+
+// metaPeersBehind returns why the JetStream meta leader cannot place a
+// stream on every server yet: no leader, or peers it does not see online
+// and current; nil when it can.
+func (c *Cluster) metaPeersBehind() []string {
+	leader := c.MetaLeader()
+	if leader < 0 {
+		return []string{"no meta leader"}
+	}
+	jsz, err := c.Servers[leader].Jsz(nil)
+	if err != nil || jsz.Meta == nil {
+		return []string{fmt.Sprintf("meta leader %s: no meta information (%v)", c.Servers[leader].Name(), err)}
+	}
+	var bad []string
+	if len(jsz.Meta.Replicas) != len(c.Servers)-1 {
+		bad = append(bad, fmt.Sprintf("meta leader %s sees %d peers, want %d", c.Servers[leader].Name(), len(jsz.Meta.Replicas), len(c.Servers)-1))
+	}
+	for _, p := range jsz.Meta.Replicas {
+		if p.Offline || !p.Current {
+			bad = append(bad, fmt.Sprintf("meta peer %s: current %v, offline %v", p.Name, p.Current, p.Offline))
+		}
+	}
+	return bad
 }
