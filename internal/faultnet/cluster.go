@@ -1,6 +1,8 @@
 package faultnet
 
 import (
+	"context"
+	"crypto/rand"
 	"fmt"
 	"net"
 	"net/url"
@@ -9,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -192,6 +196,15 @@ func (c *Cluster) WaitHealthy(tb testing.TB) {
 		if len(bad) == 0 {
 			bad = c.metaPeersBehind()
 		}
+		// Even then the meta leader may still count a peer offline for a
+		// moment ("no suitable peers for placement, peer offline", seen
+		// right after start): wait until a stream with a replica on every
+		// server can be placed.
+		if len(bad) == 0 {
+			if err := c.placeProbe(); err != nil {
+				bad = append(bad, err.Error())
+			}
+		}
 		if len(bad) == 0 {
 			return
 		}
@@ -242,4 +255,29 @@ func (c *Cluster) metaPeersBehind() []string {
 		}
 	}
 	return bad
+}
+
+// placeProbe creates a memory stream with a replica on every server and
+// deletes it again: an error says the cluster cannot place one yet.
+func (c *Cluster) placeProbe() error {
+	nc, err := nats.Connect(c.Servers[0].ClientURL())
+	if err != nil {
+		return fmt.Errorf("probe connection: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	name := "FAULTNET_PROBE_" + rand.Text() // a new name each time: re-creating one name right after deleting it can fail
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{"faultnet.probe." + name},
+		Storage: jetstream.MemoryStorage, Replicas: len(c.Servers)}); err != nil {
+		return fmt.Errorf("placing a stream with %d replicas: %w", len(c.Servers), err)
+	}
+	if err := js.DeleteStream(ctx, name); err != nil {
+		return fmt.Errorf("deleting the probe stream: %w", err)
+	}
+	return nil
 }
