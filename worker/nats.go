@@ -83,11 +83,26 @@ func (n NATS) Connect(name string, jetStream bool, extra ...nats.Option) (*nats.
 	return nc, nil
 }
 
-// connect connects a worker's connection: it reconnects for ever and logs
-// disconnections, reconnections and asynchronous errors.
+// PingInterval is how often a worker pings its NATS server on each of its
+// connections, and MaxPingsOut how many pings may go unanswered: a
+// connection whose server stopped answering (a black-holed link, a frozen
+// server) counts as lost, and the worker reconnects elsewhere, within
+// PingInterval*(MaxPingsOut+1), 6 s, not nats.go's default of minutes.
+// The server's own ping_interval decides when it drops the subscriptions
+// of a worker it no longer reaches (docs/operations.md).
+const (
+	PingInterval = 2 * time.Second
+	MaxPingsOut  = 2
+)
+
+// connect connects a worker's connection: it pings every PingInterval,
+// reconnects for ever and logs disconnections, reconnections and
+// asynchronous errors.
 func (n NATS) connect(name string, jetStream bool, log *slog.Logger) (*nats.Conn, error) {
 	log = log.With("conn", name)
 	return n.Connect(name, jetStream,
+		nats.PingInterval(PingInterval),
+		nats.MaxPingsOutstanding(MaxPingsOut),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectJitter(250*time.Millisecond, time.Second),
