@@ -18,8 +18,9 @@ import (
 
 // Config configures a Service. Zero values mean the documented defaults.
 type Config struct {
-	// Conn is the NATS connection to serve on. Required. Use a connection of
-	// its own: Stop waits until all of its subscriptions are drained.
+	// Conn is the NATS connection to serve on, until Service.Move moves the
+	// service to another. Required. Use a connection of its own: Stop and
+	// Move wait until all of its subscriptions are drained.
 	Conn *nats.Conn
 	// Segments serves <prefix>.segment.<tag>; nil leaves the endpoint out.
 	Segments *segment.Allocator

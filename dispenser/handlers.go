@@ -14,11 +14,13 @@ import (
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
-func (s *Service) handleSegment(req micro.Request) {
+// handleSegment serves a segment request; sc is its handler's memory.
+func (s *Service) handleSegment(req micro.Request, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
 	r := s.newReplier(req, "segment")
+	r.scratch = sc
 	tag, err := protocol.ParseTag(req.Subject(), s.segPrefix)
 	if err != nil {
 		r.fail(err)
@@ -34,8 +36,8 @@ func (s *Service) handleSegment(req micro.Request) {
 	var arr [2]segment.Run
 	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
 	switch {
-	case errors.Is(err, segment.ErrOrdered) && s.ordered != nil:
-		s.ordered.Serve(r, tag)
+	case errors.Is(err, segment.ErrOrdered) && s.orderedTags() != nil:
+		s.orderedTags().Serve(r, tag)
 	case err != nil:
 		r.fail(err)
 	case pending != nil:
@@ -53,9 +55,9 @@ func (s *Service) park(r replier, p *segment.Pending) {
 	go func() {
 		defer s.parked.Done()
 		runs, err := p.Wait(context.Background())
-		if errors.Is(err, segment.ErrOrdered) && s.ordered != nil {
+		if ot := s.orderedTags(); errors.Is(err, segment.ErrOrdered) && ot != nil {
 			// Known to be ordered only now: its owner serves it.
-			s.ordered.Reroute(r, r.tag)
+			ot.Reroute(r, r.tag)
 			return
 		}
 		if err != nil {
@@ -66,7 +68,8 @@ func (s *Service) park(r replier, p *segment.Pending) {
 	}()
 }
 
-func (s *Service) handleSnowflake(req micro.Request) {
+// handleSnowflake serves a snowflake request; sc is its handler's memory.
+func (s *Service) handleSnowflake(req micro.Request, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
@@ -76,7 +79,6 @@ func (s *Service) handleSnowflake(req micro.Request) {
 		r.fail(err)
 		return
 	}
-	sc := &s.sfScratch
 	ids, err := s.cfg.Snowflake.AppendIDs(sc.ids[:0], n)
 	sc.ids = ids
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -171,5 +172,82 @@ func TestShuttingDownIs503(t *testing.T) {
 	}
 	if body, code := request(t, nc, "id.segment.a", "9", nil); code != "503" {
 		t.Fatalf("after the allocator closed: %q code %q, want 503", body, code)
+	}
+}
+
+// TestMoveLosesNoRequest: the only worker moves to a new connection
+// (Service.Move, as when its server enters lame-duck mode) and the old one
+// is closed right after, while clients keep asking back to back: no
+// request fails or goes unanswered, no ID comes twice, and the service
+// answers under a new micro service ID on the new connection.
+func TestMoveLosesNoRequest(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 100})
+	w := st.worker(t, segment.Settings{})
+	nc := testenv.Connect(t, st.ns)
+	var (
+		mu       sync.Mutex // protects answered, failed and seen
+		answered int
+		failed   []string
+		seen     = map[int64]bool{}
+		dups     []int64
+	)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				resp, err := nc.Request("id.segment.a", []byte("3"), 5*time.Second)
+				mu.Lock()
+				switch {
+				case err != nil:
+					failed = append(failed, err.Error())
+				case resp.Header.Get(micro.ErrorCodeHeader) != "":
+					failed = append(failed, resp.Header.Get(micro.ErrorCodeHeader)+" "+resp.Header.Get(micro.ErrorHeader))
+				default:
+					ids, err := decodeIDs(string(resp.Data))
+					if err != nil {
+						failed = append(failed, err.Error())
+					}
+					for _, id := range ids {
+						if seen[id] {
+							dups = append(dups, id)
+						}
+						seen[id] = true
+					}
+					answered++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	answers := func() int { mu.Lock(); defer mu.Unlock(); return answered }
+	waitUntil(t, "answers before the move", func() bool { return answers() >= 200 })
+	before := w.svc.ID()
+	nc2 := testenv.Connect(t, st.ns)
+	moveCtx, moveCancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer moveCancel()
+	old, err := w.svc.Move(moveCtx, nc2)
+	if err != nil {
+		t.Fatalf("Move: %v", err)
+	}
+	if n := old.NumSubscriptions(); n != 0 {
+		t.Errorf("old connection after Move: %d subscriptions, want 0", n)
+	}
+	old.Close()
+	moved := answers()
+	waitUntil(t, "answers after the move", func() bool { return answers() >= moved+200 })
+	cancel()
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Errorf("%d requests failed, e.g. %s", len(failed), failed[0])
+	}
+	if len(dups) > 0 {
+		t.Errorf("%d IDs handed out twice, e.g. %d", len(dups), dups[0])
+	}
+	if after := w.svc.ID(); after == before {
+		t.Errorf("service ID after Move = %s, want a new one", after)
+	}
+	if _, err := w.svc.Move(moveCtx, testenv.Connect(t, st.ns)); err != nil {
+		t.Errorf("second Move: %v", err)
 	}
 }

@@ -50,7 +50,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 	if s.cfg.Snowflake != nil {
 		cs = append(cs, snowflakeCollector{s.cfg.Snowflake})
 	}
-	if s.ordered != nil {
+	if s.orderedTags() != nil {
 		cs = append(cs, ownersCollector{s})
 	}
 	for _, c := range cs {
@@ -181,7 +181,7 @@ func (c ownersCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c ownersCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.s.ordered.Stats()
+	st := c.s.orderedTags().Stats()
 	ch <- prometheus.MustNewConstMetric(ordOwned, prometheus.GaugeValue, float64(len(st.Owned)))
 	ch <- prometheus.MustNewConstMetric(ordClaims, prometheus.CounterValue, float64(st.Claims))
 	ch <- prometheus.MustNewConstMetric(ordHandovers, prometheus.CounterValue, float64(st.Handovers))

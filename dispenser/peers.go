@@ -18,11 +18,6 @@ const (
 	QueueGroupMetadata = "queue_group"
 )
 
-// ErrPeerMismatch means a running worker of the same prefix and queue group
-// uses another segment store, or leases its snowflake worker IDs from
-// another bucket or with another epoch: both would hand out the same IDs.
-var ErrPeerMismatch = errors.New("dispenser: a worker of this queue group would hand out the same IDs")
-
 // checkPeers asks the running dispenser workers for their info and refuses
 // (ErrPeerMismatch) if one of this worker's prefix and queue group uses
 // another store or other snowflake leases. New calls it after registering
@@ -30,7 +25,7 @@ var ErrPeerMismatch = errors.New("dispenser: a worker of this queue group would 
 // endpoints, so that it serves nothing yet: of two workers that start at
 // the same instant, at least the one whose question reaches the server
 // second sees the other and refuses.
-func (s *Service) checkPeers(wait time.Duration) error {
+func (s *Service) checkPeers(wait time.Duration, id string) error {
 	inbox := s.cfg.Conn.NewRespInbox()
 	sub, err := s.cfg.Conn.SubscribeSync(inbox)
 	if err != nil {
@@ -50,7 +45,7 @@ func (s *Service) checkPeers(wait time.Duration) error {
 			return fmt.Errorf("dispenser: asking for peers: %w", err)
 		}
 		var info micro.Info
-		if json.Unmarshal(msg.Data, &info) != nil || info.ID == s.id ||
+		if json.Unmarshal(msg.Data, &info) != nil || info.ID == id ||
 			info.Metadata[PrefixMetadata] != s.cfg.Prefix || info.Metadata[QueueGroupMetadata] != s.cfg.QueueGroup {
 			continue
 		}

@@ -25,6 +25,7 @@ type replier struct {
 	req      micro.Request // nil for a forwarded request
 	reply    string        // the requester's reply subject
 	inline   bool
+	scratch  *scratch // the handler's memory, for inline replies of IDs
 	endpoint string
 	tag      string    // metrics label
 	start    time.Time // zero without metrics
@@ -71,7 +72,7 @@ func (replies) Detach(r replier) replier { return r.detach() }
 // detach returns r for use off the handler's goroutine: answered by
 // publishing, and without a forwarded batch's memory.
 func (r replier) detach() replier {
-	r.inline = false
+	r.inline, r.scratch = false, nil
 	if r.req == nil {
 		// A forwarded request's reply subject is a slice of its whole
 		// batch: do not keep the batch while the request waits.
@@ -87,14 +88,14 @@ func (r replier) respond(data []byte, ids int) {
 	var err error
 	switch {
 	case r.worker && r.inline:
-		err = r.req.Respond(data, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.id}}))
+		err = r.req.Respond(data, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.ID()}}))
 	case r.worker:
 		msg := nats.NewMsg(r.reply)
-		msg.Header.Set(protocol.WorkerHeader, r.s.id)
+		msg.Header.Set(protocol.WorkerHeader, r.s.ID())
 		msg.Data = data
-		err = r.s.cfg.Conn.PublishMsg(msg)
+		err = r.s.conn().PublishMsg(msg)
 	default: // a plain publish: micro's Respond costs a nats.Msg per reply
-		err = r.s.cfg.Conn.Publish(r.reply, data)
+		err = r.s.conn().Publish(r.reply, data)
 	}
 	if err != nil {
 		r.s.cfg.Logger.Warn("dispenser: reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", err)
@@ -107,7 +108,7 @@ func (r replier) fail(err error) {
 	var perr error
 	switch {
 	case r.inline && r.worker:
-		perr = r.req.Error(code, desc, nil, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.id}}))
+		perr = r.req.Error(code, desc, nil, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.ID()}}))
 	case r.inline:
 		perr = r.req.Error(code, desc, nil)
 	default:
@@ -115,9 +116,9 @@ func (r replier) fail(err error) {
 		msg.Header.Set(micro.ErrorHeader, desc)
 		msg.Header.Set(micro.ErrorCodeHeader, code)
 		if r.worker {
-			msg.Header.Set(protocol.WorkerHeader, r.s.id)
+			msg.Header.Set(protocol.WorkerHeader, r.s.ID())
 		}
-		perr = r.s.cfg.Conn.PublishMsg(msg)
+		perr = r.s.conn().PublishMsg(msg)
 	}
 	if perr != nil {
 		r.s.cfg.Logger.Warn("dispenser: error reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", perr)
@@ -171,13 +172,13 @@ func (s *Service) classify(err error) (code, desc string) {
 var snowflakeUnavailable = []error{snowflake.ErrBucketDeleted, snowflake.ErrEpochLost, snowflake.ErrClockBackwards, snowflake.ErrFenced,
 	snowflake.ErrOverloaded, snowflake.ErrClosed, snowflake.ErrNoWorkerID}
 
-// reply answers with runs. Inline replies format into the endpoint's
+// reply answers with runs. Inline replies format into their handler's
 // scratch buffer (an endpoint's handler runs on one goroutine: its
 // subscription's); parked ones into a pooled buffer.
 func (s *Service) reply(r replier, format protocol.Format, runs []segment.Run, n int) {
 	if r.inline {
-		s.segScratch.buf = protocol.AppendRuns(s.segScratch.buf[:0], format, runs)
-		r.respond(s.segScratch.buf, n)
+		r.scratch.buf = protocol.AppendRuns(r.scratch.buf[:0], format, runs)
+		r.respond(r.scratch.buf, n)
 		return
 	}
 	bp := s.bufs.Get().(*[]byte)

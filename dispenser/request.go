@@ -50,7 +50,7 @@ func (s *Service) checkFits(n int, format protocol.Format) error {
 	if n*protocol.ListBytesPerID < replyHeaderRoom {
 		return nil // every server's max payload holds it: spare the lock
 	}
-	mp := s.cfg.Conn.MaxPayload()
+	mp := s.conn().MaxPayload()
 	if limit := fits(mp, format); n > limit {
 		return fmt.Errorf("%w %d: a reply of that many IDs may not fit in one message of this server (max payload %d bytes); at most %d (%s)",
 			protocol.ErrBadCount, n, mp, limit, format)

@@ -5,6 +5,7 @@ package dispenser
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/dispenser-dev/dispenser/protocol"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/ordered"
@@ -30,24 +32,33 @@ type Snowflake interface {
 	Stats() any
 }
 
+// Errors of package dispenser.
+var (
+	// ErrPeerMismatch means a running worker of the same prefix and queue
+	// group uses another segment store, or leases its snowflake worker IDs
+	// from another bucket or with another epoch: both would hand out the
+	// same IDs.
+	ErrPeerMismatch = errors.New("dispenser: a worker of this queue group would hand out the same IDs")
+	// ErrStopped is Move's error after Stop.
+	ErrStopped = errors.New("dispenser: service stopped")
+)
+
 // Service is a running dispenser micro service. It is safe for concurrent use.
 type Service struct {
 	cfg     Config
-	svc     micro.Service
-	baseSub int            // subscriptions on Conn before the service
 	parked  sync.WaitGroup // requests waiting for a segment
 	bufs    sync.Pool      // *[]byte reply buffers
 	metrics *metrics       // nil without Config.Registerer
-	id      string         // micro service ID: unique per worker process
 	// segPrefix is "<prefix>.segment.", the subject before a tag.
 	segPrefix  string
-	segScratch scratch // the segment handler's
-	sfScratch  scratch // the snowflake handler's
-	group      micro.Group
 	bg         sync.WaitGroup // adds the segment endpoint late
 	done       chan struct{}  // closed by Stop
-	// ordered serves the ordered tags; nil without Owners or Segments.
-	ordered *ordered.Tags[replier]
+	// bound is the connection the service serves on and what is
+	// registered there; Move replaces it. Handlers read it once per use.
+	bound atomic.Pointer[binding]
+	// forwarded counts the requests the ordered tags of every binding
+	// forwarded to an owner.
+	forwarded atomic.Uint64
 	// own are the subject prefixes no reply goes to (CheckReply).
 	own []string
 	// noReply and badReply count requests refused for their reply subject
@@ -55,7 +66,7 @@ type Service struct {
 	noReply, badReply atomic.Uint64
 	refuseLog         rateLimit
 
-	mu      sync.Mutex // protects stopped and adding endpoints
+	mu      sync.Mutex // protects stopped, replacing bound and adding endpoints
 	stopped bool
 
 	statsMu sync.Mutex // protects statsAt and segStats
@@ -67,8 +78,33 @@ type Service struct {
 	now      func() time.Time // time.Now; tests set it
 }
 
-// ID returns the micro service ID of this worker.
-func (s *Service) ID() string { return s.id }
+// binding is what ties the service to the connection it serves on: the
+// micro service with its endpoints, and the ordered tags with their
+// subscription to forwarded requests. It does not change once published,
+// but for segment, which s.mu protects.
+type binding struct {
+	conn    *nats.Conn
+	svc     micro.Service
+	id      string // micro service ID: unique per binding
+	group   micro.Group
+	ordered *ordered.Tags[replier] // nil without Owners or Segments
+	baseSub int                    // subscriptions on conn before the service's
+	segment bool                   // the segment endpoint is added
+	// segScratch and sfScratch are the segment and snowflake handlers'
+	// memory: each endpoint's handler runs on its subscription's
+	// goroutine, one per binding.
+	segScratch, sfScratch scratch
+}
+
+// conn returns the connection the service serves on now: any reply can go
+// out on it, whichever connection its request came in on.
+func (s *Service) conn() *nats.Conn { return s.bound.Load().conn }
+
+// orderedTags returns the current binding's ordered tags, or nil.
+func (s *Service) orderedTags() *ordered.Tags[replier] { return s.bound.Load().ordered }
+
+// ID returns the micro service ID of this worker: a new one after Move.
+func (s *Service) ID() string { return s.bound.Load().id }
 
 // StoreMetadata is the micro metadata key naming a worker's segment store.
 const StoreMetadata = "store"
@@ -86,12 +122,64 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, baseSub: cfg.Conn.NumSubscriptions(), own: []string{cfg.Prefix}, now: time.Now}
+	s := &Service{cfg: cfg, own: []string{cfg.Prefix}, now: time.Now, done: make(chan struct{})}
 	if cfg.OwnerSubject != "" {
 		s.own = append(s.own, cfg.OwnerSubject)
 	}
 	s.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
-	svc, err := micro.AddService(cfg.Conn, micro.Config{
+	s.segPrefix = protocol.SegmentSubject(cfg.Prefix, "")
+	b, err := s.bind(cfg.Conn, func(b *binding) error {
+		// Peers are asked once others can see this worker and before it
+		// serves anything (checkPeers).
+		if cfg.PeerCheck <= 0 {
+			return nil
+		}
+		err := cfg.Conn.FlushTimeout(5 * time.Second)
+		if err == nil {
+			err = s.checkPeers(cfg.PeerCheck, b.id)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.bound.Store(b)
+	if s.metrics, err = newMetrics(cfg.Registerer, s); err != nil {
+		s.unbindNow(b)
+		return nil, fmt.Errorf("dispenser: registering metrics: %w", err)
+	}
+	if cfg.Segments != nil {
+		select {
+		case <-cfg.Segments.Loaded():
+			s.mu.Lock()
+			err = s.addSegmentEndpoint(b)
+			s.mu.Unlock()
+		case <-time.After(cfg.ReadyTimeout):
+			cfg.Logger.Warn("dispenser: segment store not reachable yet; serving segments once the tag list has loaded")
+			s.bg.Add(1)
+			go s.addSegmentEndpointWhenLoaded()
+		}
+		if err != nil {
+			s.stop()
+			return nil, fmt.Errorf("dispenser: adding endpoint: %w", err)
+		}
+	}
+	// Make sure the server knows our subscriptions before we say we serve.
+	if err := cfg.Conn.FlushTimeout(5 * time.Second); err != nil {
+		s.stop()
+		return nil, fmt.Errorf("dispenser: flushing subscriptions: %w", err)
+	}
+	return s, nil
+}
+
+// bind registers the service on nc: the micro service, then (after
+// registered, if set, has not failed) the ordered tags' subscription, then
+// the snowflake endpoints, and the segment endpoint if the tag list has
+// loaded. On an error nothing stays registered.
+func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding, error) {
+	cfg := s.cfg
+	b := &binding{conn: nc, baseSub: nc.NumSubscriptions()}
+	svc, err := micro.AddService(nc, micro.Config{
 		Name:    Name,
 		Version: cfg.Version,
 		Metadata: map[string]string{StoreMetadata: cfg.Store, SnowflakeMetadata: cfg.SnowflakeLeases,
@@ -103,87 +191,65 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dispenser: adding micro service: %w", err)
 	}
-	s.svc = svc
-	s.id = svc.Info().ID
-	s.segPrefix = protocol.SegmentSubject(cfg.Prefix, "")
-	if cfg.PeerCheck > 0 {
-		err := cfg.Conn.FlushTimeout(5 * time.Second) // others can see this worker now
-		if err == nil {
-			err = s.checkPeers(cfg.PeerCheck)
-		}
-		if err != nil {
+	b.svc, b.id = svc, svc.Info().ID
+	if registered != nil {
+		if err := registered(b); err != nil {
 			_ = svc.Stop()
 			return nil, err
 		}
 	}
 	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be routed
-		s.ordered, err = ordered.New(ordered.Settings[replier]{Conn: cfg.Conn, Allocator: cfg.Segments, Owners: cfg.Owners,
-			Subject: cfg.OwnerSubject, Replies: replies{s}, MaxBatch: cfg.MaxBatch, Logger: cfg.Logger}, s.id)
+		b.ordered, err = ordered.New(ordered.Settings[replier]{Conn: nc, Allocator: cfg.Segments, Owners: cfg.Owners,
+			Subject: cfg.OwnerSubject, Replies: replies{s}, MaxBatch: cfg.MaxBatch, Logger: cfg.Logger,
+			Forwarded: &s.forwarded}, b.id)
 		if err != nil {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("dispenser: %w", err)
 		}
 	}
-	m, err := newMetrics(cfg.Registerer, s)
-	if err != nil {
-		if s.ordered != nil {
-			_ = s.ordered.Drain()
-			s.ordered.Leave()
-		}
-		_ = svc.Stop()
-		return nil, fmt.Errorf("dispenser: registering metrics: %w", err)
-	}
-	s.metrics = m
-	g := svc.AddGroup(cfg.Prefix)
-	s.group = g
-	s.done = make(chan struct{})
-	if cfg.Segments != nil {
-		select {
-		case <-cfg.Segments.Loaded():
-			err = s.addSegmentEndpoint()
-		case <-time.After(cfg.ReadyTimeout):
-			cfg.Logger.Warn("dispenser: segment store not reachable yet; serving segments once the tag list has loaded")
-			s.bg.Add(1)
-			go s.addSegmentEndpointWhenLoaded()
-		}
-	}
-	if err == nil && cfg.Snowflake != nil {
-		err = g.AddEndpoint("snowflake", micro.HandlerFunc(s.handleSnowflake),
+	b.group = svc.AddGroup(cfg.Prefix)
+	if cfg.Snowflake != nil {
+		err = b.group.AddEndpoint("snowflake", micro.HandlerFunc(func(req micro.Request) { s.handleSnowflake(req, &b.sfScratch) }),
 			micro.WithEndpointMetadata(map[string]string{
 				"description": "snowflake IDs: body empty or a count N; header Id-Format: list|range",
 			}))
 		if err == nil {
-			err = g.AddEndpoint("snowflake_decode", micro.HandlerFunc(s.handleDecode),
+			err = b.group.AddEndpoint("snowflake_decode", micro.HandlerFunc(s.handleDecode),
 				micro.WithEndpointSubject("snowflake.decode"),
 				micro.WithEndpointMetadata(map[string]string{
 					"description": "body a snowflake ID; replies JSON with time, worker and sequence",
 				}))
 		}
+		if err != nil {
+			s.unbindNow(b)
+			return nil, fmt.Errorf("dispenser: adding endpoint: %w", err)
+		}
 	}
-	if err != nil {
-		s.stop()
-		return nil, fmt.Errorf("dispenser: adding endpoint: %w", err)
-	}
-	// Make sure the server knows our subscriptions before we say we serve.
-	if err := cfg.Conn.FlushTimeout(5 * time.Second); err != nil {
-		s.stop()
-		return nil, fmt.Errorf("dispenser: flushing subscriptions: %w", err)
-	}
-	return s, nil
+	return b, nil
 }
 
-// addSegmentEndpoint adds the segment endpoint unless the service stopped.
-func (s *Service) addSegmentEndpoint() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped {
+// unbindNow stops b's registrations without waiting for requests in flight.
+func (s *Service) unbindNow(b *binding) {
+	if b.ordered != nil {
+		_ = b.ordered.Drain()
+		b.ordered.Leave()
+	}
+	_ = b.svc.Stop()
+}
+
+// addSegmentEndpoint adds the segment endpoint to b unless the service
+// stopped or b has it. Call it with s.mu held.
+func (s *Service) addSegmentEndpoint(b *binding) error {
+	if s.stopped || b.segment {
 		return nil
 	}
-	return s.group.AddEndpoint("segment", micro.HandlerFunc(s.handleSegment),
+	err := b.group.AddEndpoint("segment", micro.HandlerFunc(func(req micro.Request) { s.handleSegment(req, &b.segScratch) }),
 		micro.WithEndpointSubject("segment.>"), // dotted tags get their 400
 		micro.WithEndpointMetadata(map[string]string{
 			"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range",
 		}))
+	b.segment = err == nil
+	return err
 }
 
 // addSegmentEndpointWhenLoaded adds the segment endpoint once the
@@ -195,42 +261,37 @@ func (s *Service) addSegmentEndpointWhenLoaded() {
 	case <-s.done:
 		return
 	}
-	if err := s.addSegmentEndpoint(); err != nil {
+	s.mu.Lock()
+	b := s.bound.Load()
+	err := s.addSegmentEndpoint(b)
+	s.mu.Unlock()
+	if err != nil {
 		s.cfg.Logger.Error("dispenser: adding the segment endpoint", "err", err)
 		return
 	}
-	if err := s.cfg.Conn.Flush(); err != nil {
+	if err := b.conn.Flush(); err != nil {
 		s.cfg.Logger.Warn("dispenser: flushing the segment endpoint", "err", err)
 	}
 	s.cfg.Logger.Info("dispenser: segment store reachable; serving segments")
 }
 
 // Info returns the micro service's identity and endpoints.
-func (s *Service) Info() micro.Info { return s.svc.Info() }
+func (s *Service) Info() micro.Info { return s.bound.Load().svc.Info() }
 
 // Stop stops taking requests and waits, at most until ctx ends, until the
 // requests already received have been answered. It does not close the
 // allocator or the snowflake worker: their owner does that after Stop.
 func (s *Service) Stop(ctx context.Context) error {
-	if err := s.stop(); err != nil {
-		s.leaveOrdered()
+	b, err := s.stop()
+	if err != nil {
+		if b.ordered != nil {
+			b.ordered.Leave()
+		}
 		return fmt.Errorf("dispenser: stopping: %w", err)
 	}
-	// micro drains the subscriptions: messages already received are still
-	// handled. Wait for the drains to finish, then for parked requests. A
-	// drain cannot finish without a server (it waits for a flush): while
-	// disconnected there is nobody to answer anyway, so stop waiting.
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for s.cfg.Conn.NumSubscriptions() > s.baseSub && s.cfg.Conn.IsConnected() {
-		select {
-		case <-ctx.Done():
-			s.leaveOrdered()
-			return fmt.Errorf("dispenser: draining requests: %w", ctx.Err())
-		case <-tick.C:
-		}
+	if err := s.drained(ctx, b); err != nil {
+		return err
 	}
-	s.leaveOrdered() // no handler runs any more: send what it holds
 	done := make(chan struct{})
 	go func() { s.parked.Wait(); close(done) }()
 	select {
@@ -238,36 +299,97 @@ func (s *Service) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("dispenser: waiting for parked requests: %w", ctx.Err())
 	}
-	if s.ordered != nil {
-		if err := s.ordered.Wait(ctx); err != nil {
-			return fmt.Errorf("dispenser: %w", err)
+	return nil
+}
+
+// drained waits, at most until ctx ends, until b's subscriptions are
+// drained (micro and the ordered tags drain them: messages already
+// received are still handled), then makes b's ordered tags' forwarder
+// send what it holds and waits for their parked requests. A drain cannot
+// finish without a server (it waits for a flush): while disconnected there
+// is nobody to answer anyway, so it stops waiting.
+func (s *Service) drained(ctx context.Context, b *binding) error {
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for b.conn.NumSubscriptions() > b.baseSub && b.conn.IsConnected() {
+		select {
+		case <-ctx.Done():
+			if b.ordered != nil {
+				b.ordered.Leave()
+			}
+			return fmt.Errorf("dispenser: draining requests: %w", ctx.Err())
+		case <-tick.C:
 		}
+	}
+	if b.ordered == nil {
+		return nil
+	}
+	b.ordered.Leave() // no handler runs any more: send what it holds
+	if err := b.ordered.Wait(ctx); err != nil {
+		return fmt.Errorf("dispenser: %w", err)
 	}
 	return nil
 }
 
-// leaveOrdered makes the ordered tags' forwarder send what it holds and
-// stop.
-func (s *Service) leaveOrdered() {
-	if s.ordered != nil {
-		s.ordered.Leave()
-	}
-}
-
-// stop ends adding endpoints and stops the micro service, which drains the
-// endpoints' subscriptions.
-func (s *Service) stop() error {
+// stop ends adding endpoints and moving, and stops the current binding's
+// micro service and ordered tags, which drain their subscriptions; it
+// returns that binding.
+func (s *Service) stop() (*binding, error) {
 	s.mu.Lock()
 	if !s.stopped {
 		s.stopped = true
 		close(s.done)
 	}
+	b := s.bound.Load()
 	s.mu.Unlock()
 	s.bg.Wait()
-	if s.ordered != nil {
-		if err := s.ordered.Drain(); err != nil {
+	return b, s.unbind(b)
+}
+
+// unbind stops b's ordered tags from taking forwarded requests and b's
+// micro service, which drain their subscriptions.
+func (s *Service) unbind(b *binding) error {
+	if b.ordered != nil {
+		if err := b.ordered.Drain(); err != nil {
 			s.cfg.Logger.Warn("dispenser: stopping", "err", err)
 		}
 	}
-	return s.svc.Stop()
+	return b.svc.Stop()
+}
+
+// Move serves on nc from now on, for a connection whose server is going
+// away (lame-duck mode): it registers the service on nc, so that requests
+// reach it there, then stops the registration on the old connection,
+// whose requests already received are still answered, and returns once
+// that is done or ctx ends. It returns the old connection, which the
+// caller closes then, once the service serves on nc, even with an error
+// (ctx ended first); nil if it does not (ErrStopped, or registering on nc
+// failed). The micro service gets a new ID (ID).
+func (s *Service) Move(ctx context.Context, nc *nats.Conn) (*nats.Conn, error) {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return nil, ErrStopped
+	}
+	old := s.bound.Load()
+	b, err := s.bind(nc, nil)
+	if err == nil && old.segment {
+		err = s.addSegmentEndpoint(b)
+	}
+	if err == nil {
+		err = nc.FlushTimeout(5 * time.Second) // the server knows the new subscriptions
+	}
+	if err != nil {
+		s.mu.Unlock()
+		if b != nil {
+			s.unbindNow(b)
+		}
+		return nil, fmt.Errorf("dispenser: moving to %s: %w", nc.ConnectedUrlRedacted(), err)
+	}
+	s.bound.Store(b)
+	s.mu.Unlock()
+	if err := s.unbind(old); err != nil {
+		return old.conn, fmt.Errorf("dispenser: leaving %s: %w", old.conn.ConnectedUrlRedacted(), err)
+	}
+	return old.conn, s.drained(ctx, old)
 }

@@ -111,7 +111,14 @@ type Settings[R any] struct {
 	Wait time.Duration
 	// Logger receives forwarding failures. Default slog.Default().
 	Logger *slog.Logger
+	// Forwarded counts the requests forwarded to an owner (Stats); nil:
+	// a counter of the Tags' own. Tags that replace one another on a new
+	// connection share one.
+	Forwarded *atomic.Uint64
 }
+
+// ownerQueue is the queue group of the subscription to forwarded requests.
+const ownerQueue = "owner"
 
 // defaultWait bounds how long a request for an ordered tag looks for its
 // owner when the allocator says nothing else.
@@ -124,7 +131,7 @@ type Tags[R any] struct {
 	id        string             // names this worker in ForwardedHeader
 	sub       *nats.Subscription // Subject.*
 	fwd       forwarder
-	forwarded atomic.Uint64  // requests forwarded to an owner
+	forwarded *atomic.Uint64 // requests forwarded to an owner: Settings.Forwarded
 	parked    sync.WaitGroup // requests waiting, and the forwarder
 }
 
@@ -145,11 +152,17 @@ func New[R any](s Settings[R], id string) (*Tags[R], error) {
 	if s.Logger == nil {
 		s.Logger = slog.Default()
 	}
-	t := &Tags[R]{cfg: s, id: id}
+	t := &Tags[R]{cfg: s, id: id, forwarded: s.Forwarded}
+	if t.forwarded == nil {
+		t.forwarded = new(atomic.Uint64)
+	}
 	t.fwd.ch = make(chan forwardItem, forwardBacklog)
 	t.fwd.stop = make(chan struct{})
 	var err error
-	if t.sub, err = s.Conn.Subscribe(s.Subject+".*", t.handleForwarded); err != nil {
+	// A queue subscription: while a worker moves to another connection
+	// (dispenser.Service.Move) the Tags of both take Subject, and each
+	// forwarded message must reach one of them, not both.
+	if t.sub, err = s.Conn.QueueSubscribe(s.Subject+".*", ownerQueue, t.handleForwarded); err != nil {
 		return nil, fmt.Errorf("ordered: subscribing to %s.*: %w", s.Subject, err)
 	}
 	t.parked.Add(1)

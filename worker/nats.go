@@ -98,9 +98,9 @@ const (
 // connect connects a worker's connection: it pings every PingInterval,
 // reconnects for ever and logs disconnections, reconnections and
 // asynchronous errors.
-func (n NATS) connect(name string, jetStream bool, log *slog.Logger) (*nats.Conn, error) {
+func (n NATS) connect(name string, jetStream bool, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	log = log.With("conn", name)
-	return n.Connect(name, jetStream,
+	return n.Connect(name, jetStream, append([]nats.Option{
 		nats.PingInterval(PingInterval),
 		nats.MaxPingsOutstanding(MaxPingsOut),
 		nats.MaxReconnects(-1),
@@ -121,7 +121,7 @@ func (n NATS) connect(name string, jetStream bool, log *slog.Logger) (*nats.Conn
 			}
 			log.Error("nats error", "subject", subject, "err", err)
 		}),
-	)
+	}, extra...)...)
 }
 
 // Embedded configures the nats-server a worker starts in its own process

@@ -208,7 +208,6 @@ type Worker struct {
 	cancel context.CancelFunc
 
 	ns        *server.Server // embedded; nil with Config.NATS.URL
-	nc        *nats.Conn     // serves requests; drained on shutdown
 	jsnc      *nats.Conn     // JetStream: store, witness and leases
 	store     *Store
 	leaseName string // snowflake lease bucket identity and epoch; "" without snowflake
@@ -221,6 +220,15 @@ type Worker struct {
 
 	closeOnce sync.Once
 	closeErr  error // Close's result; written once under closeOnce
+
+	// connMu protects nc, movable, closing and moves.Add.
+	connMu sync.Mutex
+	// nc serves requests; drained on shutdown, and replaced when its
+	// server enters lame-duck mode (move).
+	nc      *nats.Conn
+	movable *dispenser.Service // svc once it serves; nil before
+	closing bool               // Close has begun: no new move
+	moves   sync.WaitGroup     // moves in progress
 }
 
 // New validates cfg, starts the worker and returns once it serves. ctx
@@ -265,10 +273,13 @@ func (w *Worker) start(ctx context.Context) error {
 	// other carries JetStream (KV store, leases) until the very end. They
 	// may log in as two users, so that the one answering requests, whose
 	// reply subjects the requesters choose, holds no JetStream rights.
-	var err error
-	if w.nc, err = nopts.connect(cfg.Instance, false, w.log); err != nil {
+	nc, err := nopts.connect(cfg.Instance, false, w.log, nats.LameDuckModeHandler(w.lameDuck))
+	if err != nil {
 		return err
 	}
+	w.connMu.Lock()
+	w.nc = nc
+	w.connMu.Unlock()
 	if w.jsnc, err = nopts.connect(cfg.Instance+"-js", true, w.log); err != nil {
 		return err
 	}
@@ -320,7 +331,7 @@ func (w *Worker) start(ctx context.Context) error {
 	}
 
 	dc := dispenser.Config{
-		Conn:            w.nc,
+		Conn:            nc,
 		Segments:        w.alloc,
 		Owners:          w.owners,
 		OwnerSubject:    ownerSubject,
@@ -340,6 +351,9 @@ func (w *Worker) start(ctx context.Context) error {
 	if w.svc, err = dispenser.New(dc); err != nil {
 		return err
 	}
+	w.connMu.Lock()
+	w.movable = w.svc
+	w.connMu.Unlock()
 	if reg != nil {
 		if err := w.serveHTTP(reg); err != nil {
 			return err
@@ -367,10 +381,72 @@ func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (string
 
 // URL returns the URL of the NATS server the worker uses for requests.
 func (w *Worker) URL() string {
-	if w.nc == nil {
+	nc := w.conn()
+	if nc == nil {
 		return ""
 	}
-	return w.nc.ConnectedUrl()
+	return nc.ConnectedUrl()
+}
+
+// conn returns the connection that serves requests, or nil.
+func (w *Worker) conn() *nats.Conn {
+	w.connMu.Lock()
+	defer w.connMu.Unlock()
+	return w.nc
+}
+
+// lameDuck is told that the server of connection old enters lame-duck
+// mode: it will close its clients soon, and with them the requests and
+// replies in flight on them, also those of requesters on other servers.
+// The worker moves first (move).
+func (w *Worker) lameDuck(old *nats.Conn) {
+	w.connMu.Lock()
+	defer w.connMu.Unlock()
+	if w.closing || old != w.nc || w.movable == nil {
+		return
+	}
+	svc := w.movable
+	w.moves.Add(1)
+	go func() {
+		defer w.moves.Done()
+		w.move(svc, old)
+	}()
+}
+
+// move serves on a new connection to another server, then closes old once
+// the requests it received are answered and its replies flushed; the new
+// connection's server takes requests meanwhile. If no other server takes
+// the connection, the worker stays: its connection reconnects when the
+// server closes it, and what was in flight on it is lost (clients retry).
+func (w *Worker) move(svc *dispenser.Service, old *nats.Conn) {
+	w.log.Info("nats server entering lame-duck mode: moving to another server", "url", old.ConnectedUrlRedacted())
+	nopts := w.cfg.NATS
+	nopts.URL = strings.Join(old.Servers(), ",") // configured and discovered
+	nc, err := nopts.connect(w.cfg.Instance, false, w.log, nats.LameDuckModeHandler(w.lameDuck))
+	if err != nil {
+		w.log.Warn("no other nats server to move to: staying until this one closes the connection", "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, w.cfg.ShutdownTimeout)
+	defer cancel()
+	moved, err := svc.Move(ctx, nc)
+	if moved == nil { // not moved: stopped, or the new connection failed
+		nc.Close()
+		if !errors.Is(err, dispenser.ErrStopped) {
+			w.log.Warn("could not move to another nats server: staying until this one closes the connection", "err", err)
+		}
+		return
+	}
+	if err != nil {
+		// Moved, but the old connection did not drain in time: closing
+		// it loses what it still holds.
+		w.log.Warn("moved, but requests on the old connection were not all answered", "err", err)
+	}
+	w.connMu.Lock()
+	w.nc = nc
+	w.connMu.Unlock()
+	old.Close()
+	w.log.Info("moved", "id", svc.ID(), "url", nc.ConnectedUrlRedacted())
 }
 
 // SegmentStats returns the allocator's state of every tag.
@@ -400,7 +476,11 @@ func (w *Worker) close() error {
 		errs = append(errs, w.http.Shutdown(ctx))
 		<-w.httpDone
 	}
-	w.cancel()
+	w.cancel() // a move in progress stops waiting
+	w.connMu.Lock()
+	w.closing = true
+	w.connMu.Unlock()
+	w.moves.Wait()
 	if w.owners != nil {
 		// Hand ordered tags over at once: stop serving them, release the
 		// leases. Requests for them from here on go to the new owners.
@@ -422,8 +502,8 @@ func (w *Worker) close() error {
 			w.log.Warn("snowflake lease not released; a successor waits for it to expire", "err", err)
 		}
 	}
-	if w.nc != nil {
-		w.nc.Close()
+	if nc := w.conn(); nc != nil {
+		nc.Close()
 	}
 	if w.jsnc != nil {
 		w.jsnc.Close()
@@ -473,7 +553,7 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 // to NATS (both connections), hold a valid snowflake lease, and its store
 // must answer or its buffers hold IDs.
 func (w *Worker) ready(ctx context.Context) error {
-	for _, nc := range []*nats.Conn{w.nc, w.jsnc} {
+	for _, nc := range []*nats.Conn{w.conn(), w.jsnc} {
 		if !nc.IsConnected() {
 			return fmt.Errorf("nats: %s", nc.Status())
 		}
