@@ -50,9 +50,9 @@ type Service struct {
 	bufs    sync.Pool      // *[]byte reply buffers
 	metrics *metrics       // nil without Config.Registerer
 	// segPrefix is "<prefix>.segment.", the subject before a tag.
-	segPrefix  string
-	bg         sync.WaitGroup // adds the segment endpoint late
-	done       chan struct{}  // closed by Stop
+	segPrefix string
+	bg        sync.WaitGroup // adds the segment endpoint late
+	done      chan struct{}  // closed by Stop
 	// bound is the connection the service serves on and what is
 	// registered there; Move replaces it. Handlers read it once per use.
 	bound atomic.Pointer[binding]
