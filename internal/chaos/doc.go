@@ -55,6 +55,42 @@
 //   - TestNATSClusterFailover: three clustered nats-servers, buckets with
 //     three replicas, each server stopped in turn: no lease lost, no
 //     duplicate, failures only while clients reconnect.
+//   - TestPartitions: network faults (issue 23). A 3-node nats-server
+//     cluster whose routes all go through faultnet links (no_advertise,
+//     routes and clients pinged every 1 s), buckets with 3 replicas, three
+//     workers each attached to its own node by a link of its own, and to
+//     the PostgreSQL primary and replica through links; load clients on
+//     every node (two plain tags, the ordered tag with two clients per
+//     node, snowflake, batches of 1-8 IDs), one clock, checked together.
+//     Faults on a seeded schedule: the ordered tag's owner's node
+//     isolated, with a majority worker SIGKILLed and restarted meanwhile;
+//     the majority's traffic to one node cut in one direction, with that
+//     node's worker SIGSTOPped beyond its lease; a bridge (two nodes cut
+//     from each other, both see the third); a node flapping (isolated
+//     and healed every 1-3 s); PostgreSQL cut (black hole); a worker cut
+//     from its NATS server; latency of 20-100 ms with jitter on every
+//     route and worker link and one worker link limited to 64 KB/s,
+//     while the next faults happen. Each fault must show its effect
+//     (routes down in Routez, the isolated worker fenced and the ordered
+//     tag moved to the majority, a fenced episode of the frozen worker, a
+//     failed fetch, "nats disconnected" and "nats reconnected" logged).
+//     Checks: the chaos checks (no duplicate, linearizable ordered tag
+//     across all nodes, snowflake worker IDs, only IDs, 503 or timeouts;
+//     "no responders" only on a cut side), no failure on the majority
+//     side of an isolation or of a worker's NATS cut for requests sent
+//     after the fault took effect (faultnet.RouteDetect or ClientDetect,
+//     plus half a second) until the heal, but the ordered tag's when its
+//     owner was cut off and snowflake's with leases under rideOutLease
+//     (short mode); no majority worker fenced (leases of rideOutLease or
+//     more); after every heal every subject answered on every node within
+//     healBound (two leases + the worker's reconnect time + the request
+//     timeout). It logs the availability per fault, side and subject
+//     (requests, failures, longest gap without an answer) and the time
+//     from each heal to every subject answered on every node. Short
+//     mode: each fault once on PostgreSQL, 3 s leases; long mode: default
+//     leases, random faults for DISPENSER_CHAOS_DURATION, on PostgreSQL
+//     and then on the KV segment store. TestCheckSides, TestCheckHealed,
+//     TestCheckFailureKinds and TestAvailabilityTable check its checks.
 //   - TestSustainedLoad: 80% of the measured maximum for 10 s (60 s in long
 //     mode): achieved (at least 90% of the offered rate), no failure, flat
 //     resident memory.

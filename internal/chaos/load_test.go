@@ -84,6 +84,8 @@ type load struct {
 // until the load has stopped.
 type client struct {
 	l      *load
+	nc     *nats.Conn // the connection it requests on
+	node   int        // index of that connection in startLoadOn's conns
 	target target
 	rng    *rand.Rand
 	local  map[string]int32 // cache of l.index
@@ -94,6 +96,9 @@ type client struct {
 	last    map[lastKey]int64 // last ID per worker (and snowflake worker bits)
 	bad     []string          // protocol and ordering violations (the first few)
 	nbad    int
+	// lastSent is when the last request that got IDs was sent (since
+	// load start), for the test goroutine to wait on while the load runs.
+	lastSent atomic.Int64
 }
 
 // reply is one successful request. Times are nanoseconds since load start.
@@ -119,6 +124,15 @@ type lastKey struct {
 // startLoad starts spec's clients on nc; Cleanup stops them.
 func startLoad(tb testing.TB, nc *nats.Conn, spec loadSpec) *load {
 	tb.Helper()
+	return startLoadOn(tb, []*nats.Conn{nc}, spec)
+}
+
+// startLoadOn starts spec's clients on each of conns (client.node is the
+// index of its connection), all on one clock and checked together by
+// load.check; Cleanup stops them.
+func startLoadOn(tb testing.TB, conns []*nats.Conn, spec loadSpec) *load {
+	tb.Helper()
+	nc := conns[0]
 	if spec.maxCount < 1 {
 		spec.maxCount = 1
 	}
@@ -128,11 +142,14 @@ func startLoad(tb testing.TB, nc *nats.Conn, spec loadSpec) *load {
 	l := &load{spec: spec, nc: nc, t0: time.Now(), index: map[string]int32{}}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	tb.Cleanup(l.stop)
-	for i, tg := range spec.targets {
-		for j := range cmp.Or(tg.clients, spec.clients) {
-			c := l.newClient(tg, spec.seed+uint64(i*1000+j))
-			l.wg.Add(1)
-			go c.loop()
+	for node, nc := range conns {
+		for i, tg := range spec.targets {
+			for j := range cmp.Or(tg.clients, spec.clients) {
+				c := l.newClient(tg, spec.seed+uint64(node*100000+i*1000+j))
+				c.nc, c.node = nc, node
+				l.wg.Add(1)
+				go c.loop()
+			}
 		}
 	}
 	return l
@@ -141,7 +158,7 @@ func startLoad(tb testing.TB, nc *nats.Conn, spec loadSpec) *load {
 // newClient adds a client that does not loop, for requests of the test's
 // own (only the test goroutine may use it).
 func (l *load) newClient(tg target, seed uint64) *client {
-	c := &client{l: l, target: tg, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
+	c := &client{l: l, nc: l.nc, target: tg, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
 		local: map[string]int32{}, last: map[lastKey]int64{}}
 	l.clients = append(l.clients, c)
 	return c
@@ -232,7 +249,7 @@ func (c *client) request(n int) bool {
 		msg.Data = strconv.AppendInt(nil, int64(n), 10)
 	}
 	sent := c.l.now()
-	resp, err := c.l.nc.RequestMsg(msg, c.l.spec.timeout)
+	resp, err := c.nc.RequestMsg(msg, c.l.spec.timeout)
 	got := c.l.now()
 	if err != nil {
 		kind := "nats"
@@ -284,6 +301,7 @@ func (c *client) request(n int) bool {
 		c.last[key] = id
 	}
 	c.replies = append(c.replies, reply{sent: sent, got: got, worker: w, off: int32(off), n: int32(len(ids) - off)})
+	c.lastSent.Store(sent)
 	c.l.answered.Add(1)
 	return true
 }

@@ -3,10 +3,12 @@ package faultnet
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,7 +27,32 @@ type ClusterOptions struct {
 	// 2 min: an idle route through a black hole would stay up for
 	// minutes, as it does in a real partition).
 	RoutePingInterval time.Duration
+	// ClientPingInterval is how often a server pings its clients; a
+	// client that leaves two pings unanswered is closed and its
+	// subscriptions dropped. Default 1 s, as for routes: a client behind a
+	// black hole (a worker cut from its server) leaves the queue groups
+	// within ClientDetect, 3 s, instead of taking its share of requests
+	// into the black hole for nats-server's default of minutes (ping
+	// every 2 min).
+	ClientPingInterval time.Duration
+	// NoAdvertise: the servers advertise no client URLs of the others
+	// (cluster no_advertise), so that a client knows only the URLs it was
+	// given, for example one link to one server, and does not reconnect
+	// around a fault by a direct address.
+	NoAdvertise bool
 }
+
+// MaxPingsOut is how many pings a server of a Cluster leaves unanswered,
+// on routes and on client connections, before it closes the connection.
+const MaxPingsOut = 2
+
+// RouteDetect and ClientDetect are the longest a server of a Cluster with
+// the default ping intervals keeps a route, or a client's subscriptions,
+// after its peer went silent: the ping interval times (MaxPingsOut+1).
+const (
+	RouteDetect  = time.Second * (MaxPingsOut + 1)
+	ClientDetect = time.Second * (MaxPingsOut + 1)
+)
 
 // Cluster is embedded nats-servers with JetStream (sync_interval: always)
 // clustered on 127.0.0.1, every route through a faultnet link.
@@ -51,6 +78,9 @@ func NewCluster(tb testing.TB, n int, o ClusterOptions) *Cluster {
 	tb.Helper()
 	if o.RoutePingInterval == 0 {
 		o.RoutePingInterval = time.Second
+	}
+	if o.ClientPingInterval == 0 {
+		o.ClientPingInterval = time.Second
 	}
 	c := &Cluster{Net: New(tb), Links: make([][]*Link, n)}
 	ports := make([]int, n)
@@ -79,8 +109,10 @@ func NewCluster(tb testing.TB, n int, o ClusterOptions) *Cluster {
 			Port:         ports[i],
 			Advertise:    deadRoute,
 			PingInterval: o.RoutePingInterval,
-			MaxPingsOut:  2,
+			MaxPingsOut:  MaxPingsOut,
+			NoAdvertise:  o.NoAdvertise,
 		}
+		opts.PingInterval, opts.MaxPingsOut = o.ClientPingInterval, MaxPingsOut
 		for j := range n {
 			if i != j {
 				opts.Routes = append(opts.Routes, &url.URL{Scheme: "nats-route", Host: c.Links[i][j].Addr()})
@@ -131,6 +163,42 @@ func (c *Cluster) Isolate(i int) {
 func (c *Cluster) Cut(from, to int) {
 	c.Links[from][to].BlackHole(Up)
 	c.Links[to][from].BlackHole(Down)
+}
+
+// HealCuts removes the black holes of Isolate and Cut from every route
+// link, all links at once (each may take a while to pass on what it
+// held); other faults (latency, bandwidth) stay.
+func (c *Cluster) HealCuts(tb testing.TB) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	var links []*Link
+	for _, row := range c.Links {
+		for _, l := range row {
+			if l != nil {
+				links = append(links, l)
+			}
+		}
+	}
+	errs := make([]error, len(links))
+	for i, l := range links {
+		wg.Go(func() { errs[i] = l.remove(BlackHoleFault) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// ClientLink starts a link to server i's client port as it listens now
+// (a restarted server listens on a new port): a client or worker that
+// dials it reaches server i only through faults the test controls.
+func (c *Cluster) ClientLink(tb testing.TB, name string, i int) *Link {
+	tb.Helper()
+	u, err := url.Parse(c.Servers[i].ClientURL())
+	if err != nil {
+		tb.Fatalf("faultnet: client URL of n%d: %v", i, err)
+	}
+	return c.Net.Link(tb, name, u.Host)
 }
 
 // Heal removes every fault from every link.

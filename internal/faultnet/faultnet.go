@@ -82,6 +82,17 @@ func (d Direction) streams() ([]string, error) {
 	return nil, fmt.Errorf("%w: %d", ErrDirection, int(d))
 }
 
+// Fault is a kind of fault on a link, for Link.Remove.
+type Fault string
+
+// The faults of a link.
+const (
+	BlackHoleFault Fault = "blackhole"
+	ResetFault     Fault = "reset"
+	LatencyFault   Fault = "latency"
+	BandwidthFault Fault = "bandwidth"
+)
+
 // Errors of package faultnet.
 var (
 	// ErrDirection is a Direction other than Both, Up and Down.
@@ -163,28 +174,28 @@ func (l *Link) Name() string { return l.name }
 // closed or reset. New connections are accepted and stall too.
 func (l *Link) BlackHole(dir Direction) {
 	l.tb.Helper()
-	l.add("blackhole", stallType, dir, struct{}{})
+	l.add(BlackHoleFault, stallType, dir, struct{}{})
 }
 
 // Reset resets connections: every new connection at its first byte, an
 // open one at its next byte (see the package comment), until Heal.
 func (l *Link) Reset() {
 	l.tb.Helper()
-	l.add("reset", "reset_peer", Both, map[string]int64{"timeout": 0})
+	l.add(ResetFault, "reset_peer", Both, map[string]int64{"timeout": 0})
 }
 
 // Latency delays every chunk in dir by d plus a uniform jitter in
 // [-jitter, +jitter] (millisecond resolution).
 func (l *Link) Latency(dir Direction, d, jitter time.Duration) {
 	l.tb.Helper()
-	l.add("latency", "latency", dir, map[string]int64{"latency": d.Milliseconds(), "jitter": jitter.Milliseconds()})
+	l.add(LatencyFault, "latency", dir, map[string]int64{"latency": d.Milliseconds(), "jitter": jitter.Milliseconds()})
 }
 
 // Bandwidth limits dir to kbPerSecond kilobytes per second (toxiproxy's
 // unit).
 func (l *Link) Bandwidth(dir Direction, kbPerSecond int64) {
 	l.tb.Helper()
-	l.add("bandwidth", "bandwidth", dir, map[string]int64{"rate": kbPerSecond})
+	l.add(BandwidthFault, "bandwidth", dir, map[string]int64{"rate": kbPerSecond})
 }
 
 // Heal removes every fault from the link. Bytes held by a black hole flow
@@ -193,16 +204,42 @@ func (l *Link) Heal() {
 	l.proxy.Toxics.ResetToxics(context.Background())
 }
 
+// Remove removes the faults of one kind from the link, in both
+// directions, and leaves the others. Remove(BlackHoleFault) lets held
+// bytes flow on, as Heal does.
+func (l *Link) Remove(kind Fault) {
+	l.tb.Helper()
+	if err := l.remove(kind); err != nil {
+		l.tb.Fatal(err)
+	}
+}
+
+// remove is Remove, returning its error: it may run on any goroutine.
+// Removing a black hole returns once the held bytes have passed the
+// link's other faults (a latency delays each held chunk in turn).
+func (l *Link) remove(kind Fault) error {
+	for _, stream := range []string{"upstream", "downstream"} {
+		name := string(kind) + "_" + stream
+		if l.proxy.Toxics.GetToxic(name) == nil {
+			continue
+		}
+		if err := l.proxy.Toxics.RemoveToxic(context.Background(), name); err != nil {
+			return fmt.Errorf("faultnet: link %s: remove %s: %w", l.name, name, err)
+		}
+	}
+	return nil
+}
+
 // add puts a toxic of toxicType named kind_stream on each stream of dir,
 // replacing one of the same name.
-func (l *Link) add(kind, toxicType string, dir Direction, attrs any) {
+func (l *Link) add(kind Fault, toxicType string, dir Direction, attrs any) {
 	l.tb.Helper()
 	streams, err := dir.streams()
 	if err != nil {
 		l.tb.Fatalf("faultnet: link %s: %s: %v", l.name, kind, err)
 	}
 	for _, stream := range streams {
-		name := kind + "_" + stream
+		name := string(kind) + "_" + stream
 		if l.proxy.Toxics.GetToxic(name) != nil {
 			if err := l.proxy.Toxics.RemoveToxic(context.Background(), name); err != nil {
 				l.tb.Fatalf("faultnet: link %s: replace %s: %v", l.name, name, err)

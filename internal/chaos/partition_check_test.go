@@ -1,0 +1,264 @@
+package chaos
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/protocol"
+)
+
+// The checks of TestPartitions over the load's records: availability on
+// the side that should keep answering, answers again after every heal,
+// and failure kinds. Each returns what it found wrong, one message per
+// finding (empty: none), so that partition_self_test.go can feed them
+// misbehaving records.
+
+// inWindow reports whether t lies in one of the intervals.
+func inWindow(t int64, intervals [][2]int64) bool {
+	for _, iv := range intervals {
+		if iv[0] <= t && t <= iv[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// checkSides returns, for every fault window whose sides say so
+// (assertRest), the requests of clients on the rest's side (the
+// majority) that failed although they were sent after the fault was
+// detected (excusedBefore) and before it was healed, outside the excused
+// intervals (a worker killed meanwhile) and, if the ordered tag's owner
+// was on the cut side, not for the ordered tag. One message per fault
+// window, subject and failure kind, with the count and an example.
+func checkSides(l *load, fl *faultLog, sides []faultSides, describe func(string) string) []string {
+	var out []string
+	for w, s := range sides {
+		if !s.assertRest {
+			continue
+		}
+		end := s.healed
+		if end == 0 {
+			end = fl.windows[w].end
+		}
+		type key struct{ subject, kind string }
+		count := map[key]int{}
+		example := map[key]string{}
+		var keys []key
+		for _, c := range l.clients {
+			if slices.Contains(s.cut, c.node) || c.target.ordered && s.orderedExcused || c.target.snowflake && s.snowflakeExcused {
+				continue
+			}
+			for _, f := range c.fails {
+				if f.sent < s.excusedBefore || f.sent >= end || inWindow(f.sent, s.excused) || f.worker != "" && slices.Contains(s.excusedWorkers, f.worker) {
+					continue
+				}
+				k := key{c.target.name, f.kind}
+				if count[k] == 0 {
+					keys = append(keys, k)
+					by := "no reply"
+					if f.worker != "" {
+						by = "from " + describe(f.worker)
+					}
+					example[k] = fmt.Sprintf("client on n%d sent at %.3fs, failed at %.3fs (%s): %s", c.node, float64(f.sent)/1e9, float64(f.got)/1e9, by, f.err)
+				}
+				count[k]++
+			}
+		}
+		for _, k := range keys {
+			out = append(out, fmt.Sprintf("%s at %.3fs (cut side %s n%v, healed at %.3fs): %d %s requests on the %s side failed with %s after the fault took effect (%.3fs), e.g. %s",
+				fl.windows[w].kind, float64(fl.windows[w].start)/1e9, s.cutName, s.cut, float64(end)/1e9,
+				count[k], k.subject, s.restName, k.kind, float64(s.excusedBefore)/1e9, example[k]))
+		}
+	}
+	return out
+}
+
+// healDelay is, for one heal, how long until the last of the node and
+// subject pairs was answered to a request sent after it, and which pair
+// that was; missing lists the pairs never answered.
+type healDelay struct {
+	last    time.Duration
+	which   string
+	missing []string
+}
+
+// healDelayOf measures one heal at at over the looping clients.
+func healDelayOf(clients []*client, at int64) healDelay {
+	first := map[string]int64{} // "subject on nX" -> first answer
+	var pairs []string
+	for _, c := range clients {
+		k := fmt.Sprintf("%s on n%d", c.target.name, c.node)
+		if _, ok := first[k]; !ok {
+			pairs = append(pairs, k)
+			first[k] = -1
+		}
+		i := sort.Search(len(c.replies), func(i int) bool { return c.replies[i].sent >= at })
+		if i < len(c.replies) && (first[k] < 0 || c.replies[i].got < first[k]) {
+			first[k] = c.replies[i].got
+		}
+	}
+	var d healDelay
+	for _, k := range pairs {
+		if first[k] < 0 {
+			d.missing = append(d.missing, k)
+			continue
+		}
+		if got := time.Duration(first[k] - at); got > d.last || d.which == "" {
+			d.last, d.which = got, k
+		}
+	}
+	return d
+}
+
+// checkHealed returns, for every heal, the node and subject pairs not
+// answered to a request sent after the heal within bound of it.
+func checkHealed(clients []*client, heals []healMark, bound time.Duration) []string {
+	var out []string
+	for _, h := range heals {
+		d := healDelayOf(clients, h.at)
+		if len(d.missing) > 0 {
+			out = append(out, fmt.Sprintf("heal of %s at %.3fs: never answered again: %s", h.fault, float64(h.at)/1e9, strings.Join(d.missing, ", ")))
+		}
+		if d.last > bound {
+			out = append(out, fmt.Sprintf("heal of %s at %.3fs: %s answered again only after %v, bound %v", h.fault, float64(h.at)/1e9, d.which, d.last.Round(time.Millisecond), bound))
+		}
+	}
+	return out
+}
+
+// healDelays describes every heal's delay, for the log.
+func healDelays(clients []*client, heals []healMark) []string {
+	var out []string
+	for _, h := range heals {
+		d := healDelayOf(clients, h.at)
+		out = append(out, fmt.Sprintf("%s healed at %.3fs: every subject answered on every node after %v (last: %s)%s",
+			h.fault, float64(h.at)/1e9, d.last.Round(time.Millisecond), d.which, strings.Repeat(" never: "+strings.Join(d.missing, ", "), min(1, len(d.missing)))))
+	}
+	return out
+}
+
+// partitionFailureKinds are the failures a request may have in
+// TestPartitions: 503 (the worker cannot serve: fenced, buffers dry, the
+// ordered tag's owner changing) and a timeout (the request reached a
+// worker on the other side of a cut, or a frozen one). A 500 is reported
+// by load.check. A client on the cut side of a fault may also find no
+// responders (its node's only worker frozen or killed, the others out of
+// reach).
+var partitionFailureKinds = map[string]bool{protocol.CodeUnavailable: true, "timeout": true, protocol.CodeInternal: true}
+
+// checkFailureKinds returns one message per failure kind outside
+// partitionFailureKinds, with the count and an example.
+func checkFailureKinds(l *load, fl *faultLog, sides []faultSides) []string {
+	count := map[string]int{}
+	example := map[string]string{}
+	cutOff := func(node int, t int64) bool {
+		for w, s := range sides {
+			end := s.healed
+			if end == 0 {
+				end = fl.windows[w].end
+			}
+			if slices.Contains(s.cut, node) && fl.windows[w].start <= t && t <= end+int64(fl.grace) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, c := range l.clients {
+		for _, f := range c.fails {
+			if partitionFailureKinds[f.kind] || f.kind == "no responders" && cutOff(c.node, f.got) {
+				continue
+			}
+			if count[f.kind] == 0 {
+				example[f.kind] = fmt.Sprintf("%s client on n%d at %.3fs: %s", c.target.name, c.node, float64(f.got)/1e9, f.err)
+			}
+			count[f.kind]++
+		}
+	}
+	var out []string
+	for _, k := range sortedKeys(count) {
+		out = append(out, fmt.Sprintf("%d requests failed with %q, want only IDs, 503 or a timeout, e.g. %s", count[k], k, example[k]))
+	}
+	return out
+}
+
+// availRow is one row of the availability table.
+type availRow struct {
+	requests, failed, unavailable, timeouts int
+	gap                                     time.Duration
+}
+
+// availabilityTable returns, per fault kind, side and subject, the
+// requests answered or failed between the fault's start and its heal
+// (its end if not healed) plus the fault log's grace, the failures, and
+// the longest time a client on that side went without an answer for
+// that subject in that span (the longest of the fault's windows).
+func availabilityTable(l *load, fl *faultLog, sides []faultSides) string {
+	type key struct{ fault, side, subject string }
+	rows := map[key]*availRow{}
+	var keys []key
+	for w, s := range sides {
+		win := fl.windows[w]
+		end := s.healed
+		if end == 0 {
+			end = win.end
+		}
+		end += int64(fl.grace)
+		got := map[key][]int64{}
+		seen := map[key]bool{}
+		for _, c := range l.clients {
+			k := key{win.kind, s.side(c.node), c.target.name}
+			seen[k] = true
+			r := rows[k]
+			if r == nil {
+				r = &availRow{}
+				rows[k] = r
+				keys = append(keys, k)
+			}
+			for _, rp := range c.replies {
+				if rp.got >= win.start && rp.got <= end {
+					r.requests++
+					got[k] = append(got[k], rp.got)
+				}
+			}
+			for _, f := range c.fails {
+				if f.got >= win.start && f.got <= end {
+					r.requests++
+					r.failed++
+					switch f.kind {
+					case protocol.CodeUnavailable:
+						r.unavailable++
+					case "timeout":
+						r.timeouts++
+					}
+				}
+			}
+		}
+		for k, ts := range got {
+			slices.Sort(ts)
+			prev, gap := win.start, int64(0)
+			for _, t := range ts {
+				gap, prev = max(gap, t-prev), t
+			}
+			gap = max(gap, end-prev)
+			rows[k].gap = max(rows[k].gap, time.Duration(gap))
+		}
+		for k := range seen {
+			if got[k] == nil {
+				rows[k].gap = max(rows[k].gap, time.Duration(end-win.start))
+			}
+		}
+	}
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "fault\tside\tsubject\trequests\tfailed\t503\ttimeout\tlongest gap\t\n")
+	for _, k := range keys {
+		r := rows[k]
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%v\t\n", k.fault, k.side, k.subject, r.requests, r.failed, r.unavailable, r.timeouts, r.gap.Round(10*time.Millisecond))
+	}
+	tw.Flush()
+	return b.String()
+}
