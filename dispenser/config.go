@@ -40,6 +40,13 @@ type Config struct {
 	// StoreMetadata, so that workers can refuse to share a queue group with
 	// a worker of another store: two stores hand out the same IDs.
 	Store string
+	// StoreID identifies the data behind Store whichever addresses this
+	// worker reaches it by (for PostgreSQL its cluster's system identifier
+	// and the database name); empty if unknown. It is published under
+	// StoreIDMetadata: two workers that both publish one are compared by
+	// it instead of by Store, so that workers reaching one database by
+	// different addresses (a service name, an IP, a proxy) serve together.
+	StoreID string
 	// SnowflakeLeases names the snowflake lease bucket and epoch (e.g.
 	// "dispenser_workers@<bucket creation time> epoch <epoch>"). It is
 	// published in the micro metadata under SnowflakeMetadata, so that

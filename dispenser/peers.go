@@ -49,7 +49,7 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 			info.Metadata[PrefixMetadata] != s.cfg.Prefix || info.Metadata[QueueGroupMetadata] != s.cfg.QueueGroup {
 			continue
 		}
-		if other := info.Metadata[StoreMetadata]; s.cfg.Segments != nil && other != "" && other != s.cfg.Store {
+		if other := info.Metadata[StoreMetadata]; s.cfg.Segments != nil && other != "" && !s.sameStore(other, info.Metadata[StoreIDMetadata]) {
 			return fmt.Errorf("%w: worker %s in queue group %q serves %s<tag> from store %q, this one would use %q: "+
 				"workers of different stores hand out the same IDs; use the same store or another queue group or prefix",
 				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.segPrefix, other, s.cfg.Store)
@@ -61,4 +61,14 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.cfg.Prefix, other, s.cfg.SnowflakeLeases)
 		}
 	}
+}
+
+// sameStore reports whether a peer that publishes store and id (maybe
+// empty) uses this worker's store: by ID if both know theirs, else by the
+// store's name (a peer of an earlier version publishes no ID).
+func (s *Service) sameStore(store, id string) bool {
+	if s.cfg.StoreID != "" && id != "" {
+		return id == s.cfg.StoreID
+	}
+	return store == s.cfg.Store
 }

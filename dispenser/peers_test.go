@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,13 +41,14 @@ func newPeerSetup(t *testing.T) *peerSetup {
 }
 
 // start starts a worker that says it uses store, in queue group; it returns
-// New's error.
+// New's error. store is a name, or a name and an ID: "name|id".
 func (p *peerSetup) start(t *testing.T, store, group string) error {
+	store, id, _ := strings.Cut(store, "|")
 	alloc, err := segment.New(segment.Settings{Store: p.store, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
 	}
-	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, p.ns), Segments: alloc, Store: store,
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, p.ns), Segments: alloc, Store: store, StoreID: id,
 		QueueGroup: group, PeerCheck: 150 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -76,6 +78,13 @@ func TestPeerOfAnotherStoreRefused(t *testing.T) {
 		{name: "same store", first: "kv:a", other: "kv:a"},
 		{name: "same store, started together", first: "kv:a", other: "kv:a", together: true},
 		{name: "another queue group", first: "kv:a", other: "kv:b", group: "others"},
+		// With both IDs known, the IDs decide; else the names do (a peer
+		// of an earlier version publishes no ID).
+		{name: "same ID, other name", first: "pg:host-a|db1", other: "pg:host-b|db1"},
+		{name: "same ID, other name, started together", first: "pg:host-a|db1", other: "pg:host-b|db1", together: true},
+		{name: "other ID, same name", first: "pg:host-a|db1", other: "pg:host-a|db2", wantRefused: true},
+		{name: "one ID unknown, other name", first: "pg:host-a|db1", other: "pg:host-b", wantRefused: true},
+		{name: "one ID unknown, same name", first: "pg:host-a", other: "pg:host-a|db1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

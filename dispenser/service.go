@@ -109,6 +109,9 @@ func (s *Service) ID() string { return s.bound.Load().id }
 // StoreMetadata is the micro metadata key naming a worker's segment store.
 const StoreMetadata = "store"
 
+// StoreIDMetadata is the micro metadata key of Config.StoreID.
+const StoreIDMetadata = "store_id"
+
 // SnowflakeMetadata is the micro metadata key naming a worker's snowflake
 // lease bucket and epoch (Config.SnowflakeLeases).
 const SnowflakeMetadata = "snowflake"
@@ -182,7 +185,7 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:    Name,
 		Version: cfg.Version,
-		Metadata: map[string]string{StoreMetadata: cfg.Store, SnowflakeMetadata: cfg.SnowflakeLeases,
+		Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases,
 			PrefixMetadata: cfg.Prefix, QueueGroupMetadata: cfg.QueueGroup},
 		Description:  "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
 		QueueGroup:   cfg.QueueGroup,

@@ -42,6 +42,9 @@ type Store struct {
 	// could use (dispenser.Config.Store): workers of one queue group and
 	// prefix must share it.
 	Name string
+	// ID identifies the store's data whichever addresses reach it
+	// (dispenser.Config.StoreID); empty if unknown.
+	ID string
 	// Close releases what OpenStore opened besides the worker's
 	// connection; nil if nothing.
 	Close func()
@@ -75,7 +78,7 @@ func (k KV) OpenStore(ctx context.Context, js jetstream.JetStream, env StoreEnv)
 	if err != nil {
 		return nil, err
 	}
-	return &Store{Store: st, Admin: st, Name: "kv:" + name}, nil
+	return &Store{Store: st, Admin: st, Name: "kv:" + name, ID: "kv:" + name}, nil
 }
 
 func (k KV) bucket() string {

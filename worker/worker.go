@@ -341,6 +341,7 @@ func (w *Worker) start(ctx context.Context) error {
 		MaxBatch:        cfg.MaxBatch,
 		Logger:          w.log,
 		Store:           w.store.Name,
+		StoreID:         w.store.ID,
 		SnowflakeLeases: w.leaseName,
 		PeerCheck:       peerCheck,
 	}

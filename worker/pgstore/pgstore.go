@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
@@ -83,13 +84,21 @@ func (p Postgres) OpenStore(ctx context.Context, js jetstream.JetStream, env wor
 	// start (with what to run) rather than fail every fetch. A database
 	// that cannot be reached now is not checked: the worker starts without
 	// it, as always (its fetches fail until it is back).
-	if missing, err := schema.Missing(ctx, pool); err != nil {
+	missing, err := schema.Missing(ctx, pool)
+	reachable := err == nil
+	if err != nil {
 		env.Logger.Warn("postgres: cannot check the schema version now; starting anyway", "err", err)
 	} else if len(missing) > 0 {
 		return nil, fmt.Errorf("postgres: the database lacks migrations %v of this version: run `dispenser migrate --postgres-url …` (or serve --migrate) first", missing)
 	}
 	pg := postgres.New(pool)
 	st := &worker.Store{Store: pg, Admin: pg, Name: Name(pool), Close: pool.Close}
+	if reachable { // else peers are told apart by address only (Name)
+		if st.ID, err = ID(ctx, pool); err != nil {
+			env.Logger.Warn("postgres: cannot read the database's identity; peers are compared by address", "err", err)
+			st.ID, err = "", nil
+		}
+	}
 	if p.NoWitness {
 		env.Logger.Warn("--witness=false: a failover of PostgreSQL to a replica that missed writes, or a restored backup, can hand out IDs twice")
 		return st, nil
@@ -115,6 +124,9 @@ func (p Postgres) OpenStore(ctx context.Context, js jetstream.JetStream, env wor
 		return nil, err
 	}
 	st.Store, st.Name = w, st.Name+" witness:"+name
+	if st.ID != "" {
+		st.ID += " witness:" + name
+	}
 	return st, nil
 }
 
@@ -128,6 +140,20 @@ func Name(pool *pgxpool.Pool) string {
 		}
 	}
 	return fmt.Sprintf("postgres:%s/%s", hosts, pc.Database)
+}
+
+// ID identifies the database of pool whichever address reaches it: its
+// cluster's system identifier, which a streaming replica shares with its
+// primary (so a failover keeps it), and the database name.
+func ID(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var system, db string
+	err := pool.QueryRow(ctx, "SELECT system_identifier::text, current_database() FROM pg_control_system()").Scan(&system, &db)
+	if err != nil {
+		return "", fmt.Errorf("postgres: reading the system identifier: %w", err)
+	}
+	return "postgres-system:" + system + "/" + db, nil
 }
 
 // Connect connects to the database at url and checks that it answers: for
