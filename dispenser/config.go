@@ -74,6 +74,14 @@ type Config struct {
 	// refuses (ErrPeerMismatch) to join a queue group whose workers use
 	// another Store or other SnowflakeLeases. Zero: no check.
 	PeerCheck time.Duration
+	// WarmTimeout bounds the warm-up of a starting service: with
+	// PeerCheck, before it joins the segment endpoint, it asks its peers
+	// which tags they served last and loads the first segment of each
+	// (segment.Allocator.Warm), so that it answers them from memory at
+	// once, also while the store is slow (a leader election of the
+	// witness bucket). It joins when they are loaded or when WarmTimeout
+	// has passed. Default 10 s.
+	WarmTimeout time.Duration
 	// ReadyTimeout is how long New waits for the allocator's tag list
 	// before it serves without the segment endpoint, which it then adds
 	// once the list has loaded: a worker that cannot reach its store must
@@ -89,6 +97,7 @@ func (cfg *Config) withDefaults() {
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, 10000)
 	cfg.Version = cmp.Or(cfg.Version, "0.1.0")
 	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, 2*time.Second)
+	cfg.WarmTimeout = cmp.Or(cfg.WarmTimeout, 10*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

@@ -251,3 +251,47 @@ func TestMoveLosesNoRequest(t *testing.T) {
 		t.Errorf("second Move: %v", err)
 	}
 }
+
+// TestStartingWorkerWarmsPeersTags: a worker that starts next to one that
+// served tags a and b loads a and b before it joins, so that it answers
+// their first requests from memory; without the warm-up their first
+// request waits for a fetch (and fails with 503 after MaxWait if the
+// store is slow then, as in a leader election of the witness bucket).
+func TestStartingWorkerWarmsPeersTags(t *testing.T) {
+	st := newStack(t, map[string]int64{"a": 100, "b": 100, "idle": 100})
+	start := func() *segment.Allocator {
+		t.Helper()
+		alloc, err := segment.New(segment.Settings{Store: st.store, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, st.ns), Segments: alloc, Logger: quiet,
+			PeerCheck: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			svc.Stop(ctx)
+			alloc.Close(ctx)
+		})
+		return alloc
+	}
+	start()
+	nc := testenv.Connect(t, st.ns)
+	for _, tag := range []string{"a", "b"} {
+		if _, code := request(t, nc, "id.segment."+tag, "", nil); code != "" {
+			t.Fatalf("%s: code %s", tag, code)
+		}
+	}
+	second := start()
+	for _, tag := range []string{"a", "b"} {
+		if _, pending, err := second.TakeNow(tag, 1, nil); err != nil || pending != nil {
+			t.Errorf("second worker, first request of %s: waits for a fetch (%v), err %v; want it served from memory", tag, pending != nil, err)
+		}
+	}
+	if second.Known("idle") {
+		t.Errorf("second worker loaded tag idle, which no peer served")
+	}
+}

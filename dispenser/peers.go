@@ -1,11 +1,15 @@
 package dispenser
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
+	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 )
@@ -71,4 +75,78 @@ func (s *Service) sameStore(store, id string) bool {
 		return id == s.cfg.StoreID
 	}
 	return store == s.cfg.Store
+}
+
+// warm loads the tags b's peers served last (Config.WarmTimeout), unless
+// there is no PeerCheck or the service stopped meanwhile.
+func (s *Service) warm(b *binding) {
+	if s.cfg.PeerCheck <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.WarmTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	tags := s.peerTags(b)
+	if len(tags) == 0 {
+		return
+	}
+	t0 := time.Now()
+	n := s.cfg.Segments.Warm(ctx, tags)
+	s.cfg.Logger.Info("dispenser: warmed up the tags peers serve", "tags", n, "asked", min(len(tags), segment.WarmMax),
+		"took", time.Since(t0).Round(time.Millisecond))
+}
+
+// peerTags asks the running workers of this prefix and queue group for
+// their micro stats and returns the tags they hold, those fetched most
+// recently first.
+func (s *Service) peerTags(b *binding) []string {
+	inbox := b.conn.NewRespInbox()
+	sub, err := b.conn.SubscribeSync(inbox)
+	if err != nil {
+		return nil
+	}
+	defer sub.Unsubscribe()
+	if err := b.conn.PublishRequest("$SRV.STATS."+Name, inbox, nil); err != nil {
+		return nil
+	}
+	last := map[string]time.Time{}
+	deadline := time.Now().Add(s.cfg.PeerCheck)
+	for {
+		msg, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			break // no more answers within PeerCheck (or none at all)
+		}
+		var st struct {
+			micro.Stats
+			Endpoints []struct {
+				Name string `json:"name"`
+				Data struct {
+					Tags []segment.TagStats `json:"tags"`
+				} `json:"data"`
+			} `json:"endpoints"`
+		}
+		if json.Unmarshal(msg.Data, &st) != nil || st.ID == b.id ||
+			st.Metadata[PrefixMetadata] != s.cfg.Prefix || st.Metadata[QueueGroupMetadata] != s.cfg.QueueGroup {
+			continue
+		}
+		for _, e := range st.Endpoints {
+			if e.Name != "segment" {
+				continue
+			}
+			for _, t := range e.Data.Tags {
+				if t.LastFetch.After(last[t.Tag]) || last[t.Tag].IsZero() {
+					last[t.Tag] = t.LastFetch
+				}
+			}
+		}
+	}
+	tags := slices.Collect(maps.Keys(last))
+	slices.SortFunc(tags, func(x, y string) int { return last[y].Compare(last[x]) })
+	return tags
 }

@@ -154,6 +154,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Segments != nil {
 		select {
 		case <-cfg.Segments.Loaded():
+			s.warm(b)
 			s.mu.Lock()
 			err = s.addSegmentEndpoint(b)
 			s.mu.Unlock()
@@ -264,6 +265,7 @@ func (s *Service) addSegmentEndpointWhenLoaded() {
 	case <-s.done:
 		return
 	}
+	s.warm(s.bound.Load())
 	s.mu.Lock()
 	b := s.bound.Load()
 	err := s.addSegmentEndpoint(b)

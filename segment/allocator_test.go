@@ -792,3 +792,44 @@ func TestAutoCreateTags(t *testing.T) {
 		t.Fatalf("invalid tag: err = %v, want ErrInvalidTag", err)
 	}
 }
+
+// TestWarm: Warm waits for the first segment of each plain tag it can
+// look up, so that the first request of each is served from memory; it
+// skips unknown and ordered tags, and gives up when its context ends.
+func TestWarm(t *testing.T) {
+	st := newMemStore(t, Tag{Name: "a", Step: 10, MaxID: 1}, Tag{Name: "b", Step: 10, MaxID: 1},
+		Tag{Name: "o", Step: 10, MaxID: 1, Ordered: true}, Tag{Name: "stuck", Step: 10, MaxID: 1})
+	a := newAllocator(t, Settings{Store: st})
+	gate := make(chan struct{})
+	st.set(func(s *memStore) { s.gate = gate })
+	done := make(chan int, 1)
+	go func() { done <- a.Warm(context.Background(), []string{"a", "b", "o", "unknown", "bad tag"}) }()
+	eventually(t, "fetches of a and b to start", func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return st.inFlight["a"] == 1 && st.inFlight["b"] == 1
+	})
+	select {
+	case n := <-done:
+		t.Fatalf("Warm returned %d while the fetches were held, want it to wait for them", n)
+	default:
+	}
+	close(gate)
+	if got := <-done; got != 2 {
+		t.Fatalf("Warm = %d tags, want 2 (a and b)", got)
+	}
+	for _, tag := range []string{"a", "b"} {
+		if _, pending, err := a.TakeNow(tag, 1, nil); err != nil || pending != nil {
+			t.Errorf("TakeNow(%s) after Warm: pending %v, err %v; want IDs from memory", tag, pending != nil, err)
+		}
+	}
+	if a.Plain("o") || a.Known("unknown") {
+		t.Errorf("ordered tag served as plain (%v) or unknown tag known (%v) after Warm", a.Plain("o"), a.Known("unknown"))
+	}
+	st.set(func(s *memStore) { s.gate = make(chan struct{}) }) // never opens
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if got := a.Warm(ctx, []string{"stuck"}); got != 0 {
+		t.Errorf("Warm of a tag whose fetch never ends = %d, want 0 once its context ended", got)
+	}
+}
