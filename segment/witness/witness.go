@@ -16,6 +16,13 @@
 // then moves the tag's max_id above the mark in one statement and fetches
 // again, and logs and counts a rollback when the database was behind.
 //
+// A compare-and-swap that gets no reply (a JetStream leader election) may
+// have landed or not: the writer reads the mark, and its write counts only
+// if the record carries the token of that very write; else it is sent
+// again, on the revision it was based on. So a fetch rides out an election
+// with the segment it took, and a landed write is never taken for someone
+// else's (which would look like a rollback).
+//
 // Give-back lowers the mark, but only from exactly the end of the giver's
 // own last segment (which is then the mark, so nobody recorded after it) to
 // the giver's first unissued ID, by compare-and-swap, and only then lowers
@@ -40,13 +47,16 @@ package witness
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
@@ -111,16 +121,30 @@ type Store struct {
 	marks map[string]mark
 }
 
-// mark is a tag's witness value and its revision (0: no value).
+// mark is a tag's witness value, its revision (0: no value) and the token
+// of the write that set it.
 type mark struct {
 	end int64
 	rev uint64
+	by  string
 }
 
-// record is the JSON value under a tag's key.
+// record is the JSON value under a tag's key. By is a token unique to the
+// write that set the mark (absent in records of earlier versions), so that
+// a writer whose reply was lost recognises its own write.
 type record struct {
-	Mark int64 `json:"mark"`
+	Mark int64  `json:"mark"`
+	By   string `json:"by,omitempty"`
 }
+
+// swapAttempt bounds one compare-and-swap request of a mark. A request
+// sent to a stream leader that is gone (while JetStream elects a new one)
+// gets no reply at all: it is given up after swapAttempt and the mark is
+// read; if the write landed all the same (the record carries its token) it
+// counts, else it is sent again, until the fetch's context ends. So a
+// fetch completes within swapAttempt of the election's end, with the
+// segment it took from the store.
+const swapAttempt = 500 * time.Millisecond
 
 // maxAttempts bounds the compare-and-swap rounds of one fetch.
 const maxAttempts = 8
@@ -225,7 +249,7 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 			}
 			return a, nil
 		}
-		if !kvbucket.Conflict(err) {
+		if !kvbucket.Conflict(err) && !errors.Is(err, errMoved) {
 			return segment.Allocation{}, fmt.Errorf("witness: recording segment %d..%d of tag %q: %w", a.Start, a.End-1, tag, err)
 		}
 		w.forget(tag)
@@ -362,25 +386,64 @@ func (w *Store) mark(ctx context.Context, tag string) (_ mark, cached bool, _ er
 	if err != nil {
 		return mark{}, false, err
 	}
-	m = mark{end: r.Mark, rev: e.Revision()}
+	m = mark{end: r.Mark, rev: e.Revision(), by: r.By}
 	w.remember(tag, m)
 	return m, false, nil
 }
 
 // swap sets the tag's mark from m to end by compare-and-swap on m's
 // revision (0: the key has never been written; a delete marker makes it
-// fail).
+// fail). A request that gets no reply (swapAttempt) or a conflict is
+// checked against the mark: a write that landed with this call's token
+// counts; one still not landed is sent again; a mark moved by another
+// writer is a conflict (kvbucket.Conflict).
 func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
-	data, err := json.Marshal(record{Mark: end})
+	token := rand.Text()
+	data, err := json.Marshal(record{Mark: end, By: token})
 	if err != nil {
 		return err
 	}
-	rev, err := w.kv.Update(ctx, tag, data, m.rev)
-	if err != nil {
-		return err
+	for {
+		actx, cancel := context.WithTimeout(ctx, swapAttempt)
+		rev, err := w.kv.Update(actx, tag, data, m.rev)
+		cancel()
+		if err == nil {
+			w.remember(tag, mark{end: end, rev: rev, by: token})
+			return nil
+		}
+		conflict := kvbucket.Conflict(err)
+		if !conflict && !noReply(err) || ctx.Err() != nil {
+			return err
+		}
+		actx, cancel = context.WithTimeout(ctx, swapAttempt)
+		e, rerr := kvbucket.Latest(actx, w.kv, tag)
+		cancel()
+		if rerr == nil && e != nil && e.Operation() == jetstream.KeyValuePut {
+			if r, derr := decode(tag, e.Value()); derr == nil && r.By == token && r.Mark == end {
+				// Landed; its reply was lost (or this is a retry's conflict).
+				w.remember(tag, mark{end: end, rev: e.Revision(), by: token})
+				return nil
+			}
+		}
+		if conflict {
+			return err
+		}
+		if rerr == nil && (e == nil && m.rev != 0 || e != nil && e.Revision() != m.rev) {
+			return fmt.Errorf("%w: the mark of %q moved while a write went unanswered", errMoved, tag)
+		}
+		// Not landed (or not known): send it again.
 	}
-	w.remember(tag, mark{end: end, rev: rev})
-	return nil
+}
+
+// errMoved is a compare-and-swap that went unanswered while another
+// writer moved the mark: a conflict, for Fetch's loop.
+var errMoved = errors.New("witness: mark moved")
+
+// noReply reports whether err says a request got no reply: it may have
+// landed or not.
+func noReply(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
 func (w *Store) remember(tag string, m mark) {

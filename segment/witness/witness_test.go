@@ -3,6 +3,7 @@ package witness_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -322,5 +323,71 @@ func TestLostWritesLessThanAStepAreCaught(t *testing.T) {
 	}
 	if got := w.Rollbacks(); got != 1 {
 		t.Fatalf("Rollbacks() = %d, want 1", got)
+	}
+}
+
+// lossyKV passes every call to the real bucket but makes the first
+// Updates get no reply (as a request to a stream leader that is gone
+// while JetStream elects a new one): with land, the write is applied all
+// the same (its reply is what is lost); without, it is dropped.
+type lossyKV struct {
+	jetstream.KeyValue
+	mu    sync.Mutex // protects drops
+	drops int
+	land  bool
+}
+
+func (k *lossyKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
+	k.mu.Lock()
+	drop := k.drops > 0
+	if drop {
+		k.drops--
+	}
+	k.mu.Unlock()
+	if !drop {
+		return k.KeyValue.Update(ctx, key, value, last)
+	}
+	if k.land {
+		if _, err := k.KeyValue.Update(ctx, key, value, last); err != nil {
+			return 0, err
+		}
+	}
+	<-ctx.Done()
+	return 0, ctx.Err()
+}
+
+// TestUnansweredMarkWriteRetried: a fetch whose mark writes get no reply
+// (a leader election of the witness bucket) keeps the segment it took from
+// the store and completes once a write is answered, or finds that its
+// write landed: one segment taken from the store, no rollback counted.
+// Before, the fetch failed at its first unanswered write and the next one
+// took a new segment.
+func TestUnansweredMarkWriteRetried(t *testing.T) {
+	for _, land := range []bool{false, true} {
+		t.Run(fmt.Sprintf("landed=%v", land), func(t *testing.T) {
+			e := newEnv(t)
+			kv := testenv.CreateKeyValue(t, e.js, jetstream.KeyValueConfig{Bucket: "w"})
+			lossy := &lossyKV{KeyValue: kv, land: land}
+			w := witness.New(lossy, e.pg, witness.Settings{Logger: quiet})
+			first := fetch(t, w, "t")
+			lossy.mu.Lock()
+			lossy.drops = 2
+			lossy.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			a, err := w.Fetch(ctx, "t", 0)
+			if err != nil {
+				t.Fatalf("Fetch with two unanswered mark writes: %v", err)
+			}
+			if a.Start != first.End {
+				t.Errorf("segment %d..%d after %d..%d: want the next one, no segment skipped", a.Start, a.End, first.Start, first.End)
+			}
+			if m, _, err := w.Mark(ctx, "t"); err != nil || m != a.End {
+				t.Errorf("mark = %d (%v), want %d", m, err, a.End)
+			}
+			if n := w.Rollbacks(); n != 0 {
+				t.Errorf("rollbacks = %d, want 0", n)
+			}
+		})
 	}
 }
