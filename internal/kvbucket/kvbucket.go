@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -192,6 +193,21 @@ func Conflict(err error) bool {
 		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
+
+// NoReply reports whether err says a request got no reply (a timeout, no
+// responders): it may have landed or not. While JetStream elects a new
+// stream leader, requests sent to the old one get no reply at all.
+func NoReply(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
+}
+
+// WriteAttempt bounds one write request of a fetch (a compare-and-swap of
+// a tag's max_id or witness mark): a request that got no reply within it
+// is given up and the write tried again on a fresh read, until the
+// fetch's context ends. So a fetch completes within WriteAttempt of a
+// leader election's end, not at its timeout.
+const WriteAttempt = 500 * time.Millisecond
 
 // StreamInfo reads the information of the stream under kv (one request):
 // its configuration, state and creation time. The error is the server's

@@ -221,9 +221,18 @@ func (s *Store) modify(ctx context.Context, tag string, change func(v *value, re
 	for attempt := 0; ; attempt++ {
 		v, rev := e.v, e.rev
 		if !cached {
+			rctx, cancel := context.WithTimeout(ctx, kvbucket.WriteAttempt)
 			var err error
-			if v, rev, err = s.read(ctx, tag); err != nil {
+			v, rev, err = s.read(rctx, tag)
+			cancel()
+			if err != nil {
 				s.forget(tag)
+				if kvbucket.NoReply(err) && ctx.Err() == nil {
+					if err := pause(ctx, attempt); err != nil {
+						return err
+					}
+					continue // a leader election: read again
+				}
 				return err
 			}
 		}
@@ -239,7 +248,9 @@ func (s *Store) modify(ctx context.Context, tag string, change func(v *value, re
 		if err != nil {
 			return err
 		}
-		newRev, err := s.kv.Update(ctx, tag, b, rev)
+		uctx, cancel := context.WithTimeout(ctx, kvbucket.WriteAttempt)
+		newRev, err := s.kv.Update(uctx, tag, b, rev)
+		cancel()
 		if err == nil {
 			// The swap went to the bucket's stream of now; only if that
 			// is still the stream opened did it follow the value read.
@@ -251,6 +262,15 @@ func (s *Store) modify(ctx context.Context, tag string, change func(v *value, re
 			return nil
 		}
 		s.forget(tag)
+		if kvbucket.NoReply(err) && ctx.Err() == nil {
+			// Landed or not (a leader election): decide on a fresh
+			// read. A write that landed is skipped as a gap.
+			cached = false
+			if err := pause(ctx, attempt); err != nil {
+				return err
+			}
+			continue
+		}
 		if !kvbucket.Conflict(err) {
 			return err
 		}

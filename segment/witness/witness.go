@@ -54,9 +54,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
@@ -136,15 +134,6 @@ type record struct {
 	Mark int64  `json:"mark"`
 	By   string `json:"by,omitempty"`
 }
-
-// swapAttempt bounds one compare-and-swap request of a mark. A request
-// sent to a stream leader that is gone (while JetStream elects a new one)
-// gets no reply at all: it is given up after swapAttempt and the mark is
-// read; if the write landed all the same (the record carries its token) it
-// counts, else it is sent again, until the fetch's context ends. So a
-// fetch completes within swapAttempt of the election's end, with the
-// segment it took from the store.
-const swapAttempt = 500 * time.Millisecond
 
 // maxAttempts bounds the compare-and-swap rounds of one fetch.
 const maxAttempts = 8
@@ -393,7 +382,7 @@ func (w *Store) mark(ctx context.Context, tag string) (_ mark, cached bool, _ er
 
 // swap sets the tag's mark from m to end by compare-and-swap on m's
 // revision (0: the key has never been written; a delete marker makes it
-// fail). A request that gets no reply (swapAttempt) or a conflict is
+// fail). A request that gets no reply (kvbucket.WriteAttempt) or a conflict is
 // checked against the mark: a write that landed with this call's token
 // counts; one still not landed is sent again; a mark moved by another
 // writer is a conflict (kvbucket.Conflict).
@@ -404,7 +393,7 @@ func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
 		return err
 	}
 	for {
-		actx, cancel := context.WithTimeout(ctx, swapAttempt)
+		actx, cancel := context.WithTimeout(ctx, kvbucket.WriteAttempt)
 		rev, err := w.kv.Update(actx, tag, data, m.rev)
 		cancel()
 		if err == nil {
@@ -412,10 +401,10 @@ func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
 			return nil
 		}
 		conflict := kvbucket.Conflict(err)
-		if !conflict && !noReply(err) || ctx.Err() != nil {
+		if !conflict && !kvbucket.NoReply(err) || ctx.Err() != nil {
 			return err
 		}
-		actx, cancel = context.WithTimeout(ctx, swapAttempt)
+		actx, cancel = context.WithTimeout(ctx, kvbucket.WriteAttempt)
 		e, rerr := kvbucket.Latest(actx, w.kv, tag)
 		cancel()
 		if rerr == nil && e != nil && e.Operation() == jetstream.KeyValuePut {
@@ -438,13 +427,6 @@ func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
 // errMoved is a compare-and-swap that went unanswered while another
 // writer moved the mark: a conflict, for Fetch's loop.
 var errMoved = errors.New("witness: mark moved")
-
-// noReply reports whether err says a request got no reply: it may have
-// landed or not.
-func noReply(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
-}
 
 func (w *Store) remember(tag string, m mark) {
 	w.mu.Lock()
