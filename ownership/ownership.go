@@ -475,7 +475,20 @@ func (l *Leases) read(ctx context.Context, tag string) (seen, error) {
 	ch := l.flights.DoChan("read "+tag, func() (any, error) {
 		rctx, cancel := context.WithTimeout(l.ctx, l.cfg.Lease)
 		defer cancel()
-		e, err := l.latest(rctx, tag)
+		var e jetstream.KeyValueEntry
+		var err error
+		for {
+			actx, acancel := l.attempt(rctx)
+			e, err = l.latest(actx, tag)
+			acancel()
+			if err == nil || !kvbucket.NoReply(err) || rctx.Err() != nil {
+				break
+			}
+			select { // no reply (a leader election): read again
+			case <-time.After(l.terms.Retry()):
+			case <-rctx.Done():
+			}
+		}
 		if err != nil {
 			return seen{}, fmt.Errorf("ownership: read %q: %w", tag, err)
 		}
@@ -604,16 +617,47 @@ func (l *Leases) settled(s seen, now time.Time) bool {
 	}
 }
 
-// claim is one claim of tag: read its key, and take it over by
-// compare-and-swap if it is free, released, expired a lease ago, or deleted
-// a margin ago.
+// claim is one claim of tag (claimOnce), tried again while a request of it
+// gets no reply (kvbucket.NoReply: a leader election), for at most a
+// lease. A compare-and-swap that landed unanswered left this worker's own
+// record under the key, which the next try takes back at once.
 func (l *Leases) claim(tag string) (Route, error) {
 	ctx, cancel := context.WithTimeout(l.ctx, l.cfg.Lease)
 	defer cancel()
-	if err := l.checkStream(ctx); err != nil {
+	for {
+		rt, err := l.claimOnce(ctx, tag)
+		if err == nil || !kvbucket.NoReply(err) || ctx.Err() != nil {
+			return rt, err
+		}
+		select {
+		case <-time.After(l.terms.Retry()):
+		case <-ctx.Done():
+			return rt, err
+		}
+	}
+}
+
+// attempt returns a context for one request: it ends after
+// lease.Settings.Attempt, or with ctx. A request sent to a stream leader
+// that is gone gets no reply at all; waiting longer for it only delays the
+// retry.
+func (l *Leases) attempt(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, l.terms.Attempt())
+}
+
+// claimOnce reads tag's key, and takes it over by compare-and-swap if it
+// is free, released, expired a lease ago, or deleted a margin ago. Each
+// request waits at most an attempt (attempt) within ctx.
+func (l *Leases) claimOnce(ctx context.Context, tag string) (Route, error) {
+	actx, cancel := l.attempt(ctx)
+	err := l.checkStream(actx)
+	cancel()
+	if err != nil {
 		return Route{}, err
 	}
-	e, err := l.latest(ctx, tag)
+	actx, cancel = l.attempt(ctx)
+	e, err := l.latest(actx, tag)
+	cancel()
 	if err != nil {
 		return Route{}, fmt.Errorf("ownership: read %q: %w", tag, err)
 	}
@@ -625,7 +669,9 @@ func (l *Leases) claim(tag string) (Route, error) {
 		rev = e.Revision()
 		if e.Operation() != jetstream.KeyValuePut {
 			at := e.Created()
-			floor, err := l.deletedFloor(ctx, at)
+			actx, cancel := l.attempt(ctx)
+			floor, err := l.deletedFloor(actx, at)
+			cancel()
 			if err != nil {
 				return Route{}, err
 			}
@@ -657,7 +703,9 @@ func (l *Leases) claim(tag string) (Route, error) {
 		}
 	}
 	// Record our lease as used in the bucket before we hold one.
-	lr, err := l.raiseLongest(ctx)
+	actx, cancel = l.attempt(ctx)
+	lr, err := l.raiseLongest(actx)
+	cancel()
 	if err != nil {
 		return Route{}, err
 	}
@@ -665,7 +713,9 @@ func (l *Leases) claim(tag string) (Route, error) {
 		// No message under the key in a bucket whose stream was purged
 		// (the record, read after the key, says so): the key may have
 		// been held, so it counts as deleted when the loss was found.
-		floor, err := l.deletedFloor(ctx, lr.Since)
+		actx, cancel := l.attempt(ctx)
+		floor, err := l.deletedFloor(actx, lr.Since)
+		cancel()
 		if err != nil {
 			return Route{}, err
 		}
@@ -676,7 +726,9 @@ func (l *Leases) claim(tag string) (Route, error) {
 		}
 	}
 	var rec record
-	g, err := l.terms.Claim(ctx, l.kv, tag, rev, terms, func(now time.Time) ([]byte, error) {
+	actx, cancel = l.attempt(ctx)
+	defer cancel()
+	g, err := l.terms.Claim(actx, l.kv, tag, rev, terms, func(now time.Time) ([]byte, error) {
 		rec = l.newRecord(now)
 		return json.Marshal(rec)
 	})
