@@ -604,37 +604,6 @@ func TestLandedRenewalAdopted(t *testing.T) {
 	}
 }
 
-// lossyKV passes every call to the real bucket but makes the next drops
-// Updates of key get no reply (a request to a stream leader that is gone
-// while JetStream elects a new one): with land, the write is applied all
-// the same (its reply is what is lost); without, it is dropped.
-type lossyKV struct {
-	jetstream.KeyValue
-	key   string
-	mu    sync.Mutex // protects drops
-	drops int
-	land  bool
-}
-
-func (k *lossyKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
-	k.mu.Lock()
-	drop := key == k.key && k.drops > 0
-	if drop {
-		k.drops--
-	}
-	k.mu.Unlock()
-	if !drop {
-		return k.KeyValue.Update(ctx, key, value, last)
-	}
-	if k.land {
-		if _, err := k.KeyValue.Update(ctx, key, value, last); err != nil {
-			return 0, err
-		}
-	}
-	<-ctx.Done()
-	return 0, ctx.Err()
-}
-
 // TestUnansweredClaimRetried: a claim whose compare-and-swap gets no reply
 // (a leader election) is tried again after an attempt, and wins: the
 // write was dropped, or it landed and the key holds this worker's own
@@ -643,7 +612,8 @@ func (k *lossyKV) Update(ctx context.Context, key string, value []byte, last uin
 func TestUnansweredClaimRetried(t *testing.T) {
 	for _, land := range []bool{false, true} {
 		t.Run(fmt.Sprintf("landed=%v", land), func(t *testing.T) {
-			lossy := &lossyKV{KeyValue: newBucket(t), key: "orders", drops: 1, land: land}
+			lossy := &testenv.UnansweredKV{KeyValue: newBucket(t)}
+			lossy.Drop("orders", 1, land)
 			a := newWorker(t, lossy, "a", 0)
 			r, err := a.Claim(context.Background(), "orders")
 			if err != nil || !r.Self {

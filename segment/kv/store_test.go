@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -401,36 +400,6 @@ func TestCanceledContext(t *testing.T) {
 	}
 }
 
-// lossyKV passes every call to the real bucket but makes the first
-// Updates get no reply (as a request to a stream leader that is gone while
-// JetStream elects a new one): with land, the write is applied all the
-// same (its reply is what is lost); without, it is dropped.
-type lossyKV struct {
-	jetstream.KeyValue
-	mu    sync.Mutex // protects drops
-	drops int
-	land  bool
-}
-
-func (k *lossyKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
-	k.mu.Lock()
-	drop := k.drops > 0
-	if drop {
-		k.drops--
-	}
-	k.mu.Unlock()
-	if !drop {
-		return k.KeyValue.Update(ctx, key, value, last)
-	}
-	if k.land {
-		if _, err := k.KeyValue.Update(ctx, key, value, last); err != nil {
-			return 0, err
-		}
-	}
-	<-ctx.Done()
-	return 0, ctx.Err()
-}
-
 // TestUnansweredWriteRetried: a fetch whose writes get no reply (a leader
 // election) is tried again on a fresh read and completes once a write is
 // answered; a write that landed unanswered is skipped as a gap, never
@@ -445,15 +414,13 @@ func TestUnansweredWriteRetried(t *testing.T) {
 			if err := st.CreateTag(ctx, segment.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
 				t.Fatal(err)
 			}
-			lossy := &lossyKV{land: land}
+			lossy := &testenv.UnansweredKV{}
 			kv.WrapKeyValue(st, func(k jetstream.KeyValue) jetstream.KeyValue { lossy.KeyValue = k; return lossy })
 			first, err := st.Fetch(ctx, "t", 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			lossy.mu.Lock()
-			lossy.drops = 2
-			lossy.mu.Unlock()
+			lossy.Drop("", 2, land)
 			fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			a, err := st.Fetch(fctx, "t", 0)

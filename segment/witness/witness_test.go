@@ -326,36 +326,6 @@ func TestLostWritesLessThanAStepAreCaught(t *testing.T) {
 	}
 }
 
-// lossyKV passes every call to the real bucket but makes the first
-// Updates get no reply (as a request to a stream leader that is gone
-// while JetStream elects a new one): with land, the write is applied all
-// the same (its reply is what is lost); without, it is dropped.
-type lossyKV struct {
-	jetstream.KeyValue
-	mu    sync.Mutex // protects drops
-	drops int
-	land  bool
-}
-
-func (k *lossyKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
-	k.mu.Lock()
-	drop := k.drops > 0
-	if drop {
-		k.drops--
-	}
-	k.mu.Unlock()
-	if !drop {
-		return k.KeyValue.Update(ctx, key, value, last)
-	}
-	if k.land {
-		if _, err := k.KeyValue.Update(ctx, key, value, last); err != nil {
-			return 0, err
-		}
-	}
-	<-ctx.Done()
-	return 0, ctx.Err()
-}
-
 // TestUnansweredMarkWriteRetried: a fetch whose mark writes get no reply
 // (a leader election of the witness bucket) keeps the segment it took from
 // the store and completes once a write is answered, or finds that its
@@ -367,12 +337,10 @@ func TestUnansweredMarkWriteRetried(t *testing.T) {
 		t.Run(fmt.Sprintf("landed=%v", land), func(t *testing.T) {
 			e := newEnv(t)
 			kv := testenv.CreateKeyValue(t, e.js, jetstream.KeyValueConfig{Bucket: "w"})
-			lossy := &lossyKV{KeyValue: kv, land: land}
+			lossy := &testenv.UnansweredKV{KeyValue: kv}
 			w := witness.New(lossy, e.pg, witness.Settings{Logger: quiet})
 			first := fetch(t, w, "t")
-			lossy.mu.Lock()
-			lossy.drops = 2
-			lossy.mu.Unlock()
+			lossy.Drop("", 2, land)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			a, err := w.Fetch(ctx, "t", 0)
