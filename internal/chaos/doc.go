@@ -93,8 +93,9 @@
 //     (requests, failures, longest gap without an answer) and the time
 //     from each heal to every subject answered on every node. Short
 //     mode: each fault once on PostgreSQL, 3 s leases; long mode: default
-//     leases, random faults for DISPENSER_CHAOS_DURATION, on PostgreSQL
-//     and then on the KV segment store. TestCheckSides, TestCheckHealed,
+//     leases, every fault once and a second isolation, then random faults
+//     until DISPENSER_CHAOS_DURATION is over, on PostgreSQL and then on
+//     the KV segment store. TestCheckSides, TestCheckHealed,
 //     TestCheckFailureKinds and TestAvailabilityTable check its checks.
 //   - TestSustainedLoad: 80% of the measured maximum for 10 s (60 s in long
 //     mode): achieved (at least 90% of the offered rate), no failure, flat

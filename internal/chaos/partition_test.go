@@ -170,8 +170,9 @@ type healMark struct {
 // worker cut from its NATS server, and latency with jitter on every route
 // and worker link plus a bandwidth-limited worker link while the next
 // faults happen. Short mode: each once, on PostgreSQL, with 3 s leases.
-// Long mode: default leases, random faults for DISPENSER_CHAOS_DURATION,
-// on PostgreSQL, then on the KV segment store (seed + 1).
+// Long mode: default leases, every fault once and a second isolation (the
+// other kind of node), then random faults until DISPENSER_CHAOS_DURATION
+// is over, on PostgreSQL, then on the KV segment store (seed + 1).
 func TestPartitions(t *testing.T) {
 	t.Parallel()
 	seed := chaosSeed(t)
@@ -283,8 +284,20 @@ func runPartitions(t *testing.T, seed uint64, store string) {
 				t.Fatalf("DISPENSER_CHAOS_DURATION=%q: %v", v, err)
 			}
 		}
-		for end := time.Now().Add(d); time.Now().Before(end); {
-			f := partFaults[p.rng.IntN(len(partFaults))]
+		// First every fault once and a second isolation (the other kind
+		// of isolated node, see isolate), in an order by seed, however
+		// long that takes; then random faults until d is over.
+		var first []partFault
+		for _, i := range p.rng.Perm(len(partFaults) + 1) {
+			first = append(first, partFaults[i%len(partFaults)]) // partFaults[0] twice: isolate+sigkill
+		}
+		for end := time.Now().Add(d); len(first) > 0 || time.Now().Before(end); {
+			var f partFault
+			if len(first) > 0 {
+				f, first = first[0], first[1:]
+			} else {
+				f = partFaults[p.rng.IntN(len(partFaults))]
+			}
 			if f.name == "pg-cut" && p.pglinks == nil || f.name == "latency" && p.latency >= 0 {
 				continue
 			}
