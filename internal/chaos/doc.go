@@ -62,17 +62,22 @@
 //     the PostgreSQL primary and replica through links; load clients on
 //     every node (two plain tags, the ordered tag with two clients per
 //     node, snowflake, batches of 1-8 IDs), one clock, checked together.
-//     Faults on a seeded schedule: the ordered tag's owner's node
-//     isolated, with a majority worker SIGKILLed and restarted meanwhile;
-//     the majority's traffic to one node cut in one direction, with that
+//     Faults on a seeded schedule: a node isolated (by seed the ordered
+//     tag's owner's or the node of a snowflake worker ID's holder on
+//     another node; long mode alternates), with a majority worker
+//     SIGKILLed and restarted meanwhile, once the majority has elected
+//     its JetStream leaders; the majority's traffic to one node cut in
+//     one direction, with that
 //     node's worker SIGSTOPped beyond its lease; a bridge (two nodes cut
 //     from each other, both see the third); a node flapping (isolated
 //     and healed every 1-3 s); PostgreSQL cut (black hole); a worker cut
 //     from its NATS server; latency of 20-100 ms with jitter on every
 //     route and worker link and one worker link limited to 64 KB/s,
-//     while the next faults happen. Each fault must show its effect
+//     while the next faults happen (in short mode only pg-cut: healing a
+//     black hole under a latency costs toxiproxy seconds, see
+//     faultnet.Link.Remove). Each fault must show its effect
 //     (routes down in Routez, the isolated worker fenced and the ordered
-//     tag moved to the majority, a fenced episode of the frozen worker, a
+//     tag owned on the majority, a fenced episode of the frozen worker, a
 //     failed fetch, "nats disconnected" and "nats reconnected" logged).
 //     Checks: the chaos checks (no duplicate, linearizable ordered tag
 //     across all nodes, snowflake worker IDs, only IDs, 503 or timeouts;
@@ -80,16 +85,17 @@
 //     side of an isolation or of a worker's NATS cut for requests sent
 //     after the fault took effect (faultnet.RouteDetect or ClientDetect,
 //     plus half a second) until the heal, but the ordered tag's when its
-//     owner was cut off and snowflake's with leases under rideOutLease
-//     (short mode); no majority worker fenced (leases of rideOutLease or
+//     owner was cut off, and the ordered tag's and snowflake's with
+//     leases under rideOutLease (short mode); no majority worker fenced (leases of rideOutLease or
 //     more); after every heal every subject answered on every node within
 //     healBound (two leases + the worker's reconnect time + the request
 //     timeout). It logs the availability per fault, side and subject
 //     (requests, failures, longest gap without an answer) and the time
 //     from each heal to every subject answered on every node. Short
 //     mode: each fault once on PostgreSQL, 3 s leases; long mode: default
-//     leases, random faults for DISPENSER_CHAOS_DURATION, on PostgreSQL
-//     and then on the KV segment store. TestCheckSides, TestCheckHealed,
+//     leases, every fault once and a second isolation, then random faults
+//     until DISPENSER_CHAOS_DURATION is over, on PostgreSQL and then on
+//     the KV segment store. TestCheckSides, TestCheckHealed,
 //     TestCheckFailureKinds and TestAvailabilityTable check its checks.
 //   - TestSustainedLoad: 80% of the measured maximum for 10 s (60 s in long
 //     mode): achieved (at least 90% of the offered rate), no failure, flat

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/internal/faultnet"
@@ -120,6 +121,10 @@ type partition struct {
 	// latency is the window of the latency fault while it lasts, else -1;
 	// latencyLeft the faults it still spans.
 	latency, latencyLeft int
+	// isolations counts the isolate faults; isoKind is the kind of node
+	// the first one isolates (0: the ordered tag's owner's, 1: a snowflake
+	// worker ID holder's), the next ones alternate.
+	isolations, isoKind int
 }
 
 // faultSides says, for one fault window, which nodes were on the cut
@@ -158,15 +163,16 @@ type healMark struct {
 
 // TestPartitions runs three workers, each attached to its own node of a
 // 3-node nats-server cluster, under load from clients on every node, and
-// partitions the network: a node isolated (the ordered tag's owner's, with
-// a SIGKILL of a majority worker meanwhile), the majority cut from a node
-// in one direction (with the cut node's worker SIGSTOPped beyond its
-// lease), a bridge, a flapping node, a worker cut from PostgreSQL, a
+// partitions the network: a node isolated (the ordered tag's owner's or a
+// snowflake worker ID holder's, with a SIGKILL of a majority worker
+// meanwhile), the majority cut from a node in one direction (with the cut
+// node's worker SIGSTOPped beyond its lease), a bridge, a flapping node, a worker cut from PostgreSQL, a
 // worker cut from its NATS server, and latency with jitter on every route
 // and worker link plus a bandwidth-limited worker link while the next
 // faults happen. Short mode: each once, on PostgreSQL, with 3 s leases.
-// Long mode: default leases, random faults for DISPENSER_CHAOS_DURATION,
-// on PostgreSQL, then on the KV segment store (seed + 1).
+// Long mode: default leases, every fault once and a second isolation (the
+// other kind of node), then random faults until DISPENSER_CHAOS_DURATION
+// is over, on PostgreSQL, then on the KV segment store (seed + 1).
 func TestPartitions(t *testing.T) {
 	t.Parallel()
 	seed := chaosSeed(t)
@@ -176,12 +182,16 @@ func TestPartitions(t *testing.T) {
 	}
 }
 
-// partFaults are the faults of TestPartitions, in the order of their
-// names in the table.
-var partFaults = []struct {
+// partFault is a fault of TestPartitions: run begins its window, makes
+// the fault, checks its effect and heals it.
+type partFault struct {
 	name string
 	run  func(p *partition, name string)
-}{
+}
+
+// partFaults are the faults of TestPartitions, in the order of their
+// names in the table.
+var partFaults = []partFault{
 	{"isolate+sigkill", (*partition).isolate},
 	{"oneway+sigstop", (*partition).oneway},
 	{"bridge", (*partition).bridge},
@@ -199,7 +209,9 @@ func runPartitions(t *testing.T, seed uint64, store string) {
 	} else {
 		leaseFlags = []string{"--snowflake-lease", p.lease.String(), "--ordered-lease", p.lease.String()}
 	}
+	setup := time.Now()
 	p.cl = faultnet.NewCluster(t, 3, faultnet.ClusterOptions{NoAdvertise: true})
+	t.Logf("set-up: cluster healthy after %v", time.Since(setup).Round(time.Millisecond))
 	var urls []string
 	for i, s := range p.cl.Servers {
 		urls = append(urls, s.ClientURL())
@@ -219,6 +231,7 @@ func runPartitions(t *testing.T, seed uint64, store string) {
 		createKVTags(t, strings.Join(urls, ","), "partition_segments", 3, tags, orderedTag)
 		base = append(base, "--segment-bucket", "partition_segments", "--segment-replicas", "3")
 	}
+	t.Logf("set-up: %s store ready after %v", store, time.Since(setup).Round(time.Millisecond))
 	p.fleet = newFleet(t, base...)
 	for i := range p.cl.Servers {
 		l := p.cl.ClientLink(t, fmt.Sprintf("worker-%d-n%d", i, i), i)
@@ -244,6 +257,7 @@ func runPartitions(t *testing.T, seed uint64, store string) {
 	for i := range p.cl.Servers {
 		p.slots = append(p.slots, p.fleet.start(fmt.Sprintf("part-%d", i), p.extra[i]...))
 	}
+	t.Logf("set-up: workers serving after %v", time.Since(setup).Round(time.Millisecond))
 	for i, s := range p.cl.Servers {
 		p.conns = append(p.conns, connect(t, s.ClientURL(), fmt.Sprintf("partition-load-n%d", i)))
 	}
@@ -270,19 +284,27 @@ func runPartitions(t *testing.T, seed uint64, store string) {
 				t.Fatalf("DISPENSER_CHAOS_DURATION=%q: %v", v, err)
 			}
 		}
-		for end := time.Now().Add(d); time.Now().Before(end); {
-			f := partFaults[p.rng.IntN(len(partFaults))]
+		// First every fault once and a second isolation (the other kind
+		// of isolated node, see isolate), in an order by seed, however
+		// long that takes; then random faults until d is over.
+		var first []partFault
+		for _, i := range p.rng.Perm(len(partFaults) + 1) {
+			first = append(first, partFaults[i%len(partFaults)]) // partFaults[0] twice: isolate+sigkill
+		}
+		for end := time.Now().Add(d); len(first) > 0 || time.Now().Before(end); {
+			var f partFault
+			if len(first) > 0 {
+				f, first = first[0], first[1:]
+			} else {
+				f = partFaults[p.rng.IntN(len(partFaults))]
+			}
 			if f.name == "pg-cut" && p.pglinks == nil || f.name == "latency" && p.latency >= 0 {
 				continue
 			}
 			p.run(f.name, f.run)
 		}
 	} else {
-		for _, i := range p.rng.Perm(len(partFaults)) {
-			f := partFaults[i]
-			if f.name == "pg-cut" && p.pglinks == nil {
-				continue
-			}
+		for _, f := range p.shortSchedule() {
 			p.run(f.name, f.run)
 		}
 	}
@@ -291,6 +313,30 @@ func runPartitions(t *testing.T, seed uint64, store string) {
 	time.Sleep(p.log.grace)
 	p.load.stop()
 	p.report()
+}
+
+// shortSchedule is short mode's order of the faults, each once, by seed,
+// with the latency fault spanning only pg-cut: removing a black hole from
+// a link that also has a latency takes toxiproxy 5 s per direction for
+// each connection that died in the hole (see faultnet.Link.Remove), so
+// a heal of route cuts or of a worker cut under latency costs up to 10 s.
+// Long mode keeps them overlapping.
+func (p *partition) shortSchedule() []partFault {
+	var out, latency, pgCut []partFault
+	for _, i := range p.rng.Perm(len(partFaults)) {
+		switch f := partFaults[i]; {
+		case f.name == "latency":
+			latency = append(latency, f)
+		case f.name == "pg-cut":
+			if p.pglinks != nil {
+				pgCut = append(pgCut, f)
+			}
+		default:
+			out = append(out, f)
+		}
+	}
+	at := p.rng.IntN(len(out) + 1)
+	return slices.Concat(out[:at], latency, pgCut, out[at:])
 }
 
 // run runs one fault, then ends the latency fault if it spanned its
@@ -302,7 +348,7 @@ func (p *partition) run(name string, f func(*partition, string)) {
 			p.stopLatency()
 		}
 	}
-	p.pause(300*time.Millisecond, time.Second)
+	p.pause(100*time.Millisecond, 500*time.Millisecond)
 }
 
 func (p *partition) pause(lo, hi time.Duration) {
@@ -316,6 +362,7 @@ func (p *partition) logf(format string, args ...any) {
 // begin starts a fault window with its sides.
 func (p *partition) begin(name string, s faultSides) int {
 	w := p.log.begin(name)
+	p.logf("%s: begins", name)
 	p.sides = append(p.sides, s)
 	if len(p.sides) != len(p.log.windows) {
 		p.t.Fatalf("partition: %d sides for %d fault windows", len(p.sides), len(p.log.windows))
@@ -430,22 +477,39 @@ func (p *partition) others(i int) []int {
 	return out
 }
 
-// isolate cuts the node of the ordered tag's owner from the others in both
-// directions, with its worker and its clients: a minority of one. The
-// majority must keep answering (checkSides), its workers must not fence,
-// the minority's worker must fence (it cannot renew its worker ID) and the
-// ordered tag must move to the majority. Meanwhile a majority worker is
-// killed (SIGKILL) and started again: process faults during a partition.
+// isolate cuts one node from the others in both directions, with its
+// worker and its clients: a minority of one. By seed (alternating in long
+// mode, so that both occur) the node is the one whose worker owns the
+// ordered tag, or the one whose worker holds a given snowflake worker ID,
+// drawn from those held on the other nodes. The majority must keep
+// answering (checkSides), its workers must not fence, the minority's
+// worker must fence (it cannot renew its worker ID) and the ordered tag
+// must be owned on the majority (moved there if its owner was isolated).
+// Meanwhile a majority worker is killed (SIGKILL) and started again:
+// process faults during a partition.
 func (p *partition) isolate(name string) {
-	iso := p.owner()
+	owner := p.owner()
 	before := map[int]*workerStats{}
 	for i := range p.slots {
 		before[i] = p.mustStats(i)
 	}
+	if p.isolations == 0 {
+		p.isoKind = p.rng.IntN(2)
+	}
+	kind := (p.isoKind + p.isolations) % 2
+	p.isolations++
+	iso, why := owner, fmt.Sprintf("its worker %v owns %s", p.slots[owner], orderedTag)
+	if kind == 1 {
+		iso = p.others(owner)[p.rng.IntN(len(p.slots)-1)]
+		why = fmt.Sprintf("its worker %v holds snowflake worker ID %d (the owner of %s is on n%d)",
+			p.slots[iso], before[iso].Snowflake.WorkerID, orderedTag, owner)
+	}
+	p.logf("%s: isolating n%d: %s", name, iso, why)
 	maj := p.others(iso)
 	start := p.load.now()
 	w := p.begin(name, faultSides{cut: []int{iso}, cutName: "minority", restName: "majority", assertRest: true,
-		excusedBefore: start + int64(inFlight), orderedExcused: true, snowflakeExcused: p.lease < rideOutLease})
+		excusedBefore: start + int64(inFlight), orderedExcused: iso == owner || p.lease < rideOutLease,
+		snowflakeExcused: p.lease < rideOutLease})
 	p.cl.Isolate(iso)
 	down := p.routesDown(maj, []int{iso}, faultnet.RouteDetect+10*time.Second)
 	downAt := p.load.now()
@@ -467,7 +531,7 @@ func (p *partition) isolate(name string) {
 	}); err != nil {
 		p.t.Errorf("%s: the isolated worker %v did not fence within a lease and 10s: %v", name, p.slots[iso], err)
 	}
-	// The ordered tag moves to the majority.
+	// The ordered tag moves to the majority, or stays there.
 	newOwner := -1
 	moved := waitFor(2*p.lease+10*time.Second, func() error {
 		for _, i := range maj {
@@ -479,7 +543,7 @@ func (p *partition) isolate(name string) {
 		return fmt.Errorf("no majority worker owns %s", orderedTag)
 	})
 	if moved != nil {
-		p.t.Errorf("%s: ordered tag: %v within two leases and 10s of isolating its owner's node n%d", name, moved, iso)
+		p.t.Errorf("%s: ordered tag: %v within two leases and 10s of isolating n%d (the owner's node: %v)", name, moved, iso, iso == owner)
 	}
 	// SIGKILL a majority worker (not the new owner) and start it again.
 	victim := maj[0]
@@ -487,6 +551,13 @@ func (p *partition) isolate(name string) {
 		victim = maj[1]
 	}
 	vp := p.slots[victim]
+	// A worker started while the majority has no JetStream leaders yet
+	// exits: it cannot open its buckets (seen: "open bucket
+	// dispenser_workers: context deadline exceeded", seed
+	// 1795600849732497417). Kill and restart it once they are elected.
+	if err := waitFor(30*time.Second, func() error { return p.majorityLeads(maj) }); err != nil {
+		p.t.Fatalf("%s: JetStream on the majority %v: %v 30s after isolating n%d", name, maj, err, iso)
+	}
 	killAt := p.load.now()
 	p.sides[w].excused = append(p.sides[w].excused, [2]int64{killAt - int64(partTimeout), killAt + int64(time.Second)})
 	vp.signal(p.t, syscall.SIGKILL)
@@ -522,10 +593,35 @@ func (p *partition) isolate(name string) {
 	}
 	p.heal(w)
 	if down && fenced && moved == nil && killed {
-		p.log.observed(w, "n%d (owner's node) lost its routes; its worker %v fenced; %v took %s over; majority worker %v killed by SIGKILL, restarted as %v",
-			iso, p.slots[iso], p.slots[newOwner], orderedTag, vp, p.slots[victim])
+		p.log.observed(w, "n%d (%s) lost its routes; its worker %v fenced; %v owns %s; majority worker %v killed by SIGKILL, restarted as %v",
+			iso, why, p.slots[iso], p.slots[newOwner], orderedTag, vp, p.slots[victim])
 	}
 	p.logf("%s: n%d isolated, healed", name, iso)
+}
+
+// majorityLeads says why JetStream on the servers maj cannot serve the
+// workers' buckets yet: no meta leader among them, or a stream without a
+// leader among them; nil once it can.
+func (p *partition) majorityLeads(maj []int) error {
+	meta := false
+	for _, i := range maj {
+		meta = meta || p.cl.Servers[i].JetStreamIsLeader()
+	}
+	if !meta {
+		return fmt.Errorf("no meta leader")
+	}
+	jsz, err := p.cl.Servers[maj[0]].Jsz(&server.JSzOptions{Accounts: true, Streams: true})
+	if err != nil {
+		return err
+	}
+	for _, a := range jsz.AccountDetails {
+		for _, st := range a.Streams {
+			if !slices.ContainsFunc(maj, func(i int) bool { return p.cl.Servers[i].JetStreamIsStreamLeader(a.Name, st.Name) }) {
+				return fmt.Errorf("stream %s has no leader", st.Name)
+			}
+		}
+	}
+	return nil
 }
 
 // oneway cuts what the majority sends to one node (Cluster.Cut), while
@@ -543,14 +639,16 @@ func (p *partition) oneway(name string) {
 	for _, j := range maj {
 		p.cl.Cut(j, iso)
 	}
-	// The cut node misses the majority's pongs and closes its routes
-	// within faultnet.RouteDetect; the majority, whose pings still
-	// arrive and are answered, may keep its side for longer.
-	down := p.routesDown([]int{iso}, maj, faultnet.RouteDetect+5*time.Second)
+	// The worker freezes at the cut, for longer than its lease and than
+	// the cut node takes to notice the cut: it misses the majority's
+	// pongs and closes its routes within faultnet.RouteDetect; the
+	// majority, whose pings still arrive and are answered, may keep its
+	// side for longer.
+	wp.signal(p.t, syscall.SIGSTOP)
+	p.pause(max(p.lease, faultnet.RouteDetect)+500*time.Millisecond, max(p.lease, faultnet.RouteDetect)+time.Second)
+	down := p.routesDown([]int{iso}, maj, 5*time.Second)
 	p.logf("%s: n%d routes to %v: %v; majority's routes to n%d: %v %v after the cut", name, iso, maj, p.cl.Peers(p.t, iso),
 		iso, p.cl.Peers(p.t, maj[0]), p.cl.Peers(p.t, maj[1]))
-	wp.signal(p.t, syscall.SIGSTOP)
-	p.pause(p.lease+500*time.Millisecond, p.lease+time.Second)
 	wp.signal(p.t, syscall.SIGCONT)
 	p.pause(500*time.Millisecond, time.Second) // thawed on the cut side: fenced
 	p.heal(w)
@@ -580,7 +678,7 @@ func (p *partition) bridge(name string) {
 	p.cl.Cut(a, b)
 	p.cl.Cut(b, a)
 	down := p.routesDown([]int{a}, []int{b}, faultnet.RouteDetect+10*time.Second)
-	p.pause(2*time.Second, 4*time.Second)
+	p.pause(time.Second, 3*time.Second)
 	p.heal(w)
 	if down {
 		p.log.observed(w, "n%d and n%d lost their route, both kept theirs to the third", a, b)
@@ -645,7 +743,7 @@ func (p *partition) pgCut(name string) {
 		spender.request(500)
 		return fmt.Errorf("no failed fetch")
 	})
-	p.pause(500*time.Millisecond, 2*time.Second)
+	p.pause(500*time.Millisecond, time.Second)
 	at := p.load.now()
 	for _, l := range p.pglinks[i] {
 		l.Remove(faultnet.BlackHoleFault)
@@ -746,6 +844,9 @@ func (p *partition) startLatency(name string) {
 	p.log.observed(w, "latency %v-%v with jitter on every link, worker %v's link at %d KB/s; stats round trips: %s",
 		latencyMin, latencyMax, p.slots[slow], latencyBandwidth, strings.Join(took, ", "))
 	p.latency, p.latencyLeft = w, 1+p.rng.IntN(2)
+	if !longMode() {
+		p.latencyLeft = 1 // the next fault only: pg-cut (shortSchedule)
+	}
 	p.logf("%s: on (for %d faults)", name, p.latencyLeft)
 }
 

@@ -133,6 +133,11 @@ func NewCluster(tb testing.TB, n int, o ClusterOptions) *Cluster {
 			s.WaitForShutdown()
 		})
 	}
+	// Heal before the servers shut down (cleanups run last-registered
+	// first): removing a latency toxic that holds a chunk for a
+	// connection whose server is gone never returns (toxiproxy's writer
+	// waits for the lock the removal holds).
+	tb.Cleanup(c.Heal)
 	for _, s := range c.Servers {
 		go s.Start()
 	}
@@ -166,8 +171,8 @@ func (c *Cluster) Cut(from, to int) {
 }
 
 // HealCuts removes the black holes of Isolate and Cut from every route
-// link, all links at once (each may take a while to pass on what it
-// held); other faults (latency, bandwidth) stay.
+// link, all links at once; other faults (latency, bandwidth) stay. Under
+// a latency it may take 5 s per direction of a link (see Link.Remove).
 func (c *Cluster) HealCuts(tb testing.TB) {
 	tb.Helper()
 	var wg sync.WaitGroup

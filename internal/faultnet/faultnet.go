@@ -124,6 +124,9 @@ type Net struct {
 // New returns an empty fault network; Cleanup heals and stops its links.
 func New(tb testing.TB) *Net {
 	tb.Helper()
+	// toxiproxy's toxics log through zerolog's global logger (the
+	// bandwidth toxic traces every interruption to stderr): silence it.
+	zerolog.SetGlobalLevel(zerolog.Disabled)
 	n := &Net{api: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())}
 	tb.Cleanup(n.close)
 	return n
@@ -132,12 +135,18 @@ func New(tb testing.TB) *Net {
 func (n *Net) close() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	// All links at once: healing one whose connections died may take
+	// seconds (see Link.Remove).
+	var wg sync.WaitGroup
 	for _, l := range n.links {
-		// Heal first: a stalled connection's goroutines end only when
-		// its stall is removed.
-		l.proxy.Toxics.ResetToxics(context.Background())
-		l.proxy.Stop()
+		wg.Go(func() {
+			// Heal first: a stalled connection's goroutines end only
+			// when its stall is removed.
+			l.heal()
+			l.proxy.Stop()
+		})
 	}
+	wg.Wait()
 	n.links = nil
 }
 
@@ -201,12 +210,30 @@ func (l *Link) Bandwidth(dir Direction, kbPerSecond int64) {
 // Heal removes every fault from the link. Bytes held by a black hole flow
 // on; open connections stay open.
 func (l *Link) Heal() {
+	l.heal()
+}
+
+// heal is Heal on any goroutine. The black hole goes first: a latency
+// toxic holding a chunk in front of one does not return until the hole
+// takes it, so removing the latency first (toxiproxy's ResetToxics alone
+// does, in the order the faults were added) never returns.
+func (l *Link) heal() {
+	l.remove(BlackHoleFault) // an error (a fault gone meanwhile) leaves it to ResetToxics
 	l.proxy.Toxics.ResetToxics(context.Background())
 }
 
 // Remove removes the faults of one kind from the link, in both
 // directions, and leaves the others. Remove(BlackHoleFault) lets held
 // bytes flow on, as Heal does.
+//
+// Removing a black hole from a link that also has a latency can take
+// 5 s per direction: toxiproxy passes each held chunk on with a 5 s
+// timeout, and a connection that was closed while it stalled (a server
+// gave up on a silent route or client and dialed again) has no writer
+// left to take the chunk that the interrupted latency toxic holds. Heal
+// cuts first, latency after; a latency cannot be removed first, as a
+// latency toxic that holds a chunk in front of a black hole does not
+// return until the hole takes it.
 func (l *Link) Remove(kind Fault) {
 	l.tb.Helper()
 	if err := l.remove(kind); err != nil {
@@ -215,8 +242,6 @@ func (l *Link) Remove(kind Fault) {
 }
 
 // remove is Remove, returning its error: it may run on any goroutine.
-// Removing a black hole returns once the held bytes have passed the
-// link's other faults (a latency delays each held chunk in turn).
 func (l *Link) remove(kind Fault) error {
 	for _, stream := range []string{"upstream", "downstream"} {
 		name := string(kind) + "_" + stream

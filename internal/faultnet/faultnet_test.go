@@ -216,3 +216,42 @@ func TestBandwidth(t *testing.T) {
 	l.Heal()
 	send(t, s, c, "after")
 }
+
+// TestRemoveOneKind removes one kind of fault from a link with two: the
+// other stays.
+func TestRemoveOneKind(t *testing.T) {
+	const delay = 300 * time.Millisecond
+	t.Run("black hole", func(t *testing.T) {
+		l, srv := upstream(t)
+		c, s := pair(t, l, srv)
+		l.Latency(faultnet.Up, delay, 0)
+		l.BlackHole(faultnet.Up)
+		if _, err := c.Write([]byte("held")); err != nil {
+			t.Fatal(err)
+		}
+		silent(t, s)
+		l.Remove(faultnet.BlackHoleFault)
+		expect(t, s, "held", 10*time.Second)
+		// The latency stays: a new message takes at least the delay.
+		start := time.Now()
+		send(t, c, s, "slow")
+		if got := time.Since(start); got < delay {
+			t.Fatalf("a message after Remove(BlackHoleFault) took %v; want at least the latency %v, which must stay", got, delay)
+		}
+	})
+	t.Run("latency", func(t *testing.T) {
+		l, srv := upstream(t)
+		c, s := pair(t, l, srv)
+		l.Latency(faultnet.Both, delay, 0)
+		l.BlackHole(faultnet.Down)
+		l.Remove(faultnet.LatencyFault)
+		// The black hole stays: nothing arrives downstream.
+		if _, err := s.Write([]byte("held")); err != nil {
+			t.Fatal(err)
+		}
+		silent(t, c)
+		send(t, c, s, "up")
+		l.Remove(faultnet.BlackHoleFault)
+		expect(t, c, "held", 10*time.Second)
+	})
+}
