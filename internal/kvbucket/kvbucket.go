@@ -18,10 +18,13 @@
 package kvbucket
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -234,4 +237,63 @@ func StreamCreated(ctx context.Context, kv jetstream.KeyValue) (time.Time, error
 		return time.Time{}, err
 	}
 	return info.Created, nil
+}
+
+// Last is the latest message under a key as the stream leader holds it.
+type Last struct {
+	Value    []byte
+	Revision uint64
+	Op       jetstream.KeyValueOp
+}
+
+// LeaderLast reads the latest message under key of bucket from the
+// bucket's stream leader, or nil if the key has none. KeyValue.Get may be
+// answered by any replica (a direct get), also one that is behind or
+// catching up after a partition, and so say "not found" for a key that
+// exists: only the leader's answer decides that a key is missing.
+func LeaderLast(ctx context.Context, js jetstream.JetStream, bucket, key string) (*Last, error) {
+	o := js.Options()
+	prefix := jetstream.DefaultAPIPrefix
+	switch {
+	case o.APIPrefix != "":
+		prefix = strings.TrimSuffix(o.APIPrefix, ".") + "."
+	case o.Domain != "":
+		prefix = "$JS." + o.Domain + ".API."
+	}
+	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + key})
+	if err != nil {
+		return nil, err
+	}
+	msg, err := js.Conn().RequestWithContext(ctx, prefix+"STREAM.MSG.GET.KV_"+bucket, req)
+	if err != nil {
+		return nil, fmt.Errorf("reading %q of bucket %q from its leader: %w", key, bucket, err)
+	}
+	var resp struct {
+		Error *jetstream.APIError `json:"error"`
+		Msg   *struct {
+			Seq  uint64 `json:"seq"`
+			Hdrs []byte `json:"hdrs"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("reading %q of bucket %q from its leader: %w", key, bucket, err)
+	}
+	if resp.Error != nil {
+		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading %q of bucket %q from its leader: %w", key, bucket, resp.Error)
+	}
+	if resp.Msg == nil {
+		return nil, fmt.Errorf("reading %q of bucket %q from its leader: an empty answer", key, bucket)
+	}
+	l := &Last{Value: resp.Msg.Data, Revision: resp.Msg.Seq, Op: jetstream.KeyValuePut}
+	switch {
+	case bytes.Contains(resp.Msg.Hdrs, []byte("KV-Operation: DEL")):
+		l.Op = jetstream.KeyValueDelete
+	case bytes.Contains(resp.Msg.Hdrs, []byte("KV-Operation: PURGE")):
+		l.Op = jetstream.KeyValuePurge
+	}
+	return l, nil
 }

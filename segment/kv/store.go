@@ -114,6 +114,7 @@ type Settings struct {
 // never return overlapping allocations.
 type Store struct {
 	kv    jetstream.KeyValue
+	js    jetstream.JetStream // for reads from the stream leader
 	guard *kvbucket.Guard
 	log   *slog.Logger
 
@@ -170,7 +171,7 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("kv: %w", err)
 	}
-	return &Store{kv: kv, guard: guard, log: log, last: map[string]entry{}, wrote: map[string]entry{}, logged: map[string]uint64{}}, nil
+	return &Store{kv: kv, js: js, guard: guard, log: log, last: map[string]entry{}, wrote: map[string]entry{}, logged: map[string]uint64{}}, nil
 }
 
 // Ping checks that the bucket answers.
@@ -195,19 +196,38 @@ var errNoChange = errors.New("no change")
 
 // read returns the tag's value and revision; an unknown or deleted tag
 // yields segment.ErrUnknownTag.
+//
+// A "not found" from KeyValue.Get, which any replica may answer (one behind
+// after a partition, or catching up), is checked with the stream leader
+// (kvbucket.LeaderLast): a tag is unknown only if the leader says so, so
+// that a lagging replica does not turn a tag's requests into 404s.
 func (s *Store) read(ctx context.Context, tag string) (value, uint64, error) {
 	e, err := s.kv.Get(ctx, tag)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return value{}, 0, segment.ErrUnknownTag
+		if s.js == nil {
+			return value{}, 0, segment.ErrUnknownTag
+		}
+		l, err := kvbucket.LeaderLast(ctx, s.js, s.kv.Bucket(), tag)
+		switch {
+		case err != nil:
+			return value{}, 0, err
+		case l == nil || l.Op != jetstream.KeyValuePut:
+			return value{}, 0, segment.ErrUnknownTag
+		}
+		return decodeValue(l.Value, l.Revision)
 	}
 	if err != nil {
 		return value{}, 0, err
 	}
+	return decodeValue(e.Value(), e.Revision())
+}
+
+func decodeValue(data []byte, rev uint64) (value, uint64, error) {
 	var v value
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return value{}, 0, fmt.Errorf("malformed value at revision %d: %w", e.Revision(), err)
+	if err := json.Unmarshal(data, &v); err != nil {
+		return value{}, 0, fmt.Errorf("malformed value at revision %d: %w", rev, err)
 	}
-	return v, e.Revision(), nil
+	return v, rev, nil
 }
 
 // modify reads the tag, lets change alter the value (read at revision rev)

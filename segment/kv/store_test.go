@@ -437,3 +437,34 @@ func TestUnansweredWriteRetried(t *testing.T) {
 		})
 	}
 }
+
+// laggingKV answers every Get "not found", as a replica that is behind
+// (after a partition, or catching up) may answer a direct get.
+type laggingKV struct{ jetstream.KeyValue }
+
+func (laggingKV) Get(context.Context, string) (jetstream.KeyValueEntry, error) {
+	return nil, jetstream.ErrKeyNotFound
+}
+
+// TestLaggingReplicaIsNotUnknownTag: a "not found" from a replica that is
+// behind does not make a tag unknown (404): the stream leader is asked.
+// Before, the lookup and the fetch failed with segment.ErrUnknownTag.
+func TestLaggingReplicaIsNotUnknownTag(t *testing.T) {
+	st, err := kv.New(ctx, newJS(t, testenv.NATS(t)), kv.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateTag(ctx, segment.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	kv.WrapKeyValue(st, func(k jetstream.KeyValue) jetstream.KeyValue { return laggingKV{k} })
+	if tag, err := st.Tag(ctx, "t"); err != nil || tag.MaxID != 1 {
+		t.Fatalf("Tag with a lagging replica: %+v, %v; want max_id 1", tag, err)
+	}
+	if a, err := st.Fetch(ctx, "t", 0); err != nil || a.Start != 1 {
+		t.Fatalf("Fetch with a lagging replica: %+v, %v; want 1..10", a, err)
+	}
+	if _, err := st.Tag(ctx, "missing"); !errors.Is(err, segment.ErrUnknownTag) {
+		t.Fatalf("Tag(missing) = %v, want %v", err, segment.ErrUnknownTag)
+	}
+}
