@@ -18,6 +18,8 @@ type metrics struct {
 	ids      *prometheus.CounterVec   // endpoint, tag
 	latency  *prometheus.HistogramVec // endpoint
 	named    map[string]bool          // Config.MetricsTags; read only
+	// collectors are what newMetrics registered.
+	collectors []prometheus.Collector
 }
 
 func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
@@ -50,15 +52,29 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 	if s.cfg.Snowflake != nil {
 		cs = append(cs, snowflakeCollector{s.cfg.Snowflake})
 	}
-	if s.orderedTags() != nil {
+	if s.cfg.Owners != nil && s.cfg.Segments != nil { // the service has ordered tags
 		cs = append(cs, ownersCollector{s})
 	}
-	for _, c := range cs {
+	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
+			for _, r := range cs[:i] {
+				reg.Unregister(r)
+			}
 			return nil, err
 		}
 	}
+	m.collectors = cs
 	return m, nil
+}
+
+// unregister takes m's collectors out of reg again (New failed).
+func (m *metrics) unregister(reg prometheus.Registerer) {
+	if m == nil {
+		return
+	}
+	for _, c := range m.collectors {
+		reg.Unregister(c)
+	}
 }
 
 // observe records one answered request. tag is counted under its own label
@@ -181,7 +197,11 @@ func (c ownersCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c ownersCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.s.orderedTags().Stats()
+	ot := c.s.orderedTags()
+	if ot == nil {
+		return
+	}
+	st := ot.Stats()
 	ch <- prometheus.MustNewConstMetric(ordOwned, prometheus.GaugeValue, float64(len(st.Owned)))
 	ch <- prometheus.MustNewConstMetric(ordClaims, prometheus.CounterValue, float64(st.Claims))
 	ch <- prometheus.MustNewConstMetric(ordHandovers, prometheus.CounterValue, float64(st.Handovers))

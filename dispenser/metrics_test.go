@@ -2,12 +2,15 @@ package dispenser_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -57,3 +60,59 @@ func TestMetrics(t *testing.T) {
 		})
 	}
 }
+
+// TestRequestsDuringStartAreCounted: requests that arrive while New is
+// still setting up (here: snowflake requests sent back to back from before
+// it starts) are answered and counted; run under -race. Before, New set up
+// its metrics after the snowflake endpoint took requests, a data race that
+// a chaos worker's race detector caught.
+func TestRequestsDuringStartAreCounted(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	stop := make(chan struct{})
+	answered := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				answered <- n
+				return
+			default:
+			}
+			if resp, err := nc.Request("id.snowflake", nil, time.Second); err == nil && resp.Header.Get("Nats-Service-Error-Code") == "" {
+				n++
+			}
+		}
+	}()
+	reg := prometheus.NewPedanticRegistry()
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, ns), Snowflake: countingSnowflake{}, Logger: quiet, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+	waitUntil(t, "a snowflake request counted", func() bool {
+		fams, err := reg.Gather()
+		v, ok := metricValue(fams, "dispenser_requests_total", map[string]string{"endpoint": "snowflake", "tag": "", "code": "200"})
+		return err == nil && ok && v > 0
+	})
+	close(stop)
+	if n := <-answered; n == 0 {
+		t.Fatal("no snowflake request answered")
+	}
+}
+
+// countingSnowflake hands out 1, 2, 3, ...
+type countingSnowflake struct{}
+
+var countingSeq atomic.Int64
+
+func (countingSnowflake) AppendIDs(dst []int64, n int) ([]int64, error) {
+	for range n {
+		dst = append(dst, countingSeq.Add(1))
+	}
+	return dst, nil
+}
+func (countingSnowflake) Unavailable(error) bool { return false }
+func (countingSnowflake) Epoch() time.Time       { return snowflake.DefaultEpoch }
+func (countingSnowflake) Stats() any             { return nil }

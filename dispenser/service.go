@@ -100,8 +100,14 @@ type binding struct {
 // out on it, whichever connection its request came in on.
 func (s *Service) conn() *nats.Conn { return s.bound.Load().conn }
 
-// orderedTags returns the current binding's ordered tags, or nil.
-func (s *Service) orderedTags() *ordered.Tags[replier] { return s.bound.Load().ordered }
+// orderedTags returns the current binding's ordered tags, or nil (also
+// while New has not bound the service yet).
+func (s *Service) orderedTags() *ordered.Tags[replier] {
+	if b := s.bound.Load(); b != nil {
+		return b.ordered
+	}
+	return nil
+}
 
 // ID returns the micro service ID of this worker: a new one after Move.
 func (s *Service) ID() string { return s.bound.Load().id }
@@ -131,6 +137,12 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
 	s.segPrefix = protocol.SegmentSubject(cfg.Prefix, "")
+	// Metrics first: handlers record in them from the first request on.
+	m, err := newMetrics(cfg.Registerer, s)
+	if err != nil {
+		return nil, fmt.Errorf("dispenser: registering metrics: %w", err)
+	}
+	s.metrics = m
 	b, err := s.bind(cfg.Conn, func(b *binding) error {
 		// Peers are asked once others can see this worker and before it
 		// serves anything (checkPeers).
@@ -144,13 +156,10 @@ func New(cfg Config) (*Service, error) {
 		return err
 	})
 	if err != nil {
+		s.metrics.unregister(cfg.Registerer)
 		return nil, err
 	}
 	s.bound.Store(b)
-	if s.metrics, err = newMetrics(cfg.Registerer, s); err != nil {
-		s.unbindNow(b)
-		return nil, fmt.Errorf("dispenser: registering metrics: %w", err)
-	}
 	if cfg.Segments != nil {
 		select {
 		case <-cfg.Segments.Loaded():
