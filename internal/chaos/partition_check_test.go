@@ -53,7 +53,7 @@ func checkSides(l *load, fl *faultLog, sides []faultSides, describe func(string)
 				continue
 			}
 			for _, f := range c.fails {
-				if f.sent < s.excusedBefore || f.sent >= end || inWindow(f.sent, s.excused) || f.worker != "" && slices.Contains(s.excusedWorkers, f.worker) {
+				if f.sent < s.excusedBefore || f.sent >= end || inWindow(f.sent, s.excused) {
 					continue
 				}
 				k := key{c.target.name, f.kind}

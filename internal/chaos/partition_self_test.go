@@ -50,8 +50,6 @@ func TestCheckSides(t *testing.T) {
 			sides: func(s *faultSides) { s.orderedExcused = false }, want: []string{"1 o requests"}},
 		{name: "snowflake excused", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(14), kind: "503"}},
 			sides: func(s *faultSides) { s.snowflakeExcused = true }},
-		{name: "excused worker", node: 1, tg: segmentTarget("p"), fails: []failure{{sent: sec(14), kind: "503", worker: "w9"}},
-			sides: func(s *faultSides) { s.excusedWorkers = []string{"w9"} }},
 		{name: "not asserted", node: 1, tg: segmentTarget("p"), fails: []failure{{sent: sec(14), kind: "503"}},
 			sides: func(s *faultSides) { s.assertRest = false }},
 	}

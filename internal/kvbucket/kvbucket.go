@@ -167,16 +167,26 @@ func requirements(cfg jetstream.KeyValueConfig) Requirements {
 
 // Latest returns the latest message under key, a delete or purge marker
 // included (KeyValue.Get hides them), or nil if the key has none.
+//
+// It reads through an ephemeral consumer, whose creation may get no reply
+// while the stream has no leader (a new replicated bucket, an election):
+// such a read is tried again, latestAttempts times in all.
 func Latest(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
-	es, err := kv.History(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, nil
+	for attempt := 1; ; attempt++ {
+		es, err := kv.History(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			return nil, nil
+		case err == nil:
+			return es[len(es)-1], nil
+		case !NoReply(err) || ctx.Err() != nil || attempt == latestAttempts:
+			return nil, err
+		}
 	}
-	if err != nil {
-		return nil, err
-	}
-	return es[len(es)-1], nil
 }
+
+// latestAttempts bounds Latest's reads.
+const latestAttempts = 3
 
 // MarkerVerb names what made a key's delete or purge marker, for messages
 // that tell an operator what was done: "purged" or "deleted".
