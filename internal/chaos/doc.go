@@ -89,7 +89,9 @@
 //     leases under rideOutLease (short mode); no majority worker fenced (leases of rideOutLease or
 //     more); after every heal every subject answered on every node within
 //     healBound (two leases + the worker's reconnect time + the request
-//     timeout). It logs the availability per fault, side and subject
+//     timeout); and the next fault begins only once the cluster has
+//     recovered (JetStream healthy on every server, every worker holding
+//     its snowflake lease). It logs the availability per fault, side and subject
 //     (requests, failures, longest gap without an answer) and the time
 //     from each heal to every subject answered on every node. Short
 //     mode: each fault once on PostgreSQL, 3 s leases; long mode: default
@@ -112,7 +114,7 @@
 //
 // Run it with
 //
-//	go test -race ./internal/chaos/                 # short mode, 80-130 s on 2 cores
+//	go test -race ./internal/chaos/                 # short mode, 160-180 s on 2 cores
 //	DISPENSER_CHAOS_LONG=1 go test -timeout 30m ./internal/chaos/
 //
 // Environment variables:

@@ -421,6 +421,38 @@ func (p *partition) healed(w int, at int64) {
 		p.logf("%s: not every subject answered again on every node within %v of the heal", p.log.windows[w].kind, healBound(p.lease)+10*time.Second)
 	}
 	p.log.end(w)
+	p.awaitRecovered()
+}
+
+// awaitRecovered waits until the cluster has recovered from the last
+// fault before the next one begins: JetStream healthy on every server
+// (every stream replica current) and every worker holding a valid
+// snowflake lease. The promise is about one fault at a time on a cluster
+// that has recovered: a node isolated while another still catches up
+// leaves the majority without a current quorum (long mode drew that: a
+// heal, then another isolation seconds later).
+func (p *partition) awaitRecovered() {
+	p.t.Helper()
+	t0 := time.Now()
+	p.cl.WaitHealthy(p.t)
+	err := waitFor(healBound(p.lease)+10*time.Second, func() error {
+		for i := range p.slots {
+			st, err := p.stats(i)
+			if err != nil {
+				return err
+			}
+			if !st.Snowflake.Held || st.Snowflake.Fenced {
+				return fmt.Errorf("worker %v: snowflake lease held %v, fenced %v", p.slots[i], st.Snowflake.Held, st.Snowflake.Fenced)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		p.t.Errorf("not recovered within %v of the heal: %v", healBound(p.lease)+10*time.Second, err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		p.logf("recovered after %v more", d.Round(time.Millisecond))
+	}
 }
 
 // awaitAnswered waits up to d until every looping client got IDs for a

@@ -168,10 +168,20 @@ func requirements(cfg jetstream.KeyValueConfig) Requirements {
 // Latest returns the latest message under key, a delete or purge marker
 // included (KeyValue.Get hides them), or nil if the key has none.
 //
-// It reads through an ephemeral consumer, whose creation may get no reply
-// while the stream has no leader (a new replicated bucket, an election):
-// such a read is tried again, latestAttempts times in all.
+// A value is read with KeyValue.Get first (a direct get, which any replica
+// answers, without JetStream's meta group); a replica that is behind may
+// return an older value, so callers decide only by compare-and-swap on its
+// revision, as they must anyway. Only when Get finds no value (a new key,
+// or a delete or purge marker, which Get hides) is the key's history read,
+// through an ephemeral consumer; creating one needs the meta leader and
+// fails while a partition leaves the cluster without one, which is why it
+// is not the first choice. A history read that gets no reply (a new
+// replicated bucket, an election) is tried again, latestAttempts times in
+// all.
 func Latest(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
+	if e, err := kv.Get(ctx, key); err == nil && e.Operation() == jetstream.KeyValuePut {
+		return e, nil
+	}
 	for attempt := 1; ; attempt++ {
 		es, err := kv.History(ctx, key)
 		switch {
