@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -122,6 +124,32 @@ func (n NATS) connect(name string, jetStream bool, log *slog.Logger, extra ...na
 			log.Error("nats error", "subject", subject, "err", err)
 		}),
 	}, extra...)...)
+}
+
+// moveURLs lists the servers a worker leaving a server in lame-duck mode
+// may connect to: the configured URLs, then those the cluster advertised
+// (discovered). nats.go reports discovered servers without user
+// information; like nats.go on a reconnect, they get the first configured
+// URL's, so that a user and password given in the URL reach them too.
+func moveURLs(configured string, discovered []string) string {
+	urls := []string{}
+	if configured != "" {
+		urls = append(urls, configured)
+	}
+	var user *url.Userinfo
+	if first, _, _ := strings.Cut(configured, ","); first != "" {
+		if u, err := url.Parse(strings.TrimSpace(first)); err == nil {
+			user = u.User
+		}
+	}
+	for _, d := range discovered {
+		if u, err := url.Parse(d); err == nil && u.User == nil && user != nil {
+			u.User = user
+			d = u.String()
+		}
+		urls = append(urls, d)
+	}
+	return strings.Join(urls, ",")
 }
 
 // Embedded configures the nats-server a worker starts in its own process

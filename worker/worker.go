@@ -422,7 +422,7 @@ func (w *Worker) lameDuck(old *nats.Conn) {
 func (w *Worker) move(svc *dispenser.Service, old *nats.Conn) {
 	w.log.Info("nats server entering lame-duck mode: moving to another server", "url", old.ConnectedUrlRedacted())
 	nopts := w.cfg.NATS
-	nopts.URL = strings.Join(old.Servers(), ",") // configured and discovered
+	nopts.URL = moveURLs(cmp.Or(w.cfg.NATS.URL, old.ConnectedUrl()), old.DiscoveredServers())
 	nc, err := nopts.connect(w.cfg.Instance, false, w.log, nats.LameDuckModeHandler(w.lameDuck))
 	if err != nil {
 		w.log.Warn("no other nats server to move to: staying until this one closes the connection", "err", err)

@@ -96,3 +96,31 @@ func TestZeroConfigServes(t *testing.T) {
 		t.Fatal("embedded nats-server still running after Close")
 	}
 }
+
+// TestMoveURLs: a worker leaving a server in lame-duck mode connects with
+// the configured URLs first, then the discovered ones, which nats.go
+// reports without user information and get the configured URL's. Before,
+// the move used nats.Conn.Servers(), which drops the user and password of
+// a configured URL, so a worker whose credentials were in its URL could
+// not log in elsewhere and did not move.
+func TestMoveURLs(t *testing.T) {
+	for _, tt := range []struct {
+		name, configured string
+		discovered       []string
+		want             string
+	}{
+		{"credentials carried", "nats://u:p@a:4222", []string{"nats://b:4222", "nats://c:4222"},
+			"nats://u:p@a:4222,nats://u:p@b:4222,nats://u:p@c:4222"},
+		{"several configured", "nats://u:p@a:4222,nats://u:p@b:4222", []string{"nats://c:4222"},
+			"nats://u:p@a:4222,nats://u:p@b:4222,nats://u:p@c:4222"},
+		{"token", "nats://tok@a:4222", []string{"nats://b:4222"}, "nats://tok@a:4222,nats://tok@b:4222"},
+		{"no credentials", "nats://a:4222", []string{"nats://b:4222"}, "nats://a:4222,nats://b:4222"},
+		{"nothing discovered", "nats://u:p@a:4222", nil, "nats://u:p@a:4222"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := moveURLs(tt.configured, tt.discovered); got != tt.want {
+				t.Errorf("moveURLs(%q, %q) = %q, want %q", tt.configured, tt.discovered, got, tt.want)
+			}
+		})
+	}
+}
