@@ -181,7 +181,13 @@ func TestRollingRestarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tag := range []segment.Tag{{Name: "plain", Step: 100, MaxID: 1}, {Name: "orders", Step: 100, MaxID: 1, Ordered: true}} {
+	// Steps that last seconds of this load, so that a worker's two
+	// buffers bridge a JetStream leader election of the segment bucket
+	// while a server restarts (operations.md: size steps for the outage
+	// to ride out). With steps of 100, a restarted worker's buffers
+	// (fresh, at the tag's own step) ran dry in a 3 s election and 503s
+	// reached clients on other servers.
+	for _, tag := range []segment.Tag{{Name: "plain", Step: 5000, MaxID: 1}, {Name: "orders", Step: 5000, MaxID: 1, Ordered: true}} {
 		if err := store.CreateTag(ctx, tag); err != nil {
 			t.Fatal(err)
 		}
