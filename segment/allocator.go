@@ -50,6 +50,12 @@ type Settings struct {
 	// MaxStep caps the dynamic step. Default 1,000,000. The step never goes
 	// below a tag's configured step, so a MaxStep below it pins the step.
 	MaxStep int64
+	// MaxDepth caps how many steps one fetch takes while a tag's requests
+	// outrun its fetches (the multi-step fetch: see Allocator). Default
+	// 256; 1 turns it off. It bounds what a crash can cost: a worker holds
+	// at most two segments of a tag, each at most MaxDepth times the step
+	// in force.
+	MaxDepth int64
 	// AutoCreateStep, when above zero, creates an unknown tag on first use
 	// with this step, starting at 1; the Store must then implement Admin.
 	// Default 0: unknown tags are errors.
@@ -89,6 +95,13 @@ const negativeCacheMax = 10000
 // wait within their MaxWait (then 503).
 const maxLookups = 8
 
+// DefaultMaxDepth is the default of Settings.MaxDepth, and MaxDepthLimit
+// its largest value (a step times it stays far below 2^63).
+const (
+	DefaultMaxDepth = 256
+	MaxDepthLimit   = 1 << 20
+)
+
 // DefaultAutoCreateMax is the default of Settings.AutoCreateMax.
 const DefaultAutoCreateMax = 1000
 
@@ -99,6 +112,15 @@ type Run = protocol.Run
 // Allocator hands out IDs of many tags from double-buffered segments. It is
 // safe for concurrent use. Background work (prefetches, tag refreshes) runs
 // on a context the Allocator owns and stops on Close.
+//
+// One fetch per tag is in flight at a time, and each takes the step in force
+// (the dynamic step, as in Leaf) times the tag's depth: 1 while the double
+// buffer keeps up. When a request has to wait for a segment, the next fetch
+// takes at least twice as many steps, and enough to cover twice the IDs
+// then waiting, up to MaxDepth, in one store operation; when a fetch
+// arrives while at least half of the segment in use is left, the depth
+// halves again. So a tag pinned at a small step keeps up with a burst
+// within a few fetches, and returns to single steps when the burst ends.
 type Allocator struct {
 	store           Store
 	ratio           float64
@@ -110,6 +132,7 @@ type Allocator struct {
 	idleTimeout     time.Duration
 	negativeTTL     time.Duration
 	maxStep         int64
+	maxDepth        int64
 	autoCreateStep  int64
 	autoCreateMax   int
 	autoCreated     atomic.Int64  // tags created on first use
@@ -184,6 +207,12 @@ func New(s Settings) (*Allocator, error) {
 	if s.MaxStep < 1 || s.MaxStep > MaxStepLimit {
 		return nil, fmt.Errorf("%w: MaxStep %d: want 1..%d", ErrInvalidStep, s.MaxStep, MaxStepLimit)
 	}
+	if s.MaxDepth == 0 {
+		s.MaxDepth = DefaultMaxDepth
+	}
+	if s.MaxDepth < 1 || s.MaxDepth > MaxDepthLimit {
+		return nil, fmt.Errorf("segment: MaxDepth %d: want 1..%d", s.MaxDepth, MaxDepthLimit)
+	}
 	if s.AutoCreateStep < 0 || s.AutoCreateStep > MaxStepLimit {
 		return nil, fmt.Errorf("%w: AutoCreateStep %d: want 0..%d", ErrInvalidStep, s.AutoCreateStep, MaxStepLimit)
 	}
@@ -207,6 +236,7 @@ func New(s Settings) (*Allocator, error) {
 		idleTimeout:     s.IdleTimeout,
 		negativeTTL:     s.NegativeTTL,
 		maxStep:         s.MaxStep,
+		maxDepth:        s.MaxDepth,
 		autoCreateStep:  s.AutoCreateStep,
 		autoCreateMax:   cmp.Or(s.AutoCreateMax, DefaultAutoCreateMax),
 		now:             s.Now,
@@ -560,6 +590,8 @@ func (a *Allocator) removeTag(tag string, b *buffer) { a.tags.drop(tag, b) }
 // wait takes the remaining n IDs of b, waiting for segments until deadline.
 func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadline time.Time, owned bool) ([]Run, error) {
 	b.waits.Add(1)
+	b.waiting.Add(int64(n))
+	defer b.waiting.Add(-int64(n))
 	timer := time.NewTimer(deadline.Sub(a.now()))
 	defer timer.Stop()
 	for {
@@ -800,7 +832,9 @@ func (a *Allocator) startLoad(b *buffer) {
 
 // Close stops handing out IDs, stops background work and gives the unissued
 // rest of each tag's last segment back to the store where nobody fetched
-// after us, so that a restart wastes fewer IDs. ctx bounds the give-back.
+// after us, so that a restart wastes fewer IDs. A fetch under way is let
+// finish (it is bounded by FetchTimeout) and its segment given back too;
+// ctx bounds the give-back.
 func (a *Allocator) Close(ctx context.Context) error {
 	a.mu.Lock()
 	if a.closed {

@@ -229,7 +229,8 @@ func seq(from, n int64) []int64 {
 
 func TestTakeSequentialAndSwitch(t *testing.T) {
 	st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 10})
-	a := newAllocator(t, Settings{Store: st, MaxStep: 10})
+	// MaxDepth 1: one step per fetch, however fast the IDs go.
+	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxDepth: 1})
 	var got []int64
 	for range 35 {
 		got = append(got, take(t, a, "orders", 1)...)

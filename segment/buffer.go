@@ -76,6 +76,11 @@ type buffer struct {
 	idleLooks int
 	waits     atomic.Int64 // requests that had to wait
 	timeouts  atomic.Int64 // waits that expired
+	// starved is set when a request finds no ID in memory and must wait
+	// for a fetch; the next fetch deepens. waiting counts the IDs that
+	// waiting requests still lack.
+	starved atomic.Bool
+	waiting atomic.Int64
 	// exhausted: the store has no segment left for the tag (ErrExhausted
 	// at the tag's own step). Requests fail with ErrExhausted once the
 	// buffers are spent; this allocator never fetches the tag again. It is
@@ -85,9 +90,13 @@ type buffer struct {
 	mu sync.Mutex // protects the fields below
 	// wake, made by the first waiter, is closed and dropped whenever a
 	// fetch ends, well or not (most tags never have a waiter: no channel).
-	wake        chan struct{}
-	step        int64 // step of the last fetch; 0 before the first
-	minStep     int64 // the tag's configured step, as of the last fetch
+	wake    chan struct{}
+	step    int64 // step in force at the last fetch; 0 before the first
+	minStep int64 // the tag's configured step, as of the last fetch
+	depth   int64 // steps taken by the last fetch; 0 before the first
+	// calm: the last fetch arrived while at least half of the segment in
+	// use was left, so the next one may take fewer steps.
+	calm        bool
 	lastFetch   time.Time
 	fetches     int64
 	lastLatency time.Duration
@@ -109,6 +118,8 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 	for n > 0 {
 		seg := b.cur.Load()
 		if seg == nil {
+			// The first fetch: every request waits for it, which says
+			// nothing yet about the tag's rate.
 			b.prefetch()
 			return dst, n
 		}
@@ -121,7 +132,7 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 			// batch straddle; then the part taken is skipped if it fails.
 			if c := seg.cursor.Load(); c < seg.end && k > seg.end-c {
 				if nxt := b.next.Load(); nxt == nil || nxt == seg {
-					b.prefetch()
+					b.starve()
 					return dst, n
 				}
 			}
@@ -138,7 +149,7 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 		// seg is spent: switch to the next segment if it is ready.
 		nxt := b.next.Load()
 		if nxt == nil || nxt == seg {
-			b.prefetch()
+			b.starve()
 			return dst, n
 		}
 		if b.cur.CompareAndSwap(seg, nxt) {
@@ -146,6 +157,15 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 		}
 	}
 	return dst, 0
+}
+
+// starve notes that a request found no ID in memory (it will wait), so
+// that the next fetch takes more steps, and starts a fetch.
+func (b *buffer) starve() {
+	if !b.starved.Load() {
+		b.starved.Store(true)
+	}
+	b.prefetch()
 }
 
 // prefetch starts a background fetch unless one runs or the next segment is
@@ -183,10 +203,14 @@ func (b *buffer) load() {
 	for {
 		b.mu.Lock()
 		step := b.nextStep(a.now())
+		size := step * b.nextDepth(step)
 		b.mu.Unlock()
-		ctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
+		// Close does not cancel a fetch under way: a segment the store
+		// has handed out is installed, so that Close gives back its rest
+		// instead of skipping all of it (at most FetchTimeout).
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), a.fetchTimeout)
 		start := time.Now()
-		alloc, err := a.store.Fetch(ctx, b.tag, step)
+		alloc, err := a.store.Fetch(ctx, b.tag, size)
 		latency := time.Since(start)
 		cancel()
 		if err == nil && (alloc.Start < 1 || alloc.End <= alloc.Start || alloc.TagStep < 1) {
@@ -196,15 +220,15 @@ func (b *buffer) load() {
 			a.onFetch(b.tag, latency, err)
 		}
 		if err == nil {
-			b.publish(alloc, latency)
+			b.publish(alloc, step, latency)
 			return
 		}
 		exhausted := errors.Is(err, ErrExhausted)
-		if exhausted && step > 0 {
-			// The dynamic step no longer fits below 2^63-1; the tag's
-			// own step may.
+		if exhausted && size > 0 {
+			// The dynamic step (or several steps) no longer fits below
+			// 2^63-1; the tag's own step may.
 			b.mu.Lock()
-			b.step = 0
+			b.step, b.depth = 0, 1
 			b.mu.Unlock()
 			continue
 		}
@@ -266,9 +290,34 @@ func (b *buffer) nextStep(now time.Time) int64 {
 	return max(step, b.minStep)
 }
 
+// nextDepth returns how many steps of step the next fetch takes (see
+// Allocator) and records it; 1 when step is 0 (the tag's own step, before
+// the first fetch or at the end of the tag's range). b.mu must be held.
+func (b *buffer) nextDepth(step int64) int64 {
+	d := max(b.depth, 1)
+	switch {
+	case b.starved.Swap(false):
+		d *= 2
+		if step > 0 {
+			// Enough for twice what the waiting requests lack.
+			d = max(d, 2*b.waiting.Load()/step+1)
+		}
+	case b.calm:
+		d /= 2
+	}
+	b.calm = false
+	if step <= 0 {
+		d = 1
+	}
+	d = max(min(d, b.a.maxDepth, MaxStepLimit/max(step, 1)), 1)
+	b.depth = d
+	return d
+}
+
 // publish makes a fetched allocation the next (or first) segment and wakes
-// the waiters.
-func (b *buffer) publish(alloc Allocation, latency time.Duration) {
+// the waiters. step is the step in force that the fetch asked for (0: the
+// tag's own step).
+func (b *buffer) publish(alloc Allocation, step int64, latency time.Duration) {
 	size := alloc.End - alloc.Start
 	seg := &segment{
 		start:     alloc.Start,
@@ -287,8 +336,17 @@ func (b *buffer) publish(alloc Allocation, latency time.Duration) {
 		b.mu.Unlock()
 		return
 	}
-	b.step = size
+	b.step = step
+	if step <= 0 {
+		b.step = alloc.TagStep
+	}
 	b.minStep = alloc.TagStep
+	if cur := b.cur.Load(); cur != nil {
+		// The fetch came in time if at least half of the segment in use
+		// is left: then the next fetch may take fewer steps.
+		left := cur.end - min(cur.cursor.Load(), cur.end)
+		b.calm = 2*left >= cur.end-cur.start
+	}
 	b.lastFetch = seg.fetchedAt
 	b.fetches++
 	b.lastLatency = latency

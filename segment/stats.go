@@ -17,19 +17,22 @@ type SegmentStats struct {
 // TagStats is what Leaf's /cache page showed for a tag: both segments, the
 // dynamic step and the fetch history.
 type TagStats struct {
-	Tag                string        `json:"tag"`
-	Current            *SegmentStats `json:"current,omitempty"`
-	Next               *SegmentStats `json:"next,omitempty"`
-	NextReady          bool          `json:"next_ready"`
-	Loading            bool          `json:"loading"`
-	Step               int64         `json:"step"`     // step of the last fetch
-	MinStep            int64         `json:"min_step"` // the tag's configured step
-	Fetches            int64         `json:"fetches"`
-	LastFetchLatencyMS float64       `json:"last_fetch_latency_ms"`
-	LastFetch          time.Time     `json:"last_fetch,omitzero"`
-	LastError          string        `json:"last_error,omitempty"`
-	Waits              int64         `json:"waits"`
-	WaitTimeouts       int64         `json:"wait_timeouts"`
+	Tag       string        `json:"tag"`
+	Current   *SegmentStats `json:"current,omitempty"`
+	Next      *SegmentStats `json:"next,omitempty"`
+	NextReady bool          `json:"next_ready"`
+	Loading   bool          `json:"loading"`
+	Step      int64         `json:"step"`     // step in force at the last fetch
+	MinStep   int64         `json:"min_step"` // the tag's configured step
+	// Depth is how many steps the last fetch took: 1 while the double
+	// buffer keeps up, more while requests outrun the fetches.
+	Depth              int64     `json:"depth"`
+	Fetches            int64     `json:"fetches"`
+	LastFetchLatencyMS float64   `json:"last_fetch_latency_ms"`
+	LastFetch          time.Time `json:"last_fetch,omitzero"`
+	LastError          string    `json:"last_error,omitempty"`
+	Waits              int64     `json:"waits"`
+	WaitTimeouts       int64     `json:"wait_timeouts"`
 }
 
 func segmentStats(s *segment) *SegmentStats {
@@ -115,7 +118,7 @@ func (b *buffer) stats() TagStats {
 		WaitTimeouts: b.timeouts.Load(),
 	}
 	b.mu.Lock()
-	st.Step, st.MinStep, st.Fetches = b.step, b.minStep, b.fetches
+	st.Step, st.MinStep, st.Depth, st.Fetches = b.step, b.minStep, b.depth, b.fetches
 	st.LastFetchLatencyMS = float64(b.lastLatency.Microseconds()) / 1000
 	st.LastFetch = b.lastFetch
 	if b.lastErr != nil {

@@ -162,6 +162,8 @@ func (c Config) validate() error {
 		err = fmt.Errorf("--prefetch-ratio %v: want more than 0, at most 1", s.PrefetchRatio)
 	case s.MaxStep < 0 || s.MaxStep > segment.MaxStepLimit:
 		err = fmt.Errorf("--max-step %d: want 1..%d", s.MaxStep, segment.MaxStepLimit)
+	case s.MaxDepth < 0 || s.MaxDepth > segment.MaxDepthLimit:
+		err = fmt.Errorf("--max-depth %d: want 1..%d", s.MaxDepth, segment.MaxDepthLimit)
 	case s.AutoCreateStep < 0 || s.AutoCreateStep > segment.MaxStepLimit:
 		err = fmt.Errorf("--auto-create-step %d: want 1..%d", s.AutoCreateStep, segment.MaxStepLimit)
 	case s.MaxWait < 0 || s.FetchTimeout < 0 || s.RefreshInterval < 0 || s.NegativeTTL < 0 || c.ShutdownTimeout < 0:

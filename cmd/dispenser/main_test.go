@@ -422,6 +422,8 @@ func TestServeRejectsBadSettingsBeforeStarting(t *testing.T) {
 		{"--prefetch-ratio", "0"},
 		{"--prefetch-ratio", "1.5"},
 		{"--max-step", "0"},
+		{"--max-depth", "0"},
+		{"--max-depth", "2000000"},
 		{"--max-wait", "0s"},
 		{"--snowflake-lease", "1s", "--snowflake-heartbeat", "2s"},
 		{"--snowflake-epoch", "2999-01-01T00:00:00Z"},

@@ -74,6 +74,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&c.Segment.IdleTimeout, "idle-timeout", time.Hour, "a tag without requests for this long gives its unused IDs back and drops its buffers (0 or less: never)")
 	fs.DurationVar(&c.Segment.NegativeTTL, "unknown-tag-ttl", 2*time.Second, "how long an unknown tag is answered from cache before the store is asked again")
 	fs.Int64Var(&c.Segment.MaxStep, "max-step", 1_000_000, "cap of the dynamic step; a value below a tag's step pins that tag's step")
+	fs.Int64Var(&c.Segment.MaxDepth, "max-depth", segment.DefaultMaxDepth, "most steps one fetch takes while a tag's requests outrun its fetches (1: one step per fetch); a crash loses at most 2 x this x the step of a tag's IDs per worker")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", worker.DefaultShutdownTimeout, "how long a graceful shutdown may take")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
@@ -135,6 +136,8 @@ func checkFlags(c worker.Config, pg pgstore.Postgres) error {
 		return fmt.Errorf("--prefetch-ratio 0: want more than 0, at most 1")
 	case s.MaxStep == 0:
 		return fmt.Errorf("--max-step 0: want 1..%d", segment.MaxStepLimit)
+	case s.MaxDepth == 0:
+		return fmt.Errorf("--max-depth 0: want 1..%d", segment.MaxDepthLimit)
 	case s.MaxWait == 0 || s.FetchTimeout == 0 || s.RefreshInterval == 0 || s.NegativeTTL == 0 || c.ShutdownTimeout == 0:
 		return errors.New("--max-wait, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
 	case pg.WitnessReplicas < 1 || pg.WitnessReplicas > 5:

@@ -1,0 +1,146 @@
+package segment
+
+import (
+	"context"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fetchSizes returns the sizes asked of st for tag, in order (0: the tag's
+// own step).
+func fetchSizes(st *memStore, tag string) []int64 {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var out []int64
+	for _, f := range st.fetches {
+		if f.tag == tag {
+			out = append(out, f.step)
+		}
+	}
+	return out
+}
+
+// TestDepthFollowsBursts: a tag pinned at step 10 meets a burst of 40
+// waiting requests while its fetches are held back: the fetches after the
+// first take several steps at once (never more than MaxDepth), every
+// request gets its ID, none twice; once requests stop outrunning the
+// fetches, each fetch takes half as many steps until it is back at one.
+// Without the depth (nextDepth always 1) every fetch asks for one step and
+// the burst assertion fails; without the calm halving the last one does.
+func TestDepthFollowsBursts(t *testing.T) {
+	const step, maxDepth, burst = 10, 16, 40
+	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: step})
+	gate := make(chan struct{})
+	st.set(func(s *memStore) { s.gate = gate })
+	a := newAllocator(t, Settings{Store: st, MaxStep: step, MaxDepth: maxDepth, MaxWait: time.Minute})
+
+	var wg sync.WaitGroup
+	ids := make(chan int64, burst)
+	for range burst {
+		wg.Go(func() {
+			runs, err := a.Take(context.Background(), "a", 1, nil)
+			if err != nil {
+				t.Errorf("Take: %v", err)
+				return
+			}
+			ids <- runs[0].First
+		})
+	}
+	eventually(t, "the burst to wait", func() bool { return a.Totals().Waits == burst })
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	// Let the fetches through one at a time until every request has its ID.
+	for served := false; !served; {
+		select {
+		case gate <- struct{}{}:
+		case <-done:
+			served = true
+		}
+	}
+	close(ids)
+	var got []int64
+	for id := range ids {
+		got = append(got, id)
+	}
+	slices.Sort(got)
+	if len(got) != burst || len(slices.Compact(slices.Clone(got))) != burst {
+		t.Fatalf("burst got %d IDs, %d distinct, want %d distinct", len(got), len(slices.Compact(slices.Clone(got))), burst)
+	}
+	sizes := fetchSizes(st, "a")
+	if len(sizes) < 2 || sizes[0] != 0 {
+		t.Fatalf("fetch sizes %v: want the tag's own step first, then more", sizes)
+	}
+	if slices.Max(sizes) <= step {
+		t.Errorf("fetch sizes %v: requests waited for every fetch, want one of more than one step (%d)", sizes, step)
+	}
+	for _, s := range sizes {
+		if s > step*maxDepth {
+			t.Errorf("fetch sizes %v: %d is above MaxDepth steps (%d)", sizes, s, step*maxDepth)
+		}
+	}
+
+	// The burst is over: requests one at a time, each after the fetch it
+	// started has arrived, never wait, so the depth halves at every fetch.
+	close(gate)
+	n := len(sizes)
+	for i := 0; ; i++ {
+		take(t, a, "a", 1)
+		eventually(t, "no fetch running", func() bool { return !a.Stats()[0].Loading })
+		sizes = fetchSizes(st, "a")
+		if sizes[len(sizes)-1] == step && a.Stats()[0].Depth == 1 {
+			break
+		}
+		if i > 10_000 {
+			t.Fatalf("fetch sizes %v: the depth did not come back to 1", sizes)
+		}
+	}
+	calm := sizes[n:]
+	for i := 1; i < len(calm); i++ {
+		if calm[i] > calm[i-1] {
+			t.Errorf("calm fetch sizes %v: grew without a wait", calm)
+		}
+	}
+	if got := a.Totals().Waits; got != burst {
+		t.Errorf("waits = %d, want %d (none after the burst)", got, burst)
+	}
+}
+
+// TestDepthAtTheEndOfTheRange: a deep fetch that would pass 2^63-1 falls
+// back to the tag's own step, and every ID up to the end is handed out
+// once.
+func TestDepthAtTheEndOfTheRange(t *testing.T) {
+	const step = 10
+	start := int64(math.MaxInt64 - 95)
+	st := newMemStore(t, Tag{Name: "edge", MaxID: start, Step: step})
+	a := newAllocator(t, Settings{Store: st, MaxStep: step, MaxDepth: 64, MaxWait: time.Minute})
+	var mu sync.Mutex
+	seen := map[int64]bool{}
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				runs, err := a.Take(context.Background(), "edge", 1, nil)
+				if err != nil {
+					return // ErrExhausted once the range is spent
+				}
+				mu.Lock()
+				if seen[runs[0].First] {
+					t.Errorf("ID %d twice", runs[0].First)
+				}
+				seen[runs[0].First] = true
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	// The range holds 9 whole steps (90 IDs) below 2^63-1.
+	if want := 90; len(seen) != want {
+		t.Errorf("handed out %d IDs, want %d", len(seen), want)
+	}
+	if _, err := a.Take(context.Background(), "edge", 1, nil); err == nil {
+		t.Errorf("Take after the end: no error, want ErrExhausted")
+	}
+}
