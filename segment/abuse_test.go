@@ -40,7 +40,9 @@ func TestAutoCreateBounded(t *testing.T) {
 // unknown tag by dropping one entry, not all of them.
 func TestNegativeCacheEvictsOne(t *testing.T) {
 	st := newMemStore(t)
-	a := newAllocator(t, Settings{Store: st, NegativeTTL: time.Hour})
+	// MaxWait a minute: 10,001 lookups on a busy machine (the race
+	// detector, other tests) may take longer than the default 100 ms.
+	a := newAllocator(t, Settings{Store: st, NegativeTTL: time.Hour, MaxWait: time.Minute})
 	ctx := context.Background()
 	for i := range negativeCacheMax + 1 {
 		if _, err := a.Take(ctx, fmt.Sprintf("u%d", i), 1, nil); !errors.Is(err, ErrUnknownTag) {

@@ -83,6 +83,13 @@ const (
 	stepShrinkAbove = 30 * time.Minute
 )
 
+// depthDecay is how long a tag's depth stays before it may halve: a
+// fetch's latency varies (a disk flush, a busy database), and a depth that
+// followed every fast fetch down would meet the next slow one with too
+// little. So it halves at most once per depthDecay, and only while fetches
+// come well in time.
+const depthDecay = time.Second
+
 // negativeCacheMax bounds the negative cache so that requests for random tag
 // names cannot grow it without limit; when it is full, a new entry evicts
 // an old one (not the whole cache, which would send a burst of lookups of
@@ -115,12 +122,13 @@ type Run = protocol.Run
 //
 // One fetch per tag is in flight at a time, and each takes the step in force
 // (the dynamic step, as in Leaf) times the tag's depth: 1 while the double
-// buffer keeps up. When a request has to wait for a segment, the next fetch
-// takes at least twice as many steps, and enough to cover twice the IDs
-// then waiting, up to MaxDepth, in one store operation; when a fetch
-// arrives while at least half of the segment in use is left, the depth
-// halves again. So a tag pinned at a small step keeps up with a burst
-// within a few fetches, and returns to single steps when the burst ends.
+// buffer keeps up. When a request has to wait for a segment, the next
+// fetch takes at least twice as many steps, and enough to cover twice the
+// IDs then waiting, up to MaxDepth, in one store operation; while fetches
+// arrive with at least three quarters of the segment in use left, the
+// depth halves, at most once a second. So a tag pinned at a small step
+// keeps up with a burst within a few fetches, and returns to single steps
+// within seconds once the burst is over.
 type Allocator struct {
 	store           Store
 	ratio           float64

@@ -94,8 +94,10 @@ type buffer struct {
 	step    int64 // step in force at the last fetch; 0 before the first
 	minStep int64 // the tag's configured step, as of the last fetch
 	depth   int64 // steps taken by the last fetch; 0 before the first
-	// calm: the last fetch arrived while at least half of the segment in
-	// use was left, so the next one may take fewer steps.
+	// depthAt is when the depth last grew or shrank (UnixNano of Now).
+	depthAt int64
+	// calm: the last fetch arrived while at least three quarters of the
+	// segment in use were left, so the next one may take fewer steps.
 	calm        bool
 	lastFetch   time.Time
 	fetches     int64
@@ -202,8 +204,9 @@ func (b *buffer) load() {
 	backoff := a.retryMin
 	for {
 		b.mu.Lock()
-		step := b.nextStep(a.now())
-		size := step * b.nextDepth(step)
+		now := a.now()
+		step := b.nextStep(now)
+		size := step * b.nextDepth(step, now)
 		b.mu.Unlock()
 		// Close does not cancel a fetch under way: a segment the store
 		// has handed out is installed, so that Close gives back its rest
@@ -293,17 +296,19 @@ func (b *buffer) nextStep(now time.Time) int64 {
 // nextDepth returns how many steps of step the next fetch takes (see
 // Allocator) and records it; 1 when step is 0 (the tag's own step, before
 // the first fetch or at the end of the tag's range). b.mu must be held.
-func (b *buffer) nextDepth(step int64) int64 {
+func (b *buffer) nextDepth(step int64, now time.Time) int64 {
 	d := max(b.depth, 1)
-	switch {
+	switch t := now.UnixNano(); {
 	case b.starved.Swap(false):
 		d *= 2
 		if step > 0 {
 			// Enough for twice what the waiting requests lack.
 			d = max(d, 2*b.waiting.Load()/step+1)
 		}
-	case b.calm:
+		b.depthAt = t
+	case b.calm && d > 1 && time.Duration(t-b.depthAt) >= depthDecay:
 		d /= 2
+		b.depthAt = t
 	}
 	b.calm = false
 	if step <= 0 {
@@ -342,10 +347,13 @@ func (b *buffer) publish(alloc Allocation, step int64, latency time.Duration) {
 	}
 	b.minStep = alloc.TagStep
 	if cur := b.cur.Load(); cur != nil {
-		// The fetch came in time if at least half of the segment in use
-		// is left: then the next fetch may take fewer steps.
+		// The fetch came well in time if at least three quarters of the
+		// segment in use are left (it was fetched after a tenth was
+		// used): then the next fetch may take half as many steps and
+		// still come in time, with room for a fetch several times as
+		// slow as this one.
 		left := cur.end - min(cur.cursor.Load(), cur.end)
-		b.calm = 2*left >= cur.end-cur.start
+		b.calm = 4*left >= 3*(cur.end-cur.start)
 	}
 	b.lastFetch = seg.fetchedAt
 	b.fetches++

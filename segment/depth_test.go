@@ -35,7 +35,11 @@ func TestDepthFollowsBursts(t *testing.T) {
 	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: step})
 	gate := make(chan struct{})
 	st.set(func(s *memStore) { s.gate = gate })
-	a := newAllocator(t, Settings{Store: st, MaxStep: step, MaxDepth: maxDepth, MaxWait: time.Minute})
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	a := newAllocator(t, Settings{Store: st, MaxStep: step, MaxDepth: maxDepth, MaxWait: time.Minute, Now: clock})
 
 	var wg sync.WaitGroup
 	ids := make(chan int64, burst)
@@ -52,8 +56,24 @@ func TestDepthFollowsBursts(t *testing.T) {
 	eventually(t, "the burst to wait", func() bool { return a.Totals().Waits == burst })
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	// Let the fetches through one at a time until every request has its ID.
+	// Let the fetches through one at a time, each once the requests left
+	// have spent what is in memory and wait for it, until every request
+	// has its ID.
+	starving := func() bool {
+		s := a.Stats()[0]
+		return s.Loading && !s.NextReady && (s.Current == nil || s.Current.Cursor == s.Current.End)
+	}
 	for served := false; !served; {
+		select {
+		case <-done:
+			served = true
+			continue
+		default:
+		}
+		if !starving() {
+			time.Sleep(time.Millisecond)
+			continue
+		}
 		select {
 		case gate <- struct{}{}:
 		case <-done:
@@ -83,10 +103,20 @@ func TestDepthFollowsBursts(t *testing.T) {
 	}
 
 	// The burst is over: requests one at a time, each after the fetch it
-	// started has arrived, never wait, so the depth halves at every fetch.
+	// started has arrived, never wait. Within a second of the last growth
+	// the depth stays; after that it halves at most once a second.
 	close(gate)
 	n := len(sizes)
+	depth := a.Stats()[0].Depth
+	for range 3 * step * maxDepth {
+		take(t, a, "a", 1)
+		eventually(t, "no fetch running", func() bool { return !a.Stats()[0].Loading })
+	}
+	if got := a.Stats()[0].Depth; got != depth {
+		t.Fatalf("depth %d, then %d within the same second, want it kept", depth, got)
+	}
 	for i := 0; ; i++ {
+		advance(depthDecay)
 		take(t, a, "a", 1)
 		eventually(t, "no fetch running", func() bool { return !a.Stats()[0].Loading })
 		sizes = fetchSizes(st, "a")
@@ -101,6 +131,9 @@ func TestDepthFollowsBursts(t *testing.T) {
 	for i := 1; i < len(calm); i++ {
 		if calm[i] > calm[i-1] {
 			t.Errorf("calm fetch sizes %v: grew without a wait", calm)
+		}
+		if calm[i]/step < calm[i-1]/step/2 {
+			t.Errorf("calm fetch sizes %v: fell by more than half in a second", calm)
 		}
 	}
 	if got := a.Totals().Waits; got != burst {

@@ -128,16 +128,17 @@ func TestBenchDeployment(t *testing.T) {
 }
 
 // TestBenchPostgres runs the local service under test on PostgreSQL: the
-// step runs, the ordered run and the tags run with tags created in bulk.
+// step runs, the burst run, the ordered run and the tags run with tags
+// created in bulk.
 func TestBenchPostgres(t *testing.T) {
 	url := testenv.Postgres(t)
 	var out bytes.Buffer
-	err := run(context.Background(), []string{"bench", "--postgres-url", url, "--modes", "sequential,step,ordered,tags",
+	err := run(context.Background(), []string{"bench", "--postgres-url", url, "--modes", "sequential,step,burst,ordered,tags",
 		"--inflight", "16", "--warmup", "50ms", "--duration", "200ms", "--tags", "100", "--tags-store", "500", "--smoke"}, &out, io.Discard)
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"store postgres (witness on)", "step 100", "ordered over plain",
+	for _, want := range []string{"store postgres (witness on)", "step 100", "step 100 from cold", "ordered over plain",
 		"created beforehand (PostgreSQL with 500 tags, witness on)", "refresh on a store of 500 tags"} {
 		if text := out.String(); !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)

@@ -51,10 +51,10 @@ var ErrFailed = errors.New("bench failed")
 // run: pipelined, sequential, batch and step are load runs; ordered (three
 // workers, an ordered tag), tags (many tags), fetch, memory and startup
 // need the local set-up.
-var Modes = []string{"pipelined", "sequential", "batch", "step", "ordered", "tags", "fetch", "memory", "startup"}
+var Modes = []string{"pipelined", "sequential", "batch", "step", "burst", "ordered", "tags", "fetch", "memory", "startup"}
 
 // localModes are the modes that need the local set-up.
-var localModes = []string{"step", "ordered", "tags", "fetch", "memory", "startup"}
+var localModes = []string{"step", "burst", "ordered", "tags", "fetch", "memory", "startup"}
 
 // Config describes one bench. The program's flags fill it; the flags in
 // parentheses are those of `dispenser bench`.
@@ -181,6 +181,9 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 		defer pprof.StopCPUProfile()
 	}
 	total := len(groups)
+	if e != nil && c.Modes["burst"] {
+		total++
+	}
 	if e != nil && c.Modes["ordered"] {
 		total += 2
 	}
@@ -195,6 +198,11 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 	for _, g := range groups {
 		if err := run(g); err != nil {
 			return err
+		}
+	}
+	if e != nil && c.Modes["burst"] {
+		if err := runBurst(ctx, c, e, log, p, run, rep); err != nil {
+			return fmt.Errorf("burst: %w", err)
 		}
 	}
 	if e != nil && c.Modes["ordered"] {

@@ -59,6 +59,7 @@ type Report struct {
 	Inflight  int            `json:"inflight"`
 	Runs      []*Result      `json:"runs"`
 	Step      []StepResult   `json:"step,omitempty"`
+	Burst     *BurstResult   `json:"burst,omitempty"`
 	Ordered   *OrderedResult `json:"ordered,omitempty"`
 	Tags      *TagsResult    `json:"tags,omitempty"`
 	Fetch     *FetchResult   `json:"fetch,omitempty"`
@@ -156,6 +157,12 @@ func (rep *Report) finish() {
 	if r := find("batch_list", "segment"); r != nil {
 		add("segment, "+r.Label+": IDs/s", "≥ 20,000,000", fmtCount(r.IDsPerSec), r.IDsPerSec >= 20e6)
 	}
+	if b := rep.Burst; b != nil {
+		add(fmt.Sprintf("burst, %d workers, %d in flight: step %d from cold vs step %d warm, requests/s", b.Workers, b.Inflight, burstSmallStep, burstLargeStep),
+			"≥ 0.8×", fmt.Sprintf("%.3f×", b.VsLarge), b.VsLarge >= 0.8)
+		add(fmt.Sprintf("burst, %d workers, %d in flight: step %d from cold vs step %d warm, p999", b.Workers, b.Inflight, burstSmallStep, burstLargeStep),
+			"≤ 2×", fmt.Sprintf("%.2f×", b.P999Ratio), b.P999Ratio <= 2)
+	}
 	if rep.Ordered = orderedSummary(rep.Runs); rep.Ordered != nil {
 		o := rep.Ordered
 		add(fmt.Sprintf("ordered tag, %d workers, %d in flight, 1 ID: requests/s", o.Workers, o.Inflight), "≥ 0.7× baseline",
@@ -222,6 +229,10 @@ func (rep *Report) print(w *bytes.Buffer) {
 	for _, s := range rep.Step {
 		lines = append(lines, fmt.Sprintf("segment switches, %d in flight: p999 with step 100 %s, with step 1,000,000 %s: ratio %.2f",
 			s.Inflight, fmtLatency(s.P999Step100US), fmtLatency(s.P999Step1MUS), s.Ratio))
+	}
+	if b := rep.Burst; b != nil {
+		lines = append(lines, fmt.Sprintf("burst, %d workers: step %d from cold %.3f× the requests/s of step %d warm, p999 %.2f×; the small step's tag: %d fetches, %d requests waited, depth of its last fetch up to %d",
+			b.Workers, burstSmallStep, b.VsLarge, burstLargeStep, b.P999Ratio, b.Fetches, b.Waits, b.Depth))
 	}
 	if o := rep.Ordered; o != nil {
 		l := fmt.Sprintf("ordered tag, %d workers (one owner allocates, the others forward): %.3f× baseline; plain tag %.3f× baseline; ordered over plain %.3f×, p50 %+.0fµs (forwarding)",
