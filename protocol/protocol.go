@@ -80,12 +80,14 @@ const (
 	// the owner of their ordered tag; its value names the forwarding
 	// worker.
 	ForwardedHeader = "Id-Forwarded"
-	// DirectHeader, on a reply of the owner of an ordered tag to a request
-	// that did not come on its direct subject, is that subject
-	// (DirectSubject): the client may send the tag's next requests there,
-	// to the owner, instead of to <prefix>.segment.<tag>, where they would
-	// reach the owner only after a hop through another worker. A reply to
-	// a request on the direct subject does not carry it.
+	// DirectHeader, on a request with any value, asks the owner of an
+	// ordered tag to name its direct subject (DirectSubject) in the reply's
+	// header of the same name: the client may send the tag's next requests
+	// there, to the owner, instead of to <prefix>.segment.<tag>, where they
+	// would reach the owner only after a hop through another worker. A
+	// reply to a request on the direct subject, or for a plain tag, does
+	// not carry it; nor does one to a request without it, so that clients
+	// that do not follow it pay nothing for it.
 	DirectHeader = "Id-Direct"
 	// ErrorCodeHeader and ErrorHeader carry a failure's code and
 	// description: the headers of NATS micro services.
