@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -114,6 +115,21 @@ func WithoutRetries() Option {
 	}
 }
 
+// WithoutDirect makes the client send every request for a tag to
+// <prefix>.segment.<tag>, ignoring protocol.DirectHeader. By default a
+// reply of the owner of an ordered tag names the owner's direct subject
+// (protocol.DirectSubject), and the client sends the tag's next requests
+// there: to the owner, without the hop through another worker. A requester
+// needs permission to publish to <prefix>.direct.<tag>.* for that; without
+// it the first request to the direct subject waits an AttemptTimeout, and
+// the client then keeps to <prefix>.segment.<tag> for that tag.
+func WithoutDirect() Option {
+	return func(c *Client) error {
+		c.noDirect = true
+		return nil
+	}
+}
+
 // AttemptTimeout bounds one attempt of a request that is retried: longer
 // than any reply of a worker takes (it answers 503 after at most its
 // MaxWait, or 2 s for an ordered tag whose owner moves), shorter than the
@@ -152,20 +168,38 @@ type Client struct {
 	timeout  time.Duration
 	prefetch int
 	noRetry  bool
+	noDirect bool
 
 	ctx    context.Context // background refills; canceled by Close
 	cancel context.CancelFunc
 
 	mu    sync.Mutex // protects pools
 	pools map[string]*pool
+
+	directMu sync.RWMutex // protects direct and directOff
+	// direct is, per ordered tag, its owner's direct subject, from the
+	// last reply's protocol.DirectHeader.
+	direct map[string]string
+	// directOff is, per tag, until when its direct subject is not used:
+	// one failed by timeout (a worker gone without a word, or a
+	// permissions violation, then for good).
+	directOff map[string]time.Time
 }
+
+// directWanted is the value of protocol.DirectHeader on a request: any.
+var directWanted = []string{"1"}
+
+// directHoldoff is how long a tag's direct subjects are not used after one
+// of them timed out.
+const directHoldoff = time.Minute
 
 // New returns a Client that sends requests on nc.
 func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if nc == nil {
 		return nil, errors.New("client: nil connection")
 	}
-	c := &Client{nc: nc, prefix: protocol.DefaultPrefix, timeout: 5 * time.Second, pools: map[string]*pool{}}
+	c := &Client{nc: nc, prefix: protocol.DefaultPrefix, timeout: 5 * time.Second, pools: map[string]*pool{},
+		direct: map[string]string{}, directOff: map[string]time.Time{}}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -195,7 +229,7 @@ func (c *Client) Segment(ctx context.Context, tag string) (int64, error) {
 	if c.prefetch > 0 {
 		return c.pool(tag).take(ctx)
 	}
-	ids, err := c.request(ctx, protocol.SegmentSubject(c.prefix, tag), 1, false, minSegment)
+	ids, err := c.request(ctx, tag, 1, false, minSegment)
 	if err != nil {
 		return 0, err
 	}
@@ -208,12 +242,12 @@ func (c *Client) SegmentN(ctx context.Context, tag string, n int) ([]int64, erro
 	if err := checkTag(tag); err != nil {
 		return nil, err
 	}
-	return c.request(ctx, protocol.SegmentSubject(c.prefix, tag), n, true, minSegment)
+	return c.request(ctx, tag, n, true, minSegment)
 }
 
 // Snowflake returns one snowflake ID.
 func (c *Client) Snowflake(ctx context.Context) (int64, error) {
-	ids, err := c.request(ctx, protocol.SnowflakeSubject(c.prefix), 1, false, minSnowflake)
+	ids, err := c.request(ctx, "", 1, false, minSnowflake)
 	if err != nil {
 		return 0, err
 	}
@@ -222,7 +256,7 @@ func (c *Client) Snowflake(ctx context.Context) (int64, error) {
 
 // SnowflakeN returns n snowflake IDs, in increasing order.
 func (c *Client) SnowflakeN(ctx context.Context, n int) ([]int64, error) {
-	return c.request(ctx, protocol.SnowflakeSubject(c.prefix), n, true, minSnowflake)
+	return c.request(ctx, "", n, true, minSnowflake)
 }
 
 // The smallest IDs of the protocol.
@@ -231,10 +265,11 @@ const (
 	minSnowflake = protocol.MinSnowflakeID
 )
 
-// request asks subject for n IDs, each at least lowest, and returns them;
-// ranges asks for the compact "first-last" reply format.
-func (c *Client) request(ctx context.Context, subject string, n int, ranges bool, lowest int64) ([]int64, error) {
-	runs, err := c.requestRuns(ctx, subject, n, ranges, lowest)
+// request asks for n IDs of tag (snowflake IDs if tag is empty), each at
+// least lowest, and returns them; ranges asks for the compact "first-last"
+// reply format.
+func (c *Client) request(ctx context.Context, tag string, n int, ranges bool, lowest int64) ([]int64, error) {
+	runs, err := c.requestRuns(ctx, tag, n, ranges, lowest)
 	if err != nil {
 		return nil, err
 	}
@@ -253,9 +288,9 @@ func (c *Client) request(ctx context.Context, subject string, n int, ranges bool
 // maxCount is the largest count a request can carry.
 const maxCount = protocol.MaxCount
 
-// requestRuns asks subject for n IDs, each at least lowest, and returns them
-// as runs.
-func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges bool, lowest int64) ([]protocol.Run, error) {
+// requestRuns asks for n IDs of tag (snowflake IDs if tag is empty), each
+// at least lowest, and returns them as runs.
+func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool, lowest int64) ([]protocol.Run, error) {
 	if n < 1 || n > maxCount {
 		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
 	}
@@ -263,6 +298,10 @@ func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges 
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
+	}
+	subject := protocol.SnowflakeSubject(c.prefix)
+	if tag != "" {
+		subject = protocol.SegmentSubject(c.prefix, tag)
 	}
 	msg := nats.NewMsg(subject)
 	if n > 1 {
@@ -273,26 +312,42 @@ func (c *Client) requestRuns(ctx context.Context, subject string, n int, ranges 
 		format = protocol.FormatRange
 		msg.Header.Set(protocol.FormatHeader, format.String())
 	}
-	resp, err := c.send(ctx, msg)
+	if tag != "" && !c.noDirect {
+		msg.Header[protocol.DirectHeader] = directWanted // the owner names its direct subject
+	}
+	resp, err := c.send(ctx, msg, tag)
 	if err != nil {
 		return nil, err
 	}
 	runs, err := protocol.ParseIDs(resp.Data, n, format, lowest)
 	if err != nil {
-		return nil, fmt.Errorf("%w from %s: %w", ErrBadReply, subject, err)
+		return nil, fmt.Errorf("%w from %s: %w", ErrBadReply, msg.Subject, err)
+	}
+	if tag != "" {
+		c.learnDirect(tag, resp)
 	}
 	return runs, nil
 }
 
 // send sends msg and returns the reply with IDs, retrying what is safe to
 // retry (see WithoutRetries) until ctx ends. An error reply is returned
-// as *Error.
-func (c *Client) send(ctx context.Context, msg *nats.Msg) (*nats.Msg, error) {
+// as *Error. A request for tag (empty for snowflake IDs) goes to the
+// tag's direct subject if the client knows one; if that fails with
+// CodeMisdirected, no responders or a timeout (the owner moved, or is
+// gone), the client forgets it and sends the request to msg.Subject at
+// once, retries or not: a request lost on the way is a gap, never a
+// duplicate.
+func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg, error) {
 	backoff := retryMin
 	var last error
+	segment := msg.Subject
+	direct := false
+	if tag != "" {
+		msg.Subject, direct = c.directSubject(tag, segment)
+	}
 	for {
 		actx, cancel := ctx, context.CancelFunc(func() {})
-		if !c.noRetry {
+		if !c.noRetry || direct {
 			actx, cancel = context.WithTimeout(ctx, AttemptTimeout)
 		}
 		resp, err := c.nc.RequestMsgWithContext(actx, msg)
@@ -304,6 +359,18 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg) (*nats.Msg, error) {
 			err = &Error{Code: resp.Header.Get(protocol.ErrorCodeHeader), Description: resp.Header.Get(protocol.ErrorHeader)}
 		default:
 			err = fmt.Errorf("client: %s: %w", msg.Subject, err)
+		}
+		if direct && ctx.Err() == nil {
+			var e *Error
+			moved := errors.As(err, &e) && e.Code == protocol.CodeMisdirected
+			timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+			if moved || timedOut || retryable(err) {
+				c.forgetDirect(tag, msg.Subject, timedOut)
+				msg.Subject, direct = segment, false
+				if moved || timedOut || errors.Is(err, nats.ErrNoResponders) {
+					continue // the owner moved or went: ask the queue group now
+				}
+			}
 		}
 		if ctx.Err() != nil && last != nil && errors.Is(err, ctx.Err()) {
 			err = last // the deadline cut a retry short: say why it was retried
@@ -319,6 +386,60 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg) (*nats.Msg, error) {
 		}
 		backoff = min(2*backoff, retryMax)
 	}
+}
+
+// directSubject returns where tag's request goes: its owner's direct
+// subject, if known and not held off, and true; else segment and false.
+func (c *Client) directSubject(tag, segment string) (string, bool) {
+	if c.noDirect {
+		return segment, false
+	}
+	c.directMu.RLock()
+	d, ok := c.direct[tag]
+	c.directMu.RUnlock()
+	if !ok {
+		return segment, false
+	}
+	return d, true
+}
+
+// learnDirect remembers the direct subject a reply for tag names, if it
+// is one of tag's (protocol.CheckDirect: a reply is untrusted) and tag's
+// direct subjects are not held off.
+func (c *Client) learnDirect(tag string, resp *nats.Msg) {
+	d := resp.Header.Get(protocol.DirectHeader)
+	if d == "" || c.noDirect || protocol.CheckDirect(d, c.prefix, tag) != nil {
+		return
+	}
+	c.directMu.RLock()
+	cur, off := c.direct[tag], c.directOff[tag]
+	c.directMu.RUnlock()
+	if cur == d || !off.IsZero() && time.Now().Before(off) {
+		return
+	}
+	c.directMu.Lock()
+	c.direct[tag] = d
+	delete(c.directOff, tag)
+	c.directMu.Unlock()
+}
+
+// forgetDirect drops tag's direct subject d, which failed; timedOut holds
+// tag's direct subjects off for directHoldoff, or for good if the
+// connection's last error is a permissions violation naming d.
+func (c *Client) forgetDirect(tag, d string, timedOut bool) {
+	c.directMu.Lock()
+	defer c.directMu.Unlock()
+	if c.direct[tag] == d {
+		delete(c.direct, tag)
+	}
+	if !timedOut {
+		return
+	}
+	until := time.Now().Add(directHoldoff)
+	if err := c.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+d+`"`) {
+		until = time.Now().Add(100 * 365 * 24 * time.Hour) // for good
+	}
+	c.directOff[tag] = until
 }
 
 // retryable reports whether a request that failed with err may be sent
@@ -401,7 +522,7 @@ func (p *pool) refillLocked() {
 	}
 	p.filling = true
 	go func() {
-		runs, err := p.c.requestRuns(p.c.ctx, protocol.SegmentSubject(p.c.prefix, p.tag), p.c.prefetch, true, minSegment)
+		runs, err := p.c.requestRuns(p.c.ctx, p.tag, p.c.prefetch, true, minSegment)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.filling = false

@@ -69,6 +69,13 @@ type Config struct {
 	// (OwnerSubject.<tag>); it must be the subject its Owners records.
 	// Required with Owners.
 	OwnerSubject string
+	// OwnerID, if set with Owners, names this worker in its direct
+	// subject: it takes the requests for the ordered tags it owns on
+	// protocol.DirectSubject(Prefix, <tag>, OwnerID) too, and its replies
+	// to requests for them that came another way carry that subject in
+	// protocol.DirectHeader. One token of [A-Za-z0-9_-], unique among the
+	// workers of Prefix. Empty: no direct subject.
+	OwnerID string
 	// PeerCheck, if positive, is how long New waits for the running
 	// dispenser workers to describe themselves before it serves: it
 	// refuses (ErrPeerMismatch) to join a queue group whose workers use
@@ -122,6 +129,9 @@ func (cfg *Config) validate() error {
 	}
 	if cfg.Owners != nil && (cfg.OwnerSubject == "" || !validSubjectPrefix(cfg.OwnerSubject)) {
 		return fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
+	}
+	if cfg.OwnerID != "" && (cfg.Owners == nil || !protocol.ValidTag(cfg.OwnerID)) {
+		return fmt.Errorf("dispenser: OwnerID %q: want a token of %s, with Owners", cfg.OwnerID, protocol.TagRule)
 	}
 	return nil
 }

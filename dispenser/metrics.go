@@ -185,13 +185,14 @@ var (
 	ordHandovers = prometheus.NewDesc("dispenser_ordered_handovers_total", "Claims that took an ordered tag over from another worker.", nil, nil)
 	ordLosses    = prometheus.NewDesc("dispenser_ordered_losses_total", "Ordered tags this worker lost to another (not released).", nil, nil)
 	ordForwarded = prometheus.NewDesc("dispenser_ordered_forwarded_total", "Requests forwarded to the owner of their ordered tag.", nil, nil)
+	ordDirect    = prometheus.NewDesc("dispenser_ordered_direct_total", "Requests on this worker's direct subject, by outcome: served as the owner of their ordered tag, or misdirected (421: not the owner).", []string{"outcome"}, nil)
 )
 
 // ownersCollector exports the ownership of ordered tags at scrape time.
 type ownersCollector struct{ s *Service }
 
 func (c ownersCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{ordOwned, ordClaims, ordHandovers, ordLosses, ordForwarded} {
+	for _, d := range []*prometheus.Desc{ordOwned, ordClaims, ordHandovers, ordLosses, ordForwarded, ordDirect} {
 		ch <- d
 	}
 }
@@ -207,6 +208,8 @@ func (c ownersCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(ordHandovers, prometheus.CounterValue, float64(st.Handovers))
 	ch <- prometheus.MustNewConstMetric(ordLosses, prometheus.CounterValue, float64(st.Losses))
 	ch <- prometheus.MustNewConstMetric(ordForwarded, prometheus.CounterValue, float64(st.Forwarded))
+	ch <- prometheus.MustNewConstMetric(ordDirect, prometheus.CounterValue, float64(st.Direct), "served")
+	ch <- prometheus.MustNewConstMetric(ordDirect, prometheus.CounterValue, float64(st.Misdirected), "misdirected")
 }
 
 func sfDesc(name, help string) *prometheus.Desc {

@@ -80,6 +80,7 @@ func TestCheckLinearizable(t *testing.T) {
 // orderedWorker is a worker that also serves ordered tags.
 type orderedWorker struct {
 	*worker
+	name   string // its OwnerID: the last token of its direct subject
 	owners *ownership.Leases
 	reg    *prometheus.Registry
 }
@@ -133,11 +134,11 @@ func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*ordered
 	}
 	reg := prometheus.NewPedanticRegistry()
 	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(tb, st.ns), Segments: alloc, Logger: quiet,
-		Owners: owners, OwnerSubject: subject, Registerer: reg})
+		Owners: owners, OwnerSubject: subject, OwnerID: name, Registerer: reg})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w := &orderedWorker{worker: &worker{rec: rec, alloc: alloc, svc: svc}, owners: owners, reg: reg}
+	w := &orderedWorker{worker: &worker{rec: rec, alloc: alloc, svc: svc}, name: name, owners: owners, reg: reg}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -30,14 +30,22 @@ type replier struct {
 	tag      string    // metrics label
 	start    time.Time // zero without metrics
 	worker   bool      // the request asked for protocol.WorkerHeader
-	n        int       // IDs asked for, once parsed
-	format   protocol.Format
+	// direct: the request came on this worker's direct subject;
+	// wantDirect: it asked for protocol.DirectHeader.
+	direct, wantDirect bool
+	// owner, if set, is this worker's direct subject for tag, for
+	// protocol.DirectHeader: set on the owner's replies with IDs to
+	// requests that did not come on it.
+	owner  string
+	n      int // IDs asked for, once parsed
+	format protocol.Format
 }
 
 func (s *Service) newReplier(req micro.Request, endpoint string) replier {
 	r := replier{s: s, req: req, reply: req.Reply(), inline: true, endpoint: endpoint}
 	if h := req.Headers(); len(h) > 0 {
 		_, r.worker = h[protocol.WorkerHeader]
+		_, r.wantDirect = h[protocol.DirectHeader]
 	}
 	if s.metrics != nil {
 		r.start = time.Now()
@@ -50,20 +58,42 @@ func (s *Service) newReplier(req micro.Request, endpoint string) replier {
 type replies struct{ s *Service }
 
 func (rs replies) Forwarded(f protocol.Forward, tag string) replier {
-	r := replier{s: rs.s, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, n: f.N, format: f.Format}
+	r := replier{s: rs.s, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format}
 	if rs.s.metrics != nil {
 		r.start = time.Now()
 	}
 	return r
 }
 
+func (rs replies) Direct(msg *nats.Msg, tag string) (replier, error) {
+	r := replier{s: rs.s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true}
+	if rs.s.metrics != nil {
+		r.start = time.Now()
+	}
+	h := micro.Headers(msg.Header)
+	if len(h) > 0 {
+		_, r.worker = h[protocol.WorkerHeader]
+	}
+	var err error
+	r.n, r.format, err = rs.s.parseMsg(h, msg.Data)
+	return r, err
+}
+
 func (rs replies) Admit(reply, subject string) bool { return rs.s.admitReply(reply, subject) }
 
 func (replies) Request(r replier) protocol.Forward {
-	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker}
+	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker, Direct: r.wantDirect}
 }
 
-func (rs replies) IDs(r replier, runs []segment.Run) { rs.s.reply(r, r.format, runs, r.n) }
+// IDs answers r as the owner of its ordered tag: a request that asked for
+// protocol.DirectHeader and did not come on this worker's direct subject
+// learns it.
+func (rs replies) IDs(r replier, runs []segment.Run) {
+	if r.wantDirect && !r.direct && rs.s.cfg.OwnerID != "" {
+		r.owner = protocol.DirectSubject(rs.s.cfg.Prefix, r.tag, rs.s.cfg.OwnerID)
+	}
+	rs.s.reply(r, r.format, runs, r.n)
+}
 
 func (replies) Fail(r replier, err error) { r.fail(err) }
 
@@ -87,19 +117,29 @@ func (r replier) respond(data []byte, ids int) {
 	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
 	var err error
 	switch {
-	case r.worker && r.inline:
-		err = r.req.Respond(data, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.ID()}}))
-	case r.worker:
-		msg := nats.NewMsg(r.reply)
-		msg.Header.Set(protocol.WorkerHeader, r.s.ID())
-		msg.Data = data
-		err = r.s.conn().PublishMsg(msg)
+	case (r.worker || r.owner != "") && r.inline:
+		err = r.req.Respond(data, micro.WithHeaders(r.header()))
+	case r.worker || r.owner != "":
+		err = r.s.conn().PublishMsg(&nats.Msg{Subject: r.reply, Header: nats.Header(r.header()), Data: data})
 	default: // a plain publish: micro's Respond costs a nats.Msg per reply
 		err = r.s.conn().Publish(r.reply, data)
 	}
 	if err != nil {
 		r.s.cfg.Logger.Warn("dispenser: reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", err)
 	}
+}
+
+// header is the header of a reply with IDs that asked for
+// protocol.WorkerHeader or carries protocol.DirectHeader.
+func (r replier) header() micro.Headers {
+	h := make(micro.Headers, 2)
+	if r.worker {
+		h[protocol.WorkerHeader] = []string{r.s.ID()}
+	}
+	if r.owner != "" {
+		h[protocol.DirectHeader] = []string{r.owner}
+	}
+	return h
 }
 
 func (r replier) fail(err error) {
@@ -141,6 +181,8 @@ func (s *Service) classify(err error) (code, desc string) {
 		return protocol.CodeGone, err.Error()
 	case errors.Is(err, segment.ErrClosed):
 		return protocol.CodeUnavailable, segment.ErrClosed.Error()
+	case errors.Is(err, ordered.ErrNotOwner):
+		return protocol.CodeMisdirected, err.Error()
 	case errors.Is(err, ordered.ErrOwnershipMoving):
 		return protocol.CodeUnavailable, err.Error() + "; try again"
 	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:

@@ -28,11 +28,16 @@ func headerValues(h micro.Headers, key string) []string {
 
 // parse reads the count and format of a request.
 func (s *Service) parse(req micro.Request) (int, protocol.Format, error) {
-	format, err := protocol.ParseFormat(headerValues(req.Headers(), protocol.FormatHeader))
+	return s.parseMsg(req.Headers(), req.Data())
+}
+
+// parseMsg reads the count and format of a request's headers and body.
+func (s *Service) parseMsg(h micro.Headers, data []byte) (int, protocol.Format, error) {
+	format, err := protocol.ParseFormat(headerValues(h, protocol.FormatHeader))
 	if err != nil {
 		return 0, 0, err
 	}
-	n, err := protocol.ParseCount(req.Data(), s.cfg.MaxBatch)
+	n, err := protocol.ParseCount(data, s.cfg.MaxBatch)
 	if err != nil {
 		return n, format, err
 	}

@@ -59,6 +59,10 @@ type Service struct {
 	// forwarded counts the requests the ordered tags of every binding
 	// forwarded to an owner.
 	forwarded atomic.Uint64
+	// direct and misdirected count the requests on this worker's direct
+	// subject served as owner and refused (ordered.Stats), over every
+	// binding.
+	direct, misdirected atomic.Uint64
 	// own are the subject prefixes no reply goes to (CheckReply).
 	own []string
 	// noReply and badReply count requests refused for their reply subject
@@ -213,8 +217,8 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 	}
 	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be routed
 		b.ordered, err = ordered.New(ordered.Settings[replier]{Conn: nc, Allocator: cfg.Segments, Owners: cfg.Owners,
-			Subject: cfg.OwnerSubject, Replies: replies{s}, MaxBatch: cfg.MaxBatch, Logger: cfg.Logger,
-			Forwarded: &s.forwarded}, b.id)
+			Subject: cfg.OwnerSubject, Direct: cfg.OwnerID, Prefix: cfg.Prefix, Replies: replies{s}, MaxBatch: cfg.MaxBatch, Logger: cfg.Logger,
+			Forwarded: &s.forwarded, DirectServed: &s.direct, Misdirected: &s.misdirected}, b.id)
 		if err != nil {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("dispenser: %w", err)

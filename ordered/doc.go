@@ -2,6 +2,9 @@
 // linearizably across all workers. Exactly one worker at a time, the tag's
 // owner, hands out its IDs; every other worker forwards the tag's requests
 // to the owner, in batches, and the owner answers each requester directly.
+// The owner's replies name its direct subject (protocol.DirectHeader), on
+// which a client may send the tag's next requests to the owner itself,
+// without the hop through another worker.
 //
 // # Why no ID is handed out out of order
 //
@@ -26,7 +29,21 @@
 //     waited for a segment is checked the same way when the wait ends.
 //     Forwarded requests are served only while Owns holds; otherwise they
 //     fail with ErrOwnershipMoving (503), and the requester retries.
-//  4. A tag made ordered while it was served as plain: workers that have
+//  4. Direct requests are served exactly like forwarded ones: only while
+//     Owns holds, through the same TakeOwned and check after taking. A
+//     worker's direct subject names the worker, not the tag's owner: a
+//     request on it reaching a worker that does not own the tag (it lost
+//     it, never had it, or the tag is not ordered) is refused with
+//     ErrNotOwner (protocol.CodeMisdirected) before anything is taken, and
+//     the requester asks the queue group again. One lost while taking is
+//     routed again, as in 3. So a client that still sends to a former
+//     owner gets no ID from it: every ID still comes from the owner of the
+//     moment, from segments fetched while it owned the tag (1, 2), and a
+//     move costs the client one more round trip, never an ID out of order.
+//     The direct subject is requester input: its reply subject must pass
+//     Admit, its tag token must be valid and its count and format
+//     readable before any of it is used.
+//  5. A tag made ordered while it was served as plain: workers that have
 //     not seen the change yet may serve it as plain for a switch window
 //     (segment.Allocator.SwitchWindow); the owner drops segments made
 //     before the window ended, so everything it serves afterwards is

@@ -22,9 +22,12 @@ type errorReplies struct{ nc *nats.Conn }
 
 func (e errorReplies) Forwarded(f protocol.Forward, tag string) protocol.Forward { return f }
 func (e errorReplies) Admit(string, string) bool                                 { return true }
-func (e errorReplies) Request(f protocol.Forward) protocol.Forward               { return f }
-func (e errorReplies) IDs(protocol.Forward, []segment.Run)                       {}
-func (e errorReplies) Detach(f protocol.Forward) protocol.Forward                { return f }
+func (e errorReplies) Direct(msg *nats.Msg, _ string) (protocol.Forward, error) {
+	return protocol.Forward{Reply: msg.Reply, N: 1}, nil
+}
+func (e errorReplies) Request(f protocol.Forward) protocol.Forward { return f }
+func (e errorReplies) IDs(protocol.Forward, []segment.Run)         {}
+func (e errorReplies) Detach(f protocol.Forward) protocol.Forward  { return f }
 func (e errorReplies) Fail(f protocol.Forward, err error) {
 	msg := nats.NewMsg(f.Reply)
 	msg.Header.Set(protocol.ErrorCodeHeader, protocol.CodeUnavailable)

@@ -1,6 +1,7 @@
 package ordered
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,11 +19,19 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 )
 
-// ErrOwnershipMoving means no worker could be found to own an ordered tag
-// within the wait (the owner died, paused past its lease, or is handing the
-// tag over), or a forwarded request reached a worker that no longer owns
-// it: try again.
-var ErrOwnershipMoving = errors.New("dispenser: ordered tag's owner is changing")
+// Errors of package ordered.
+var (
+	// ErrOwnershipMoving means no worker could be found to own an ordered
+	// tag within the wait (the owner died, paused past its lease, or is
+	// handing the tag over), or a forwarded request reached a worker that
+	// no longer owns it: try again.
+	ErrOwnershipMoving = errors.New("dispenser: ordered tag's owner is changing")
+	// ErrNotOwner means a request on this worker's direct subject is for a
+	// tag this worker does not own (any more, or the tag is not ordered):
+	// nothing was taken; the requester sends it to the queue group's
+	// subject instead (protocol.CodeMisdirected).
+	ErrNotOwner = errors.New("dispenser: this worker does not own the tag; ask <prefix>.segment.<tag>")
+)
 
 // Allocator is what Tags needs of the segment allocator;
 // *segment.Allocator implements it.
@@ -84,6 +93,10 @@ type Replies[R any] interface {
 	// Forwarded returns the record of a request for tag that another
 	// worker forwarded to this one.
 	Forwarded(f protocol.Forward, tag string) R
+	// Direct returns the record of a request for tag a requester sent to
+	// this worker's direct subject, and its count and format's error, if
+	// any (the record is then good for Fail only).
+	Direct(msg *nats.Msg, tag string) (R, error)
 	// Admit reports whether reply may be answered at all (the service's
 	// reply-subject rule); a refused request gets no answer. subject is
 	// where it came from, for the log.
@@ -102,6 +115,13 @@ type Settings[R any] struct {
 	// (Subject.<tag>); it must be the subject its Owners records.
 	// Required.
 	Subject string
+	// Direct, if set, is where this worker takes requests for the ordered
+	// tags it owns from requesters directly: Direct names this worker,
+	// which subscribes to protocol.DirectSubject(Prefix, "*", Direct).
+	// Empty: no direct subject.
+	Direct string
+	// Prefix is the service's subject prefix; required with Direct.
+	Prefix string
 	// Replies makes the Replies of forwarded requests. Required.
 	Replies Replies[R]
 	// MaxBatch is the most IDs a forwarded request may ask for. Required.
@@ -115,6 +135,10 @@ type Settings[R any] struct {
 	// a counter of the Tags' own. Tags that replace one another on a new
 	// connection share one.
 	Forwarded *atomic.Uint64
+	// DirectServed and Misdirected count the requests on the direct
+	// subject served as owner, and refused with ErrNotOwner (Stats); nil:
+	// counters of the Tags' own, as for Forwarded.
+	DirectServed, Misdirected *atomic.Uint64
 }
 
 // ownerQueue is the queue group of the subscription to forwarded requests.
@@ -127,12 +151,19 @@ const defaultWait = 2 * time.Second
 // Tags serves the ordered tags of one worker. It is safe for concurrent
 // use.
 type Tags[R any] struct {
-	cfg       Settings[R]
-	id        string             // names this worker in ForwardedHeader
-	sub       *nats.Subscription // Subject.*
-	fwd       forwarder
-	forwarded *atomic.Uint64 // requests forwarded to an owner: Settings.Forwarded
-	parked    sync.WaitGroup // requests waiting, and the forwarder
+	cfg    Settings[R]
+	id     string             // names this worker in ForwardedHeader
+	sub    *nats.Subscription // Subject.*
+	direct *nats.Subscription // protocol.DirectSubject(Prefix, "*", Direct); nil without Direct
+	// directPrefix is "<Prefix>.direct.", the subject before a tag.
+	directPrefix string
+	fwd          forwarder
+	forwarded    *atomic.Uint64 // requests forwarded to an owner: Settings.Forwarded
+	// directServed and misdirected count the requests on the direct
+	// subject served as owner, and refused with ErrNotOwner:
+	// Settings.DirectServed and Misdirected.
+	directServed, misdirected *atomic.Uint64
+	parked                    sync.WaitGroup // requests waiting, and the forwarder
 }
 
 // New validates s, subscribes to the forwarded requests and starts the
@@ -145,6 +176,8 @@ func New[R any](s Settings[R], id string) (*Tags[R], error) {
 		return nil, errors.New("ordered: Settings.Subject is required")
 	case s.MaxBatch < 1:
 		return nil, fmt.Errorf("ordered: MaxBatch %d: want at least 1", s.MaxBatch)
+	case s.Direct != "" && (!protocol.ValidTag(s.Direct) || s.Prefix == ""):
+		return nil, fmt.Errorf("ordered: Direct %q: want a token of %s, and a Prefix", s.Direct, protocol.TagRule)
 	}
 	if s.Wait <= 0 {
 		s.Wait = max(s.Allocator.MaxWait(), defaultWait)
@@ -156,6 +189,7 @@ func New[R any](s Settings[R], id string) (*Tags[R], error) {
 	if t.forwarded == nil {
 		t.forwarded = new(atomic.Uint64)
 	}
+	t.directServed, t.misdirected = cmp.Or(s.DirectServed, new(atomic.Uint64)), cmp.Or(s.Misdirected, new(atomic.Uint64))
 	t.fwd.ch = make(chan forwardItem, forwardBacklog)
 	t.fwd.stop = make(chan struct{})
 	var err error
@@ -165,17 +199,34 @@ func New[R any](s Settings[R], id string) (*Tags[R], error) {
 	if t.sub, err = s.Conn.QueueSubscribe(s.Subject+".*", ownerQueue, t.handleForwarded); err != nil {
 		return nil, fmt.Errorf("ordered: subscribing to %s.*: %w", s.Subject, err)
 	}
+	if s.Direct != "" {
+		// A queue group too, for the same reason: during a move, a direct
+		// request reaches one of the worker's two connections.
+		t.directPrefix = protocol.DirectPrefix(s.Prefix)
+		subject := protocol.DirectSubject(s.Prefix, "*", s.Direct)
+		if t.direct, err = s.Conn.QueueSubscribe(subject, ownerQueue, t.handleDirect); err != nil {
+			_ = t.sub.Unsubscribe()
+			return nil, fmt.Errorf("ordered: subscribing to %s: %w", subject, err)
+		}
+	}
 	t.parked.Add(1)
 	go t.runForwarder()
 	return t, nil
 }
 
-// Drain stops taking forwarded requests; those received are still served.
+// Drain stops taking forwarded and direct requests; those received are
+// still served.
 func (t *Tags[R]) Drain() error {
-	if err := t.sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		return fmt.Errorf("ordered: draining forwarded requests: %w", err)
+	var errs []error
+	for _, sub := range []*nats.Subscription{t.sub, t.direct} {
+		if sub == nil {
+			continue
+		}
+		if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			errs = append(errs, fmt.Errorf("ordered: draining %s: %w", sub.Subject, err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Leave makes the forwarder send what it holds and stop; call it once no
@@ -199,11 +250,16 @@ func (t *Tags[R]) Wait(ctx context.Context) error {
 type Stats struct {
 	ownership.Stats
 	Forwarded uint64 `json:"forwarded"`
+	// Direct and Misdirected count the requests on this worker's direct
+	// subject served as owner, and refused because this worker did not own
+	// their tag.
+	Direct      uint64 `json:"direct"`
+	Misdirected uint64 `json:"misdirected"`
 }
 
 // Stats returns the ownership's stats and the requests forwarded.
 func (t *Tags[R]) Stats() Stats {
-	return Stats{t.cfg.Owners.Stats(), t.forwarded.Load()}
+	return Stats{t.cfg.Owners.Stats(), t.forwarded.Load(), t.directServed.Load(), t.misdirected.Load()}
 }
 
 // Serve serves a request for an ordered tag, on the handler's goroutine:
@@ -347,5 +403,32 @@ func (t *Tags[R]) handleForwarded(msg *nats.Msg) {
 		default:
 			t.takeOwned(r, tag)
 		}
+	}
+}
+
+// handleDirect serves requests a requester sent to this worker's direct
+// subject, <Prefix>.direct.<tag>.<Direct>: like a forwarded request, only
+// as the tag's owner. The request is input from a requester, not from a
+// worker: its reply subject must pass Admit, its subject must name a valid
+// tag and its count and format must be readable, or it gets no ID; a tag
+// this worker does not own is refused with ErrNotOwner, nothing taken.
+func (t *Tags[R]) handleDirect(msg *nats.Msg) {
+	if !t.cfg.Replies.Admit(msg.Reply, msg.Subject) {
+		return
+	}
+	// The subscription's subject: <directPrefix><one token>.<Direct>.
+	tag := strings.TrimSuffix(strings.TrimPrefix(msg.Subject, t.directPrefix), "."+t.cfg.Direct)
+	r, err := t.cfg.Replies.Direct(msg, tag)
+	switch {
+	case !segment.ValidTag(tag):
+		t.cfg.Replies.Fail(r, fmt.Errorf("%w %q", protocol.ErrBadSubject, msg.Subject))
+	case err != nil:
+		t.cfg.Replies.Fail(r, err)
+	case !t.cfg.Owners.Owns(tag):
+		t.misdirected.Add(1)
+		t.cfg.Replies.Fail(r, fmt.Errorf("%w: %q", ErrNotOwner, tag))
+	default:
+		t.directServed.Add(1)
+		t.takeOwned(r, tag)
 	}
 }

@@ -15,6 +15,8 @@
 //	<prefix>.segment.<tag>    IDs of the tag's sequence (SegmentSubject)
 //	<prefix>.snowflake        snowflake IDs (SnowflakeSubject)
 //	<prefix>.snowflake.decode a snowflake ID's parts, as JSON
+//	<prefix>.direct.<tag>.<owner>  IDs of an ordered tag, from its owner
+//	                          (DirectSubject; see Direct requests)
 //
 // The body is the count: empty for one ID, otherwise a decimal number from
 // 1 to the service's batch limit, optionally surrounded by ASCII white space
@@ -22,8 +24,8 @@
 // is always one subject token (ValidTag).
 //
 // Headers a request may carry: FormatHeader ("list", the default, or
-// "range") and WorkerHeader (any value: the reply names the worker that
-// answered it).
+// "range"), WorkerHeader (any value: the reply names the worker that
+// answered it) and DirectHeader (any value: see Direct requests).
 //
 // # Replies
 //
@@ -36,11 +38,31 @@
 // ErrorCodeHeader and ErrorHeader: code 400 (CodeBadRequest) for a request
 // the service cannot read, 404 (CodeNotFound) for an unknown tag, 410
 // (CodeGone) for a tag whose IDs would pass 2^63-1, 503 (CodeUnavailable)
-// for "try again", 500 (CodeInternal) for anything else.
+// for "try again", 500 (CodeInternal) for anything else, and 421
+// (CodeMisdirected) for a request on a direct subject whose worker does
+// not own the tag.
 //
 // A request whose reply subject is refused (CheckReply) gets no reply at
 // all: a reply subject is chosen freely by the requester, and a worker never
 // publishes where the requester could not.
+//
+// # Direct requests
+//
+// The owner of an ordered tag answers the requests for the tag that reach
+// it on <prefix>.segment.<tag> (itself, or forwarded by another worker)
+// and carry DirectHeader (any value) with the reply header
+// DirectHeader, "Id-Direct: <prefix>.direct.<tag>.<owner>" (owner is
+// one token of [A-Za-z0-9_-] naming the worker): where it takes the tag's
+// requests itself. A client may send the tag's next requests there, with
+// the same body and headers; the reply is the same, without DirectHeader.
+// A client must check the value is the direct subject of the tag it asked
+// for under its prefix (CheckDirect): a reply is untrusted. When that
+// worker does not own the tag (any more), it answers 421 (CodeMisdirected)
+// and takes nothing; on 421, no responders or a timeout, the client
+// forgets the direct subject and sends the request to
+// <prefix>.segment.<tag> at once. The direct subject is requester input
+// like any other: its reply subject, count and headers are checked the
+// same way. Requests without DirectHeader get replies as before.
 //
 // # Forwarded requests
 //

@@ -7,14 +7,17 @@ import (
 )
 
 // Forward is one request a worker forwards to the owner of its ordered
-// tag: a line "<reply subject> <count> <format> <worker>" of the forwarded
+// tag: a line "<reply subject> <count> <format> <flags>" of the forwarded
 // message, whose subject ends with the tag. The owner answers the
-// requester at Reply directly.
+// requester at Reply directly. flags is a decimal digit: 1 if the
+// requester asked for WorkerHeader, plus 2 if it asked for DirectHeader
+// (a worker that knows only the 1 reads any other value as no header).
 type Forward struct {
 	Reply  string
 	N      int
 	Format Format
 	Worker bool // the requester asked for WorkerHeader
+	Direct bool // the requester asked for DirectHeader
 }
 
 // AppendForward appends f as one line, newline included.
@@ -24,10 +27,14 @@ func AppendForward(dst []byte, f Forward) []byte {
 	dst = strconv.AppendInt(dst, int64(f.N), 10)
 	dst = append(dst, ' ')
 	dst = append(dst, f.Format.String()...)
+	flags := byte('0')
 	if f.Worker {
-		return append(dst, " 1\n"...)
+		flags++
 	}
-	return append(dst, " 0\n"...)
+	if f.Direct {
+		flags += 2
+	}
+	return append(dst, ' ', flags, '\n')
 }
 
 // ParseForward reads one line (without its newline) of a forwarded
@@ -43,7 +50,11 @@ func ParseForward(line string) (Forward, error) {
 			return Forward{}, fmt.Errorf("%w: forwarded line %q", ErrBadCount, truncate(line, 200))
 		}
 	}
-	fw := Forward{Reply: f[0], Worker: f[3] == "1"}
+	fw := Forward{Reply: f[0]}
+	if len(f[3]) == 1 && '0' <= f[3][0] && f[3][0] <= '3' {
+		flags := f[3][0] - '0'
+		fw.Worker, fw.Direct = flags&1 != 0, flags&2 != 0
+	}
 	var err error
 	if fw.N, err = strconv.Atoi(f[1]); err != nil {
 		return fw, fmt.Errorf("%w %q", ErrBadCount, truncate(f[1], 32))

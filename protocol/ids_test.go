@@ -102,6 +102,8 @@ func TestForwardRoundTrip(t *testing.T) {
 	}{
 		{"list", Forward{Reply: "_INBOX.a", N: 1, Format: FormatList}, "_INBOX.a 1 list 0\n"},
 		{"range with worker", Forward{Reply: "_INBOX.b.c", N: 1000, Format: FormatRange, Worker: true}, "_INBOX.b.c 1000 range 1\n"},
+		{"direct", Forward{Reply: "_INBOX.d", N: 2, Format: FormatList, Direct: true}, "_INBOX.d 2 list 2\n"},
+		{"direct with worker", Forward{Reply: "_INBOX.d", N: 2, Format: FormatList, Worker: true, Direct: true}, "_INBOX.d 2 list 3\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -22,6 +22,9 @@ var (
 	// ErrBadReply means a request's reply subject is one a worker never
 	// publishes to (CheckReply).
 	ErrBadReply = errors.New("protocol: refused reply subject")
+	// ErrBadDirect means a reply's DirectHeader is not the direct subject
+	// of the tag asked for (CheckDirect).
+	ErrBadDirect = errors.New("protocol: bad direct subject")
 	// ErrBadIDs means a reply's body is not exactly the IDs asked for, well
 	// formed (ParseIDs).
 	ErrBadIDs = errors.New("protocol: bad IDs")
@@ -33,6 +36,35 @@ const DefaultPrefix = "id"
 
 // SegmentSubject is the subject of requests for IDs of tag.
 func SegmentSubject(prefix, tag string) string { return prefix + ".segment." + tag }
+
+// DirectSubject is where the owner of an ordered tag, named owner (a token
+// of its own, DirectHeader), takes the tag's requests directly:
+// <prefix>.direct.<tag>.<owner>. The tag is a token of its own, so that
+// permissions per tag (<prefix>.direct.<tag>.*) still bound a requester to
+// its tags; it is outside <prefix>.segment.> (the queue group's endpoint)
+// and <prefix>.owner.> (the workers' forwarded requests, which are trusted).
+func DirectSubject(prefix, tag, owner string) string {
+	return DirectPrefix(prefix) + tag + "." + owner
+}
+
+// DirectPrefix is the direct subjects' part before the tag:
+// "<prefix>.direct.".
+func DirectPrefix(prefix string) string { return prefix + ".direct." }
+
+// CheckDirect checks a DirectHeader value of a reply to a request for tag:
+// it must be DirectSubject(prefix, tag, owner) for an owner that is a valid
+// token (ValidTag's rule). A reply is untrusted input: a client sends
+// nothing to a subject that fails.
+func CheckDirect(subject, prefix, tag string) error {
+	rest, ok := strings.CutPrefix(subject, DirectPrefix(prefix))
+	if ok {
+		rest, ok = strings.CutPrefix(rest, tag+".")
+	}
+	if !ok || !ValidTag(rest) {
+		return fmt.Errorf("%w %q: want %s", ErrBadDirect, truncate(subject, 200), DirectSubject(prefix, tag, "<owner>"))
+	}
+	return nil
+}
 
 // SnowflakeSubject is the subject of requests for snowflake IDs.
 func SnowflakeSubject(prefix string) string { return prefix + ".snowflake" }
@@ -48,6 +80,15 @@ const (
 	// the owner of their ordered tag; its value names the forwarding
 	// worker.
 	ForwardedHeader = "Id-Forwarded"
+	// DirectHeader, on a request with any value, asks the owner of an
+	// ordered tag to name its direct subject (DirectSubject) in the reply's
+	// header of the same name: the client may send the tag's next requests
+	// there, to the owner, instead of to <prefix>.segment.<tag>, where they
+	// would reach the owner only after a hop through another worker. A
+	// reply to a request on the direct subject, or for a plain tag, does
+	// not carry it; nor does one to a request without it, so that clients
+	// that do not follow it pay nothing for it.
+	DirectHeader = "Id-Direct"
 	// ErrorCodeHeader and ErrorHeader carry a failure's code and
 	// description: the headers of NATS micro services.
 	ErrorCodeHeader = "Nats-Service-Error-Code"
@@ -63,6 +104,11 @@ const (
 	CodeGone        = "410"
 	CodeUnavailable = "503"
 	CodeInternal    = "500"
+	// CodeMisdirected: a request on a direct subject (DirectSubject) reached
+	// a worker that does not own the tag (any more), or the tag is not
+	// ordered; nothing was taken. Send it, at once, to
+	// <prefix>.segment.<tag> instead, and forget the direct subject.
+	CodeMisdirected = "421"
 )
 
 // Format is the reply format of a request.

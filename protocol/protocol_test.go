@@ -218,3 +218,36 @@ func TestCheckReply(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckDirect: a reply's DirectHeader is untrusted: only the direct
+// subject of the tag asked for, under the client's prefix, with one valid
+// owner token, is accepted. Seen failing with CheckDirect accepting any
+// subject under <prefix>.direct.
+func TestCheckDirect(t *testing.T) {
+	tests := []struct {
+		name, subject string
+		wantErr       error
+	}{
+		{"the tag's", DirectSubject("id", "orders", "w1"), nil},
+		{"an owner of every character", DirectSubject("id", "orders", "x_2-Z"), nil},
+		{"another tag's", DirectSubject("id", "payments", "w1"), ErrBadDirect},
+		{"a tag that starts alike", DirectSubject("id", "orders2", "w1"), ErrBadDirect},
+		{"another prefix", DirectSubject("ix", "orders", "w1"), ErrBadDirect},
+		{"no owner", "id.direct.orders.", ErrBadDirect},
+		{"no owner token", "id.direct.orders", ErrBadDirect},
+		{"a wildcard owner", "id.direct.orders.*", ErrBadDirect},
+		{"a full wildcard", "id.direct.orders.>", ErrBadDirect},
+		{"two owner tokens", "id.direct.orders.w1.w2", ErrBadDirect},
+		{"white space", "id.direct.orders.w 1", ErrBadDirect},
+		{"the segment subject", SegmentSubject("id", "orders"), ErrBadDirect},
+		{"the owners' subject", "id.owner.w1.orders", ErrBadDirect},
+		{"an owner too long", DirectSubject("id", "orders", strings.Repeat("w", MaxTagLen+1)), ErrBadDirect},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := CheckDirect(tt.subject, "id", "orders"); !errors.Is(err, tt.wantErr) {
+				t.Fatalf("CheckDirect(%q) = %v, want %v", tt.subject, err, tt.wantErr)
+			}
+		})
+	}
+}

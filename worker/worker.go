@@ -311,7 +311,7 @@ func (w *Worker) start(ctx context.Context) error {
 	if w.alloc, err = segment.New(st); err != nil {
 		return err
 	}
-	ownerSubject, err := w.openOwners(ctx, js)
+	ownerToken, ownerSubject, err := w.openOwners(ctx, js)
 	if err != nil {
 		return err
 	}
@@ -337,6 +337,7 @@ func (w *Worker) start(ctx context.Context) error {
 		Segments:        w.alloc,
 		Owners:          w.owners,
 		OwnerSubject:    ownerSubject,
+		OwnerID:         ownerToken,
 		Snowflake:       sf,
 		Prefix:          cfg.Prefix,
 		QueueGroup:      cfg.QueueGroup,
@@ -369,17 +370,17 @@ func (w *Worker) start(ctx context.Context) error {
 }
 
 // openOwners opens the ownership leases of ordered tags, wired to the
-// allocator by package ordered, and returns the subject on which this
-// worker, as an owner, takes forwarded requests.
-func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (string, error) {
+// allocator by package ordered, and returns the token that names this
+// worker as an owner (in its direct subjects, protocol.DirectSubject) and
+// the subject on which it takes forwarded requests.
+func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (token, subject string, err error) {
 	ownerToken := strings.ToLower(rand.Text()[:16])
 	ownerSubject := w.cfg.Prefix + ".owner." + ownerToken
-	var err error
 	w.owners, err = ordered.OpenLeases(ctx, js, w.alloc, ownership.Settings{
 		Bucket: w.cfg.Owners.Bucket, Replicas: w.cfg.Owners.Replicas, Lease: w.cfg.Owners.Lease,
 		Owner: w.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: w.log,
 	})
-	return ownerSubject, err
+	return ownerToken, ownerSubject, err
 }
 
 // URL returns the URL of the NATS server the worker uses for requests.

@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nkeys"
 
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -181,20 +182,36 @@ func testLeastPrivilege(t *testing.T, store string) {
 	if got := waitForID(t, app, "id.snowflake", logs); got == "" {
 		t.Fatal("snowflake: empty reply")
 	}
-
-	// payments is not in the app's publish permissions: the server refuses
-	// the request, which never reaches a worker.
-	if resp, err := app.Request("id.segment.payments", nil, 2*time.Second); err == nil {
-		t.Fatalf("orders-app got a reply for payments: %q (code %q)", resp.Data, resp.Header.Get(micro.ErrorCodeHeader))
+	// The owner of orders names its direct subject in its replies; the
+	// block lets the app use it for orders, and only for orders.
+	resp, err := app.RequestMsg(&nats.Msg{Subject: "id.segment.orders", Header: nats.Header{protocol.DirectHeader: {"1"}}}, 10*time.Second)
+	if err != nil || string(resp.Data) != "2" {
+		t.Fatalf("orders: %v, %v; want 2", resp, err)
 	}
-	select {
-	case err := <-violations:
-		if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), `"id.segment.payments"`) {
-			t.Errorf("refused request: %v, want a permissions violation for id.segment.payments", err)
+	direct := resp.Header.Get(protocol.DirectHeader)
+	if err := protocol.CheckDirect(direct, "id", "orders"); err != nil {
+		t.Fatalf("the owner's reply: %v", err)
+	}
+	if resp, err := app.Request(direct, nil, 10*time.Second); err != nil || string(resp.Data) != "3" || resp.Header.Get(micro.ErrorCodeHeader) != "" {
+		t.Fatalf("orders on its direct subject %s: %v, %v; want 3", direct, resp, err)
+	}
+	owner := direct[strings.LastIndexByte(direct, '.')+1:]
+	for _, subject := range []string{"id.segment.payments", protocol.DirectSubject("id", "payments", owner)} {
+		// payments is not in the app's publish permissions: the server
+		// refuses the request, which never reaches a worker.
+		if resp, err := app.Request(subject, nil, 2*time.Second); err == nil {
+			t.Fatalf("orders-app got a reply on %s: %q (code %q)", subject, resp.Data, resp.Header.Get(micro.ErrorCodeHeader))
 		}
-	case <-time.After(10 * time.Second):
-		t.Error("refused request: no permissions violation reported")
+		select {
+		case err := <-violations:
+			if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), `"`+subject+`"`) {
+				t.Errorf("refused request: %v, want a permissions violation for %s", err, subject)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("refused request on %s: no permissions violation reported", subject)
+		}
 	}
+
 	if _, err := nats.Connect(base, nats.UserInfo("orders-app", "wrong")); !errors.Is(err, nats.ErrAuthorization) {
 		t.Errorf("connect with a wrong password: %v, want an authorization error", err)
 	}
@@ -259,8 +276,8 @@ func testLeastPrivilege(t *testing.T, store string) {
 			t.Errorf("bucket %s changed by discovery requests with JetStream replies: before %v, after %v (%v)", bucket, b, a, ok)
 		}
 	}
-	if got := waitForID(t, app, "id.segment.orders", logs); got != "2" {
-		t.Errorf("orders after the discovery requests: got %q, want 2", got)
+	if got := waitForID(t, app, "id.segment.orders", logs); got != "4" {
+		t.Errorf("orders after the discovery requests: got %q, want 4", got)
 	}
 
 	if after := tagSteps(mustRun(t, append([]string{"tags", "list"}, storeFlags...)...)); after != tagsBefore {
@@ -282,7 +299,8 @@ func tagSteps(list string) string {
 
 // checkWorkerSubscriptions fails the test if a connection of user dispenser
 // subscribes to anything but the ID endpoints, its subject for forwarded
-// requests, $SRV.PING, INFO and STATS, and inboxes.
+// requests, its direct subject (id.direct.*.<its own ID>), $SRV.PING, INFO
+// and STATS, and inboxes.
 func checkWorkerSubscriptions(t *testing.T, ns *server.Server) {
 	t.Helper()
 	jz, err := ns.Connz(&server.ConnzOptions{Username: true, User: "dispenser-js", Subscriptions: true})
@@ -318,6 +336,8 @@ func checkWorkerSubscriptions(t *testing.T, ns *server.Server) {
 			case tokens[0] == "$SRV" && len(tokens) >= 2 && (tokens[1] == "PING" || tokens[1] == "INFO" || tokens[1] == "STATS"):
 			case len(tokens) == 4 && tokens[0] == "id" && tokens[1] == "owner" && tokens[3] == "*":
 				// ID requests for ordered tags forwarded by other workers
+			case len(tokens) == 4 && tokens[0] == "id" && tokens[1] == "direct" && tokens[2] == "*" && protocol.ValidTag(tokens[3]):
+				// its direct subject: requests for the ordered tags it owns
 			case tokens[0] == "_INBOX":
 			default:
 				t.Errorf("worker connection %q subscribes to %q", c.Name, sub)

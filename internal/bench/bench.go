@@ -343,6 +343,9 @@ func runOrdered(ctx context.Context, c Config, e *env, log *slog.Logger, p *prog
 	if err != nil {
 		return err
 	}
+	// The Go client follows the owner's Id-Direct header: straight to the
+	// owner. The plain NATS client's run ignores it.
+	eps = append(eps, endpoint{"ordered_client", clientPrefix + orderedPrefix + ".segment." + tagOrdered})
 	return run(newGroup("ordered", fmt.Sprintf("%d workers, %d in flight, 1 ID", orderedWorkers, c.Inflight), c.Inflight, 1, "list", eps))
 }
 

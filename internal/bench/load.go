@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/protocol"
 )
 
@@ -122,6 +123,10 @@ const progressPrefix = "progress "
 type target struct {
 	subject string
 	msgs    []*nats.Msg // each slot's request
+	// client and tag, for a subject loaded through the Go client
+	// (clientPrefix): each request is a SegmentN call of its own.
+	client *client.Client
+	tag    string
 
 	mu        sync.Mutex
 	hist      *latencies
@@ -199,6 +204,17 @@ func RunLoad(ctx context.Context, cfg LoadConfig, progress io.Writer) ([]*LoadRe
 	}
 	for _, subj := range cfg.Subjects {
 		t := &target{subject: subj, msgs: make([]*nats.Msg, cfg.Inflight), hist: newLatencies()}
+		if prefix, tag, ok := clientTarget(subj); ok {
+			if cfg.Format != "list" {
+				return nil, fmt.Errorf("load: %s: the Go client's runs are in format list", subj)
+			}
+			if t.client, err = client.New(nc, client.WithPrefix(prefix)); err != nil {
+				return nil, fmt.Errorf("load: %s: %w", subj, err)
+			}
+			t.tag = tag
+		} else if strings.HasPrefix(subj, clientPrefix) {
+			return nil, fmt.Errorf("load: %s: want %s<prefix>.segment.<tag>", subj, clientPrefix)
+		}
 		for i := range t.msgs {
 			m := &nats.Msg{Subject: subj, Reply: l.inbox + "." + strconv.Itoa(i), Data: body}
 			if cfg.Format == "range" {
@@ -330,7 +346,9 @@ send:
 		l.slotTgt[slot].Store(int32(i))
 		l.slotMeas[slot].Store(measured)
 		l.busy[slot].Store(true)
-		if err = l.nc.PublishMsg(t.msgs[slot]); err != nil {
+		if t.client != nil {
+			go l.clientRequest(t, slot)
+		} else if err = l.nc.PublishMsg(t.msgs[slot]); err != nil {
 			l.busy[slot].Store(false)
 			l.free <- slot
 			err = fmt.Errorf("load: publishing: %w", err)
@@ -368,13 +386,60 @@ func (l *loader) onReply(m *nats.Msg) {
 		l.targets[l.cur.Load()].fail(fmt.Errorf("%w: unexpected reply on %s", errBadReply, m.Subject))
 		return
 	}
+	l.reply = l.reply[:0]
+	ids, err := l.check(m)
+	l.finish(now, slot, ids, l.reply, err)
+}
+
+// clientPrefix marks a subject loaded through the Go client (package
+// client, which follows protocol.DirectHeader to an ordered tag's owner):
+// "client:<prefix>.segment.<tag>".
+const clientPrefix = "client:"
+
+// clientTarget returns the client prefix and tag of a subject loaded
+// through the Go client.
+func clientTarget(subject string) (prefix, tag string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, clientPrefix)
+	if !ok {
+		return "", "", false
+	}
+	prefix, tag, ok = strings.Cut(rest, ".segment.")
+	return prefix, tag, ok && prefix != "" && protocol.ValidTag(tag)
+}
+
+// clientRequest sends slot's request through t's Go client and finishes
+// it; it runs on a goroutine of its own, one per request in flight.
+func (l *loader) clientRequest(t *target, slot int32) {
+	var reply []segmentRun
+	ids, err := t.client.SegmentN(context.Background(), t.tag, l.cfg.Batch)
+	now := l.now()
+	if err == nil && l.cfg.Verify {
+		for _, id := range ids {
+			if n := len(reply); n > 0 && reply[n-1].Last+1 == id {
+				reply[n-1].Last = id
+			} else {
+				reply = append(reply, segmentRun{id, id})
+			}
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("%w: %w", errErrorReply, err)
+	}
+	if !l.busy[slot].CompareAndSwap(true, false) {
+		t.fail(fmt.Errorf("%w: slot %d answered twice", errBadReply, slot))
+		return
+	}
+	l.finish(now, int(slot), len(ids), reply, err)
+}
+
+// finish records slot's reply, received at now, holding ids IDs (reply:
+// their runs, with Verify) or failed with err, and frees the slot.
+func (l *loader) finish(now int64, slot, ids int, reply []segmentRun, err error) {
 	t := l.targets[l.slotTgt[slot].Load()]
 	lat := now - l.sent[slot].Load()
 	measured := l.slotMeas[slot].Load()
 	// The first reply of a window starts its clock and is not counted.
 	inWindow := now >= l.winStart.Load() && now < l.winEnd.Load() && !l.winFirst.CompareAndSwap(0, now)
-	l.reply = l.reply[:0]
-	ids, err := l.check(m)
 	t.replies.Add(1)
 	if err != nil {
 		t.fail(err)
@@ -387,7 +452,7 @@ func (l *loader) onReply(m *nats.Msg) {
 			t.ok++
 			t.ids += uint64(ids)
 		}
-		for _, r := range l.reply {
+		for _, r := range reply {
 			t.checked += uint64(r.Last - r.First + 1)
 			if n := len(t.runs); n > 0 && t.runs[n-1].Last+1 == r.First {
 				t.runs[n-1].Last = r.Last

@@ -17,7 +17,9 @@ import (
 // baseline, the ordered tag and the plain tag in turn: first with one
 // worker, the owner alone, then with three, over which the queue group
 // spreads the requests: for the ordered tag the owner allocates and the
-// other two forward to it, in batches, what reaches them; for the plain tag
+// other two forward to it, in batches, what reaches them (the three-worker
+// run loads the ordered tag a second time through the Go client, which
+// follows the owner's Id-Direct header and sends to it directly); for the plain tag
 // each allocates from its own segments. The ordered tag against the baseline with three workers is the
 // target; against the plain tag, and against the owner alone, the cost of
 // forwarding.
@@ -43,6 +45,12 @@ type OrderedResult struct {
 	VsPlain         float64 `json:"vs_plain"`
 	// ForwardP50US is the ordered tag's p50 minus the plain tag's.
 	ForwardP50US float64 `json:"forward_p50_us"`
+	// ClientVsBaseline is the ordered tag's requests/s through the Go
+	// client (which sends to the owner's direct subject, protocol.
+	// DirectHeader) over the baseline's; ClientP50US its p50 minus the
+	// plain NATS client's on the ordered tag. Zero without that run.
+	ClientVsBaseline float64 `json:"client_vs_baseline,omitempty"`
+	ClientP50US      float64 `json:"client_p50_us,omitempty"`
 	// AloneVsBaseline is the ordered tag's requests/s over the baseline's
 	// with the owner alone (mode "ordered_alone"); VsAlone is VsBaseline
 	// over it (each against the baseline of its own load run).
@@ -135,7 +143,7 @@ func ensureOrderedTag(ctx context.Context, store segment.Store, name string, ste
 
 // orderedSummary sums up the ordered runs of runs; nil without them.
 func orderedSummary(runs []*Result) *OrderedResult {
-	var base, ord, plain, aloneBase, alone *Result
+	var base, ord, plain, viaClient, aloneBase, alone *Result
 	for _, r := range runs {
 		if r.Mode == "ordered_alone" {
 			switch r.Endpoint {
@@ -155,6 +163,8 @@ func orderedSummary(runs []*Result) *OrderedResult {
 			ord = r
 		case "plain":
 			plain = r
+		case "ordered_client":
+			viaClient = r
 		}
 	}
 	if base == nil || ord == nil || plain == nil || base.RPS <= 0 || plain.RPS <= 0 {
@@ -167,6 +177,10 @@ func orderedSummary(runs []*Result) *OrderedResult {
 		PlainVsBaseline: round(plain.RPS/base.RPS, 3),
 		VsPlain:         round(ord.RPS/plain.RPS, 3),
 		ForwardP50US:    round(ord.Latency.P50-plain.Latency.P50, 1),
+	}
+	if viaClient != nil && viaClient.RPS > 0 {
+		o.ClientVsBaseline = round(viaClient.RPS/base.RPS, 3)
+		o.ClientP50US = round(viaClient.Latency.P50-ord.Latency.P50, 1)
 	}
 	if aloneBase != nil && alone != nil && aloneBase.RPS > 0 && alone.RPS > 0 {
 		o.AloneVsBaseline = round(alone.RPS/aloneBase.RPS, 3)
