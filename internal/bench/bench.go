@@ -344,8 +344,15 @@ func runOrdered(ctx context.Context, c Config, e *env, log *slog.Logger, p *prog
 		return err
 	}
 	// The Go client follows the owner's Id-Direct header: straight to the
-	// owner. The plain NATS client's run ignores it.
-	eps = append(eps, endpoint{"ordered_client", clientPrefix + orderedPrefix + ".segment." + tagOrdered})
+	// owner. The plain NATS client's run ignores it. The Go client's
+	// baseline is the baseline responder called the same way, through the
+	// Go client (its segment subjects under a prefix of their own).
+	if err := startBaseline(e.baseNC, clientBaselinePrefix+".segment.*"); err != nil {
+		return err
+	}
+	eps = append(eps,
+		endpoint{"baseline_client", clientPrefix + clientBaselinePrefix + ".segment.base"},
+		endpoint{"ordered_client", clientPrefix + orderedPrefix + ".segment." + tagOrdered})
 	return run(newGroup("ordered", fmt.Sprintf("%d workers, %d in flight, 1 ID", orderedWorkers, c.Inflight), c.Inflight, 1, "list", eps))
 }
 

@@ -30,6 +30,9 @@ const (
 	orderedWorkers = 3
 	tagOrdered     = "bench_ordered"
 	tagPlain       = "bench_ordered_plain"
+	// clientBaselinePrefix is the prefix under which the baseline
+	// responder answers the Go client's segment requests.
+	clientBaselinePrefix = "benchbase"
 )
 
 // OrderedResult sums up the ordered run; the runs themselves are in the
@@ -47,8 +50,9 @@ type OrderedResult struct {
 	ForwardP50US float64 `json:"forward_p50_us"`
 	// ClientVsBaseline is the ordered tag's requests/s through the Go
 	// client (which sends to the owner's direct subject, protocol.
-	// DirectHeader) over the baseline's; ClientP50US its p50 minus the
-	// plain NATS client's on the ordered tag. Zero without that run.
+	// DirectHeader) over the baseline responder's through the Go client;
+	// ClientP50US its p50 minus the plain NATS client's on the ordered
+	// tag. Zero without that run.
 	ClientVsBaseline float64 `json:"client_vs_baseline,omitempty"`
 	ClientP50US      float64 `json:"client_p50_us,omitempty"`
 	// AloneVsBaseline is the ordered tag's requests/s over the baseline's
@@ -143,7 +147,7 @@ func ensureOrderedTag(ctx context.Context, store segment.Store, name string, ste
 
 // orderedSummary sums up the ordered runs of runs; nil without them.
 func orderedSummary(runs []*Result) *OrderedResult {
-	var base, ord, plain, viaClient, aloneBase, alone *Result
+	var base, ord, plain, viaClient, baseClient, aloneBase, alone *Result
 	for _, r := range runs {
 		if r.Mode == "ordered_alone" {
 			switch r.Endpoint {
@@ -165,6 +169,8 @@ func orderedSummary(runs []*Result) *OrderedResult {
 			plain = r
 		case "ordered_client":
 			viaClient = r
+		case "baseline_client":
+			baseClient = r
 		}
 	}
 	if base == nil || ord == nil || plain == nil || base.RPS <= 0 || plain.RPS <= 0 {
@@ -178,8 +184,8 @@ func orderedSummary(runs []*Result) *OrderedResult {
 		VsPlain:         round(ord.RPS/plain.RPS, 3),
 		ForwardP50US:    round(ord.Latency.P50-plain.Latency.P50, 1),
 	}
-	if viaClient != nil && viaClient.RPS > 0 {
-		o.ClientVsBaseline = round(viaClient.RPS/base.RPS, 3)
+	if viaClient != nil && baseClient != nil && baseClient.RPS > 0 {
+		o.ClientVsBaseline = round(viaClient.RPS/baseClient.RPS, 3)
 		o.ClientP50US = round(viaClient.Latency.P50-ord.Latency.P50, 1)
 	}
 	if aloneBase != nil && alone != nil && aloneBase.RPS > 0 && alone.RPS > 0 {
