@@ -178,9 +178,11 @@ func TestThreeWorkersNoDuplicates(t *testing.T) {
 	workers := []*worker{
 		// A generous wait: the claim is zero failed requests, and a fetch
 		// on a loaded 2-core machine can take longer than the default.
-		st.worker(t, segment.Settings{MaxStep: 100, MaxWait: 5 * time.Second}),
-		st.worker(t, segment.Settings{MaxStep: 100, MaxWait: 5 * time.Second}),
-		st.worker(t, segment.Settings{MaxStep: 100, MaxWait: 5 * time.Second}),
+		// MaxDepth 1: one step per fetch, a switch every 100 IDs, however
+		// much the clients wait (the multi-step fetch would take fewer).
+		st.worker(t, segment.Settings{MaxStep: 100, MaxDepth: 1, MaxWait: 5 * time.Second}),
+		st.worker(t, segment.Settings{MaxStep: 100, MaxDepth: 1, MaxWait: 5 * time.Second}),
+		st.worker(t, segment.Settings{MaxStep: 100, MaxDepth: 1, MaxWait: 5 * time.Second}),
 	}
 	total := 200_000
 	if testing.Short() {
