@@ -20,7 +20,9 @@ import (
 
 func TestProtocol(t *testing.T) {
 	st := newStack(t, map[string]int64{"orders": 100})
-	st.worker(t, segment.Settings{})
+	// A generous wait: the unknown tag's lookup in the store took longer
+	// than the default 100 ms on a busy machine, and answered 503.
+	st.worker(t, segment.Settings{MaxWait: 10 * time.Second})
 	nc := testenv.Connect(t, st.ns)
 	rangeHdr := nats.Header{protocol.FormatHeader: []string{"range"}}
 

@@ -57,10 +57,11 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("--json output: %v\n%s", err, out.String())
 	}
 	// 3 endpoints × (pipelined, sequential, range, list) + 4 step runs
-	// + 2 × 3 ordered (baseline, ordered, plain; one worker, three) + 2 × 3
+	// + 2 burst runs + 3 + 5 ordered (baseline, ordered, plain; one worker,
+	// then three, also through the Go client: baseline and ordered) + 2 × 3
 	// tags_refresh.
-	if len(rep.Runs) != 28 {
-		t.Errorf("%d runs, want 28", len(rep.Runs))
+	if len(rep.Runs) != 32 {
+		t.Errorf("%d runs, want 32", len(rep.Runs))
 	}
 	for _, r := range rep.Runs {
 		if r.Requests == 0 || r.Checked == 0 {
@@ -73,8 +74,11 @@ func TestBenchSmoke(t *testing.T) {
 	if rep.Memory == nil || rep.Memory.RSSBytes == 0 || rep.Startup == nil || rep.Startup.ServingMS == 0 || len(rep.Step) != 2 {
 		t.Errorf("memory %+v, start-up %+v, step %+v: want all measured", rep.Memory, rep.Startup, rep.Step)
 	}
-	if o := rep.Ordered; o == nil || o.Workers != 3 || o.VsBaseline <= 0 || o.VsPlain <= 0 || o.VsAlone <= 0 {
-		t.Errorf("ordered %+v: want three workers measured against the baseline, the plain tag and the owner alone", o)
+	if o := rep.Ordered; o == nil || o.Workers != 3 || o.VsBaseline <= 0 || o.VsPlain <= 0 || o.VsAlone <= 0 || o.ClientVsBaseline <= 0 {
+		t.Errorf("ordered %+v: want three workers measured against the baseline, the plain tag, the owner alone and through the Go client", o)
+	}
+	if b := rep.Burst; b == nil || b.Workers != 2 || b.VsLarge <= 0 || b.P999Ratio <= 0 || b.Fetches == 0 {
+		t.Errorf("burst %+v: want two workers, the cold small step measured against the large one", b)
 	}
 	if tg := rep.Tags; tg == nil || tg.NewTags != 200 || len(tg.BlocksPerSec) != 4 || tg.FirstPerSec <= 0 || tg.LastPerSec <= 0 ||
 		tg.RSSWarmBytes == 0 || tg.ScrapeBytes == 0 || tg.FullListTags < 200 || tg.RefreshChanged == 0 {
