@@ -43,6 +43,10 @@ var (
 	// ErrOrdered means the tag is ordered: only its owner serves it, with
 	// TakeOwned (see package ownership).
 	ErrOrdered = errors.New("segment: ordered tag")
+	// ErrPeriodExpired means a period of a tag with a reset period ended
+	// longer ago than the tag keeps its periods' rows (a clock far behind):
+	// its sequence is not started again, which would repeat its numbers.
+	ErrPeriodExpired = errors.New("segment: period expired")
 )
 
 // MaxStepLimit is the largest step a tag may have: leaf_alloc.step is a
@@ -66,8 +70,22 @@ type Tag struct {
 	// worker as for a plain tag. Stores keep it with the tag; a tag stored
 	// without it (a Leaf row, a value written before ordered tags) is not
 	// ordered.
-	Ordered    bool
-	UpdateTime time.Time
+	Ordered bool
+	// Reset is the tag's reset period (ResetNone: none), TimeZone the IANA
+	// time zone its periods are counted in ("": UTC), Format its number
+	// format template ("": none; see ParseFormat), RetentionDays how many
+	// days a period's row is kept after the period ended (0:
+	// DefaultRetentionDays). CheckPeriodic checks them together. A tag with
+	// a reset period hands out no IDs from its own row: each period is a
+	// row of its own (PeriodName), created from the tag's max_id and step
+	// on the period's first fetch; the tag's max_id stays the start of
+	// every period. Stores keep them with the tag; a tag stored without
+	// them (a Leaf row, a value written before periodic tags) has none.
+	Reset         Reset
+	TimeZone      string
+	Format        string
+	RetentionDays int
+	UpdateTime    time.Time
 }
 
 // TagUpdate is a change of a tag's settings for Admin.UpdateTag: each
@@ -77,6 +95,14 @@ type TagUpdate struct {
 	Step        *int64  // new configured step, in 1..MaxStepLimit
 	Description *string // new description (CheckTagFields)
 	Ordered     *bool   // make the tag ordered or plain (see Tag.Ordered)
+	// Reset sets a reset period on a tag without one (a tag's reset
+	// period, once set, cannot change: ErrInvalidArgument); TimeZone,
+	// Format and RetentionDays as Tag's. The tag as updated must pass
+	// CheckPeriodic, or nothing changes (ErrInvalidArgument).
+	Reset         *Reset
+	TimeZone      *string
+	Format        *string
+	RetentionDays *int
 }
 
 // Allocation is a segment fetched from the store: the IDs Start..End-1 now
@@ -95,6 +121,16 @@ type Store interface {
 	// Fetch atomically advances the tag's max_id by step and returns the
 	// segment [old max_id, new max_id). A step <= 0 means the tag's own
 	// configured step. An unknown tag yields ErrUnknownTag.
+	//
+	// tag may also be a period name (PeriodName: tag=KEY) of a tag with a
+	// reset period: Fetch then advances that period's row, and creates it
+	// if missing, from the tag's max_id and step, in one atomic operation
+	// (two fetches of a new period, wherever they run, never overlap).
+	// Errors: ErrUnknownTag (no such tag), ErrInvalidArgument (the tag has
+	// no reset period, or KEY is not one of its periods), ErrPeriodExpired
+	// (the period's row is missing and the period ended more than the
+	// tag's retention ago, by the store's clock; a period's row is never
+	// created again once pruned).
 	Fetch(ctx context.Context, tag string, step int64) (Allocation, error)
 	// Tags lists the names of all tags.
 	Tags(ctx context.Context) ([]string, error)
@@ -174,6 +210,15 @@ func CheckGiveBack(end, firstUnissued int64) error {
 		return fmt.Errorf("%w: first unissued ID %d not in 1..%d", ErrInvalidArgument, firstUnissued, end)
 	}
 	return nil
+}
+
+// PeriodPruner is implemented by stores that keep periods' rows (every
+// Admin store): PrunePeriods deletes the rows of periods that ended more
+// than their tag's retention ago, by the store's clock, so that they are
+// never created again (Fetch then answers ErrPeriodExpired), and returns
+// how many it deleted. The Allocator calls it at every refresh.
+type PeriodPruner interface {
+	PrunePeriods(ctx context.Context) (int, error)
 }
 
 // ChangeLister is implemented by stores that can tell what changed since an
