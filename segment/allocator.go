@@ -285,6 +285,9 @@ func (a *Allocator) Take(ctx context.Context, tag string, n int, dst []Run) ([]R
 		if b.ordered.Load() {
 			return dst, fmt.Errorf("%w %q", ErrOrdered, tag)
 		}
+		if b.spec.periodic() {
+			_, b = a.periodBuffer(b)
+		}
 		var rest int
 		if dst, rest = b.take(n, dst); rest == 0 {
 			return dst, nil
@@ -384,6 +387,9 @@ func (a *Allocator) takeNow(tag string, n int, dst []Run, owned bool) ([]Run, *P
 	if !owned && b.ordered.Load() {
 		return dst, nil, ErrOrdered
 	}
+	if b.spec.periodic() {
+		_, b = a.periodBuffer(b)
+	}
 	var rest int
 	if dst, rest = b.take(n, dst); rest == 0 {
 		return dst, nil, nil
@@ -449,6 +455,10 @@ type Pending struct {
 	// deadline is MaxWait after TakeNow: the request gives up then.
 	deadline time.Time
 	owned    bool // from TakeOwned: ordered tags may be served
+	// numbered: from TakeNowNumbered; num is the Numbering of the IDs
+	// taken, once known.
+	numbered bool
+	num      Numbering
 }
 
 // Wait takes the rest of the request's IDs, waiting for a segment at most
@@ -456,7 +466,7 @@ type Pending struct {
 // IDs are as for Take. Call it once.
 func (p *Pending) Wait(ctx context.Context) ([]Run, error) {
 	if p.b == nil {
-		return p.a.takeSlow(ctx, p.tag, p.n, p.runs, p.deadline, p.owned)
+		return p.a.takeSlowFor(ctx, p.tag, p.n, p.runs, p.deadline, p.owned, p)
 	}
 	return p.a.wait(ctx, p.b, p.n, p.runs, p.deadline, p.owned)
 }
@@ -465,7 +475,14 @@ func (p *Pending) Wait(ctx context.Context) ([]Run, error) {
 // store (once for all concurrent callers), remembering unknown tags for
 // NegativeTTL. It gives up at deadline.
 func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run, deadline time.Time, owned bool) ([]Run, error) {
-	if err := CheckTag(tag); err != nil {
+	return a.takeSlowFor(ctx, tag, n, dst, deadline, owned, nil)
+}
+
+// takeSlowFor is takeSlow for p (nil: a request without a Pending), which
+// learns its Numbering here if it asked for one. A period name is served
+// from its own buffer without asking the store about it.
+func (a *Allocator) takeSlowFor(ctx context.Context, tag string, n int, dst []Run, deadline time.Time, owned bool, p *Pending) ([]Run, error) {
+	if err := CheckName(tag); err != nil {
 		return dst, err
 	}
 	b, err := a.buffer(ctx, tag, deadline)
@@ -474,6 +491,14 @@ func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run, 
 	}
 	if !owned && b.ordered.Load() {
 		return dst, fmt.Errorf("%w %q", ErrOrdered, tag)
+	}
+	if b.spec.periodic() {
+		return a.takePeriodSlow(ctx, b, n, dst, deadline, p)
+	}
+	if p != nil && p.numbered {
+		if p.num, err = numbering(b, nil); err != nil {
+			return dst, err
+		}
 	}
 	dst, rest := b.take(n, dst)
 	if rest == 0 {
@@ -487,6 +512,11 @@ func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run, 
 func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) (*buffer, error) {
 	if b := a.tags.get(tag); b != nil {
 		return b, nil
+	}
+	if !ValidTag(tag) {
+		// A period name (takeSlowFor checked it): its first fetch creates
+		// the period's row or finds it, and fails if the tag is gone.
+		return a.addTag(Tag{Name: tag}, nil), nil
 	}
 	a.mu.Lock()
 	closed := a.closed
@@ -529,7 +559,12 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 			}
 			return nil, fmt.Errorf("%w: looking up tag %q: %w", ErrUnavailable, tag, err)
 		}
-		return a.addTag(tag, t.Ordered), nil
+		t.Name = tag // also for a tag created here (t is then empty)
+		spec, err := newSpec(t)
+		if err != nil {
+			return nil, fmt.Errorf("segment: tag %q has settings this worker cannot serve: %w", tag, err)
+		}
+		return a.addTag(t, spec), nil
 	})
 	timer := time.NewTimer(deadline.Sub(a.now()))
 	defer timer.Stop()
@@ -576,9 +611,11 @@ func (a *Allocator) autoCreate(ctx context.Context, tag string) error {
 // and records whether the tag is ordered. A new buffer is marked before it
 // is in the map: a request that finds it never takes an ordered tag for a
 // plain one.
-func (a *Allocator) addTag(tag string, ordered bool) *buffer {
+func (a *Allocator) addTag(t Tag, spec *tagSpec) *buffer {
+	tag, ordered := t.Name, t.Ordered
 	b, added := a.tags.add(tag, func() *buffer {
 		b := newBuffer(a, tag)
+		b.spec = spec
 		a.noteOrdered(b, ordered)
 		return b
 	})
@@ -662,6 +699,15 @@ func (a *Allocator) refreshLoop() {
 	backoff := a.retryMin
 	for {
 		next := a.refreshInterval
+		if pp, ok := a.store.(PeriodPruner); ok {
+			ctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
+			if n, err := pp.PrunePeriods(ctx); err != nil && a.ctx.Err() == nil {
+				a.log.Warn("segment: pruning expired periods failed", "err", err)
+			} else if n > 0 {
+				a.log.Info("segment: pruned expired periods' rows", "rows", n)
+			}
+			cancel()
+		}
 		if err := a.Refresh(a.ctx); err != nil {
 			if a.ctx.Err() != nil {
 				return
@@ -725,7 +771,8 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 		}
 		a.mu.Unlock()
 		for _, b := range a.tags.all() {
-			if !exists[b.tag] && !b.born.After(listed) { // looked up after the listing began: not removed
+			// A period's buffer goes with its tag.
+			if !exists[parentTag(b.tag)] && !b.born.After(listed) { // looked up after the listing began: not removed
 				b.remove()
 				a.removeTag(b.tag, b)
 			}
@@ -754,6 +801,10 @@ func (a *Allocator) apply(c TagChange) {
 	if b == nil {
 		// Not in memory: its window starts now all the same.
 		a.orderedSince(c.Tag.Name, c.Tag.Ordered, a.now())
+	} else if !b.spec.same(c.Tag) {
+		// Its reset period, time zone or format changed: the next request
+		// looks it up again.
+		a.reset(b.tag, b)
 	} else {
 		a.noteOrdered(b, c.Tag.Ordered)
 		if c.Tag.Step > 0 {

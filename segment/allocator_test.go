@@ -72,6 +72,19 @@ func (s *memStore) Fetch(ctx context.Context, tag string, step int64) (Allocatio
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.tags[tag]
+	if parent, key, ok := SplitPeriodName(tag); ok && t == nil {
+		// A period's first fetch creates its row from its tag's start
+		// and step (the Store contract).
+		p := s.tags[parent]
+		if p == nil {
+			return Allocation{}, fmt.Errorf("mem: %w", ErrUnknownTag)
+		}
+		if p.Reset == ResetNone || len(key) != p.Reset.keyLen() {
+			return Allocation{}, fmt.Errorf("mem: %w: %q is no period of %q", ErrInvalidArgument, key, parent)
+		}
+		t = &Tag{Name: tag, MaxID: p.MaxID, Step: p.Step}
+		s.tags[tag] = t
+	}
 	if t == nil {
 		return Allocation{}, fmt.Errorf("mem: %w", ErrUnknownTag)
 	}
@@ -94,7 +107,9 @@ func (s *memStore) Tags(ctx context.Context) ([]string, error) {
 	}
 	var names []string
 	for n := range s.tags {
-		names = append(names, n)
+		if ValidTag(n) { // not a period's row
+			names = append(names, n)
+		}
 	}
 	slices.Sort(names)
 	if gate := s.tagsGate; gate != nil {

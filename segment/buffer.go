@@ -67,6 +67,9 @@ type buffer struct {
 	dropped atomic.Bool             // no longer in the tag map (removed or idle)
 	used    atomic.Bool             // requested since the idle loop last looked
 	ordered atomic.Bool             // served only by its owner (TakeOwned)
+	// spec is the tag's reset period and format (nil: none); set before
+	// b is in the tag map, never changed.
+	spec *tagSpec
 	// refetchAt is, for a buffer of an ordered tag made during the tag's
 	// switch window, the window's end (UnixNano), when TakeOwned drops it;
 	// 0: none.

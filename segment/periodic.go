@@ -1,0 +1,201 @@
+package segment
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// ErrNoFormat means a request asked for formatted numbers of a tag that
+// has no format (Tag.Format).
+var ErrNoFormat = fmt.Errorf("%w: the tag has no format (dispenser tags update TAG --format TEMPLATE)", ErrInvalidArgument)
+
+// tagSpec is what a tag's settings say about serving it beyond its step:
+// its reset period, time zone and format. A buffer's spec is set before the
+// buffer is in the tag map and never changes; a change of the settings
+// drops the buffer (apply), so that the next request looks the tag up.
+type tagSpec struct {
+	reset  Reset
+	loc    *time.Location
+	format *Format
+	// period is the period last served, a tag with a reset period only.
+	period atomic.Pointer[periodState]
+}
+
+// periodState is one period of a tag with a reset period, as served.
+type periodState struct {
+	Period
+	name       string // PeriodName(tag, Key): its buffer's and row's name
+	head       string // the format's Head for the period; "" without format
+	start, end int64  // Start and End in UnixNano
+}
+
+// newSpec returns the spec of t, nil for a tag without reset period or
+// format (most tags). A tag whose settings do not pass CheckPeriodic (a
+// store changed by hand) is an error.
+func newSpec(t Tag) (*tagSpec, error) {
+	if t.Reset == ResetNone && t.Format == "" && t.TimeZone == "" {
+		return nil, nil
+	}
+	p, err := CheckPeriodic(t)
+	if err != nil {
+		return nil, err
+	}
+	return &tagSpec{reset: p.Reset, loc: p.Location, format: p.Format}, nil
+}
+
+// same reports whether t's settings are those of s (nil: none).
+func (s *tagSpec) same(t Tag) bool {
+	if s == nil {
+		return t.Reset == ResetNone && t.Format == "" && t.TimeZone == ""
+	}
+	f := ""
+	if s.format != nil {
+		f = s.format.String()
+	}
+	return s.reset == t.Reset && f == t.Format && s.loc.String() == cmpOr(t.TimeZone, "UTC")
+}
+
+func cmpOr(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a
+}
+
+// periodic reports whether s is the spec of a tag with a reset period.
+func (s *tagSpec) periodic() bool { return s != nil && s.reset != ResetNone }
+
+// at returns the period of tag that holds now.
+func (s *tagSpec) at(tag string, now time.Time) *periodState {
+	t := now.UnixNano()
+	if ps := s.period.Load(); ps != nil && t >= ps.start && t < ps.end {
+		return ps
+	}
+	p := s.reset.PeriodAt(now, s.loc)
+	ps := &periodState{Period: p, name: PeriodName(tag, p.Key), start: p.Start.UnixNano(), end: p.End.UnixNano()}
+	if s.format != nil {
+		ps.head = s.format.Head(p.Start)
+	}
+	s.period.Store(ps)
+	return ps
+}
+
+// Numbering writes numbers out as a tag's format says, for one period.
+type Numbering struct {
+	format *Format
+	head   string
+}
+
+// Append appends the IDs of runs to dst, formatted, one per line.
+func (n Numbering) Append(dst []byte, runs []Run) []byte {
+	first := true
+	for _, r := range runs {
+		for id := r.First; ; id++ {
+			if !first {
+				dst = append(dst, '\n')
+			}
+			first = false
+			dst = n.format.AppendNumber(dst, n.head, id)
+			if id == r.Last {
+				break
+			}
+		}
+	}
+	return dst
+}
+
+// Valid reports whether n can format numbers.
+func (n Numbering) Valid() bool { return n.format != nil }
+
+// numbering returns the numbering of a take from b (the tag's buffer, not a
+// period's) in period ps (nil: a tag without periods), or ErrNoFormat.
+func numbering(b *buffer, ps *periodState) (Numbering, error) {
+	if b.spec == nil || b.spec.format == nil {
+		return Numbering{}, fmt.Errorf("%w: %q", ErrNoFormat, b.tag)
+	}
+	if ps != nil {
+		return Numbering{format: b.spec.format, head: ps.head}, nil
+	}
+	return Numbering{format: b.spec.format, head: b.spec.format.Head(time.Time{})}, nil
+}
+
+// TakeNowNumbered is TakeNow for a request for formatted numbers
+// (Id-Format: formatted): it also returns how to write the IDs out, in the
+// tag's format and for the period they were taken in; for a Pending, its
+// Numbering once Wait has returned. A tag without a format is ErrNoFormat
+// (from Pending.Wait if the tag was not known yet); an ordered tag,
+// ErrOrdered.
+func (a *Allocator) TakeNowNumbered(tag string, n int, dst []Run) ([]Run, Numbering, *Pending, error) {
+	if n < 1 {
+		return dst, Numbering{}, nil, fmt.Errorf("%w: %d", ErrInvalidCount, n)
+	}
+	b := a.tags.get(tag)
+	if b == nil {
+		return dst, Numbering{}, &Pending{a: a, tag: tag, n: n, deadline: a.deadline(), numbered: true}, nil
+	}
+	if b.ordered.Load() {
+		return dst, Numbering{}, nil, ErrOrdered
+	}
+	var ps *periodState
+	pb := b
+	if b.spec.periodic() {
+		ps, pb = a.periodBuffer(b)
+	}
+	num, err := numbering(b, ps)
+	if err != nil {
+		return dst, Numbering{}, nil, err
+	}
+	var rest int
+	if dst, rest = pb.take(n, dst); rest == 0 {
+		return dst, num, nil, nil
+	}
+	return dst, num, &Pending{a: a, b: pb, tag: pb.tag, n: rest, runs: slices.Clone(dst), deadline: a.deadline(), numbered: true, num: num}, nil
+}
+
+// Numbering returns how to write out the IDs Wait returned, for a Pending
+// of TakeNowNumbered.
+func (p *Pending) Numbering() Numbering { return p.num }
+
+// periodBuffer returns the period of b's tag (a tag with a reset period)
+// that holds now, and its buffer, added if missing: a period's buffer is
+// added without asking the store (its first fetch creates the period's row
+// or finds it).
+func (a *Allocator) periodBuffer(b *buffer) (*periodState, *buffer) {
+	if !b.used.Load() {
+		b.used.Store(true) // the tag is in use: keep its spec
+	}
+	ps := b.spec.at(b.tag, a.now())
+	if pb := a.tags.get(ps.name); pb != nil {
+		return ps, pb
+	}
+	return ps, a.addTag(Tag{Name: ps.name}, nil)
+}
+
+// takePeriodSlow is takeSlow's part for a tag with a reset period: it
+// serves the period that holds now from its own buffer.
+func (a *Allocator) takePeriodSlow(ctx context.Context, b *buffer, n int, dst []Run, deadline time.Time, p *Pending) ([]Run, error) {
+	ps, pb := a.periodBuffer(b)
+	if p != nil && p.numbered {
+		num, err := numbering(b, ps)
+		if err != nil {
+			return dst, err
+		}
+		p.num = num
+	}
+	dst, rest := pb.take(n, dst)
+	if rest == 0 {
+		return dst, nil
+	}
+	return a.wait(ctx, pb, rest, dst, deadline, false)
+}
+
+// parentTag returns the tag of a period name, or name itself.
+func parentTag(name string) string {
+	if tag, _, ok := SplitPeriodName(name); ok {
+		return tag
+	}
+	return name
+}
