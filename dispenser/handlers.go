@@ -34,6 +34,10 @@ func (s *Service) handleSegment(req micro.Request, sc *scratch) {
 	}
 	r.n, r.format = n, format
 	var arr [2]segment.Run
+	if format == protocol.FormatFormatted {
+		s.takeNumbered(r, tag, n, arr[:0])
+		return
+	}
 	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
 	switch {
 	case errors.Is(err, segment.ErrOrdered) && s.orderedTags() != nil:
@@ -68,6 +72,42 @@ func (s *Service) park(r replier, p *segment.Pending) {
 	}()
 }
 
+// errFormattedOrdered and errFormattedSnowflake refuse Id-Format:
+// formatted where there is no format.
+var (
+	errFormattedOrdered   = fmt.Errorf("%w: %s formatted: ordered tags have no formatted numbers", protocol.ErrBadHeader, protocol.FormatHeader)
+	errFormattedSnowflake = fmt.Errorf("%w: %s formatted: snowflake IDs have no format", protocol.ErrBadHeader, protocol.FormatHeader)
+)
+
+// takeNumbered serves a request for formatted numbers (Id-Format:
+// formatted) of a segment tag.
+func (s *Service) takeNumbered(r replier, tag string, n int, dst []segment.Run) {
+	runs, num, pending, err := s.cfg.Segments.TakeNowNumbered(tag, n, dst)
+	switch {
+	case errors.Is(err, segment.ErrOrdered):
+		r.fail(errFormattedOrdered)
+	case err != nil:
+		r.fail(err)
+	case pending != nil:
+		r = r.detach()
+		s.parked.Add(1)
+		go func() {
+			defer s.parked.Done()
+			runs, err := pending.Wait(context.Background())
+			switch {
+			case errors.Is(err, segment.ErrOrdered):
+				r.fail(errFormattedOrdered)
+			case err != nil:
+				r.fail(err)
+			default:
+				s.replyNumbered(r, pending.Numbering(), runs, n)
+			}
+		}()
+	default:
+		s.replyNumbered(r, num, runs, n)
+	}
+}
+
 // handleSnowflake serves a snowflake request; sc is its handler's memory.
 func (s *Service) handleSnowflake(req micro.Request, sc *scratch) {
 	if !s.admit(req) {
@@ -75,6 +115,9 @@ func (s *Service) handleSnowflake(req micro.Request, sc *scratch) {
 	}
 	r := s.newReplier(req, "snowflake")
 	n, format, err := s.parse(req)
+	if err == nil && format == protocol.FormatFormatted {
+		err = errFormattedSnowflake
+	}
 	if err != nil {
 		r.fail(err)
 		return

@@ -76,6 +76,9 @@ func (rs replies) Direct(msg *nats.Msg, tag string) (replier, error) {
 	}
 	var err error
 	r.n, r.format, err = rs.s.parseMsg(h, msg.Data)
+	if err == nil && r.format == protocol.FormatFormatted {
+		err = errFormattedOrdered
+	}
 	return r, err
 }
 
@@ -175,8 +178,13 @@ func (s *Service) classify(err error) (code, desc string) {
 		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),
 		errors.Is(err, snowflake.ErrInvalidCount):
 		return protocol.CodeBadRequest, err.Error()
+	case errors.Is(err, segment.ErrNoFormat):
+		return protocol.CodeBadRequest, err.Error()
 	case errors.Is(err, segment.ErrUnknownTag):
 		return protocol.CodeNotFound, err.Error()
+	case errors.Is(err, segment.ErrPeriodExpired):
+		s.cfg.Logger.Error("dispenser: a period asked for has expired: this worker's clock is far behind the store's", "err", err)
+		return protocol.CodeUnavailable, "the period asked for has expired: this worker's clock is behind; try again"
 	case errors.Is(err, segment.ErrExhausted):
 		return protocol.CodeGone, err.Error()
 	case errors.Is(err, segment.ErrClosed):
@@ -213,6 +221,23 @@ func (s *Service) classify(err error) (code, desc string) {
 // snowflakeUnavailable are the reasons a snowflake worker cannot issue.
 var snowflakeUnavailable = []error{snowflake.ErrBucketDeleted, snowflake.ErrEpochLost, snowflake.ErrClockBackwards, snowflake.ErrFenced,
 	snowflake.ErrOverloaded, snowflake.ErrClosed, snowflake.ErrNoWorkerID}
+
+// replyNumbered answers with runs written out by num (Id-Format:
+// formatted).
+func (s *Service) replyNumbered(r replier, num segment.Numbering, runs []segment.Run, n int) {
+	if r.inline {
+		r.scratch.buf = num.Append(r.scratch.buf[:0], runs)
+		r.respond(r.scratch.buf, n)
+		return
+	}
+	bp := s.bufs.Get().(*[]byte)
+	buf := num.Append((*bp)[:0], runs)
+	r.respond(buf, n)
+	if cap(buf) <= 1<<16 {
+		*bp = buf
+		s.bufs.Put(bp)
+	}
+}
 
 // reply answers with runs. Inline replies format into their handler's
 // scratch buffer (an endpoint's handler runs on one goroutine: its

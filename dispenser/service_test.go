@@ -33,6 +33,8 @@ type stack struct {
 	ns    *server.Server
 	pool  *pgxpool.Pool
 	store *postgres.Store
+	// other, if set, is the store of the stack's workers instead of store.
+	other segment.Store
 }
 
 func newStack(tb testing.TB, tags map[string]int64) *stack {
@@ -79,7 +81,11 @@ type worker struct {
 
 func (st *stack) worker(tb testing.TB, s segment.Settings) *worker {
 	tb.Helper()
-	rec := &recorder{Store: st.store, allocs: map[string][]segment.Allocation{}}
+	var store segment.Store = st.store
+	if st.other != nil {
+		store = st.other
+	}
+	rec := &recorder{Store: store, allocs: map[string][]segment.Allocation{}}
 	s.Store = rec
 	s.Logger = quiet
 	alloc, err := segment.New(s)

@@ -18,15 +18,22 @@ func (r Run) Len() int64 { return r.Last - r.First + 1 }
 
 // The most bytes a reply takes per ID: a list line is at most 19 digits and
 // a newline, a range line (a run of one ID) twice that and a dash.
+// A formatted number takes at most MaxFormattedBytes and a newline.
 const (
-	ListBytesPerID  = 20
-	RangeBytesPerID = 40
+	ListBytesPerID      = 20
+	RangeBytesPerID     = 40
+	MaxFormattedBytes   = 128
+	FormattedBytesPerID = MaxFormattedBytes + 1
 )
 
-// BytesPerID returns ListBytesPerID or RangeBytesPerID.
+// BytesPerID returns ListBytesPerID, RangeBytesPerID or
+// FormattedBytesPerID.
 func (f Format) BytesPerID() int {
-	if f == FormatRange {
+	switch f {
+	case FormatRange:
 		return RangeBytesPerID
+	case FormatFormatted:
+		return FormattedBytesPerID
 	}
 	return ListBytesPerID
 }

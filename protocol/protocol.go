@@ -119,11 +119,18 @@ const (
 	FormatList Format = iota
 	// FormatRange replies with one "first-last" line per contiguous run.
 	FormatRange
+	// FormatFormatted replies with the IDs as the tag's format writes them
+	// (such as ORD-20261124-000123), one per line: segment tags with a
+	// format only.
+	FormatFormatted
 )
 
 func (f Format) String() string {
-	if f == FormatRange {
+	switch f {
+	case FormatRange:
 		return "range"
+	case FormatFormatted:
+		return "formatted"
 	}
 	return "list"
 }
@@ -164,8 +171,8 @@ func ParseCount(body []byte, max int) (int, error) {
 	return n, nil
 }
 
-// ParseFormat reads the FormatHeader values: none, "list" or "range"
-// (case-insensitive).
+// ParseFormat reads the FormatHeader values: none, "list", "range" or
+// "formatted" (case-insensitive).
 func ParseFormat(values []string) (Format, error) {
 	switch len(values) {
 	case 0:
@@ -179,8 +186,10 @@ func ParseFormat(values []string) (Format, error) {
 		return FormatList, nil
 	case strings.EqualFold(v, "range"):
 		return FormatRange, nil
+	case strings.EqualFold(v, "formatted"):
+		return FormatFormatted, nil
 	default:
-		return 0, fmt.Errorf("%w: %s %q: want list or range", ErrBadHeader, FormatHeader, truncate(v, 64))
+		return 0, fmt.Errorf("%w: %s %q: want list, range or formatted", ErrBadHeader, FormatHeader, truncate(v, 64))
 	}
 }
 

@@ -5,12 +5,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 // MaxFormatted is the most bytes one formatted number may take, and
 // MaxTemplate the most bytes a format template may have.
 const (
-	MaxFormatted = 128
+	MaxFormatted = protocol.MaxFormattedBytes
 	MaxTemplate  = 64
 )
 
