@@ -12,6 +12,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	// The IANA time zone database, so that tags with a reset period in a
+	// named zone work where the system has none (a static container image).
+	_ "time/tzdata"
 
 	"github.com/dispenser-dev/dispenser/internal/bench"
 )
