@@ -245,6 +245,51 @@ func (c *Client) SegmentN(ctx context.Context, tag string, n int) ([]int64, erro
 	return c.request(ctx, tag, n, true, minSegment)
 }
 
+// Formatted returns n numbers of tag written out in the tag's format (such
+// as ORD-20261124-000123; Id-Format: formatted), in the order the service
+// took them. A tag without a format fails with ErrBadRequest. Prefetch does
+// not apply.
+func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, error) {
+	if err := checkTag(tag); err != nil {
+		return nil, err
+	}
+	if n < 1 || n > maxCount {
+		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	msg := nats.NewMsg(protocol.SegmentSubject(c.prefix, tag))
+	if n > 1 {
+		msg.Data = strconv.AppendInt(nil, int64(n), 10)
+	}
+	msg.Header.Set(protocol.FormatHeader, protocol.FormatFormatted.String())
+	resp, err := c.send(ctx, msg, "")
+	if err != nil {
+		return nil, err
+	}
+	out := strings.Split(string(resp.Data), "\n")
+	if len(out) != n {
+		return nil, fmt.Errorf("%w from %s: %d formatted numbers, want %d", ErrBadReply, msg.Subject, len(out), n)
+	}
+	for _, s := range out {
+		if len(s) < 1 || len(s) > protocol.MaxFormattedBytes || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r > '~' }) {
+			return nil, fmt.Errorf("%w from %s: %q is no formatted number", ErrBadReply, msg.Subject, truncate(s, 64))
+		}
+	}
+	return out, nil
+}
+
+// truncate shortens s to n bytes for a message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
 // Snowflake returns one snowflake ID.
 func (c *Client) Snowflake(ctx context.Context) (int64, error) {
 	ids, err := c.request(ctx, "", 1, false, minSnowflake)

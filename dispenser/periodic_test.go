@@ -2,6 +2,7 @@ package dispenser_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
@@ -84,6 +86,14 @@ func TestFormattedOverNATS(t *testing.T) {
 			clock.set(time.Date(2026, 11, 25, 0, 0, 0, 0, sh))
 			ask("id.segment.orders", "2", formatted, "ORD-20261125-000001\nORD-20261125-000002", "")
 			ask("id.segment.orders", "", formatted, "ORD-20261125-000003", "")
+			// The Go client asks the same way.
+			c, err := client.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := c.Formatted(context.Background(), "orders", 2); err != nil || !slices.Equal(got, []string{"ORD-20261125-000004", "ORD-20261125-000005"}) {
+				t.Fatalf("client: %q, %v", got, err)
+			}
 			if tag, err := st.other.Tag(context.Background(), "orders"); err != nil || tag.MaxID != 1 {
 				t.Fatalf("the tag's own row: max_id %d, %v; want 1, the start of every day", tag.MaxID, err)
 			}
