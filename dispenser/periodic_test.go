@@ -3,7 +3,10 @@ package dispenser_test
 import (
 	"context"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +26,7 @@ type settableClock struct {
 	now time.Time
 }
 
-func (c *settableClock) Now() time.Time     { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *settableClock) Now() time.Time    { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
 func (c *settableClock) set(now time.Time) { c.mu.Lock(); c.now = now; c.mu.Unlock() }
 
 // TestFormattedOverNATS: a daily tag with a format, on PostgreSQL and on
@@ -97,6 +100,76 @@ func TestFormattedOverNATS(t *testing.T) {
 			if tag, err := st.other.Tag(context.Background(), "orders"); err != nil || tag.MaxID != 1 {
 				t.Fatalf("the tag's own row: max_id %d, %v; want 1, the start of every day", tag.MaxID, err)
 			}
+		})
+	}
+}
+
+// TestSkewedWorkersAcrossMidnightOverNATS: three workers in one queue
+// group, on PostgreSQL and on the KV store, whose clocks are up to 300 ms
+// apart (well within the bound: the retention, days), answer formatted
+// numbers of a daily tag while the time crosses midnight: no formatted
+// number twice among all replies, and both days are served.
+func TestSkewedWorkersAcrossMidnightOverNATS(t *testing.T) {
+	tag := segment.Tag{Name: "orders", Step: 5, MaxID: 1, Reset: segment.ResetDay, Format: "{date:20060102}{seq:6}"}
+	for _, sto := range []string{"postgres", "kv"} {
+		t.Run(sto, func(t *testing.T) {
+			st := newStack(t, nil)
+			if sto == "kv" {
+				js, err := jetstream.New(testenv.Connect(t, st.ns))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.other, err = kv.New(context.Background(), js, kv.Settings{}); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				st.other = st.store
+			}
+			if err := st.other.(segment.Admin).CreateTag(context.Background(), tag); err != nil {
+				t.Fatal(err)
+			}
+			midnight := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
+			var base atomic.Int64 // the true time, advanced by every request
+			base.Store(midnight.Add(-300 * time.Millisecond).UnixNano())
+			for _, skew := range []time.Duration{-300 * time.Millisecond, 0, 200 * time.Millisecond} {
+				now := func() time.Time { return time.Unix(0, base.Load()).Add(skew) }
+				st.worker(t, segment.Settings{Now: now, MaxWait: 10 * time.Second, MaxStep: 5})
+			}
+			formatted := nats.Header{protocol.FormatHeader: []string{"formatted"}}
+			var mu sync.Mutex
+			seen := map[string]bool{}
+			var wg sync.WaitGroup
+			for range 6 {
+				nc := testenv.Connect(t, st.ns)
+				wg.Go(func() {
+					for i := range 100 {
+						base.Add(int64(time.Millisecond))
+						msg := &nats.Msg{Subject: "id.segment.orders", Data: []byte(strconv.Itoa(1 + i%3)), Header: formatted}
+						resp, err := nc.RequestMsg(msg, 10*time.Second)
+						if err != nil || resp.Header.Get("Nats-Service-Error-Code") != "" {
+							t.Errorf("request: %v %v", err, resp.Header)
+							return
+						}
+						mu.Lock()
+						for _, s := range strings.Split(string(resp.Data), "\n") {
+							if seen[s] {
+								t.Errorf("%s twice", s)
+							}
+							seen[s] = true
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			days := map[string]int{}
+			for s := range seen {
+				days[s[:8]]++
+			}
+			if days["20261124"] == 0 || days["20261125"] == 0 {
+				t.Errorf("numbers per day %v: want both days served", days)
+			}
+			t.Logf("%d formatted numbers: %v", len(seen), days)
 		})
 	}
 }
