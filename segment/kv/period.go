@@ -30,6 +30,13 @@ import (
 // creating its key if missing.
 func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, step int64) (segment.Allocation, error) {
 	tv, _, err := s.read(ctx, tag)
+	if errors.Is(err, segment.ErrUnknownTag) {
+		// A missing tag key means "deleted" only in a bucket that still
+		// holds what it held.
+		if herr := s.guard.CheckHeld(ctx); herr != nil {
+			err = herr
+		}
+	}
 	if err != nil {
 		return segment.Allocation{}, err
 	}

@@ -8,7 +8,10 @@
 //	{"max_id":1001,"step":1000,"description":"order numbers","ordered":true,"update_time":"2025-01-02T03:04:05.123456789Z"}
 //
 // "ordered" is left out for a plain tag, so a value without it (written
-// before ordered tags existed) is a plain tag.
+// before ordered tags existed) is a plain tag. A tag with a reset period
+// also has "reset", and may have "time_zone", "format" and
+// "retention_days" (left out when empty); each of its periods is a key of
+// its own, named tag=KEY, with "period_end" (see fetchPeriod).
 //
 // Every change is a compare-and-swap on the key's revision, so any number of
 // Stores in any number of processes may share one bucket.
