@@ -79,6 +79,19 @@ func dump(tb testing.TB, db *pgxpool.Pool) string {
 	return b.String()
 }
 
+// periodicColumns are the columns of migration 005 as dump shows them:
+// nullable, without a default, so that Leaf's statements never see them
+// and adding them rewrites no rows.
+var periodicColumns = []string{
+	"leaf_alloc.reset_period text null=YES default=",
+	"leaf_alloc.time_zone text null=YES default=",
+	"leaf_alloc.number_format text null=YES default=",
+	"leaf_alloc.retention_days integer null=YES default=",
+	"leaf_alloc.periods_pruned_until timestamp with time zone null=YES default=",
+	"leaf_alloc.period_of character varying null=YES default=",
+	"leaf_alloc.period_end timestamp with time zone null=YES default=",
+}
+
 func TestVersions(t *testing.T) {
 	got := Versions()
 	if len(got) == 0 || got[0] != "001_leaf_alloc" {
@@ -122,11 +135,17 @@ func TestMigrateAppliesAll(t *testing.T) {
 		"leaf_alloc.update_time timestamp with time zone null=NO default=now()",
 		"leaf_alloc.ordered boolean null=YES default=\n",
 		"leaf_alloc.dispenser_version bigint null=NO default=0\n",
+		"\n005_periodic_tags ",
 		"\n001_leaf_alloc ",
 		"\n002_ordered_tags ",
 		"\n004_give_back_version ",
 	} {
 		if !strings.Contains(d, want) {
+			t.Errorf("schema lacks %q; have:\n%s", want, d)
+		}
+	}
+	for _, want := range periodicColumns {
+		if !strings.Contains(d, want+"\n") {
 			t.Errorf("schema lacks %q; have:\n%s", want, d)
 		}
 	}
@@ -230,19 +249,27 @@ func TestMigrateKeepsLeafTable(t *testing.T) {
 		t.Fatalf("applied %q, want %q", got, want)
 	}
 	after := dump(t, db)
-	// The version table, the nullable column ordered and the column
-	// dispenser_version (with a default) are new; the rest of the Leaf
-	// table and its rows are as they were.
+	// The version table, the nullable column ordered, the column
+	// dispenser_version (with a default) and the nullable columns of
+	// periodic tags (migration 005) are new; the rest of the Leaf table
+	// and its rows are as they were.
 	const orderedColumn = "leaf_alloc.ordered boolean null=YES default="
 	const versionColumn = "leaf_alloc.dispenser_version bigint null=NO default=0"
+	periodic := map[string]int{}
+	for _, c := range periodicColumns {
+		periodic[c] = 0
+	}
 	var kept []string
 	added, addedVersion := 0, 0
 	for _, line := range strings.Split(after, "\n") {
+		_, isPeriodic := periodic[line]
 		switch {
 		case line == orderedColumn:
 			added++
 		case line == versionColumn:
 			addedVersion++
+		case isPeriodic:
+			periodic[line]++
 		case strings.HasPrefix(line, VersionTable+"."):
 		case slices.ContainsFunc(Versions(), func(v string) bool { return strings.HasPrefix(line, v+" ") }):
 		default:
@@ -251,6 +278,11 @@ func TestMigrateKeepsLeafTable(t *testing.T) {
 	}
 	if added != 1 || addedVersion != 1 {
 		t.Errorf("Migrate added the columns %q %d times and %q %d times, want once each:\n%s", orderedColumn, added, versionColumn, addedVersion, after)
+	}
+	for c, n := range periodic {
+		if n != 1 {
+			t.Errorf("Migrate added the column %q %d times, want once:\n%s", c, n, after)
+		}
 	}
 	if got := strings.Join(kept, "\n"); got != before {
 		t.Errorf("Migrate changed the Leaf table:\nbefore:\n%s\nafter:\n%s", before, after)

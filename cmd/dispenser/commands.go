@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -139,8 +140,9 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 const tagsUsage = `dispenser tags list [store flags]
-dispenser tags create TAG --step N [--start M] [--description D] [--ordered] [store flags]
-dispenser tags update TAG [--step N] [--description D] [--ordered=true|false] [store flags]
+dispenser tags create TAG --step N [--start M] [--description D] [--ordered] [periodic flags] [store flags]
+dispenser tags update TAG [--step N] [--description D] [--ordered=true|false] [periodic flags] [store flags]
+periodic flags: --reset day|month|year|none, --time-zone ZONE, --format TEMPLATE, --retention-days N
 store flags: --postgres-url URL, or --nats-url URL [--segment-bucket B] for the JetStream KV store`
 
 func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -158,6 +160,14 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var step, start int64
 	var desc string
 	var ordered bool
+	var reset, timeZone, format string
+	var retention int
+	periodicFlags := func(what string) {
+		fs.StringVar(&reset, "reset", "none", what+"reset period: day, month or year (numbers start again from --start every period, each period a row of its own), or none; once set it cannot change")
+		fs.StringVar(&timeZone, "time-zone", "", what+"IANA time zone the periods are counted in, e.g. Asia/Shanghai (empty: UTC)")
+		fs.StringVar(&format, "format", "", what+"number format, e.g. ORD-{date:20060102}-{seq:6} ({date:LAYOUT} required with a reset period; empty: none)")
+		fs.IntVar(&retention, "retention-days", 0, fmt.Sprintf("%sdays a period's row is kept after the period ended, 1..%d (0: %d)", what, segment.MaxRetentionDays, segment.DefaultRetentionDays))
+	}
 	switch sub {
 	case "list":
 	case "create":
@@ -165,10 +175,12 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.Int64Var(&start, "start", 1, "first ID of the tag")
 		fs.StringVar(&desc, "description", "", "free text, at most 256 characters")
 		fs.BoolVar(&ordered, "ordered", false, "an ordered tag: its IDs increase across all workers, not only within each")
+		periodicFlags("")
 	case "update":
 		fs.Int64Var(&step, "step", 0, "new step (0 leaves it)")
 		fs.StringVar(&desc, "description", "", "new description")
 		fs.BoolVar(&ordered, "ordered", false, "--ordered=true makes the tag ordered (IDs increase across all workers), --ordered=false plain")
+		periodicFlags("new ")
 	default:
 		fmt.Fprintln(stderr, "usage:\n"+tagsUsage)
 		return fmt.Errorf("tags: unknown subcommand %q", sub)
@@ -203,10 +215,19 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if !given["step"] {
 			return errors.New("tags create: --step is required")
 		}
-		if err := st.Admin.CreateTag(ctx, segment.Tag{Name: pos[0], Step: step, MaxID: start, Description: desc, Ordered: ordered}); err != nil {
+		t := segment.Tag{Name: pos[0], Step: step, MaxID: start, Description: desc, Ordered: ordered,
+			Reset: segment.Reset(reset), TimeZone: timeZone, Format: format, RetentionDays: retention}
+		if err := st.Admin.CreateTag(ctx, t); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d, ordered %s\n", pos[0], start, step, yesNo(ordered))
+		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d, ordered %s", pos[0], start, step, yesNo(ordered))
+		if r, _ := segment.ParseReset(reset); r != segment.ResetNone {
+			fmt.Fprintf(stdout, ", reset every %s (%s)", r, cmp.Or(timeZone, "UTC"))
+		}
+		if format != "" {
+			fmt.Fprintf(stdout, ", format %s", format)
+		}
+		fmt.Fprintln(stdout)
 		return nil
 	default: // update
 		var u segment.TagUpdate
@@ -223,8 +244,25 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			u.Ordered = &ordered
 			changes = append(changes, "ordered "+yesNo(ordered))
 		}
+		if given["reset"] {
+			r := segment.Reset(reset)
+			u.Reset = &r
+			changes = append(changes, "reset "+reset)
+		}
+		if given["time-zone"] {
+			u.TimeZone = &timeZone
+			changes = append(changes, fmt.Sprintf("time zone %q", timeZone))
+		}
+		if given["format"] {
+			u.Format = &format
+			changes = append(changes, fmt.Sprintf("format %q", format))
+		}
+		if given["retention-days"] {
+			u.RetentionDays = &retention
+			changes = append(changes, fmt.Sprintf("retention %d days", retention))
+		}
 		if len(changes) == 0 {
-			return errors.New("tags update: nothing to change: give --step, --description and/or --ordered=true|false")
+			return errors.New("tags update: nothing to change: give --step, --description, --ordered=true|false, --reset, --time-zone, --format and/or --retention-days")
 		}
 		if err := st.Admin.UpdateTag(ctx, pos[0], u); err != nil {
 			return err
@@ -237,7 +275,10 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // listTags prints the tags; with marks, a WITNESS column shows a tag's
 // witness mark where it differs from the next ID (the store lost writes, or
 // a fetch is in flight), "none" where the tag has no mark yet. ORDERED is
-// yes for an ordered tag, no for a plain one.
+// yes for an ordered tag, no for a plain one. RESET is the reset period
+// (none, day, month, year), with TIME ZONE and RETENTION for a tag that
+// has one; FORMAT the number format, if any. NEXT ID of a tag with a reset
+// period is every period's start.
 func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Writer) error {
 	names, err := st.Tags(ctx)
 	if err != nil {
@@ -245,9 +286,9 @@ func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Wri
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	if marks != nil {
-		fmt.Fprintln(w, "TAG\tNEXT ID\tWITNESS\tSTEP\tORDERED\tUPDATED\tDESCRIPTION")
+		fmt.Fprintln(w, "TAG\tNEXT ID\tWITNESS\tSTEP\tORDERED\tRESET\tTIME ZONE\tRETENTION\tFORMAT\tUPDATED\tDESCRIPTION")
 	} else {
-		fmt.Fprintln(w, "TAG\tNEXT ID\tSTEP\tORDERED\tUPDATED\tDESCRIPTION")
+		fmt.Fprintln(w, "TAG\tNEXT ID\tSTEP\tORDERED\tRESET\tTIME ZONE\tRETENTION\tFORMAT\tUPDATED\tDESCRIPTION")
 	}
 	for _, name := range names {
 		t, err := st.Tag(ctx, name)
@@ -270,7 +311,15 @@ func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Wri
 			}
 			fmt.Fprint(w, "\t")
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\n", t.Step, yesNo(t.Ordered), t.UpdateTime.UTC().Format(time.RFC3339), t.Description)
+		// A tag with a reset period shows its time zone (UTC if none) and
+		// retention (the default if none); one without, none of them.
+		zone, retention := "", ""
+		if t.Reset != segment.ResetNone {
+			zone = cmp.Or(t.TimeZone, "UTC")
+			retention = fmt.Sprintf("%dd", cmp.Or(t.RetentionDays, segment.DefaultRetentionDays))
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Step, yesNo(t.Ordered), t.Reset, zone, retention, t.Format,
+			t.UpdateTime.UTC().Format(time.RFC3339), t.Description)
 	}
 	return w.Flush()
 }

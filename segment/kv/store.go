@@ -8,7 +8,10 @@
 //	{"max_id":1001,"step":1000,"description":"order numbers","ordered":true,"update_time":"2025-01-02T03:04:05.123456789Z"}
 //
 // "ordered" is left out for a plain tag, so a value without it (written
-// before ordered tags existed) is a plain tag.
+// before ordered tags existed) is a plain tag. A tag with a reset period
+// also has "reset", and may have "time_zone", "format" and
+// "retention_days" (left out when empty); each of its periods is a key of
+// its own, named tag=KEY, with "period_end" (see fetchPeriod).
 //
 // Every change is a compare-and-swap on the key's revision, so any number of
 // Stores in any number of processes may share one bucket.
@@ -105,6 +108,10 @@ type Settings struct {
 	// Logger receives the operator mistakes the Store refuses to act on.
 	// Default slog.Default().
 	Logger *slog.Logger
+	// Now is the Store's clock, by which a missing period's row is
+	// expired (segment.PeriodExpired) and PrunePeriods prunes. Default
+	// time.Now.
+	Now func() time.Time
 }
 
 // Store implements segment.Store and segment.Admin over a JetStream
@@ -117,6 +124,7 @@ type Store struct {
 	js    jetstream.JetStream // for reads from the stream leader
 	guard *kvbucket.Guard
 	log   *slog.Logger
+	now   func() time.Time
 
 	mu sync.Mutex // protects last, wrote and logged
 	// last holds, per tag, the value and revision this Store last wrote,
@@ -171,7 +179,11 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("kv: %w", err)
 	}
-	return &Store{kv: kv, js: js, guard: guard, log: log, last: map[string]entry{}, wrote: map[string]entry{}, logged: map[string]uint64{}}, nil
+	now := s.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{kv: kv, js: js, guard: guard, log: log, now: now, last: map[string]entry{}, wrote: map[string]entry{}, logged: map[string]uint64{}}, nil
 }
 
 // Ping checks that the bucket answers.
@@ -182,13 +194,27 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// value is the JSON value of a tag's key.
+// value is the JSON value of a tag's key, or of a period's.
 type value struct {
-	MaxID       int64     `json:"max_id"`
-	Step        int64     `json:"step"`
-	Description string    `json:"description"`
-	Ordered     bool      `json:"ordered,omitempty"` // absent: a plain tag
-	UpdateTime  time.Time `json:"update_time"`       // RFC 3339 with nanoseconds
+	MaxID       int64  `json:"max_id"`
+	Step        int64  `json:"step"`
+	Description string `json:"description"`
+	Ordered     bool   `json:"ordered,omitempty"` // absent: a plain tag
+	// The reset settings of a tag (segment.Tag's), absent for a tag
+	// without a reset period.
+	Reset         string `json:"reset,omitempty"`
+	TimeZone      string `json:"time_zone,omitempty"`
+	Format        string `json:"format,omitempty"`
+	RetentionDays int    `json:"retention_days,omitempty"`
+	// PeriodEnd is the end of a period's period, on a period's key only.
+	PeriodEnd  *time.Time `json:"period_end,omitempty"`
+	UpdateTime time.Time  `json:"update_time"` // RFC 3339 with nanoseconds
+}
+
+// tag returns v as the tag name.
+func (v value) tag(name string) segment.Tag {
+	return segment.Tag{Name: name, MaxID: v.MaxID, Step: v.Step, Description: v.Description, Ordered: v.Ordered,
+		Reset: segment.Reset(v.Reset), TimeZone: v.TimeZone, Format: v.Format, RetentionDays: v.RetentionDays, UpdateTime: v.UpdateTime}
 }
 
 // errNoChange makes modify return without writing.
@@ -342,15 +368,47 @@ func pause(ctx context.Context, attempt int) error {
 // segment.ErrInvalidStep (step above segment.MaxStepLimit, or the stored
 // step is not positive), segment.ErrUnknownTag, segment.ErrExhausted.
 func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
-	if err := segment.CheckTag(tag); err != nil {
+	if err := segment.CheckName(tag); err != nil {
 		return segment.Allocation{}, fmt.Errorf("kv: fetch: %w", err)
 	}
 	if step > segment.MaxStepLimit {
 		return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
 	}
+	if t, key, ok := segment.SplitPeriodName(tag); ok {
+		a, err := s.fetchPeriod(ctx, tag, t, key, step)
+		if err != nil {
+			return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w", tag, err)
+		}
+		return a, nil
+	}
+	a, err := s.fetchKey(ctx, tag, step, nil)
+	if errors.Is(err, segment.ErrUnknownTag) {
+		// A tag served until now is gone: a missing key means "deleted"
+		// only in a bucket that still holds what it held.
+		if herr := s.guard.CheckHeld(ctx); herr != nil {
+			err = herr
+		}
+	}
+	if err != nil {
+		return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w", tag, err)
+	}
+	return a, nil
+}
+
+// fetchKey advances the max_id of key, a tag's or (with its tag's value
+// of) a period's, by compare-and-swap. A period takes its tag's step
+// (as its default and TagStep, and stores it); a tag with a reset period
+// hands out nothing from its own key.
+func (s *Store) fetchKey(ctx context.Context, tag string, step int64, of *value) (segment.Allocation, error) {
 	var a segment.Allocation
 	var wrote entry
 	err := s.modify(ctx, tag, func(v *value, rev uint64) error {
+		if of == nil && v.Reset != "" {
+			return fmt.Errorf("%w: the tag has a reset period (%s): fetch its periods (%s)", segment.ErrInvalidArgument, v.Reset, segment.PeriodName(tag, "KEY"))
+		}
+		if of != nil {
+			v.Step = of.Step
+		}
 		s.mu.Lock()
 		w, ok := s.wrote[tag]
 		s.mu.Unlock()
@@ -381,17 +439,7 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 	if errors.Is(err, ErrMaxIDLowered) {
 		s.logOnce(tag, wrote.rev, "kv: refusing a fetch below what this worker handed out", "tag", tag, "err", err)
 	}
-	if errors.Is(err, segment.ErrUnknownTag) {
-		// A tag served until now is gone: a missing key means "deleted"
-		// only in a bucket that still holds what it held.
-		if herr := s.guard.CheckHeld(ctx); herr != nil {
-			err = herr
-		}
-	}
-	if err != nil {
-		return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w", tag, err)
-	}
-	return a, nil
+	return a, err
 }
 
 // GiveBack sets the tag's max_id back to firstUnissued if this Store's last
@@ -402,7 +450,7 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 // has not written, reports false. firstUnissued must be in 1..end
 // (segment.ErrInvalidArgument).
 func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
-	if err := segment.CheckTag(tag); err != nil {
+	if err := segment.CheckName(tag); err != nil {
 		return false, fmt.Errorf("kv: give back: %w", err)
 	}
 	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
@@ -484,7 +532,7 @@ func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
 	if err != nil {
 		return segment.Tag{}, fmt.Errorf("kv: tag %q: %w", name, err)
 	}
-	return segment.Tag{Name: name, MaxID: v.MaxID, Step: v.Step, Description: v.Description, Ordered: v.Ordered, UpdateTime: v.UpdateTime}, nil
+	return v.tag(name), nil
 }
 
 // CreateTag adds the tag t with step t.Step, first ID t.MaxID, t.Description
@@ -500,12 +548,17 @@ func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 	if err := segment.CheckStart(t.MaxID); err != nil {
 		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
+	p, err := segment.CheckPeriodic(t)
+	if err != nil {
+		return fmt.Errorf("kv: create tag: %w", err)
+	}
 	// A missing key is a new tag only in a bucket that still holds what
 	// it held.
 	if err := s.guard.CheckHeld(ctx); err != nil {
 		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
-	b, err := json.Marshal(value{MaxID: t.MaxID, Step: t.Step, Description: t.Description, Ordered: t.Ordered, UpdateTime: time.Now().UTC()})
+	b, err := json.Marshal(value{MaxID: t.MaxID, Step: t.Step, Description: t.Description, Ordered: t.Ordered,
+		Reset: string(p.Reset), TimeZone: t.TimeZone, Format: t.Format, RetentionDays: t.RetentionDays, UpdateTime: time.Now().UTC()})
 	if err != nil {
 		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
@@ -565,23 +618,22 @@ func (s *Store) logOnce(tag string, key uint64, msg string, args ...any) {
 // maxLogged bounds the entries of Store.logged.
 const maxLogged = 10000
 
-// UpdateTag sets the tag's step, description and/or ordered flag, those of
-// u that are not nil, in one compare-and-swap. It does not move max_id.
-// Errors: as for CreateTag, and segment.ErrUnknownTag.
+// UpdateTag sets the tag's fields of u that are not nil, in one
+// compare-and-swap on the value it checked (segment.ApplyUpdate: a reset
+// period can be set, never changed or removed, and the settings are checked
+// together). It does not move max_id. Errors: as for CreateTag, and
+// segment.ErrUnknownTag.
 func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate) error {
 	if err := segment.CheckTagFields(name, u.Step, u.Description); err != nil {
 		return fmt.Errorf("kv: update tag: %w", err)
 	}
 	err := s.modify(ctx, name, func(v *value, _ uint64) error {
-		if u.Step != nil {
-			v.Step = *u.Step
+		t, err := segment.ApplyUpdate(v.tag(name), u)
+		if err != nil {
+			return err
 		}
-		if u.Description != nil {
-			v.Description = *u.Description
-		}
-		if u.Ordered != nil {
-			v.Ordered = *u.Ordered
-		}
+		v.Step, v.Description, v.Ordered = t.Step, t.Description, t.Ordered
+		v.Reset, v.TimeZone, v.Format, v.RetentionDays = string(t.Reset), t.TimeZone, t.Format, t.RetentionDays
 		return nil
 	})
 	if err != nil {
@@ -646,7 +698,7 @@ func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange,
 			case e.Operation() != jetstream.KeyValuePut:
 				c.Deleted = true
 			case json.Unmarshal(e.Value(), &v) == nil:
-				c.Tag = segment.Tag{Name: e.Key(), MaxID: v.MaxID, Step: v.Step, Description: v.Description, Ordered: v.Ordered, UpdateTime: v.UpdateTime}
+				c.Tag = v.tag(e.Key())
 			}
 			out = append(out, c)
 			if int64(e.Revision()) >= last {

@@ -87,25 +87,36 @@ func (s *Store) Ping(ctx context.Context) error {
 // one statement, so that the row lock orders concurrent fetches. A tag step
 // that is not positive (possible in a table inherited from Leaf) makes the
 // sum NULL, which the NOT NULL column rejects (23502) before anything
-// changes; a sum past 2^63-1 fails with 22003 instead of wrapping.
+// changes; a sum past 2^63-1 fails with 22003 instead of wrapping. A tag
+// with a reset period hands out no IDs from its own row (its periods' rows
+// do), so its row is not fetched.
 const fetchSQL = `UPDATE leaf_alloc
 SET max_id = max_id + CASE WHEN $2::bigint > 0 THEN $2::bigint WHEN step > 0 THEN step END,
     update_time = now(), dispenser_version = dispenser_version + 1
-WHERE biz_tag = $1
+WHERE biz_tag = $1 AND reset_period IS NULL
 RETURNING max_id, step, dispenser_version`
 
 // Fetch atomically advances the tag's max_id by step (the tag's own step if
-// step <= 0) and returns the IDs in between. Errors: segment.ErrInvalidTag,
-// segment.ErrInvalidStep (step above segment.MaxStepLimit, or the stored
-// step is not positive), segment.ErrUnknownTag, segment.ErrExhausted.
+// step <= 0) and returns the IDs in between. tag may be a period name
+// (segment.PeriodName) of a tag with a reset period: see fetchPeriod.
+// Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step above
+// segment.MaxStepLimit, or the stored step is not positive),
+// segment.ErrUnknownTag, segment.ErrExhausted, segment.ErrInvalidArgument
+// (a tag with a reset period, whose own row hands out nothing; a period
+// of a tag without one, or not one of its periods),
+// segment.ErrPeriodExpired.
 func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
 	if err := checkFetch(tag, step); err != nil {
 		return segment.Allocation{}, err
 	}
 	step = max(step, 0)
+	if t, key, ok := segment.SplitPeriodName(tag); ok {
+		a, _, err := s.fetchPeriod(ctx, tag, t, key, 0, step)
+		return a, err
+	}
 	var end, tagStep, version int64
 	err := s.pool.QueryRow(ctx, fetchSQL, tag, step).Scan(&end, &tagStep, &version)
-	if err = fetchError(tag, err); err != nil {
+	if err = s.fetchError(ctx, tag, err); err != nil {
 		return segment.Allocation{}, err
 	}
 	s.remember(tag, written{end, version})
@@ -123,7 +134,7 @@ UPDATE leaf_alloc
 SET max_id = greatest(leaf_alloc.max_id, $3::bigint) + CASE WHEN $2::bigint > 0 THEN $2::bigint WHEN step > 0 THEN step END,
     update_time = now(), dispenser_version = leaf_alloc.dispenser_version + 1
 FROM old
-WHERE biz_tag = $1
+WHERE biz_tag = $1 AND reset_period IS NULL
 RETURNING leaf_alloc.max_id, leaf_alloc.step, old.max_id, leaf_alloc.dispenser_version`
 
 // FetchAbove is Fetch from greatest(max_id, floor): it moves a tag whose
@@ -138,9 +149,12 @@ func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (
 		return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w: floor %d", tag, segment.ErrInvalidArgument, floor)
 	}
 	step = max(step, 0)
+	if t, key, ok := segment.SplitPeriodName(tag); ok {
+		return s.fetchPeriod(ctx, tag, t, key, floor, step)
+	}
 	var end, tagStep, before, version int64
 	err := s.pool.QueryRow(ctx, fetchAboveSQL, tag, step, floor).Scan(&end, &tagStep, &before, &version)
-	if err = fetchError(tag, err); err != nil {
+	if err = s.fetchError(ctx, tag, err); err != nil {
 		return segment.Allocation{}, 0, err
 	}
 	s.remember(tag, written{end, version})
@@ -150,15 +164,31 @@ func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (
 	return segment.Allocation{Start: end - step, End: end, TagStep: tagStep}, before, nil
 }
 
-// checkFetch checks a fetch's tag and step.
+// checkFetch checks a fetch's tag (or period name) and step.
 func checkFetch(tag string, step int64) error {
-	if err := segment.CheckTag(tag); err != nil {
+	if err := segment.CheckName(tag); err != nil {
 		return fmt.Errorf("postgres: fetch: %w", err)
 	}
 	if step > segment.MaxStepLimit {
 		return fmt.Errorf("postgres: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
 	}
 	return nil
+}
+
+// fetchError maps the error of a fetch statement of a tag's row to package
+// segment's. No row is an unknown tag, or one with a reset period.
+func (s *Store) fetchError(ctx context.Context, tag string, err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		var reset *string
+		switch err := s.pool.QueryRow(ctx, "SELECT reset_period FROM leaf_alloc WHERE biz_tag = $1", tag).Scan(&reset); {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return fmt.Errorf("postgres: fetch %q: %w", tag, err)
+		case reset != nil:
+			return fmt.Errorf("postgres: fetch %q: %w: the tag has a reset period (%s): fetch its periods (%s)", tag, segment.ErrInvalidArgument, *reset, segment.PeriodName(tag, "KEY"))
+		}
+	}
+	return fetchError(tag, err)
 }
 
 // fetchError maps the error of a fetch statement to package segment's.
@@ -185,7 +215,7 @@ func fetchError(tag string, err error) error {
 // Store has not fetched, reports false. firstUnissued must be in 1..end
 // (segment.ErrInvalidArgument).
 func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
-	if err := segment.CheckTag(tag); err != nil {
+	if err := segment.CheckName(tag); err != nil {
 		return false, fmt.Errorf("postgres: give back: %w", err)
 	}
 	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
@@ -223,9 +253,9 @@ func (s *Store) remember(tag string, w written) {
 
 // Tags lists the names of all tags in byte order. Rows whose biz_tag is not
 // a valid tag name (possible in a table inherited from Leaf) are left out,
-// since no operation of this Store accepts them.
+// since no operation of this Store accepts them, and so are periods' rows.
 func (s *Store) Tags(ctx context.Context) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT biz_tag FROM leaf_alloc ORDER BY biz_tag COLLATE "C"`)
+	rows, err := s.pool.Query(ctx, `SELECT biz_tag FROM leaf_alloc WHERE period_of IS NULL ORDER BY biz_tag COLLATE "C"`)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: list tags: %w", err)
 	}
@@ -242,16 +272,29 @@ func (s *Store) Tags(ctx context.Context) ([]string, error) {
 	return valid, nil
 }
 
+// tagColumns are the columns of a tag as scanTag reads them. NULLs (a row
+// of Leaf, or of a table before migrations 002 and 005) read as the zero
+// values: no description, not ordered, no reset period.
+const tagColumns = `biz_tag, max_id, step, coalesce(description, ''), coalesce(ordered, false), update_time,
+coalesce(reset_period, ''), coalesce(time_zone, ''), coalesce(number_format, ''), coalesce(retention_days, 0)`
+
+// scanTag reads the tagColumns of a row.
+func scanTag(row pgx.Row) (segment.Tag, error) {
+	var t segment.Tag
+	var reset string
+	err := row.Scan(&t.Name, &t.MaxID, &t.Step, &t.Description, &t.Ordered, &t.UpdateTime, &reset, &t.TimeZone, &t.Format, &t.RetentionDays)
+	t.Reset = segment.Reset(reset)
+	return t, err
+}
+
 // Tag looks up one tag. A NULL description reads as "", a NULL ordered
-// (a row of Leaf, or of a table before migration 002) as false. Errors:
-// segment.ErrInvalidTag, segment.ErrUnknownTag.
+// (a row of Leaf, or of a table before migration 002) as false, NULL reset
+// settings as none. Errors: segment.ErrInvalidTag, segment.ErrUnknownTag.
 func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
 	if err := segment.CheckTag(name); err != nil {
 		return segment.Tag{}, fmt.Errorf("postgres: tag: %w", err)
 	}
-	t := segment.Tag{Name: name}
-	err := s.pool.QueryRow(ctx, "SELECT max_id, step, coalesce(description, ''), coalesce(ordered, false), update_time FROM leaf_alloc WHERE biz_tag = $1", name).
-		Scan(&t.MaxID, &t.Step, &t.Description, &t.Ordered, &t.UpdateTime)
+	t, err := scanTag(s.pool.QueryRow(ctx, "SELECT "+tagColumns+" FROM leaf_alloc WHERE biz_tag = $1", name))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return segment.Tag{}, fmt.Errorf("postgres: tag %q: %w", name, segment.ErrUnknownTag)
 	}
@@ -261,11 +304,13 @@ func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
 	return t, nil
 }
 
-// CreateTag adds the tag t with step t.Step, first ID t.MaxID, t.Description
-// and t.Ordered. Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step
-// not in 1..segment.MaxStepLimit), segment.ErrInvalidArgument (first ID < 1,
+// CreateTag adds the tag t with step t.Step, first ID t.MaxID, t.Description,
+// t.Ordered and the reset settings (Reset, TimeZone, Format, RetentionDays).
+// Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step not in
+// 1..segment.MaxStepLimit), segment.ErrInvalidArgument (first ID < 1,
 // description over segment.MaxDescription characters or not UTF-8 without
-// NUL), segment.ErrTagExists (nothing changes).
+// NUL, reset settings that segment.CheckPeriodic refuses),
+// segment.ErrTagExists (nothing changes).
 func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 	if err := segment.CheckTagFields(t.Name, &t.Step, &t.Description); err != nil {
 		return fmt.Errorf("postgres: create tag: %w", err)
@@ -273,8 +318,13 @@ func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 	if err := segment.CheckStart(t.MaxID); err != nil {
 		return fmt.Errorf("postgres: create tag %q: %w", t.Name, err)
 	}
-	ct, err := s.pool.Exec(ctx, `INSERT INTO leaf_alloc (biz_tag, max_id, step, description, ordered) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (biz_tag) DO NOTHING`, t.Name, t.MaxID, t.Step, t.Description, t.Ordered)
+	p, err := segment.CheckPeriodic(t)
+	if err != nil {
+		return fmt.Errorf("postgres: create tag: %w", err)
+	}
+	ct, err := s.pool.Exec(ctx, `INSERT INTO leaf_alloc (biz_tag, max_id, step, description, ordered, reset_period, time_zone, number_format, retention_days)
+VALUES ($1, $2, $3, $4, $5, nullif($6, ''), nullif($7, ''), nullif($8, ''), nullif($9::integer, 0))
+ON CONFLICT (biz_tag) DO NOTHING`, t.Name, t.MaxID, t.Step, t.Description, t.Ordered, string(p.Reset), t.TimeZone, t.Format, t.RetentionDays)
 	if err != nil {
 		return fmt.Errorf("postgres: create tag %q: %w", t.Name, err)
 	}
@@ -284,22 +334,45 @@ ON CONFLICT (biz_tag) DO NOTHING`, t.Name, t.MaxID, t.Step, t.Description, t.Ord
 	return nil
 }
 
-// UpdateTag sets the tag's step, description and/or ordered flag, those of
-// u that are not nil, in one statement. It does not move max_id. Errors: as
-// for CreateTag, and segment.ErrUnknownTag.
+// UpdateTag sets the tag's fields of u that are not nil, and leaves the
+// others and max_id as they are. It reads the tag's row with SELECT … FOR
+// UPDATE, checks the tag as updated (segment.CheckPeriodic: the settings
+// together, such as a format that a daily tag needs) and writes it, in one
+// transaction, so that two updates never combine into settings that
+// neither checked. A tag's reset period, once set, cannot be changed or
+// removed. Errors: as for CreateTag, and segment.ErrUnknownTag.
 func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate) error {
 	if err := segment.CheckTagFields(name, u.Step, u.Description); err != nil {
 		return fmt.Errorf("postgres: update tag: %w", err)
 	}
-	ct, err := s.pool.Exec(ctx, `UPDATE leaf_alloc
-SET step = coalesce($2::integer, step), description = coalesce($3::text, description),
-    ordered = coalesce($4::boolean, ordered), update_time = now()
-WHERE biz_tag = $1`, name, u.Step, u.Description, u.Ordered)
+	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("postgres: update tag %q: %w", name, err)
 	}
-	if ct.RowsAffected() == 0 {
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	t, err := scanTag(tx.QueryRow(ctx, "SELECT "+tagColumns+" FROM leaf_alloc WHERE biz_tag = $1 FOR UPDATE", name))
+	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("postgres: update tag %q: %w", name, segment.ErrUnknownTag)
+	}
+	if err != nil {
+		return fmt.Errorf("postgres: update tag %q: %w", name, err)
+	}
+	t, err = segment.ApplyUpdate(t, u)
+	if err != nil {
+		return fmt.Errorf("postgres: update tag: %w", err)
+	}
+	// Fields u leaves alone are written as they are (a NULL description
+	// or ordered of a Leaf row stays NULL); the reset settings as checked.
+	_, err = tx.Exec(ctx, `UPDATE leaf_alloc
+SET step = coalesce($2::integer, step), description = coalesce($3::text, description),
+    ordered = coalesce($4::boolean, ordered), reset_period = nullif($5, ''), time_zone = nullif($6, ''),
+    number_format = nullif($7, ''), retention_days = nullif($8::integer, 0), update_time = now()
+WHERE biz_tag = $1`, name, u.Step, u.Description, u.Ordered, string(t.Reset), t.TimeZone, t.Format, t.RetentionDays)
+	if err != nil {
+		return fmt.Errorf("postgres: update tag %q: %w", name, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("postgres: update tag %q: %w", name, err)
 	}
 	return nil
 }
@@ -314,7 +387,8 @@ const changesOverlap = 5 * time.Second
 // the database's clock as the next cursor (microseconds since 1970). Cursor
 // 0 lists nothing. An index on update_time (migration 003) keeps it cheap
 // however many tags the table holds. Deleted rows are not seen: the
-// allocator notices them at their next fetch.
+// allocator notices them at their next fetch. Periods' rows are not
+// listed: they are not tags.
 func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
 	var now int64
 	if err := s.pool.QueryRow(ctx, `SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint`).Scan(&now); err != nil {
@@ -324,15 +398,14 @@ func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange,
 		return nil, now, nil
 	}
 	since := time.UnixMicro(cursor).Add(-changesOverlap)
-	rows, err := s.pool.Query(ctx, `SELECT biz_tag, max_id, step, coalesce(description, ''), update_time, coalesce(ordered, false)
-FROM leaf_alloc WHERE update_time >= $1`, since)
+	rows, err := s.pool.Query(ctx, "SELECT "+tagColumns+" FROM leaf_alloc WHERE update_time >= $1 AND period_of IS NULL", since)
 	if err != nil {
 		return nil, 0, fmt.Errorf("postgres: changes: %w", err)
 	}
 	var out []segment.TagChange
 	for rows.Next() {
-		var t segment.Tag
-		if err := rows.Scan(&t.Name, &t.MaxID, &t.Step, &t.Description, &t.UpdateTime, &t.Ordered); err != nil {
+		t, err := scanTag(rows)
+		if err != nil {
 			rows.Close()
 			return nil, 0, fmt.Errorf("postgres: changes: %w", err)
 		}

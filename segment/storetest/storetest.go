@@ -30,6 +30,7 @@ import (
 type Store interface {
 	segment.Store
 	segment.Admin
+	segment.PeriodPruner
 	// DeleteTag removes a tag, which then is unknown to every operation and
 	// may be created again. An unknown tag yields segment.ErrUnknownTag.
 	DeleteTag(ctx context.Context, name string) error
@@ -81,6 +82,13 @@ func Run(t *testing.T, c Config) {
 		{"Tags", testTags},
 		{"Tag", testTag},
 		{"DeleteTag", testDeleteTag},
+		{"Periods", testPeriods},
+		{"PeriodErrors", testPeriodErrors},
+		{"ConcurrentFirstFetchesOfAPeriod", testConcurrentPeriodCreation},
+		{"PrunePeriods", testPrunePeriods},
+		{"PeriodGiveBack", testPeriodGiveBack},
+		{"PeriodicSettings", testPeriodicSettings},
+		{"PeriodicSettingsInvalid", testPeriodicSettingsInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.test(t, c) })
@@ -141,7 +149,8 @@ func snapshot(tb testing.TB, s Store) string {
 	var b strings.Builder
 	for _, n := range names {
 		t := tag(tb, s, n)
-		fmt.Fprintf(&b, "%s|%d|%d|%q|ordered=%v|%s\n", t.Name, t.MaxID, t.Step, t.Description, t.Ordered, t.UpdateTime.UTC().Format(time.RFC3339Nano))
+		fmt.Fprintf(&b, "%s|%d|%d|%q|ordered=%v|reset=%s|tz=%q|format=%q|retention=%d|%s\n", t.Name, t.MaxID, t.Step, t.Description, t.Ordered,
+			t.Reset, t.TimeZone, t.Format, t.RetentionDays, t.UpdateTime.UTC().Format(time.RFC3339Nano))
 	}
 	return b.String()
 }

@@ -313,6 +313,19 @@ func (w *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange,
 	return cl.Changes(ctx, cursor)
 }
 
+// PrunePeriods passes through to the inner store if it is a
+// segment.PeriodPruner, and fails with errors.ErrUnsupported otherwise.
+// The marks of the periods pruned stay in the witness bucket (a period
+// pruned is not fetched again, so they guard nothing, and cost a key
+// each).
+func (w *Store) PrunePeriods(ctx context.Context) (int, error) {
+	p, ok := w.Raiser.(segment.PeriodPruner)
+	if !ok {
+		return 0, fmt.Errorf("witness: %T prunes no periods: %w", w.Raiser, errors.ErrUnsupported)
+	}
+	return p.PrunePeriods(ctx)
+}
+
 // Ping checks that the inner store and the witness bucket answer.
 func (w *Store) Ping(ctx context.Context) error {
 	if p, ok := w.Raiser.(interface{ Ping(context.Context) error }); ok {

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// TestPeriodicTagCommands: tags create and update with --reset,
+// --time-zone, --format and --retention-days, and the RESET, TIME ZONE,
+// RETENTION and FORMAT columns of tags list, on every store; bad values
+// fail and change nothing.
+func TestPeriodicTagCommands(t *testing.T) {
+	pg := testenv.Postgres(t)
+	if out, err := runCmd(t, "migrate", "--postgres-url", pg); err != nil {
+		t.Fatalf("migrate: %v\n%s", err, out)
+	}
+	ns := testenv.NATS(t)
+	stores := []struct {
+		name string
+		args []string
+	}{
+		{name: "postgres", args: []string{"--postgres-url", pg}},
+		{name: "kv", args: []string{"--nats-url", ns.ClientURL(), "--segment-bucket", "periodic_cli"}},
+	}
+	// state is what tags list must show after a step: per tag "RESET|TIME
+	// ZONE|RETENTION|FORMAT".
+	type state map[string]string
+	steps := []struct {
+		name    string
+		args    []string
+		wantErr string // "": success
+		want    string // in the output of a success
+		state   state  // after a success; after an error, the list must be as before
+	}{
+		{name: "create daily", args: []string{"create", "orders", "--step", "10", "--reset", "day", "--time-zone", "Asia/Shanghai", "--format", "ORD{date:20060102}{seq:6}"},
+			want:  "created tag orders: first ID 1, step 10, ordered no, reset every day (Asia/Shanghai), format ORD{date:20060102}{seq:6}",
+			state: state{"orders": "day|Asia/Shanghai|7d|ORD{date:20060102}{seq:6}"}},
+		{name: "create plain", args: []string{"create", "plain", "--step", "10"},
+			want: "created tag plain: first ID 1, step 10, ordered no\n", state: state{"orders": "day|Asia/Shanghai|7d|ORD{date:20060102}{seq:6}", "plain": "none|||"}},
+		{name: "create with a format without date", args: []string{"create", "daily2", "--step", "10", "--reset", "day", "--format", "D{seq}"}, wantErr: "needs {date:LAYOUT}"},
+		{name: "create with a bad zone", args: []string{"create", "daily2", "--step", "10", "--reset", "day", "--time-zone", "Mars/Base"}, wantErr: "time zone"},
+		{name: "create with a bad reset", args: []string{"create", "daily2", "--step", "10", "--reset", "week"}, wantErr: "want day, month, year or none"},
+		{name: "create ordered with reset", args: []string{"create", "daily2", "--step", "10", "--reset", "year", "--ordered"}, wantErr: "cannot be ordered"},
+		{name: "create with a bad retention", args: []string{"create", "daily2", "--step", "10", "--reset", "year", "--retention-days", "-2"}, wantErr: "retention"},
+		{name: "none to month", args: []string{"update", "plain", "--reset", "month", "--retention-days", "40"},
+			want: "updated tag plain: reset month, retention 40 days", state: state{"orders": "day|Asia/Shanghai|7d|ORD{date:20060102}{seq:6}", "plain": "month|UTC|40d|"}},
+		{name: "reset changed", args: []string{"update", "orders", "--reset", "month", "--format", "M{date:200601}{seq}"}, wantErr: "cannot be changed"},
+		{name: "reset removed", args: []string{"update", "plain", "--reset", "none"}, wantErr: "cannot be changed"},
+		{name: "format without date", args: []string{"update", "orders", "--format", "{seq}"}, wantErr: "needs {date:LAYOUT}"},
+		{name: "time zone and format", args: []string{"update", "orders", "--time-zone", "", "--format", ""},
+			want: `time zone "", format ""`, state: state{"orders": "day|UTC|7d|", "plain": "month|UTC|40d|"}},
+		{name: "period name", args: []string{"update", "orders=20260101", "--retention-days", "3"}, wantErr: "invalid tag"},
+	}
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			for _, s := range steps {
+				_, before := listTable(t, st.args)
+				out, err := runCmd(t, append(append([]string{"tags"}, s.args...), st.args...)...)
+				if s.wantErr != "" {
+					if err == nil || !strings.Contains(err.Error(), s.wantErr) {
+						t.Fatalf("%s: got error %v, want one containing %q; output %q", s.name, err, s.wantErr, out)
+					}
+					if _, after := listTable(t, st.args); after != before {
+						t.Fatalf("%s: a failed command changed the tags:\nbefore:\n%s\nafter:\n%s", s.name, before, after)
+					}
+					continue
+				}
+				if err != nil || !strings.Contains(out, s.want) {
+					t.Fatalf("%s: got %q, %v, want output containing %q", s.name, out, err, s.want)
+				}
+				rows, raw := listTable(t, st.args)
+				got := state{}
+				for name, row := range rows {
+					got[name] = row["RESET"] + "|" + row["TIME ZONE"] + "|" + row["RETENTION"] + "|" + row["FORMAT"]
+				}
+				if !maps.Equal(got, s.state) {
+					t.Fatalf("%s: tags list shows %q, want %q:\n%s", s.name, got, s.state, raw)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,73 @@
+package kv_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// TestPeriodsByTheStoresClock: a missing period is expired, and pruned, by
+// the Store's clock (Settings.Now); a pruned period's key keeps its delete
+// marker, so a Store whose clock is behind does not create it again.
+func TestPeriodsByTheStoresClock(t *testing.T) {
+	srv := testenv.NATS(t)
+	late := newStore(t, srv, kv.Settings{Logger: quiet})
+	ahead := newStore(t, srv, kv.Settings{Logger: quiet, Now: func() time.Time { return time.Now().AddDate(0, 0, 10) }})
+	if err := late.CreateTag(ctx, segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	today := segment.PeriodName("daily", segment.ResetDay.PeriodAt(now, time.UTC).Key)
+	yesterday := segment.PeriodName("daily", segment.ResetDay.PeriodAt(now.AddDate(0, 0, -1), time.UTC).Key)
+	want := segment.Allocation{Start: 1, End: 11, TagStep: 10}
+	if a, err := late.Fetch(ctx, today, 0); err != nil || a != want {
+		t.Fatalf("Fetch(%s) = %+v, %v, want %+v", today, a, err, want)
+	}
+	if a, err := ahead.Fetch(ctx, yesterday, 0); !errors.Is(err, segment.ErrPeriodExpired) {
+		t.Errorf("Fetch(%s) by a clock 10 days ahead = %+v, %v, want ErrPeriodExpired", yesterday, a, err)
+	}
+	// An existing period's key serves on, whatever the clock.
+	if a, err := ahead.Fetch(ctx, today, 0); err != nil || a.Start != 11 {
+		t.Errorf("Fetch(%s) by a clock 10 days ahead = %+v, %v, want the segment from 11", today, a, err)
+	}
+	if n, err := late.PrunePeriods(ctx); err != nil || n != 0 {
+		t.Errorf("PrunePeriods by the right clock = %d, %v, want 0", n, err)
+	}
+	if n, err := ahead.PrunePeriods(ctx); err != nil || n != 1 {
+		t.Fatalf("PrunePeriods by a clock 10 days ahead = %d, %v, want 1", n, err)
+	}
+	if got := rawValueOrDeleted(t, bucket(t, srv, kv.DefaultBucket), today); got != "<deleted>" {
+		t.Errorf("pruned key %s holds %s, want a delete marker", today, got)
+	}
+	if a, err := late.Fetch(ctx, today, 0); !errors.Is(err, segment.ErrTagDeleted) {
+		t.Errorf("Fetch(%s) of a pruned period by a clock behind = %+v, %v, want ErrTagDeleted", today, a, err)
+	}
+	if a, err := late.Fetch(ctx, yesterday, 0); err != nil || a != want {
+		t.Errorf("Fetch(%s) by the right clock = %+v, %v, want %+v", yesterday, a, err, want)
+	}
+}
+
+// TestPeriodInPurgedBucket: a missing period key is a new period only in a
+// bucket that still holds what it held.
+func TestPeriodInPurgedBucket(t *testing.T) {
+	srv := testenv.NATS(t)
+	s := newStore(t, srv, kv.Settings{Logger: quiet})
+	if err := s.CreateTag(ctx, segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay}); err != nil {
+		t.Fatal(err)
+	}
+	today := segment.PeriodName("daily", segment.ResetDay.PeriodAt(time.Now(), time.UTC).Key)
+	if _, err := s.Fetch(ctx, today, 0); err != nil {
+		t.Fatal(err)
+	}
+	purge(t, srv)
+	if a, err := s.Fetch(ctx, today, 0); !errors.Is(err, kv.ErrBucketPurged) {
+		t.Errorf("Fetch(%s) after a purge = %+v, %v, want ErrBucketPurged", today, a, err)
+	}
+	if got := rawValueOrDeleted(t, bucket(t, srv, kv.DefaultBucket), today); got != "<deleted>" {
+		t.Errorf("period key %s after the purge holds %s, want nothing", today, got)
+	}
+}

@@ -1,0 +1,113 @@
+package segment
+
+import (
+	"fmt"
+	"time"
+)
+
+// PeriodOfKey returns the period of r whose key is key (a period name's
+// KEY: YYYYMMDD for a day, YYYYMM for a month, YYYY for a year) in loc:
+// what a store needs to create, or refuse, a period's row. A key that is
+// not one of r's periods (another length, a date that does not exist), or
+// a tag without a reset period, yields ErrInvalidArgument.
+func (r Reset) PeriodOfKey(key string, loc *time.Location) (Period, error) {
+	var layout string
+	switch r {
+	case ResetDay:
+		layout = "20060102"
+	case ResetMonth:
+		layout = "200601"
+	case ResetYear:
+		layout = "2006"
+	default:
+		return Period{}, fmt.Errorf("%w: period %q of a tag without a reset period", ErrInvalidArgument, key)
+	}
+	t, err := time.ParseInLocation(layout, key, loc)
+	if err != nil || len(key) != len(layout) {
+		return Period{}, fmt.Errorf("%w: period %q is not a %s (want %s)", ErrInvalidArgument, key, r, layout)
+	}
+	// Noon, so that a midnight that a daylight saving change skips still
+	// lands in the day.
+	p := r.PeriodAt(t.Add(12*time.Hour), loc)
+	if p.Key != key {
+		return Period{}, fmt.Errorf("%w: period %q is not a %s (want %s)", ErrInvalidArgument, key, r, layout)
+	}
+	return p, nil
+}
+
+// PeriodOfKey returns the period of t whose key is key, in t's time zone.
+// Errors wrap ErrInvalidArgument: t has no reset period (so no periods),
+// its time zone does not load, or key is not one of its periods.
+func (t Tag) PeriodOfKey(key string) (Period, error) {
+	if t.Reset == ResetNone {
+		return Period{}, fmt.Errorf("%w: tag %q has no reset period, so no period %q", ErrInvalidArgument, t.Name, key)
+	}
+	loc, err := LoadLocation(t.TimeZone)
+	if err != nil {
+		return Period{}, err
+	}
+	return t.Reset.PeriodOfKey(key, loc)
+}
+
+// Retention returns how long a tag with retention days keeps a period's
+// row after the period ended: days times 24 hours (DefaultRetentionDays
+// for 0). Stores compare by it: a period whose row is missing is expired
+// once End + Retention is not after now.
+func Retention(days int) time.Duration {
+	if days == 0 {
+		days = DefaultRetentionDays
+	}
+	return time.Duration(days) * 24 * time.Hour
+}
+
+// PeriodExpired reports whether a period ending at end, of a tag with
+// retention days, is expired at now: its row, missing, is not created
+// again.
+func PeriodExpired(end, now time.Time, days int) bool {
+	return !end.After(now.Add(-Retention(days)))
+}
+
+// ApplyUpdate returns t with the fields of u that are not nil, checked as
+// Admin.UpdateTag takes them: a reset period can be set on a tag without
+// one, never changed or removed, and the tag as updated must pass
+// CheckPeriodic (its settings are checked together: a format a daily tag
+// accepts, a time zone only with a reset period). Stores call it on the
+// tag as stored, in the same atomic step as the write. Errors wrap
+// ErrInvalidArgument (or ErrInvalidTag); step and description are checked
+// by CheckTagFields.
+func ApplyUpdate(t Tag, u TagUpdate) (Tag, error) {
+	if u.Step != nil {
+		t.Step = *u.Step
+	}
+	if u.Description != nil {
+		t.Description = *u.Description
+	}
+	if u.Ordered != nil {
+		t.Ordered = *u.Ordered
+	}
+	if u.Reset != nil {
+		r, err := ParseReset(string(*u.Reset))
+		if err != nil {
+			return Tag{}, fmt.Errorf("%q: %w", t.Name, err)
+		}
+		if t.Reset != ResetNone && r != t.Reset {
+			return Tag{}, fmt.Errorf("%q: %w: reset period %s cannot be changed to %s: each period's row is named after its key, and numbers of the new periods would repeat those of the old ones; create a new tag", t.Name, ErrInvalidArgument, t.Reset, r)
+		}
+		t.Reset = r
+	}
+	if u.TimeZone != nil {
+		t.TimeZone = *u.TimeZone
+	}
+	if u.Format != nil {
+		t.Format = *u.Format
+	}
+	if u.RetentionDays != nil {
+		t.RetentionDays = *u.RetentionDays
+	}
+	p, err := CheckPeriodic(t)
+	if err != nil {
+		return Tag{}, err
+	}
+	t.Reset = p.Reset
+	return t, nil
+}

@@ -1,0 +1,360 @@
+package storetest
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// createPeriodic creates a tag with reset period r and fails the test on
+// error.
+func createPeriodic(tb testing.TB, s Store, t segment.Tag) {
+	tb.Helper()
+	if t.Description == "" {
+		t.Description = "test tag " + t.Name
+	}
+	if err := s.CreateTag(ctx(tb), t); err != nil {
+		tb.Fatalf("CreateTag(%+v): %v", t, err)
+	}
+}
+
+// dayKey is the key of the day d days from today (UTC, the clocks of the
+// test and of the store): periods near today are not expired.
+func dayKey(d int) string {
+	return segment.ResetDay.PeriodAt(time.Now().AddDate(0, 0, d), time.UTC).Key
+}
+
+// A period's first fetch starts at the tag's start, its fetches are
+// contiguous, another period starts again at the tag's start, the tag's
+// own row neither moves nor hands out IDs, and neither Tags nor Changes
+// list periods.
+func testPeriods(t *testing.T, c Config) {
+	s := newStore(t, c)
+	cl, ok := s.(segment.ChangeLister)
+	if !ok {
+		t.Fatalf("%T is not a segment.ChangeLister", s)
+	}
+	_, cursor, err := cl.Changes(ctx(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	createPeriodic(t, s, segment.Tag{Name: "daily", Step: 10, MaxID: 100, Reset: segment.ResetDay, Format: "D{date:20060102}-{seq:4}"})
+	createPeriodic(t, s, segment.Tag{Name: "monthly", Step: 5, MaxID: 1, Reset: segment.ResetMonth, TimeZone: "Asia/Shanghai", RetentionDays: 40})
+	createTag(t, s, "plain", 10, 1)
+	today, yesterday := segment.PeriodName("daily", dayKey(0)), segment.PeriodName("daily", dayKey(-1))
+	month := segment.PeriodName("monthly", segment.ResetMonth.PeriodAt(time.Now(), mustZone(t, "Asia/Shanghai")).Key)
+
+	steps := []struct {
+		name string
+		step int64
+		want segment.Allocation
+	}{
+		{name: today, want: segment.Allocation{Start: 100, End: 110, TagStep: 10}},
+		{name: today, want: segment.Allocation{Start: 110, End: 120, TagStep: 10}},
+		{name: today, step: 25, want: segment.Allocation{Start: 120, End: 145, TagStep: 10}},
+		{name: yesterday, step: 3, want: segment.Allocation{Start: 100, End: 103, TagStep: 10}},
+		{name: yesterday, want: segment.Allocation{Start: 103, End: 113, TagStep: 10}},
+		{name: today, want: segment.Allocation{Start: 145, End: 155, TagStep: 10}},
+		{name: month, want: segment.Allocation{Start: 1, End: 6, TagStep: 5}},
+	}
+	for i, st := range steps {
+		if got := fetch(t, s, st.name, st.step); got != st.want {
+			t.Errorf("fetch %d: Fetch(%q, %d) = %+v, want %+v", i, st.name, st.step, got, st.want)
+		}
+	}
+	checkTag(t, s, segment.Tag{Name: "daily", MaxID: 100, Step: 10, Description: "test tag daily", Reset: segment.ResetDay, Format: "D{date:20060102}-{seq:4}"}, "after fetches of its periods")
+
+	// A period follows its tag's step.
+	mustUpdate(t, s, "daily", segment.TagUpdate{Step: ptr[int64](7)})
+	if got, want := fetch(t, s, today, 0), (segment.Allocation{Start: 155, End: 162, TagStep: 7}); got != want {
+		t.Errorf("Fetch(%q, 0) after the tag's step changed = %+v, want %+v", today, got, want)
+	}
+
+	// The tag's own row hands out nothing: its max_id is every period's
+	// start.
+	before := snapshot(t, s)
+	_, err = s.Fetch(ctx(t), "daily", 0)
+	checkErr(t, c, err, segment.ErrInvalidArgument)
+	checkUnchanged(t, s, before, "Fetch of a tag with a reset period")
+
+	if names, err := s.Tags(ctx(t)); err != nil || !slices.Equal(names, []string{"daily", "monthly", "plain"}) {
+		t.Errorf("Tags() = %q, %v, want [daily monthly plain]: no periods", names, err)
+	}
+	changes, _, err := cl.Changes(ctx(t), cursor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range changes {
+		if !segment.ValidTag(ch.Tag.Name) {
+			t.Errorf("Changes listed %+v, want tags only", ch)
+		}
+	}
+}
+
+func mustZone(tb testing.TB, name string) *time.Location {
+	tb.Helper()
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return loc
+}
+
+func testPeriodErrors(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createPeriodic(t, s, segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay})
+	createPeriodic(t, s, segment.Tag{Name: "yearly", Step: 10, MaxID: 1, Reset: segment.ResetYear, RetentionDays: 1})
+	createTag(t, s, "plain", 10, 1)
+	fetch(t, s, segment.PeriodName("daily", dayKey(0)), 0)
+	tests := []struct {
+		name string
+		tag  string
+		want error
+	}{
+		{name: "period of a tag without reset", tag: segment.PeriodName("plain", dayKey(0)), want: segment.ErrInvalidArgument},
+		{name: "period of an unknown tag", tag: segment.PeriodName("nosuch", dayKey(0)), want: segment.ErrUnknownTag},
+		{name: "month of a daily tag", tag: "daily=" + dayKey(0)[:6], want: segment.ErrInvalidArgument},
+		{name: "day of a yearly tag", tag: "yearly=" + dayKey(0), want: segment.ErrInvalidArgument},
+		{name: "day that does not exist", tag: "daily=20260230", want: segment.ErrInvalidArgument},
+		{name: "expired day", tag: "daily=20200101", want: segment.ErrPeriodExpired},
+		{name: "expired year", tag: "yearly=2020", want: segment.ErrPeriodExpired},
+		{name: "key not digits", tag: "daily=2026x101", want: segment.ErrInvalidTag},
+		{name: "key too short", tag: "daily=202", want: segment.ErrInvalidTag},
+		{name: "two separators", tag: "daily=2026=01", want: segment.ErrInvalidTag},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := snapshot(t, s)
+			a, err := s.Fetch(ctx(t), tt.tag, 0)
+			checkErr(t, c, err, tt.want)
+			if a != (segment.Allocation{}) {
+				t.Errorf("Fetch returned %+v with the error, want zero", a)
+			}
+			checkUnchanged(t, s, before, "failed Fetch of a period")
+			// A failed first fetch creates nothing: a later one of a
+			// valid period still starts at the tag's start.
+		})
+	}
+	if got, want := fetch(t, s, segment.PeriodName("yearly", time.Now().UTC().Format("2006")), 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
+		t.Errorf("first fetch of this year after the failures = %+v, want %+v", got, want)
+	}
+}
+
+// First fetches of a new period from several Stores (connections of their
+// own) at once never overlap, and leave no gap: for each of several new
+// periods, every goroutine's first fetch waits for one start signal, so
+// that as many as can race to create the period's row do.
+func testConcurrentPeriodCreation(t *testing.T, c Config) {
+	ss := openStores(t, c, stores)
+	createPeriodic(t, ss[0], segment.Tag{Name: "daily", Step: 10, MaxID: 1000, Reset: segment.ResetDay})
+	ctx := ctx(t)
+	const periods, perGoroutine = 4, 3
+	for d := range periods {
+		name := segment.PeriodName("daily", dayKey(-d))
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		var res results
+		for g := range stores * goroutines {
+			wg.Go(func() {
+				s := ss[g%len(ss)]
+				<-start
+				for range perGoroutine {
+					a, err := s.Fetch(ctx, name, 0)
+					if err == nil && (a.End-a.Start != 10 || a.TagStep != 10) {
+						err = fmt.Errorf("Fetch(%s, 0) = %+v, want 10 IDs and TagStep 10", name, a)
+					}
+					res.add(a, err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		res.check(t)
+		checkTiling(t, res.allocs, 1000, 1000+10*int64(len(res.allocs)))
+	}
+	checkTag(t, ss[1], segment.Tag{Name: "daily", MaxID: 1000, Step: 10, Description: "test tag daily", Reset: segment.ResetDay}, "after its periods' fetches")
+}
+
+// A period that ended longer ago than its tag's retention is pruned by
+// PrunePeriods and never created again, even when the retention is
+// raised; periods within it are kept.
+func testPrunePeriods(t *testing.T, c Config) {
+	s := newStore(t, c)
+	// 2020-01-01 ended within MaxRetentionDays (ten years): its row can
+	// be created.
+	createPeriodic(t, s, segment.Tag{Name: "old", Step: 10, MaxID: 1, Reset: segment.ResetDay, RetentionDays: segment.MaxRetentionDays})
+	createPeriodic(t, s, segment.Tag{Name: "fresh", Step: 10, MaxID: 1, Reset: segment.ResetDay, RetentionDays: 1})
+	old, fresh := "old=20200101", segment.PeriodName("fresh", dayKey(0))
+	fetch(t, s, old, 0)
+	fetch(t, s, fresh, 0)
+	if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 0 {
+		t.Fatalf("PrunePeriods with nothing expired = %d, %v, want 0", n, err)
+	}
+
+	// With a retention of a week, 2020-01-01 is expired; its row,
+	// still there, serves on until pruned.
+	mustUpdate(t, s, "old", segment.TagUpdate{RetentionDays: ptr(7)})
+	if got, want := fetch(t, s, old, 0), (segment.Allocation{Start: 11, End: 21, TagStep: 10}); got != want {
+		t.Errorf("Fetch(%s) of an expired period whose row is kept = %+v, want %+v", old, got, want)
+	}
+	if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 1 {
+		t.Fatalf("PrunePeriods = %d, %v, want 1", n, err)
+	}
+	checkGone := func(what string) {
+		t.Helper()
+		before := snapshot(t, s)
+		a, err := s.Fetch(ctx(t), old, 0)
+		if !errors.Is(err, segment.ErrPeriodExpired) && !errors.Is(err, segment.ErrTagDeleted) {
+			t.Fatalf("%s: Fetch(%s) = %+v, %v, want ErrPeriodExpired or ErrTagDeleted", what, old, a, err)
+		}
+		checkErr(t, c, err, err) // the prefix
+		checkUnchanged(t, s, before, what)
+	}
+	checkGone("fetch of a pruned period")
+	// Raised again, the retention would let the period be created: it
+	// is not, a pruned period's numbers are not started again.
+	mustUpdate(t, s, "old", segment.TagUpdate{RetentionDays: ptr(segment.MaxRetentionDays)})
+	checkGone("fetch of a pruned period after the retention was raised")
+	if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 0 {
+		t.Errorf("PrunePeriods again = %d, %v, want 0", n, err)
+	}
+	if got, want := fetch(t, s, fresh, 0), (segment.Allocation{Start: 11, End: 21, TagStep: 10}); got != want {
+		t.Errorf("Fetch(%s) after pruning = %+v, want %+v: a period within retention is kept", fresh, got, want)
+	}
+	if got, want := fetch(t, s, "old="+dayKey(0), 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
+		t.Errorf("Fetch of today's period of the pruned tag = %+v, want %+v", got, want)
+	}
+}
+
+func testPeriodGiveBack(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createPeriodic(t, s, segment.Tag{Name: "daily", Step: 100, MaxID: 1, Reset: segment.ResetDay})
+	name := segment.PeriodName("daily", dayKey(0))
+	other := segment.PeriodName("daily", dayKey(-1))
+	a := fetch(t, s, name, 0)
+	if ok, err := s.GiveBack(ctx(t), other, a.End, 50); err != nil || ok {
+		t.Errorf("GiveBack(%s) of another period's segment = %v, %v, want false", other, ok, err)
+	}
+	if ok, err := s.GiveBack(ctx(t), name, a.End, 50); err != nil || !ok {
+		t.Fatalf("GiveBack(%s, %d, 50) = %v, %v, want true", name, a.End, ok, err)
+	}
+	if ok, err := s.GiveBack(ctx(t), name, a.End, 60); err != nil || ok {
+		t.Errorf("second GiveBack(%s, %d, 60) = %v, %v, want false", name, a.End, ok, err)
+	}
+	if got, want := fetch(t, s, name, 0), (segment.Allocation{Start: 50, End: 150, TagStep: 100}); got != want {
+		t.Errorf("Fetch(%s) after the give-back = %+v, want %+v", name, got, want)
+	}
+	if got, want := fetch(t, s, other, 0), (segment.Allocation{Start: 1, End: 101, TagStep: 100}); got != want {
+		t.Errorf("Fetch(%s), the other period = %+v, want %+v", other, got, want)
+	}
+	_, err := s.GiveBack(ctx(t), "daily=2026x", 10, 5)
+	checkErr(t, c, err, segment.ErrInvalidTag)
+	checkTag(t, s, segment.Tag{Name: "daily", MaxID: 1, Step: 100, Description: "test tag daily", Reset: segment.ResetDay}, "after give-backs of its periods")
+}
+
+// The reset settings are kept with the tag, and set on a tag without.
+func testPeriodicSettings(t *testing.T, c Config) {
+	s := newStore(t, c)
+	want := segment.Tag{Name: "invoices", Step: 10, MaxID: 5, Description: "invoice numbers", Reset: segment.ResetMonth,
+		TimeZone: "Asia/Shanghai", Format: "INV{date:200601}{seq:6}", RetentionDays: 400}
+	createPeriodic(t, s, want)
+	checkTag(t, s, want, "created with a reset period")
+	createPeriodic(t, s, segment.Tag{Name: "none", Step: 10, MaxID: 1, Reset: "none", Format: "N{seq}"})
+	checkTag(t, s, segment.Tag{Name: "none", Step: 10, MaxID: 1, Description: "test tag none", Format: "N{seq}"}, "created with reset none")
+
+	createTag(t, s, "plain", 10, 1)
+	fetch(t, s, "plain", 0)
+	tests := []struct {
+		name string
+		tag  string
+		u    segment.TagUpdate
+		want segment.Tag
+	}{
+		{name: "none to day", tag: "plain", u: segment.TagUpdate{Reset: ptr(segment.ResetDay)},
+			want: segment.Tag{Name: "plain", Step: 10, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay}},
+		{name: "same reset again", tag: "plain", u: segment.TagUpdate{Reset: ptr(segment.ResetDay), Format: ptr("P{date:060102}{seq:5}")},
+			want: segment.Tag{Name: "plain", Step: 10, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay, Format: "P{date:060102}{seq:5}"}},
+		{name: "time zone and retention", tag: "plain", u: segment.TagUpdate{TimeZone: ptr("Europe/Berlin"), RetentionDays: ptr(30)},
+			want: segment.Tag{Name: "plain", Step: 10, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay, Format: "P{date:060102}{seq:5}", TimeZone: "Europe/Berlin", RetentionDays: 30}},
+		{name: "step keeps them", tag: "plain", u: segment.TagUpdate{Step: ptr[int64](20)},
+			want: segment.Tag{Name: "plain", Step: 20, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay, Format: "P{date:060102}{seq:5}", TimeZone: "Europe/Berlin", RetentionDays: 30}},
+		{name: "format removed, UTC, default retention", tag: "plain", u: segment.TagUpdate{Format: ptr(""), TimeZone: ptr(""), RetentionDays: ptr(0)},
+			want: segment.Tag{Name: "plain", Step: 20, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay}},
+		{name: "format of a tag without reset", tag: "none", u: segment.TagUpdate{Format: ptr("X-{seq:3}")},
+			want: segment.Tag{Name: "none", Step: 10, MaxID: 1, Description: "test tag none", Format: "X-{seq:3}"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mustUpdate(t, s, tt.tag, tt.u)
+			checkTag(t, s, tt.want, "after UpdateTag")
+		})
+	}
+}
+
+func testPeriodicSettingsInvalid(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createPeriodic(t, s, segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay, Format: "D{date:20060102}{seq}"})
+	createTag(t, s, "plain", 10, 1)
+	createTests := []struct {
+		name string
+		t    segment.Tag
+		want error
+	}{
+		{name: "unknown reset", t: segment.Tag{Reset: "week"}, want: segment.ErrInvalidArgument},
+		{name: "format without date on a daily tag", t: segment.Tag{Reset: segment.ResetDay, Format: "N{seq:6}"}, want: segment.ErrInvalidArgument},
+		{name: "date of a month on a daily tag", t: segment.Tag{Reset: segment.ResetDay, Format: "N{date:200601}{seq:6}"}, want: segment.ErrInvalidArgument},
+		{name: "date without reset", t: segment.Tag{Format: "N{date:200601}{seq:6}"}, want: segment.ErrInvalidArgument},
+		{name: "bad time zone", t: segment.Tag{Reset: segment.ResetDay, TimeZone: "Mars/Olympus"}, want: segment.ErrInvalidArgument},
+		{name: "time zone without reset", t: segment.Tag{TimeZone: "UTC"}, want: segment.ErrInvalidArgument},
+		{name: "ordered with reset", t: segment.Tag{Reset: segment.ResetMonth, Ordered: true}, want: segment.ErrInvalidArgument},
+		{name: "negative retention", t: segment.Tag{Reset: segment.ResetDay, RetentionDays: -1}, want: segment.ErrInvalidArgument},
+		{name: "retention too long", t: segment.Tag{Reset: segment.ResetDay, RetentionDays: segment.MaxRetentionDays + 1}, want: segment.ErrInvalidArgument},
+		{name: "name too long for its periods", t: segment.Tag{Name: string(make([]byte, segment.MaxPeriodicTag+1)), Reset: segment.ResetDay}, want: segment.ErrInvalidTag},
+		{name: "existing tag", t: segment.Tag{Name: "daily", Reset: segment.ResetDay}, want: segment.ErrTagExists},
+	}
+	for _, tt := range createTests {
+		t.Run("create/"+tt.name, func(t *testing.T) {
+			if tt.t.Name == "" {
+				tt.t.Name = "new"
+			} else if tt.t.Name[0] == 0 {
+				tt.t.Name = string(slices.Repeat([]byte{'n'}, len(tt.t.Name)))
+			}
+			tt.t.Step, tt.t.MaxID = 10, 1
+			before := snapshot(t, s)
+			checkErr(t, c, s.CreateTag(ctx(t), tt.t), tt.want)
+			checkUnchanged(t, s, before, "failed CreateTag")
+		})
+	}
+	updateTests := []struct {
+		name string
+		tag  string
+		u    segment.TagUpdate
+		want error
+	}{
+		{name: "reset changed", tag: "daily", u: segment.TagUpdate{Reset: ptr(segment.ResetMonth), Format: ptr("M{date:200601}{seq}")}, want: segment.ErrInvalidArgument},
+		{name: "reset removed", tag: "daily", u: segment.TagUpdate{Reset: ptr(segment.ResetNone), Format: ptr("")}, want: segment.ErrInvalidArgument},
+		{name: "reset removed as none", tag: "daily", u: segment.TagUpdate{Reset: ptr[segment.Reset]("none")}, want: segment.ErrInvalidArgument},
+		{name: "unknown reset", tag: "plain", u: segment.TagUpdate{Reset: ptr[segment.Reset]("hour")}, want: segment.ErrInvalidArgument},
+		{name: "format without date on a daily tag", tag: "daily", u: segment.TagUpdate{Format: ptr("D{seq}")}, want: segment.ErrInvalidArgument},
+		{name: "reset on a tag whose format has no date", tag: "plain", u: segment.TagUpdate{Reset: ptr(segment.ResetDay), Format: ptr("P{seq}")}, want: segment.ErrInvalidArgument},
+		{name: "bad time zone", tag: "daily", u: segment.TagUpdate{TimeZone: ptr("Nowhere/Town")}, want: segment.ErrInvalidArgument},
+		{name: "time zone without reset", tag: "plain", u: segment.TagUpdate{TimeZone: ptr("Europe/Paris")}, want: segment.ErrInvalidArgument},
+		{name: "ordered with reset", tag: "daily", u: segment.TagUpdate{Ordered: ptr(true)}, want: segment.ErrInvalidArgument},
+		{name: "reset on an ordered tag", tag: "plain", u: segment.TagUpdate{Ordered: ptr(true), Reset: ptr(segment.ResetYear)}, want: segment.ErrInvalidArgument},
+		{name: "retention too long", tag: "daily", u: segment.TagUpdate{RetentionDays: ptr(segment.MaxRetentionDays + 1)}, want: segment.ErrInvalidArgument},
+		{name: "period name", tag: "daily=" + dayKey(0), u: segment.TagUpdate{RetentionDays: ptr(3)}, want: segment.ErrInvalidTag},
+		{name: "unknown tag", tag: "nosuch", u: segment.TagUpdate{Reset: ptr(segment.ResetDay)}, want: segment.ErrUnknownTag},
+	}
+	for _, tt := range updateTests {
+		t.Run("update/"+tt.name, func(t *testing.T) {
+			before := snapshot(t, s)
+			checkErr(t, c, s.UpdateTag(ctx(t), tt.tag, tt.u), tt.want)
+			checkUnchanged(t, s, before, "failed UpdateTag")
+		})
+	}
+}
