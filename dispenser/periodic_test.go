@@ -84,7 +84,6 @@ func TestFormattedOverNATS(t *testing.T) {
 			ask("id.segment.orders", "3", formatted, "ORD-20261124-000001\nORD-20261124-000002\nORD-20261124-000003", "")
 			ask("id.segment.orders", "", nil, "4", "")
 			ask("id.segment.plain", "", formatted, "", protocol.CodeBadRequest)
-			ask("id.snowflake", "", formatted, "", protocol.CodeBadRequest)
 			ask("id.segment.plain", "", nil, "1", "") // the refusal took nothing
 			clock.set(time.Date(2026, 11, 25, 0, 0, 0, 0, sh))
 			ask("id.segment.orders", "2", formatted, "ORD-20261125-000001\nORD-20261125-000002", "")

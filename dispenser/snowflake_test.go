@@ -77,6 +77,10 @@ func TestSnowflakeEndpoints(t *testing.T) {
 			t.Errorf("%s: code %q, want %s", tt.name, code, tt.code)
 		}
 	}
+	// Snowflake IDs have no format.
+	if body, code := request(t, nc, "id.snowflake", "", nats.Header{protocol.FormatHeader: []string{"formatted"}}); code != "400" {
+		t.Errorf("Id-Format: formatted: %q code %q, want 400", body, code)
+	}
 	// A closed worker (lease released) answers 503, never an ID.
 	if err := w.Close(context.Background()); err != nil {
 		t.Fatal(err)

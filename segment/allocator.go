@@ -83,6 +83,11 @@ const (
 	stepShrinkAbove = 30 * time.Minute
 )
 
+// pruneInterval is how often the refresh loop asks the store to delete
+// expired periods' rows (PeriodPruner): retentions are days, and a KV
+// store reads its whole bucket to find them.
+const pruneInterval = time.Hour
+
 // depthDecay is how long a tag's depth stays before it may halve: a
 // fetch's latency varies (a disk flush, a busy database), and a depth that
 // followed every fast fetch down would meet the next slow one with too
@@ -697,9 +702,11 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 func (a *Allocator) refreshLoop() {
 	defer a.wg.Done()
 	backoff := a.retryMin
+	var pruned time.Time
 	for {
 		next := a.refreshInterval
-		if pp, ok := a.store.(PeriodPruner); ok {
+		if pp, ok := a.store.(PeriodPruner); ok && time.Since(pruned) >= pruneInterval {
+			pruned = time.Now()
 			ctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
 			if n, err := pp.PrunePeriods(ctx); err != nil && a.ctx.Err() == nil {
 				a.log.Warn("segment: pruning expired periods failed", "err", err)
