@@ -980,6 +980,10 @@ func (a *Allocator) warm(ctx context.Context, tag string) bool {
 	if err != nil || b.ordered.Load() {
 		return false
 	}
+	if b.spec.periodic() {
+		// Its own row hands out nothing: warm the period of now.
+		_, b = a.periodBuffer(b)
+	}
 	for {
 		// Take the channel before looking, so that a load finishing in
 		// between is not missed.

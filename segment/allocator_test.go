@@ -88,6 +88,9 @@ func (s *memStore) Fetch(ctx context.Context, tag string, step int64) (Allocatio
 	if t == nil {
 		return Allocation{}, fmt.Errorf("mem: %w", ErrUnknownTag)
 	}
+	if t.Reset != ResetNone {
+		return Allocation{}, fmt.Errorf("mem: %w: %q has a reset period: its periods are fetched, not it", ErrInvalidArgument, tag)
+	}
 	if step <= 0 {
 		step = t.Step
 	}

@@ -270,3 +270,24 @@ func TestPeriodTagRemoved(t *testing.T) {
 	}
 	_ = fmt.Sprint
 }
+
+// TestWarmPeriodicTag: warming a tag with a reset period loads the period
+// of now; its own row, which hands out nothing (the stores refuse to fetch
+// it), is never fetched. (Warming the tag's own buffer instead retried a
+// refused fetch until the allocator closed: Warm returned 0.)
+func TestWarmPeriodicTag(t *testing.T) {
+	st := newMemStore(t, Tag{Name: "daily", MaxID: 1, Step: 10, Reset: ResetDay})
+	c := &clock{now: time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)}
+	a := newAllocator(t, Settings{Store: st, Now: c.Now})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got := a.Warm(ctx, []string{"daily"}); got != 1 {
+		t.Fatalf("Warm = %d, want 1", got)
+	}
+	if n := st.fetchCount("daily"); n != 0 {
+		t.Errorf("%d fetches of the tag's own row, want 0", n)
+	}
+	if _, pending, err := a.TakeNow("daily", 1, nil); err != nil || pending != nil {
+		t.Errorf("TakeNow after Warm: pending %v, err %v; want an ID from memory", pending != nil, err)
+	}
+}
