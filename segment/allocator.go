@@ -668,7 +668,7 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 		}
 	}
 	if !ok {
-		listed := time.Now()
+		listed := monoNow()
 		names, err := a.store.Tags(ctx)
 		if err != nil {
 			return fmt.Errorf("segment: listing tags: %w", err)
@@ -685,7 +685,7 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 		}
 		a.mu.Unlock()
 		for _, b := range a.tags.all() {
-			if !exists[b.tag] && !b.born.After(listed) { // looked up after the listing began: not removed
+			if !exists[b.tag] && b.born <= listed { // looked up after the listing began: not removed
 				b.remove()
 				a.removeTag(b.tag, b)
 			}
