@@ -645,12 +645,9 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 	timer := time.NewTimer(deadline.Sub(a.now()))
 	defer timer.Stop()
 	for {
-		// Take the channel before trying, so that a load finishing in
-		// between is not missed.
+		// Take the channel (if there is one) before trying, so that a
+		// load finishing in between is not missed.
 		b.mu.Lock()
-		if b.wake == nil {
-			b.wake = make(chan struct{})
-		}
 		wake, removed, exhausted, lastErr := b.wake, b.removed, b.exhausted.Load(), b.lastErr
 		b.mu.Unlock()
 		if a.ctx.Err() != nil {
@@ -680,6 +677,18 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 		if exhausted {
 			// The buffers are spent and the store has no more: final.
 			return dst, fmt.Errorf("%w %q: its next segment would pass 2^63-1", ErrExhausted, b.tag)
+		}
+		if wake == nil {
+			// Make the channel only now, and try again with it taken:
+			// a request served without waiting on it leaves no channel
+			// behind (96 bytes that every tag whose first request
+			// waited for its first segment kept).
+			b.mu.Lock()
+			if b.wake == nil {
+				b.wake = make(chan struct{})
+			}
+			b.mu.Unlock()
+			continue
 		}
 		select {
 		case <-wake:
@@ -761,7 +770,7 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 		}
 	}
 	if !ok {
-		listed := time.Now()
+		listed := monoNow()
 		names, err := a.store.Tags(ctx)
 		if err != nil {
 			return fmt.Errorf("segment: listing tags: %w", err)
@@ -779,7 +788,7 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 		a.mu.Unlock()
 		for _, b := range a.tags.all() {
 			// A period's buffer goes with its tag.
-			if !exists[parentTag(b.tag)] && !b.born.After(listed) { // looked up after the listing began: not removed
+			if !exists[parentTag(b.tag)] && b.born <= listed { // looked up after the listing began: not removed
 				b.remove()
 				a.removeTag(b.tag, b)
 			}

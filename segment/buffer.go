@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,13 +17,14 @@ import (
 // while c < end: a spent segment's cursor stays at end, whatever is asked of
 // it, so no sum can overflow even when end is 2^63-1, and freezing it on
 // Close (moving it to end) can never produce an ID.
+//
+// It is 32 bytes (a size class of its own), two per warm tag: its step is
+// end-start, and when it was fetched is its buffer's lastFetch.
 type segment struct {
 	cursor    atomic.Int64 // next ID to hand out; end when spent
 	start     int64
 	end       int64
 	threshold int64 // when cursor passes it, the next segment is fetched
-	step      int64
-	fetchedAt time.Time
 }
 
 // takeUpTo takes min(k, what is left) IDs, k >= 1, and returns the first
@@ -56,17 +58,18 @@ func (s *segment) freeze() int64 {
 
 // buffer is the double buffer of one tag. cur is taken from without locks;
 // next holds the segment that takes over when cur is spent.
+//
+// There is one per warm tag, so its fields are laid out to waste no
+// padding (the one-byte fields together) and times are int64s, not
+// time.Time (24 bytes): TestMemoryPerTag bounds a warm tag's memory.
 type buffer struct {
-	a    *Allocator
-	tag  string
-	born time.Time // when the allocator learned of the tag
+	a   *Allocator
+	tag string // its own copy, also the tag map's key (newBuffer)
+	// born is when the allocator learned of the tag, on monoNow's clock.
+	born int64
 
-	cur     atomic.Pointer[segment] // nil until the first fetch
-	next    atomic.Pointer[segment] // a ready, untouched segment, or nil
-	loading atomic.Bool             // a loader runs; at most one per tag
-	dropped atomic.Bool             // no longer in the tag map (removed or idle)
-	used    atomic.Bool             // requested since the idle loop last looked
-	ordered atomic.Bool             // served only by its owner (TakeOwned)
+	cur  atomic.Pointer[segment] // nil until the first fetch
+	next atomic.Pointer[segment] // a ready, untouched segment, or nil
 	// spec is the tag's reset period and format (nil: none); set before
 	// b is in the tag map, never changed.
 	spec *tagSpec
@@ -74,43 +77,53 @@ type buffer struct {
 	// switch window, the window's end (UnixNano), when TakeOwned drops it;
 	// 0: none.
 	refetchAt atomic.Int64
-	// idleLooks counts the idle loop's looks in a row that found b
-	// unused; only the idle loop touches it.
-	idleLooks int
 	waits     atomic.Int64 // requests that had to wait
 	timeouts  atomic.Int64 // waits that expired
-	// starved is set when a request finds no ID in memory and must wait
-	// for a fetch; the next fetch deepens. waiting counts the IDs that
-	// waiting requests still lack.
-	starved atomic.Bool
+	// waiting counts the IDs that waiting requests still lack.
 	waiting atomic.Int64
+	loading atomic.Bool // a loader runs; at most one per tag
+	dropped atomic.Bool // no longer in the tag map (removed or idle)
+	used    atomic.Bool // requested since the idle loop last looked
+	ordered atomic.Bool // served only by its owner (TakeOwned)
+	// starved is set when a request finds no ID in memory and must wait
+	// for a fetch; the next fetch deepens.
+	starved atomic.Bool
 	// exhausted: the store has no segment left for the tag (ErrExhausted
 	// at the tag's own step). Requests fail with ErrExhausted once the
 	// buffers are spent; this allocator never fetches the tag again. It is
 	// set with mu held, before wake is closed.
 	exhausted atomic.Bool
+	// idleLooks counts the idle loop's looks in a row that found b
+	// unused; only the idle loop touches it. (It may wrap after 255 looks
+	// whose release found a fetch running: the tag is then dropped two
+	// looks later.)
+	idleLooks uint8
+	// removed and calm are protected by mu (here, beside the other
+	// one-byte fields, they take no padding of their own). calm: the last
+	// fetch arrived while at least three quarters of the segment in use
+	// were left, so the next one may take fewer steps.
+	removed bool
+	calm    bool
 
-	mu sync.Mutex // protects the fields below
+	mu sync.Mutex // protects removed, calm and the fields below
 	// wake, made by the first waiter, is closed and dropped whenever a
 	// fetch ends, well or not (most tags never have a waiter: no channel).
-	wake    chan struct{}
-	step    int64 // step in force at the last fetch; 0 before the first
-	minStep int64 // the tag's configured step, as of the last fetch
-	depth   int64 // steps taken by the last fetch; 0 before the first
-	// depthAt is when the depth last grew or shrank (UnixNano of Now).
-	depthAt int64
-	// calm: the last fetch arrived while at least three quarters of the
-	// segment in use were left, so the next one may take fewer steps.
-	calm        bool
-	lastFetch   time.Time
-	fetches     int64
+	wake      chan struct{}
+	step      int64 // step in force at the last fetch; 0 before the first
+	minStep   int64 // the tag's configured step, as of the last fetch
+	depth     int64 // steps taken by the last fetch; 0 before the first
+	depthAt   int64 // when the depth last grew or shrank (UnixNano of Now)
+	lastFetch int64 // when the last fetch ended (a.now(), UnixNano); 0 before the first
+	fetches   int64
+	// lastLatency is the last fetch's latency.
 	lastLatency time.Duration
 	lastErr     error
-	removed     bool
 }
 
 func newBuffer(a *Allocator, tag string) *buffer {
-	return &buffer{a: a, tag: tag, born: time.Now()}
+	// A copy of the name: tag is often a slice of a request's subject,
+	// which would stay in memory as long as the buffer.
+	return &buffer{a: a, tag: strings.Clone(tag), born: monoNow()}
 }
 
 // take takes up to n IDs without waiting, appending them to dst, and returns
@@ -284,7 +297,7 @@ func (b *buffer) nextStep(now time.Time) int64 {
 		return 0
 	}
 	step := b.step
-	switch d := now.Sub(b.lastFetch); {
+	switch d := time.Duration(now.UnixNano() - b.lastFetch); {
 	case d < stepGrowBelow:
 		if step*2 <= b.a.maxStep {
 			step *= 2
@@ -331,8 +344,6 @@ func (b *buffer) publish(alloc Allocation, step int64, latency time.Duration) {
 		start:     alloc.Start,
 		end:       alloc.End,
 		threshold: alloc.Start + int64(math.Ceil(float64(size)*b.a.ratio)),
-		step:      size,
-		fetchedAt: b.a.now(),
 	}
 	seg.cursor.Store(alloc.Start)
 	b.mu.Lock()
@@ -358,7 +369,7 @@ func (b *buffer) publish(alloc Allocation, step int64, latency time.Duration) {
 		left := cur.end - min(cur.cursor.Load(), cur.end)
 		b.calm = 4*left >= 3*(cur.end-cur.start)
 	}
-	b.lastFetch = seg.fetchedAt
+	b.lastFetch = b.a.now().UnixNano()
 	b.fetches++
 	b.lastLatency = latency
 	b.lastErr = nil

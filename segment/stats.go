@@ -39,7 +39,7 @@ func segmentStats(s *segment) *SegmentStats {
 	if s == nil {
 		return nil
 	}
-	return &SegmentStats{Start: s.start, Cursor: min(s.cursor.Load(), s.end), End: s.end, Step: s.step}
+	return &SegmentStats{Start: s.start, Cursor: min(s.cursor.Load(), s.end), End: s.end, Step: s.end - s.start}
 }
 
 // Stats returns the state of every tag in memory, sorted by tag name. It
@@ -120,7 +120,9 @@ func (b *buffer) stats() TagStats {
 	b.mu.Lock()
 	st.Step, st.MinStep, st.Depth, st.Fetches = b.step, b.minStep, b.depth, b.fetches
 	st.LastFetchLatencyMS = float64(b.lastLatency.Microseconds()) / 1000
-	st.LastFetch = b.lastFetch
+	if b.fetches > 0 {
+		st.LastFetch = time.Unix(0, b.lastFetch)
+	}
 	if b.lastErr != nil {
 		st.LastError = b.lastErr.Error()
 	}

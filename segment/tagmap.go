@@ -56,7 +56,7 @@ func (m *tagMap) add(tag string, make func() *buffer) (b *buffer, added bool) {
 		return b, false
 	}
 	b = make()
-	m.added[tag] = b
+	m.added[b.tag] = b // b's own copy of the name: one string per tag
 	m.maybeRebuild()
 	return b, true
 }

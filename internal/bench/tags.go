@@ -175,7 +175,9 @@ func (e *env) tagsWorker(ctx context.Context, postgresURL, prefix, metricsAddr s
 	if postgresURL != "" {
 		args = append(args, "--postgres-url", postgresURL)
 	} else {
-		args = append(args, "--segment-bucket", tagsBucket, "--auto-create-tags", "--auto-create-step", "1000")
+		// No bound on the tags created on first use: the run creates
+		// --tags of them (the default bound, 1,000, would refuse the rest).
+		args = append(args, "--segment-bucket", tagsBucket, "--auto-create-tags", "--auto-create-step", "1000", "--auto-create-max", "-1")
 	}
 	if metricsAddr != "" {
 		args = append(args, "--metrics-addr", metricsAddr, "--metrics-tags", tagName(0))

@@ -2,6 +2,7 @@ package kv_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,5 +70,52 @@ func TestPeriodInPurgedBucket(t *testing.T) {
 	}
 	if got := rawValueOrDeleted(t, bucket(t, srv, kv.DefaultBucket), today); got != "<deleted>" {
 		t.Errorf("period key %s after the purge holds %s, want nothing", today, got)
+	}
+}
+
+// TestCachedWritesKeepEveryField: fetches and give-backs that start from
+// the Store's remembered value (no read) write back every field of the
+// key's value: a tag's format and a period's end. (With a cache that kept
+// only max_id, step, description and ordered, the second fetch of a period
+// wrote its key without period_end, and a give-back erased a tag's
+// format.)
+func TestCachedWritesKeepEveryField(t *testing.T) {
+	srv := testenv.NATS(t)
+	s := newStore(t, srv, kv.Settings{Logger: quiet})
+	for _, tag := range []segment.Tag{
+		{Name: "fmt", Step: 10, MaxID: 1, Format: "F{seq:4}"},
+		{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay, TimeZone: "Asia/Shanghai", Format: "D{date:20060102}{seq}", RetentionDays: 30},
+	} {
+		if err := s.CreateTag(ctx, tag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loc, err := segment.LoadLocation("Asia/Shanghai")
+	if err != nil {
+		t.Fatal(err)
+	}
+	period := segment.PeriodName("daily", segment.ResetDay.PeriodAt(time.Now(), loc).Key)
+	var last segment.Allocation
+	for range 3 {
+		if last, err = s.Fetch(ctx, "fmt", 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Fetch(ctx, period, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := s.GiveBack(ctx, "fmt", last.End, last.End-5); err != nil || !ok {
+		t.Fatalf("GiveBack = %v, %v", ok, err)
+	}
+	b := bucket(t, srv, kv.DefaultBucket)
+	if got := rawValueOrDeleted(t, b, "fmt"); !strings.Contains(got, `"format":"F{seq:4}"`) {
+		t.Errorf("key fmt after cached fetches and a give-back: %s, want its format", got)
+	}
+	if got := rawValueOrDeleted(t, b, period); !strings.Contains(got, `"period_end"`) {
+		t.Errorf("key %s after cached fetches: %s, want its period_end", period, got)
+	}
+	fresh := newStore(t, srv, kv.Settings{Logger: quiet})
+	if tag, err := fresh.Tag(ctx, "fmt"); err != nil || tag.Format != "F{seq:4}" {
+		t.Errorf("Tag(fmt) = %+v, %v; want its format", tag, err)
 	}
 }

@@ -126,20 +126,25 @@ type Store struct {
 	log   *slog.Logger
 	now   func() time.Time
 
-	mu sync.Mutex // protects last, wrote and logged
+	mu sync.Mutex // protects last, wrote, description and logged
 	// last holds, per tag, the value and revision this Store last wrote,
 	// so that a change usually takes one round trip (a compare-and-swap on
 	// the remembered revision) instead of two. A stale entry only costs a
 	// failed swap and a fresh read. GiveBack takes it for the proof that
 	// nobody wrote the key since this Store's fetch.
-	last map[string]entry
+	last map[string]remembered
 	// wrote holds, per tag, the max_id this Store last wrote and its
 	// revision (kept when last is dropped): nobody else lowers max_id
 	// below it (a give-back applies only on the giver's own last write,
 	// and lowers max_id only to the giver's unissued IDs, above every
 	// earlier fetch), so a value of a later revision below it was lowered
 	// by hand.
-	wrote map[string]entry
+	wrote map[string]written
+	// description is the description last remembered: the next tag
+	// remembered with the same one shares its string (tags created on
+	// first use, or in bulk, all have the same) instead of keeping a
+	// decoded copy of its own.
+	description string
 	// logged holds the delete markers already logged, by tag and revision,
 	// so that requests for a deleted tag log it once.
 	logged map[string]uint64
@@ -148,6 +153,52 @@ type Store struct {
 type entry struct {
 	v   value
 	rev uint64
+}
+
+// remembered is an entry as last keeps it, one per tag served: without
+// the value's update time, which every write sets anew (48 bytes, where an
+// entry takes 72).
+//
+// Every field of the value but the update time must survive the trip
+// through remembered: modify and GiveBack write the value they rebuild
+// from it back to the key.
+type remembered struct {
+	maxID, step int64
+	description string
+	rev         uint64
+	ordered     bool
+	rare        *rareFields // nil when all of them are zero (most tags)
+}
+
+// rareFields are the value's fields most tags leave empty: a tag's reset
+// settings and a period's end.
+type rareFields struct {
+	reset, timeZone, format string
+	retentionDays           int
+	periodEnd               *time.Time
+}
+
+func (r remembered) entry() entry {
+	v := value{MaxID: r.maxID, Step: r.step, Description: r.description, Ordered: r.ordered}
+	if x := r.rare; x != nil {
+		v.Reset, v.TimeZone, v.Format, v.RetentionDays, v.PeriodEnd = x.reset, x.timeZone, x.format, x.retentionDays, x.periodEnd
+	}
+	return entry{v, r.rev}
+}
+
+// rememberedOf returns e as last keeps it.
+func rememberedOf(e entry) remembered {
+	r := remembered{maxID: e.v.MaxID, step: e.v.Step, description: e.v.Description, rev: e.rev, ordered: e.v.Ordered}
+	if v := e.v; v.Reset != "" || v.TimeZone != "" || v.Format != "" || v.RetentionDays != 0 || v.PeriodEnd != nil {
+		r.rare = &rareFields{reset: v.Reset, timeZone: v.TimeZone, format: v.Format, retentionDays: v.RetentionDays, periodEnd: v.PeriodEnd}
+	}
+	return r
+}
+
+// written is what wrote keeps of an entry.
+type written struct {
+	maxID int64
+	rev   uint64
 }
 
 var (
@@ -183,7 +234,7 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{kv: kv, js: js, guard: guard, log: log, now: now, last: map[string]entry{}, wrote: map[string]entry{}, logged: map[string]uint64{}}, nil
+	return &Store{kv: kv, js: js, guard: guard, log: log, now: now, last: map[string]remembered{}, wrote: map[string]written{}, logged: map[string]uint64{}}, nil
 }
 
 // Ping checks that the bucket answers.
@@ -262,8 +313,9 @@ func decodeValue(data []byte, rev uint64) (value, uint64, error) {
 // errNoChange from it ends modify with errNoChange and writes nothing.
 func (s *Store) modify(ctx context.Context, tag string, change func(v *value, rev uint64) error) error {
 	s.mu.Lock()
-	e, cached := s.last[tag]
+	r, cached := s.last[tag]
 	s.mu.Unlock()
+	e := r.entry()
 	for attempt := 0; ; attempt++ {
 		v, rev := e.v, e.rev
 		if !cached {
@@ -336,10 +388,15 @@ func (s *Store) remember(tag string, e entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old, ok := s.last[tag]; !ok || old.rev < e.rev {
-		s.last[tag] = e
+		if e.v.Description == s.description {
+			e.v.Description = s.description
+		} else {
+			s.description = e.v.Description
+		}
+		s.last[tag] = rememberedOf(e)
 	}
 	if old, ok := s.wrote[tag]; !ok || old.rev < e.rev {
-		s.wrote[tag] = e
+		s.wrote[tag] = written{e.v.MaxID, e.rev}
 	}
 }
 
@@ -401,7 +458,7 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 // hands out nothing from its own key.
 func (s *Store) fetchKey(ctx context.Context, tag string, step int64, of *value) (segment.Allocation, error) {
 	var a segment.Allocation
-	var wrote entry
+	var wrote written
 	err := s.modify(ctx, tag, func(v *value, rev uint64) error {
 		if of == nil && v.Reset != "" {
 			return fmt.Errorf("%w: the tag has a reset period (%s): fetch its periods (%s)", segment.ErrInvalidArgument, v.Reset, segment.PeriodName(tag, "KEY"))
@@ -414,13 +471,13 @@ func (s *Store) fetchKey(ctx context.Context, tag string, step int64, of *value)
 		s.mu.Unlock()
 		// An older revision is a stale read (its swap fails); only a
 		// later one below our write was lowered by another hand.
-		if ok && rev > w.rev && v.MaxID < w.v.MaxID {
+		if ok && rev > w.rev && v.MaxID < w.maxID {
 			wrote = w
 			return fmt.Errorf("%w: the key holds max_id %d (revision %d), below %d that this worker wrote (revision %d), "+
 				"and no worker lowers it: someone put a lower value by hand (nats kv put) or the bucket lost writes; the tag "+
 				"is not served here until its value is put back above every ID handed out (nats kv put %s %s "+
 				"'{\"max_id\":N,\"step\":%d}')",
-				ErrMaxIDLowered, v.MaxID, rev, wrote.v.MaxID, wrote.rev, s.kv.Bucket(), tag, v.Step)
+				ErrMaxIDLowered, v.MaxID, rev, wrote.maxID, wrote.rev, s.kv.Bucket(), tag, v.Step)
 		}
 		n := step
 		if n <= 0 {
@@ -457,8 +514,9 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}
 	s.mu.Lock()
-	e, ok := s.last[tag]
+	r, ok := s.last[tag]
 	s.mu.Unlock()
+	e := r.entry()
 	if !ok || e.v.MaxID != end {
 		return false, nil
 	}
@@ -469,7 +527,7 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	// at or above it is no value lowered by hand.
 	s.mu.Lock()
 	if w := s.wrote[tag]; w.rev <= e.rev { // else the swap below fails
-		s.wrote[tag] = entry{v, e.rev}
+		s.wrote[tag] = written{v.MaxID, e.rev}
 	}
 	s.mu.Unlock()
 	v.UpdateTime = time.Now().UTC()

@@ -119,12 +119,13 @@ type Store struct {
 	marks map[string]mark
 }
 
-// mark is a tag's witness value, its revision (0: no value) and the token
-// of the write that set it.
+// mark is a tag's witness value and its revision (0: no value). The
+// cache keeps one per tag served, so it holds no more: not the token of
+// the write that set it (record.By), which only the bucket's copy is
+// checked for.
 type mark struct {
 	end int64
 	rev uint64
-	by  string
 }
 
 // record is the JSON value under a tag's key. By is a token unique to the
@@ -388,7 +389,7 @@ func (w *Store) mark(ctx context.Context, tag string) (_ mark, cached bool, _ er
 	if err != nil {
 		return mark{}, false, err
 	}
-	m = mark{end: r.Mark, rev: e.Revision(), by: r.By}
+	m = mark{end: r.Mark, rev: e.Revision()}
 	w.remember(tag, m)
 	return m, false, nil
 }
@@ -410,7 +411,7 @@ func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
 		rev, err := w.kv.Update(actx, tag, data, m.rev)
 		cancel()
 		if err == nil {
-			w.remember(tag, mark{end: end, rev: rev, by: token})
+			w.remember(tag, mark{end: end, rev: rev})
 			return nil
 		}
 		conflict := kvbucket.Conflict(err)
@@ -423,7 +424,7 @@ func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
 		if rerr == nil && e != nil && e.Operation() == jetstream.KeyValuePut {
 			if r, derr := decode(tag, e.Value()); derr == nil && r.By == token && r.Mark == end {
 				// Landed; its reply was lost (or this is a retry's conflict).
-				w.remember(tag, mark{end: end, rev: e.Revision(), by: token})
+				w.remember(tag, mark{end: end, rev: e.Revision()})
 				return nil
 			}
 		}
