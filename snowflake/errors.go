@@ -16,7 +16,8 @@ import (
 //     ErrBucketDeleted.
 //   - 400: ErrInvalidCount.
 //   - 500 / refuse to start: ErrInvalidSettings, ErrInvalidWorkerID,
-//     ErrEpochInFuture, ErrEpochMismatch, ErrEpochLost, ErrOverTimeLimit,
+//     ErrEpochInFuture, ErrEpochMismatch, ErrLayoutMismatch, ErrEpochLost,
+//     ErrOverTimeLimit,
 //     ErrBucketTTL, ErrBucketLimits, ErrBucketMemory, ErrBucketReplicas,
 //     and any error from NATS that wraps none of the above.
 var (
@@ -82,6 +83,14 @@ var (
 	// ErrEpochMismatch means the epoch stored in the lease bucket differs
 	// from the configured one; mixing epochs would let IDs collide.
 	ErrEpochMismatch = errors.New("snowflake: epoch differs from the lease bucket's")
+
+	// ErrLayoutMismatch means the layout recorded in the lease bucket (with
+	// its epoch, when the bucket was first used) differs from the
+	// configured one: the IDs of two layouts collide. A bucket without a
+	// recorded layout (written by a version without layouts) has
+	// DefaultLayout. A layout cannot be changed in place: a new layout
+	// needs a new bucket (and a new epoch).
+	ErrLayoutMismatch = errors.New("snowflake: layout differs from the lease bucket's")
 
 	// ErrEpochLost means the lease bucket has no epoch although it has been
 	// used: the "config" key was deleted or purged (it carries a delete or

@@ -131,3 +131,27 @@ func (l Layout) compose(ms, worker, seq int64) int64 {
 	l = l.orDefault()
 	return ms<<(l.WorkerBits+l.SequenceBits) | worker<<l.SequenceBits | seq
 }
+
+// layoutRecord is how the lease bucket's config record holds the layout:
+//
+//	{"name":"js","time_bits":41,"worker_bits":5,"sequence_bits":7}
+type layoutRecord struct {
+	Name         string `json:"name"`
+	TimeBits     int    `json:"time_bits"`
+	WorkerBits   int    `json:"worker_bits"`
+	SequenceBits int    `json:"sequence_bits"`
+}
+
+func newLayoutRecord(l Layout) *layoutRecord {
+	l = l.orDefault()
+	return &layoutRecord{Name: l.Name, TimeBits: l.TimeBits, WorkerBits: l.WorkerBits, SequenceBits: l.SequenceBits}
+}
+
+// layout returns the recorded layout; nil (a bucket written by a version
+// without layouts) means DefaultLayout.
+func (r *layoutRecord) layout() Layout {
+	if r == nil {
+		return DefaultLayout
+	}
+	return Layout{Name: r.Name, TimeBits: r.TimeBits, WorkerBits: r.WorkerBits, SequenceBits: r.SequenceBits}
+}
