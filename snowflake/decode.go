@@ -16,8 +16,8 @@ const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
 //
 //	{"id":"4398046511104","time":"2026-01-01T00:00:01.024Z","timestamp":1024,"worker":0,"sequence":0}
 //
-// with the ID as a string (it does not fit in a JavaScript number) and the
-// time in TimeLayout.
+// with the ID as a string (an ID of DefaultLayout does not fit in a
+// JavaScript number) and the time in TimeLayout.
 type Parts struct {
 	ID int64 `json:"id,string"`
 	// Time is the epoch plus Timestamp milliseconds, in UTC.
