@@ -10,8 +10,11 @@ import (
 // sequence within the millisecond, from the most significant bit. The time
 // unit is always one millisecond.
 //
-// The zero Layout means DefaultLayout. A layout is chosen when its lease
-// bucket is created and recorded there; it cannot be changed in place.
+// The zero Layout means DefaultLayout. Any other must have TimeBits of at
+// least 31, WorkerBits in 1..10, SequenceBits in 1..12 and at most 63 bits
+// in all; New and StartWorker refuse others with ErrInvalidSettings. A
+// layout is chosen when its lease bucket is created and recorded there; it
+// cannot be changed in place.
 type Layout struct {
 	// Name names the layout in logs, flags and the lease bucket
 	// ("default", "js"); layouts are compared by their bits only.

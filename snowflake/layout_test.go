@@ -74,6 +74,29 @@ func TestParseLayout(t *testing.T) {
 	}
 }
 
+func TestLayoutCheck(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		layout  Layout
+		wantErr error
+	}{
+		{name: "zero", layout: Layout{}},
+		{name: "custom 40+8+8", layout: Layout{TimeBits: 40, WorkerBits: 8, SequenceBits: 8}},
+		{name: "more than 63 bits", layout: Layout{TimeBits: 42, WorkerBits: 10, SequenceBits: 12}, wantErr: ErrInvalidSettings},
+		{name: "no worker bits", layout: Layout{TimeBits: 41, SequenceBits: 12}, wantErr: ErrInvalidSettings},
+		{name: "too many worker bits", layout: Layout{TimeBits: 40, WorkerBits: 11, SequenceBits: 12}, wantErr: ErrInvalidSettings},
+		{name: "too many sequence bits", layout: Layout{TimeBits: 40, WorkerBits: 10, SequenceBits: 13}, wantErr: ErrInvalidSettings},
+		{name: "too few time bits", layout: Layout{TimeBits: 30, WorkerBits: 5, SequenceBits: 7}, wantErr: ErrInvalidSettings},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(Settings{Layout: tt.layout, Logger: testLogger(t)})
+			if !errors.Is(err, tt.wantErr) {
+				t.Errorf("New: got error %v, want %v", err, tt.wantErr)
+			}
+		})
+	}
+}
+
 // TestLayoutEdges issues the last IDs of a layout's time range with its
 // largest worker ID and sequence, and one past it.
 func TestLayoutEdges(t *testing.T) {
