@@ -47,8 +47,9 @@ type Config struct {
 	// it instead of by Store, so that workers reaching one database by
 	// different addresses (a service name, an IP, a proxy) serve together.
 	StoreID string
-	// SnowflakeLeases names the snowflake lease bucket and epoch (e.g.
-	// "dispenser_workers@<bucket creation time> epoch <epoch>"). It is
+	// SnowflakeLeases names the snowflake lease bucket and epoch, and a
+	// layout other than the default (e.g. "dispenser_workers@<bucket
+	// creation time> epoch <epoch>", plus " layout js (41+5+7 bits)"). It is
 	// published in the micro metadata under SnowflakeMetadata, so that
 	// workers can refuse to share a queue group with a worker that leases
 	// its worker IDs elsewhere: both would issue the same IDs.

@@ -108,9 +108,10 @@ type brokenSnowflake struct{}
 func (brokenSnowflake) AppendIDs(dst []int64, n int) ([]int64, error) {
 	return dst, errors.New("disk on fire at /var/lib/x")
 }
-func (brokenSnowflake) Unavailable(error) bool { return false }
-func (brokenSnowflake) Epoch() time.Time       { return snowflake.DefaultEpoch }
-func (brokenSnowflake) Stats() any             { return nil }
+func (brokenSnowflake) Unavailable(error) bool   { return false }
+func (brokenSnowflake) Epoch() time.Time         { return snowflake.DefaultEpoch }
+func (brokenSnowflake) Layout() snowflake.Layout { return snowflake.DefaultLayout }
+func (brokenSnowflake) Stats() any               { return nil }
 
 func TestUnexpectedErrorIs500(t *testing.T) {
 	ns := testenv.NATS(t)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
-	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
 // handleSegment serves a segment request; sc is its handler's memory.
@@ -148,7 +147,12 @@ func (s *Service) handleDecode(req micro.Request) {
 		r.fail(fmt.Errorf("%w: %q is not a snowflake ID (a non-negative decimal int64)", protocol.ErrBadCount, truncate(body, 64)))
 		return
 	}
-	if err := req.RespondJSON(snowflake.Decode(id, s.cfg.Snowflake.Epoch())); err != nil {
+	layout := s.cfg.Snowflake.Layout()
+	if id > layout.MaxID() {
+		r.fail(fmt.Errorf("%w: %d is not a snowflake ID of layout %s (at most %d)", protocol.ErrBadCount, id, layout, layout.MaxID()))
+		return
+	}
+	if err := req.RespondJSON(layout.Decode(id, s.cfg.Snowflake.Epoch())); err != nil {
 		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject(), "err", err)
 	}
 }

@@ -113,6 +113,7 @@ func (countingSnowflake) AppendIDs(dst []int64, n int) ([]int64, error) {
 	}
 	return dst, nil
 }
-func (countingSnowflake) Unavailable(error) bool { return false }
-func (countingSnowflake) Epoch() time.Time       { return snowflake.DefaultEpoch }
-func (countingSnowflake) Stats() any             { return nil }
+func (countingSnowflake) Unavailable(error) bool   { return false }
+func (countingSnowflake) Epoch() time.Time         { return snowflake.DefaultEpoch }
+func (countingSnowflake) Layout() snowflake.Layout { return snowflake.DefaultLayout }
+func (countingSnowflake) Stats() any               { return nil }

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/ordered"
+	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
 // Snowflake issues snowflake IDs; *snowflake.Worker implements it.
@@ -26,8 +27,10 @@ type Snowflake interface {
 	AppendIDs(dst []int64, n int) ([]int64, error)
 	// Unavailable reports whether err means "try again later".
 	Unavailable(err error) bool
-	// Epoch is the time of timestamp 0, for decoding IDs.
+	// Epoch is the time of timestamp 0 and Layout the bit layout, for
+	// decoding IDs.
 	Epoch() time.Time
+	Layout() snowflake.Layout
 	// Stats returns the lease and generator state for micro stats.
 	Stats() any
 }

@@ -14,7 +14,7 @@
 //
 //	<prefix>.segment.<tag>    IDs of the tag's sequence (SegmentSubject)
 //	<prefix>.snowflake        snowflake IDs (SnowflakeSubject)
-//	<prefix>.snowflake.decode a snowflake ID's parts, as JSON
+//	<prefix>.snowflake.decode a snowflake ID's parts, as JSON, in the layout of the worker that answers
 //	<prefix>.direct.<tag>.<owner>  IDs of an ordered tag, from its owner
 //	                          (DirectSubject; see Direct requests)
 //

@@ -89,6 +89,23 @@ func BenchmarkSustained(b *testing.B) {
 	reportRate(b, b.N*100)
 }
 
+// BenchmarkSustainedJS is BenchmarkSustained in JSLayout: capped by the
+// layout at 128,000 IDs per second.
+func BenchmarkSustainedJS(b *testing.B) {
+	g, err := New(Settings{WorkerID: 1, Layout: JSLayout, Logger: quiet()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dst := make([]int64, 0, 100)
+	b.ReportAllocs()
+	for b.Loop() {
+		if dst, err = g.AppendIDs(dst[:0], 100); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, b.N*100)
+}
+
 // BenchmarkWorkerAppendIDs issues through a leased Worker (embedded NATS,
 // default lease and borrowing): the lease adds a check per call.
 func BenchmarkWorkerAppendIDs(b *testing.B) {

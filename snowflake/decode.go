@@ -16,8 +16,8 @@ const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
 //
 //	{"id":"4398046511104","time":"2026-01-01T00:00:01.024Z","timestamp":1024,"worker":0,"sequence":0}
 //
-// with the ID as a string (it does not fit in a JavaScript number) and the
-// time in TimeLayout.
+// with the ID as a string (an ID of DefaultLayout does not fit in a
+// JavaScript number) and the time in TimeLayout.
 type Parts struct {
 	ID int64 `json:"id,string"`
 	// Time is the epoch plus Timestamp milliseconds, in UTC.
@@ -28,27 +28,36 @@ type Parts struct {
 	Sequence  int64 `json:"sequence"`
 }
 
-// Decode splits id into its fields for the given epoch (zero means
-// DefaultEpoch). IDs are never negative; for a negative id the sign bit is
-// ignored.
-func Decode(id int64, epoch time.Time) Parts {
+// Decode splits id into its fields in DefaultLayout for the given epoch
+// (zero means DefaultEpoch): DefaultLayout.Decode(id, epoch). IDs are never
+// negative; for a negative id the sign bit is ignored.
+//
+// Decoding needs the layout the ID was issued in: an ID of JSLayout
+// decodes to nonsense here; use JSLayout.Decode.
+func Decode(id int64, epoch time.Time) Parts { return DefaultLayout.Decode(id, epoch) }
+
+// Decode splits id into its fields in layout l (the zero Layout means
+// DefaultLayout) for the given epoch (zero means DefaultEpoch). Bits above
+// the layout's (above bit 52 in JSLayout, the sign bit in DefaultLayout)
+// are ignored: check id <= l.MaxID() first to refuse an ID of another
+// layout.
+func (l Layout) Decode(id int64, epoch time.Time) Parts {
+	l = l.orDefault()
 	if epoch.IsZero() {
 		epoch = DefaultEpoch
 	}
-	ms := id >> timeShift & MaxTimestamp
+	ms := id >> (l.WorkerBits + l.SequenceBits) & l.MaxTimestamp()
 	return Parts{
 		ID:        id,
 		Time:      epoch.Add(time.Duration(ms) * time.Millisecond).UTC(),
 		Timestamp: ms,
-		Worker:    id >> workerShift & MaxWorkerID,
-		Sequence:  id & MaxSequence,
+		Worker:    id >> l.SequenceBits & int64(l.MaxWorkerID()),
+		Sequence:  id & l.MaxSequence(),
 	}
 }
 
-// compose builds an ID from its fields.
-func compose(ms, worker, seq int64) int64 {
-	return ms<<timeShift | worker<<workerShift | seq
-}
+// compose builds an ID of DefaultLayout from its fields.
+func compose(ms, worker, seq int64) int64 { return DefaultLayout.compose(ms, worker, seq) }
 
 type partsJSON struct {
 	ID        string `json:"id"`

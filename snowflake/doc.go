@@ -2,7 +2,7 @@
 //
 // # Layout
 //
-// An ID is, from the most significant bit:
+// An ID of DefaultLayout is, from the most significant bit:
 //
 //	1 bit   sign, always 0
 //	41 bits milliseconds since the epoch (DefaultEpoch, 2026-01-01T00:00:00Z,
@@ -10,7 +10,16 @@
 //	10 bits worker ID (0..1023)
 //	12 bits sequence within the millisecond (0..4095)
 //
-// Decode splits an ID into Parts.
+// JSLayout keeps every ID below 2^53, exact as a JavaScript number: 41 bits
+// of milliseconds (as long as the default), 5 bits of worker ID (0..31) and
+// 7 bits of sequence (0..127: 128,000 IDs per second per worker). Settings
+// and WorkerSettings choose the Layout; everything that depends on the bits
+// follows it (the largest worker ID leased, timestamp, sequence and batch,
+// Layout.MaxCount). A Worker's layout is recorded in its lease bucket with
+// the epoch and cannot be changed in place (ErrLayoutMismatch).
+//
+// Decode splits an ID of DefaultLayout into Parts; Layout.Decode an ID of
+// any layout. Decoding needs the layout the ID was issued in.
 //
 // # Generator
 //
@@ -27,10 +36,12 @@
 //
 // A Worker leases its worker ID from a JetStream key-value bucket (default
 // DefaultBucket) and issues through a Generator bounded by the lease. The
-// bucket holds one key per worker ID, "worker.0000" to "worker.1023", and a
-// key "config" holding
-// {"version":1,"epoch":"2026-01-01T00:00:00Z","max_lease_ms":10000}; a
-// worker configured with another epoch refuses to start (ErrEpochMismatch).
+// bucket holds one key per worker ID, "worker.0000" to "worker.1023"
+// ("worker.0031" in JSLayout), and a key "config" holding
+// {"version":1,"epoch":"2026-01-01T00:00:00Z","layout":{"name":"default","time_bits":41,"worker_bits":10,"sequence_bits":12},"max_lease_ms":10000};
+// a worker configured with another epoch refuses to start
+// (ErrEpochMismatch), one with another layout too (ErrLayoutMismatch; a
+// record without a layout, from an older version, is DefaultLayout).
 // "max_lease_ms" is the longest lease any worker has claimed with: a worker
 // raises it (compare-and-swap) before it claims with a longer lease, and
 // nothing lowers it.

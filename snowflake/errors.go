@@ -16,7 +16,8 @@ import (
 //     ErrBucketDeleted.
 //   - 400: ErrInvalidCount.
 //   - 500 / refuse to start: ErrInvalidSettings, ErrInvalidWorkerID,
-//     ErrEpochInFuture, ErrEpochMismatch, ErrEpochLost, ErrOverTimeLimit,
+//     ErrEpochInFuture, ErrEpochMismatch, ErrLayoutMismatch, ErrEpochLost,
+//     ErrOverTimeLimit,
 //     ErrBucketTTL, ErrBucketLimits, ErrBucketMemory, ErrBucketReplicas,
 //     and any error from NATS that wraps none of the above.
 var (
@@ -38,14 +39,16 @@ var (
 
 	// ErrOverloaded means the sequence space is used up further than
 	// MaxBorrow ahead of the clock and the clock did not catch up in a few
-	// short waits (demand above 4096 IDs per millisecond, or a stalled
+	// short waits (demand above the layout's sequence numbers per
+	// millisecond, 4096 in DefaultLayout and 128 in JSLayout, or a stalled
 	// clock). Is ErrUnavailable.
 	ErrOverloaded error = &unavailableError{"snowflake: sequence space exhausted"}
 
 	// ErrClosed means the worker has been closed. Is ErrUnavailable.
 	ErrClosed error = &unavailableError{"snowflake: worker closed"}
 
-	// ErrNoWorkerID means all 1024 worker IDs are held by live leases.
+	// ErrNoWorkerID means all worker IDs of the layout (1024 in
+	// DefaultLayout, 32 in JSLayout) are held by live leases.
 	// Is ErrUnavailable: leases of dead workers expire.
 	ErrNoWorkerID error = &unavailableError{"snowflake: all worker IDs are taken"}
 
@@ -65,19 +68,29 @@ var (
 	// range; the message names the field.
 	ErrInvalidSettings = errors.New("snowflake: invalid settings")
 
-	// ErrInvalidWorkerID means a worker ID outside 0..MaxWorkerID.
+	// ErrInvalidWorkerID means a worker ID outside 0..MaxWorkerID of the
+	// layout.
 	ErrInvalidWorkerID = errors.New("snowflake: invalid worker ID")
 
 	// ErrEpochInFuture means the epoch is after the current time.
 	ErrEpochInFuture = errors.New("snowflake: epoch is in the future")
 
-	// ErrOverTimeLimit means the time since the epoch no longer fits in 41
-	// bits of milliseconds (about 69 years).
-	ErrOverTimeLimit = errors.New("snowflake: time since epoch exceeds 41 bits")
+	// ErrOverTimeLimit means the time since the epoch no longer fits in the
+	// layout's time bits: 41 bits of milliseconds (about 69 years) in both
+	// named layouts.
+	ErrOverTimeLimit = errors.New("snowflake: time since epoch exceeds the layout's time bits")
 
 	// ErrEpochMismatch means the epoch stored in the lease bucket differs
 	// from the configured one; mixing epochs would let IDs collide.
 	ErrEpochMismatch = errors.New("snowflake: epoch differs from the lease bucket's")
+
+	// ErrLayoutMismatch means the layout recorded in the lease bucket (with
+	// its epoch, when the bucket was first used) differs from the
+	// configured one: the IDs of two layouts collide. A bucket without a
+	// recorded layout (written by a version without layouts) has
+	// DefaultLayout. A layout cannot be changed in place: a new layout
+	// needs a new bucket (and a new epoch).
+	ErrLayoutMismatch = errors.New("snowflake: layout differs from the lease bucket's")
 
 	// ErrEpochLost means the lease bucket has no epoch although it has been
 	// used: the "config" key was deleted or purged (it carries a delete or

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Bit layout.
+// Bit layout of DefaultLayout; Layout's methods give them for any layout.
 const (
 	TimeBits     = 41
 	WorkerBits   = 10
@@ -22,8 +22,9 @@ const (
 	// MaxTimestamp is the largest number of milliseconds since the epoch.
 	MaxTimestamp = 1<<TimeBits - 1
 
-	// MaxCount is the largest batch one call can ask for (16 ms of
-	// sequence space for one worker).
+	// MaxCount is the largest batch one call can ask for in DefaultLayout
+	// (16 ms of sequence space for one worker), and the most in any layout
+	// (Layout.MaxCount).
 	MaxCount = 1 << 16
 
 	// DefaultMaxBackwards is how far the clock may go back before issuing
@@ -34,11 +35,10 @@ const (
 	DefaultMaxBorrow = 100 * time.Millisecond
 
 	// RandomSequenceSpan bounds the random first sequence number of a
-	// millisecond when Settings.RandomSequence is set: 0..RandomSequenceSpan-1.
+	// millisecond when Settings.RandomSequence is set: 0..RandomSequenceSpan-1
+	// (in a layout with fewer than 4096 sequence numbers, a sixteenth of
+	// them: 8 in JSLayout).
 	RandomSequenceSpan = 256
-
-	workerShift = SequenceBits
-	timeShift   = SequenceBits + WorkerBits
 
 	// maxAttempts bounds how often one call waits for the clock.
 	maxAttempts = 3
@@ -54,16 +54,20 @@ var DefaultEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // documented default. Settings are read once, by New.
 type Settings struct {
 	// Epoch is the time of timestamp 0. It must be a whole millisecond, not
-	// in the future and less than 2^41 ms in the past. Zero means
-	// DefaultEpoch.
+	// in the future and less than 2^TimeBits ms in the past (2^41 in both
+	// named layouts). Zero means DefaultEpoch.
 	Epoch time.Time
-	// WorkerID is the worker ID put into every ID, 0..MaxWorkerID. A
-	// Worker picks it from its lease instead.
+	// Layout is the bit layout of the IDs. The zero value means
+	// DefaultLayout; JSLayout keeps IDs below 2^53.
+	Layout Layout
+	// WorkerID is the worker ID put into every ID, 0..Layout.MaxWorkerID().
+	// A Worker picks it from its lease instead.
 	WorkerID int
 	// RandomSequence starts each new millisecond's sequence at a random
-	// number in 0..RandomSequenceSpan-1 instead of 0, so that id%n spreads
-	// evenly at low rates (Leaf does the same). Off by default. Borrowed
-	// milliseconds always start at 0.
+	// number in 0..RandomSequenceSpan-1 (a sixteenth of the sequence space
+	// if that is less) instead of 0, so that id%n spreads evenly at low
+	// rates (Leaf does the same). Off by default. Borrowed milliseconds
+	// always start at 0.
 	RandomSequence bool
 	// MaxBackwards is how far the clock may go back and be waited out. A
 	// larger step makes issuing fail with ErrClockBackwards until the clock
@@ -88,6 +92,13 @@ type Settings struct {
 
 // Generator issues IDs for one worker ID. It is safe for concurrent use.
 type Generator struct {
+	layout      Layout
+	seqBits     uint  // layout.SequenceBits: the worker ID's shift
+	timeShift   uint  // layout.WorkerBits + layout.SequenceBits
+	maxSeq      int64 // layout.MaxSequence()
+	maxTs       int64 // layout.MaxTimestamp()
+	maxCount    int   // layout.MaxCount()
+	randomSpan  int   // layout.randomSpan()
 	epoch       time.Time
 	epochMs     int64
 	now         func() time.Time
@@ -104,7 +115,7 @@ type Generator struct {
 
 	// mu protects the issuing state below.
 	mu          sync.Mutex
-	worker      int64         // worker ID << workerShift
+	worker      int64         // worker ID << seqBits
 	lastMs      int64         // timestamp of the last ID issued (or the floor); -1: none
 	seq         int64         // sequence of the last ID issued at lastMs
 	clockMs     int64         // highest clock reading used, ms since epoch
@@ -121,14 +132,14 @@ type Generator struct {
 
 // New validates s and returns a Generator for s.WorkerID.
 func New(s Settings) (*Generator, error) {
-	if s.WorkerID < 0 || s.WorkerID > MaxWorkerID {
-		return nil, fmt.Errorf("%w: %d not in 0..%d", ErrInvalidWorkerID, s.WorkerID, MaxWorkerID)
-	}
 	g, err := newGenerator(s, false)
 	if err != nil {
 		return nil, err
 	}
-	g.worker = int64(s.WorkerID) << workerShift
+	if maxID := g.layout.MaxWorkerID(); s.WorkerID < 0 || s.WorkerID > maxID {
+		return nil, fmt.Errorf("%w: %d not in 0..%d (layout %s)", ErrInvalidWorkerID, s.WorkerID, maxID, g.layout)
+	}
+	g.worker = int64(s.WorkerID) << g.seqBits
 	return g, nil
 }
 
@@ -141,17 +152,28 @@ func newGenerator(s Settings, leased bool) (*Generator, error) {
 	if s.Epoch.Nanosecond()%int(time.Millisecond) != 0 {
 		return nil, fmt.Errorf("%w: Epoch %s is not a whole millisecond", ErrInvalidSettings, s.Epoch.Format(time.RFC3339Nano))
 	}
+	l := s.Layout.orDefault()
+	if err := l.check(); err != nil {
+		return nil, err
+	}
 	g := &Generator{
-		epoch:     s.Epoch.UTC(),
-		epochMs:   s.Epoch.UnixMilli(),
-		now:       s.Now,
-		mono:      s.mono,
-		sleep:     s.sleep,
-		log:       s.Logger,
-		randomSeq: s.RandomSequence,
-		leased:    leased,
-		lastMs:    -1,
-		seq:       MaxSequence,
+		layout:     l,
+		seqBits:    uint(l.SequenceBits),
+		timeShift:  uint(l.WorkerBits + l.SequenceBits),
+		maxSeq:     l.MaxSequence(),
+		maxTs:      l.MaxTimestamp(),
+		maxCount:   l.MaxCount(),
+		randomSpan: l.randomSpan(),
+		epoch:      s.Epoch.UTC(),
+		epochMs:    s.Epoch.UnixMilli(),
+		now:        s.Now,
+		mono:       s.mono,
+		sleep:      s.sleep,
+		log:        s.Logger,
+		randomSeq:  s.RandomSequence,
+		leased:     leased,
+		lastMs:     -1,
+		seq:        l.MaxSequence(),
 	}
 	if g.now == nil {
 		g.now = time.Now
@@ -180,14 +202,14 @@ func newGenerator(s Settings, leased bool) (*Generator, error) {
 	if nowMs < 0 {
 		return nil, fmt.Errorf("%w: epoch %s", ErrEpochInFuture, g.epoch.Format(time.RFC3339))
 	}
-	if nowMs > MaxTimestamp {
-		return nil, fmt.Errorf("%w: epoch %s", ErrOverTimeLimit, g.epoch.Format(time.RFC3339))
+	if nowMs > g.maxTs {
+		return nil, fmt.Errorf("%w: epoch %s (layout %s)", ErrOverTimeLimit, g.epoch.Format(time.RFC3339), g.layout)
 	}
 	g.clockMs = nowMs
 	if leased {
 		g.refusal = ErrFenced
 	} else {
-		g.boundMs = MaxTimestamp
+		g.boundMs = g.maxTs
 	}
 	return g, nil
 }
@@ -195,11 +217,17 @@ func newGenerator(s Settings, leased bool) (*Generator, error) {
 // Epoch returns the time of timestamp 0.
 func (g *Generator) Epoch() time.Time { return g.epoch }
 
+// Layout returns the bit layout of the IDs.
+func (g *Generator) Layout() Layout { return g.layout }
+
+// Decode returns g.Layout().Decode(id, g.Epoch()).
+func (g *Generator) Decode(id int64) Parts { return g.layout.Decode(id, g.epoch) }
+
 // WorkerID returns the worker ID the generator issues for.
 func (g *Generator) WorkerID() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return int(g.worker >> workerShift)
+	return int(g.worker >> g.seqBits)
 }
 
 // Next returns one ID.
@@ -212,16 +240,16 @@ func (g *Generator) Next() (int64, error) {
 	return ids[0], nil
 }
 
-// NextN returns n new IDs in increasing order, n in 1..MaxCount.
+// NextN returns n new IDs in increasing order, n in 1..Layout().MaxCount().
 func (g *Generator) NextN(n int) ([]int64, error) {
-	if n < 1 || n > MaxCount {
-		return nil, fmt.Errorf("%w: %d not in 1..%d", ErrInvalidCount, n, MaxCount)
+	if n < 1 || n > g.maxCount {
+		return nil, fmt.Errorf("%w: %d not in 1..%d", ErrInvalidCount, n, g.maxCount)
 	}
 	return g.AppendIDs(make([]int64, 0, n), n)
 }
 
-// AppendIDs appends n new IDs in increasing order to dst, n in 1..MaxCount,
-// and returns the extended slice. It issues all n or none; on error dst is
+// AppendIDs appends n new IDs in increasing order to dst, n in
+// 1..Layout().MaxCount() (MaxCount in DefaultLayout), and returns the extended slice. It issues all n or none; on error dst is
 // returned unchanged. It allocates only if dst lacks capacity for n more.
 //
 // It may wait for the clock, holding the generator's lock: up to
@@ -230,8 +258,8 @@ func (g *Generator) NextN(n int) ([]int64, error) {
 // ErrOverloaded). Errors: ErrInvalidCount, ErrClockBackwards, ErrOverloaded,
 // ErrOverTimeLimit, and for a Worker's generator ErrFenced and ErrClosed.
 func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
-	if n < 1 || n > MaxCount {
-		return dst, fmt.Errorf("%w: %d not in 1..%d", ErrInvalidCount, n, MaxCount)
+	if n < 1 || n > g.maxCount {
+		return dst, fmt.Errorf("%w: %d not in 1..%d", ErrInvalidCount, n, g.maxCount)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -251,7 +279,7 @@ func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
 					g.backwards = true
 					g.backEvents++
 					g.log.Error("snowflake: clock is behind the last timestamp used; refusing to issue IDs until it catches up",
-						"worker", g.worker>>workerShift, "behind", time.Duration(back)*time.Millisecond,
+						"worker", g.worker>>g.seqBits, "behind", time.Duration(back)*time.Millisecond,
 						"last", g.msTime(g.clockMs), "now", g.msTime(nowMs))
 				}
 				return dst, ErrClockBackwards
@@ -267,7 +295,7 @@ func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
 		}
 		if g.backwards {
 			g.backwards = false
-			g.log.Info("snowflake: clock caught up; issuing IDs again", "worker", g.worker>>workerShift)
+			g.log.Info("snowflake: clock caught up; issuing IDs again", "worker", g.worker>>g.seqBits)
 		}
 		g.clockMs = nowMs
 
@@ -275,14 +303,14 @@ func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
 		if nowMs > ts {
 			ts, seq = nowMs, -1
 			if g.randomSeq {
-				seq = int64(rand.IntN(RandomSequenceSpan)) - 1
+				seq = int64(rand.IntN(g.randomSpan)) - 1
 			}
 		}
 		// IDs go to linear positions seq+1..last of ts's sequence space;
-		// position p is timestamp ts+p>>SequenceBits, sequence p&MaxSequence.
+		// position p is timestamp ts+p>>seqBits, sequence p&maxSeq.
 		last := seq + int64(n)
-		endMs := ts + last>>SequenceBits
-		if endMs > MaxTimestamp {
+		endMs := ts + last>>g.seqBits
+		if endMs > g.maxTs {
 			return dst, fmt.Errorf("%w: %s", ErrOverTimeLimit, g.msTime(endMs).Format(time.RFC3339))
 		}
 		if endMs > g.boundMs {
@@ -300,11 +328,19 @@ func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
 
 		dst = slices.Grow(dst, n)
 		out := dst[len(dst) : len(dst)+n]
-		hi := ts<<timeShift | g.worker
-		for i, p := 0, seq+1; p <= last; i, p = i+1, p+1 {
-			out[i] = hi + (p>>SequenceBits)<<timeShift | p&MaxSequence
+		// One run of sequence numbers per millisecond: the layout's shifts
+		// are fields, so they stay out of the per-ID loop.
+		p := seq + 1
+		ms, sq := ts+p>>g.seqBits, p&g.maxSeq
+		for i := 0; i < n; ms, sq = ms+1, 0 {
+			run := out[i:min(n, i+int(g.maxSeq-sq+1))]
+			base := ms<<g.timeShift | g.worker | sq
+			for j := range run {
+				run[j] = base + int64(j)
+			}
+			i += len(run)
 		}
-		g.lastMs, g.seq = endMs, last&MaxSequence
+		g.lastMs, g.seq = endMs, last&g.maxSeq
 		g.issued += uint64(n)
 		return dst[:len(dst)+n], nil
 	}
@@ -343,7 +379,7 @@ func (g *Generator) fenceLocked(why string) {
 	g.fenced = true
 	g.fenceEvents++
 	g.log.Warn("snowflake: worker fenced; refusing to issue IDs until the lease is renewed",
-		"worker", g.worker>>workerShift, "reason", why, "bound", g.msTime(g.boundMs))
+		"worker", g.worker>>g.seqBits, "reason", why, "bound", g.msTime(g.boundMs))
 }
 
 // msTime converts ms since the epoch to a time.
@@ -362,13 +398,13 @@ func (g *Generator) msTime(ms int64) time.Time {
 func (g *Generator) assign(worker int, floorMs, boundMs int64, validUntil time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	w := int64(worker) << workerShift
+	w := int64(worker) << g.seqBits
 	if w != g.worker {
-		g.seq = MaxSequence // the old worker ID's sequence says nothing about the new one
+		g.seq = g.maxSeq // the old worker ID's sequence says nothing about the new one
 	}
 	g.worker = w
 	if floorMs >= g.lastMs {
-		g.lastMs, g.seq = floorMs, MaxSequence
+		g.lastMs, g.seq = floorMs, g.maxSeq
 	}
 	// A floor ahead of our clock counts as the clock being behind.
 	g.clockMs = max(g.clockMs, floorMs)
@@ -386,7 +422,7 @@ func (g *Generator) renew(boundMs int64, validUntil time.Duration) {
 	g.validUntil = max(g.validUntil, validUntil)
 	if g.fenced && g.refusal == nil && g.monoNow() < g.validUntil {
 		g.fenced = false
-		g.log.Info("snowflake: lease renewed; issuing IDs again", "worker", g.worker>>workerShift)
+		g.log.Info("snowflake: lease renewed; issuing IDs again", "worker", g.worker>>g.seqBits)
 	}
 }
 

@@ -61,10 +61,16 @@ type leaseRecord struct {
 
 // configRecord is the JSON value under configKey:
 //
-//	{"version":1,"epoch":"2026-01-01T00:00:00Z","max_lease_ms":10000,"max_lease_since":0}
+//	{"version":1,"epoch":"2026-01-01T00:00:00Z",
+//	 "layout":{"name":"js","time_bits":41,"worker_bits":5,"sequence_bits":7},
+//	 "max_lease_ms":10000,"max_lease_since":0}
 type configRecord struct {
 	Version int       `json:"version"`
 	Epoch   time.Time `json:"epoch"`
+	// Layout is the bit layout of every worker of the bucket, stored with
+	// the epoch by the worker that first wrote the record. Nil (a bucket
+	// written by a version without layouts) means DefaultLayout.
+	Layout *layoutRecord `json:"layout,omitempty"`
 	// MaxLeaseMS is the longest lease any worker of this version has
 	// claimed with in this bucket: a worker raises it, by compare-and-swap,
 	// before it claims with a longer lease, and nothing lowers it. A
@@ -87,14 +93,15 @@ func (c *configRecord) maxLease() time.Duration {
 
 func workerKey(id int) string { return fmt.Sprintf("%s%04d", workerKeyPrefix, id) }
 
-// parseWorkerKey returns the worker ID of a worker key.
-func parseWorkerKey(key string) (int, bool) {
+// parseWorkerKey returns the worker ID of a worker key; keys of IDs above
+// maxID (beyond the layout's worker bits) are not worker keys.
+func parseWorkerKey(key string, maxID int) (int, bool) {
 	s, ok := strings.CutPrefix(key, workerKeyPrefix)
 	if !ok {
 		return 0, false
 	}
 	id, err := strconv.Atoi(s)
-	if err != nil || id < 0 || id > MaxWorkerID {
+	if err != nil || id < 0 || id > maxID {
 		return 0, false
 	}
 	return id, true
@@ -132,20 +139,21 @@ func openBucket(ctx context.Context, js jetstream.JetStream, s *WorkerSettings) 
 	return kv, nil
 }
 
-// checkEpoch stores the epoch in a bucket that has never held a value, and
-// otherwise compares it with the stored one: ErrEpochMismatch if it differs,
-// ErrEpochLost if the key is deleted, purged, or missing from a bucket that
-// has held values.
+// checkEpoch stores the epoch and the layout in a bucket that has never
+// held a value, and otherwise compares them with the stored ones:
+// ErrEpochMismatch if the epoch differs, ErrLayoutMismatch if the layout
+// does (a record without one means DefaultLayout), ErrEpochLost if the key
+// is deleted, purged, or missing from a bucket that has held values.
 //
 // In a bucket that has never held a value, the stored record also holds
 // lease as the longest lease used (configRecord.MaxLeaseMS): no key can
 // have been deleted before.
-func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lease time.Duration) error {
-	data, err := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch, MaxLeaseMS: lease.Milliseconds()})
+func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, layout Layout, lease time.Duration) error {
+	data, err := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch, Layout: newLayoutRecord(layout), MaxLeaseMS: lease.Milliseconds()})
 	if err != nil {
 		return err
 	}
-	restore := restoreCommand(kv.Bucket(), epoch)
+	restore := restoreCommand(kv.Bucket(), epoch, layout)
 	for attempt := 1; ; attempt++ {
 		// The stream's last sequence is read before the key: a worker
 		// stores the epoch before it writes anything else, so if the
@@ -190,13 +198,26 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lea
 			return fmt.Errorf("%w: bucket %q has %s, configured %s", ErrEpochMismatch, kv.Bucket(),
 				c.Epoch.Format(time.RFC3339Nano), epoch.Format(time.RFC3339Nano))
 		}
-		return nil
+		return checkLayout(kv.Bucket(), &c, layout)
 	}
 }
 
-// restoreCommand is the command that puts the epoch back into bucket.
-func restoreCommand(bucket string, epoch time.Time) string {
-	data, _ := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch})
+// checkLayout compares the configured layout with the one recorded in the
+// bucket's config record c: ErrLayoutMismatch if they differ.
+func checkLayout(bucket string, c *configRecord, layout Layout) error {
+	if got := c.Layout.layout(); !got.Same(layout) {
+		return fmt.Errorf("%w: bucket %q was created for snowflake layout %s, configured %s; "+
+			"a layout is chosen when its bucket is created and cannot be changed in place: "+
+			"configure the bucket's layout, or give the new layout a new bucket (and a new epoch)",
+			ErrLayoutMismatch, bucket, got, layout.orDefault())
+	}
+	return nil
+}
+
+// restoreCommand is the command that puts the epoch (and the layout) back
+// into bucket.
+func restoreCommand(bucket string, epoch time.Time, layout Layout) string {
+	data, _ := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch, Layout: newLayoutRecord(layout)})
 	return fmt.Sprintf("nats kv put %s %s '%s'", bucket, configKey, data)
 }
 
@@ -273,7 +294,7 @@ type view struct {
 // the stream, so a marker read comes with the config value of that point,
 // which holds every raise of the longest lease made before the deleted
 // holder claimed. Worker keys without any message are absent.
-func snapshot(ctx context.Context, kv jetstream.KeyValue) (view, error) {
+func snapshot(ctx context.Context, kv jetstream.KeyValue, maxID int) (view, error) {
 	wt, err := kv.WatchAll(ctx)
 	if err != nil {
 		return view{}, fmt.Errorf("snowflake: read leases: %w", err)
@@ -294,7 +315,7 @@ func snapshot(ctx context.Context, kv jetstream.KeyValue) (view, error) {
 				v.conf = configSlot{found: true, rev: e.Revision(), op: e.Operation(), at: e.Created(), value: e.Value()}
 				continue
 			}
-			id, ok := parseWorkerKey(e.Key())
+			id, ok := parseWorkerKey(e.Key(), maxID)
 			if !ok {
 				continue
 			}
@@ -323,7 +344,7 @@ const configPasses = 16
 // compare-and-swap if not. It returns the view with the config as stored.
 func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
 	for pass := 1; ; pass++ {
-		v, err := snapshot(ctx, w.kv)
+		v, err := snapshot(ctx, w.kv, w.gen.layout.MaxWorkerID())
 		if err != nil {
 			return view{}, configRecord{}, err
 		}
@@ -333,11 +354,11 @@ func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
 			return view{}, configRecord{}, fmt.Errorf("%w: bucket %q has no key %q while workers run: "+
 				"the key or the whole bucket was purged (nats kv purge / nats stream purge), and lease bounds may have gone with it; "+
 				"refusing to claim a worker ID; stop every worker of this bucket, wait a lease after the last one stopped, "+
-				"then restore the epoch (%s)", ErrEpochLost, w.cfg.Bucket, configKey, restoreCommand(w.cfg.Bucket, w.cfg.Epoch))
+				"then restore the epoch (%s)", ErrEpochLost, w.cfg.Bucket, configKey, restoreCommand(w.cfg.Bucket, w.cfg.Epoch, w.gen.layout))
 		case c.op != jetstream.KeyValuePut:
 			return view{}, configRecord{}, fmt.Errorf("%w: key %q of bucket %q was %s at %s while workers run; "+
 				"refusing to claim a worker ID; restore the epoch (%s)", ErrEpochLost, configKey, w.cfg.Bucket,
-				kvbucket.MarkerVerb(c.op), c.at.UTC().Format(TimeLayout), restoreCommand(w.cfg.Bucket, w.cfg.Epoch))
+				kvbucket.MarkerVerb(c.op), c.at.UTC().Format(TimeLayout), restoreCommand(w.cfg.Bucket, w.cfg.Epoch, w.gen.layout))
 		}
 		var rec configRecord
 		if err := json.Unmarshal(c.value, &rec); err != nil {
@@ -346,6 +367,9 @@ func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
 		if !rec.Epoch.Equal(w.cfg.Epoch) {
 			return view{}, configRecord{}, fmt.Errorf("%w: bucket %q has %s, configured %s", ErrEpochMismatch, w.cfg.Bucket,
 				rec.Epoch.Format(time.RFC3339Nano), w.cfg.Epoch.Format(time.RFC3339Nano))
+		}
+		if err := checkLayout(w.cfg.Bucket, &rec, w.gen.layout); err != nil {
+			return view{}, configRecord{}, err
 		}
 		if rec.maxLease() >= w.cfg.Lease {
 			return v, rec, nil
@@ -440,7 +464,9 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 	var own, free, released, expired, deleted []candidate
 	var live, waiting int
 	var soonest time.Time
-	for id := range MaxWorkerID + 1 {
+	// Only the IDs of the layout's worker bits: a higher one would run
+	// into the timestamp's bits.
+	for id := range w.gen.layout.MaxWorkerID() + 1 {
 		s, ok := slots[id]
 		switch {
 		case !ok:

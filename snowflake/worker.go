@@ -50,9 +50,12 @@ type WorkerSettings struct {
 	// Heartbeat is the interval between lease renewals; it must be shorter
 	// than Lease. Default DefaultHeartbeat, or Lease/3 if that is shorter.
 	Heartbeat time.Duration
-	// Epoch, RandomSequence, MaxBackwards, MaxBorrow, Now and Logger are as
-	// in Settings.
+	// Epoch, Layout, RandomSequence, MaxBackwards, MaxBorrow, Now and Logger
+	// are as in Settings. The epoch and the layout are recorded in the
+	// bucket by the first worker to use it; a worker configured with others
+	// refuses to start (ErrEpochMismatch, ErrLayoutMismatch).
 	Epoch          time.Time
+	Layout         Layout
 	RandomSequence bool
 	MaxBackwards   time.Duration
 	MaxBorrow      time.Duration
@@ -171,7 +174,9 @@ type Worker struct {
 //
 // It returns an error wrapping ErrBucketTTL, ErrBucketLimits,
 // ErrBucketMemory or ErrBucketReplicas if the bucket can drop values,
-// ErrEpochMismatch if the bucket has another epoch, ErrEpochLost if its
+// ErrEpochMismatch if the bucket has another epoch, ErrLayoutMismatch if it
+// has another layout (a bucket without one has DefaultLayout), ErrEpochLost
+// if its
 // epoch was deleted or purged, ErrNoWorkerID if all worker IDs are held by
 // live leases (or are deleted keys still within their margin), and
 // ErrInvalidSettings, ErrEpochInFuture or ErrOverTimeLimit for bad settings.
@@ -187,6 +192,7 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 	}
 	gen, err := newGenerator(Settings{
 		Epoch:          cfg.Epoch,
+		Layout:         cfg.Layout,
 		RandomSequence: cfg.RandomSequence,
 		MaxBackwards:   cfg.MaxBackwards,
 		MaxBorrow:      cfg.MaxBorrow,
@@ -202,7 +208,7 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 	if err != nil {
 		return nil, err
 	}
-	if err := checkEpoch(ctx, kv, cfg.Epoch, cfg.Lease); err != nil {
+	if err := checkEpoch(ctx, kv, cfg.Epoch, gen.layout, cfg.Lease); err != nil {
 		return nil, err
 	}
 	stream, err := lease.NewStream(ctx, kv)
@@ -598,7 +604,7 @@ func (w *Worker) reclaim() {
 			return
 		}
 		class := "other"
-		for _, e := range []error{ErrNoWorkerID, ErrEpochLost, ErrEpochMismatch} {
+		for _, e := range []error{ErrNoWorkerID, ErrEpochLost, ErrEpochMismatch, ErrLayoutMismatch} {
 			if errors.Is(err, e) {
 				class = e.Error()
 			}
@@ -608,7 +614,7 @@ func (w *Worker) reclaim() {
 		log := w.claimFailures == 1 || class != w.claimErr || w.claimFailures%100 == 0
 		w.claimErr = class
 		w.mu.Unlock()
-		if errors.Is(err, ErrEpochLost) || errors.Is(err, ErrEpochMismatch) {
+		if errors.Is(err, ErrEpochLost) || errors.Is(err, ErrEpochMismatch) || errors.Is(err, ErrLayoutMismatch) {
 			// Refuse with the reason, not a bare ErrFenced.
 			w.gen.revoke(fmt.Errorf("%w: %w", ErrFenced, err))
 			if log {
@@ -628,8 +634,8 @@ func (w *Worker) reclaim() {
 	w.install(c)
 }
 
-// AppendIDs appends n new IDs in increasing order to dst, n in 1..MaxCount.
-// It issues all n or none. Errors: ErrInvalidCount (400); ErrFenced,
+// AppendIDs appends n new IDs in increasing order to dst, n in
+// 1..Layout().MaxCount(). It issues all n or none. Errors: ErrInvalidCount (400); ErrFenced,
 // ErrClockBackwards, ErrOverloaded, ErrClosed (all errors.Is ErrUnavailable:
 // 503); ErrOverTimeLimit (500).
 func (w *Worker) AppendIDs(dst []int64, n int) ([]int64, error) {
@@ -651,9 +657,12 @@ func (w *Worker) WorkerID() (id int, ok bool) {
 	return w.id, w.id >= 0
 }
 
-// Decode returns Decode(id, w.Epoch()) as a Parts value (for a decode
-// endpoint that wants a JSON-marshalable any).
-func (w *Worker) Decode(id int64) any { return Decode(id, w.cfg.Epoch) }
+// Decode returns w.Layout().Decode(id, w.Epoch()) as a Parts value (for a
+// decode endpoint that wants a JSON-marshalable any).
+func (w *Worker) Decode(id int64) any { return w.gen.Decode(id) }
+
+// Layout returns the bit layout of the IDs.
+func (w *Worker) Layout() Layout { return w.gen.layout }
 
 // Instance returns the instance name used in the leases.
 func (w *Worker) Instance() string { return w.cfg.Instance }
@@ -669,6 +678,8 @@ type WorkerStats struct {
 	Bucket   string `json:"bucket"`
 	// Epoch is the time of timestamp 0.
 	Epoch time.Time `json:"epoch"`
+	// Layout names the bit layout, e.g. "js (41+5+7 bits)".
+	Layout string `json:"layout"`
 	// LastHeartbeat is the wall time written by the last successful lease
 	// write; LeaseExpires is it plus the lease.
 	LastHeartbeat time.Time `json:"last_heartbeat"`
@@ -723,6 +734,7 @@ func (w *Worker) stats() WorkerStats {
 		Instance:            w.cfg.Instance,
 		Bucket:              w.cfg.Bucket,
 		Epoch:               w.cfg.Epoch,
+		Layout:              w.gen.layout.String(),
 		LastHeartbeat:       w.rec.Heartbeat,
 		LeaseExpires:        w.rec.Expires,
 		Bound:               w.rec.Bound,

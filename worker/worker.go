@@ -330,6 +330,11 @@ func (w *Worker) start(ctx context.Context) error {
 			return err
 		}
 		w.leaseName += " epoch " + w.sf.Epoch().Format(time.RFC3339Nano)
+		if l := w.sf.Layout(); !l.Same(snowflake.DefaultLayout) {
+			// Only a layout other than the default is named, so that
+			// workers of versions without layouts still match.
+			w.leaseName += " layout " + l.String()
+		}
 	}
 
 	dc := dispenser.Config{

@@ -333,8 +333,13 @@ func yesNo(b bool) string {
 }
 
 func decode(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("decode", "dispenser decode ID [--snowflake-epoch T]", stderr)
+	fs := newFlagSet("decode", "dispenser decode ID [--snowflake-epoch T] [--snowflake-layout default|js]", stderr)
 	epoch := fs.String("snowflake-epoch", snowflake.DefaultEpoch.Format(time.RFC3339), "epoch of snowflake timestamps (RFC 3339)")
+	layout := snowflake.DefaultLayout
+	fs.Func("snowflake-layout", `bit layout the ID was issued in, as its workers' --snowflake-layout: "default" or "js" (default "default")`, func(v string) (err error) {
+		layout, err = snowflake.ParseLayout(v)
+		return err
+	})
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -350,7 +355,10 @@ func decode(args []string, stdout, stderr io.Writer) error {
 	if err != nil || id < 0 {
 		return fmt.Errorf("decode: %q is not a snowflake ID (a non-negative decimal int64)", pos[0])
 	}
-	out, err := json.Marshal(snowflake.Decode(id, e))
+	if id > layout.MaxID() {
+		return fmt.Errorf("decode: %d is not a snowflake ID of layout %s (at most %d); was it issued in another layout?", id, layout, layout.MaxID())
+	}
+	out, err := json.Marshal(layout.Decode(id, e))
 	if err != nil {
 		return err
 	}

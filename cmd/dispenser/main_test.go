@@ -427,6 +427,7 @@ func TestServeRejectsBadSettingsBeforeStarting(t *testing.T) {
 		{"--max-wait", "0s"},
 		{"--snowflake-lease", "1s", "--snowflake-heartbeat", "2s"},
 		{"--snowflake-epoch", "2999-01-01T00:00:00Z"},
+		{"--snowflake-layout", "js53"},
 	} {
 		if _, err := runCmd(t, append([]string{"serve", "--nats-listen", "127.0.0.1:1"}, args...)...); err == nil {
 			t.Errorf("serve %v: want an error", args)
