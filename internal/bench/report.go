@@ -256,7 +256,7 @@ func (rep *Report) print(w *bytes.Buffer) {
 		}
 		settled := "no garbage collection awaited"
 		if t.SettledGC {
-			settled = "after the idle worker's next garbage collection"
+			settled = "after the idle worker's next two garbage collections"
 		}
 		blocks := make([]string, len(t.BlocksPerSec))
 		for i, b := range t.BlocksPerSec {

@@ -88,9 +88,11 @@ type TagsResult struct {
 	// holds but does not use; both include garbage not yet collected.
 	HeapPerTagBytes float64 `json:"heap_per_tag_bytes"`
 	// SettledGC reports that the memory with warm tags was measured after
-	// a garbage collection of the idle worker (Config.TagsSettle; the Go
-	// runtime collects at least every two minutes), so that it holds
-	// little garbage.
+	// two garbage collections of the idle worker (Config.TagsSettle; the Go
+	// runtime collects at least every two minutes): the first frees the
+	// warm-up's garbage, and the runtime returns freed memory to the
+	// system over the cycle that follows, so RSS has settled by the
+	// second.
 	SettledGC bool `json:"settled_gc"`
 	// ScrapeBytes and ScrapeSeries are the size of /metrics with NewTags
 	// tags warm, and its samples (lines that are no comment).
@@ -288,8 +290,8 @@ func (e *env) measureTags(ctx context.Context, postgresURL string, newTags, stor
 
 	time.Sleep(time.Second)
 	if settle > 0 {
-		p.note(fmt.Sprintf("tags: waiting up to %v for the worker's next garbage collection", settle))
-		if r.SettledGC, err = awaitGC(ctx, "http://"+metricsAddr+"/metrics", settle); err != nil {
+		p.note(fmt.Sprintf("tags: waiting up to %v for the worker's next two garbage collections", settle))
+		if r.SettledGC, err = awaitGC(ctx, "http://"+metricsAddr+"/metrics", settle, 2); err != nil {
 			return nil, workers, err
 		}
 	}
@@ -429,10 +431,10 @@ func scrape(ctx context.Context, url string) (size, samples int, heap int64, err
 	return len(b), countSamples(b), sampleValue(b, "go_memstats_heap_inuse_bytes"), nil
 }
 
-// awaitGC waits until the worker whose metrics are at url has run a
-// garbage collection since the call, polling every second, for at most d;
-// it reports whether one ran.
-func awaitGC(ctx context.Context, url string, d time.Duration) (bool, error) {
+// awaitGC waits until the worker whose metrics are at url has run n
+// garbage collections since the call, polling every second, for at most
+// d; it reports whether they ran.
+func awaitGC(ctx context.Context, url string, d time.Duration, n int64) (bool, error) {
 	gcs := func() (int64, error) {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -462,11 +464,11 @@ func awaitGC(ctx context.Context, url string, d time.Duration) (bool, error) {
 			return false, ctx.Err()
 		case <-time.After(time.Second):
 		}
-		n, err := gcs()
+		now, err := gcs()
 		if err != nil {
 			return false, err
 		}
-		if n > start {
+		if now >= start+n {
 			time.Sleep(time.Second) // let the background sweep finish
 			return true, nil
 		}
