@@ -253,18 +253,11 @@ func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, er
 	if err := checkTag(tag); err != nil {
 		return nil, err
 	}
-	if n < 1 || n > maxCount {
-		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
+	ctx, cancel, msg, err := c.newRequest(ctx, protocol.SegmentSubject(c.prefix, tag), n)
+	if err != nil {
+		return nil, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-	}
-	msg := nats.NewMsg(protocol.SegmentSubject(c.prefix, tag))
-	if n > 1 {
-		msg.Data = strconv.AppendInt(nil, int64(n), 10)
-	}
+	defer cancel()
 	msg.Header.Set(protocol.FormatHeader, protocol.FormatFormatted.String())
 	resp, err := c.send(ctx, msg, "")
 	if err != nil {
@@ -333,25 +326,36 @@ func (c *Client) request(ctx context.Context, tag string, n int, ranges bool, lo
 // maxCount is the largest count a request can carry.
 const maxCount = protocol.MaxCount
 
-// requestRuns asks for n IDs of tag (snowflake IDs if tag is empty), each
-// at least lowest, and returns them as runs.
-func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool, lowest int64) ([]protocol.Run, error) {
+// newRequest checks a count of n, gives ctx the client's timeout if it has
+// no deadline (cancel releases it) and returns the request for n IDs on
+// subject.
+func (c *Client) newRequest(ctx context.Context, subject string, n int) (_ context.Context, cancel context.CancelFunc, _ *nats.Msg, _ error) {
 	if n < 1 || n > maxCount {
-		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
+		return ctx, nil, nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
 	}
+	cancel = func() {}
 	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-	}
-	subject := protocol.SnowflakeSubject(c.prefix)
-	if tag != "" {
-		subject = protocol.SegmentSubject(c.prefix, tag)
 	}
 	msg := nats.NewMsg(subject)
 	if n > 1 {
 		msg.Data = strconv.AppendInt(nil, int64(n), 10)
 	}
+	return ctx, cancel, msg, nil
+}
+
+// requestRuns asks for n IDs of tag (snowflake IDs if tag is empty), each
+// at least lowest, and returns them as runs.
+func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool, lowest int64) ([]protocol.Run, error) {
+	subject := protocol.SnowflakeSubject(c.prefix)
+	if tag != "" {
+		subject = protocol.SegmentSubject(c.prefix, tag)
+	}
+	ctx, cancel, msg, err := c.newRequest(ctx, subject, n)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
 	format := protocol.FormatList
 	if ranges {
 		format = protocol.FormatRange
