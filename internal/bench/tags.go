@@ -94,6 +94,12 @@ type TagsResult struct {
 	// system over the cycle that follows, so RSS has settled by the
 	// second.
 	SettledGC bool `json:"settled_gc"`
+	// SettledAfterS is how long after the last new tag the memory was
+	// measured (with Config.TagsSettle: once two garbage collections ran
+	// and RSS fell by less than 1% over a minute, or the settle time ran
+	// out); SettledRSS reports that RSS had stopped falling.
+	SettledAfterS float64 `json:"settled_after_s,omitempty"`
+	SettledRSS    bool    `json:"settled_rss,omitempty"`
 	// ScrapeBytes and ScrapeSeries are the size of /metrics with NewTags
 	// tags warm, and its samples (lines that are no comment).
 	ScrapeBytes  int `json:"scrape_bytes"`
@@ -290,10 +296,15 @@ func (e *env) measureTags(ctx context.Context, postgresURL string, newTags, stor
 
 	time.Sleep(time.Second)
 	if settle > 0 {
-		p.note(fmt.Sprintf("tags: waiting up to %v for the worker's next two garbage collections", settle))
+		warm := time.Now()
+		p.note(fmt.Sprintf("tags: waiting up to %v for the worker's next two garbage collections and its RSS to stop falling", settle))
 		if r.SettledGC, err = awaitGC(ctx, "http://"+metricsAddr+"/metrics", settle, 2); err != nil {
 			return nil, workers, err
 		}
+		if r.SettledRSS, err = awaitRSS(ctx, strconv.Itoa(w.cmd.Process.Pid), warm.Add(settle)); err != nil {
+			return nil, workers, err
+		}
+		r.SettledAfterS = round(time.Since(warm).Seconds(), 1)
 	}
 	if r.RSSWarmBytes, err = processRSS(strconv.Itoa(w.cmd.Process.Pid)); err != nil {
 		return nil, workers, err
@@ -429,6 +440,32 @@ func scrape(ctx context.Context, url string) (size, samples int, heap int64, err
 		return 0, 0, 0, fmt.Errorf("scraping %s: %s", url, resp.Status)
 	}
 	return len(b), countSamples(b), sampleValue(b, "go_memstats_heap_inuse_bytes"), nil
+}
+
+// awaitRSS waits until the RSS of process pid fell by less than 1% over
+// the last minute (the Go runtime returns freed memory to the system
+// gradually, over minutes), polling every 10 s, or until deadline; it
+// reports whether RSS stopped falling.
+func awaitRSS(ctx context.Context, pid string, deadline time.Time) (bool, error) {
+	var samples []int64 // one every 10 s
+	for {
+		rss, err := processRSS(pid)
+		if err != nil {
+			return false, err
+		}
+		samples = append(samples, rss)
+		if n := len(samples); n > 6 && samples[n-7]-rss < samples[n-7]/100 {
+			return true, nil
+		}
+		if time.Now().Add(10 * time.Second).After(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(10 * time.Second):
+		}
+	}
 }
 
 // awaitGC waits until the worker whose metrics are at url has run n
