@@ -42,7 +42,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&c.MemoryTags, "memory-tags", 1000, "warm tags of the idle worker whose memory is measured")
 	fs.IntVar(&c.Tags, "tags", 20_000, "tags run: new tags asked for their first ID, then warm in its worker (KV: created on first use)")
 	fs.IntVar(&c.TagsStore, "tags-store", 1_000_000, "tags run with --postgres-url: tags in the PostgreSQL store, created in bulk where missing (at least --tags)")
-	fs.DurationVar(&c.TagsSettle, "tags-settle", 0, "tags run: wait up to this long for the idle worker to settle (two garbage collections, then RSS falling by less than 1% over a minute) before measuring its memory with warm tags; 0: measure at once")
+	fs.DurationVar(&c.TagsSettle, "tags-settle", 0, "tags run: wait up to this long for the idle worker to settle (two garbage collections, then RSS falling by less than 1% over three minutes) before measuring its memory with warm tags; 0: measure at once")
 	fs.BoolVar(&c.JSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&c.Smoke, "smoke", false, "a few seconds of every run, checking every ID; fails on errors or duplicates, never on speed")
 	fs.BoolVar(&c.SyncAlways, "sync-always", true, "the embedded nats-server writes every JetStream message to disk before acknowledging it, as dispenser serve's does; false measures JetStream's default periodic sync for comparison")

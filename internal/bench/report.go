@@ -258,7 +258,7 @@ func (rep *Report) print(w *bytes.Buffer) {
 		if t.SettledGC {
 			settled = "after the idle worker's next two garbage collections"
 			if t.SettledRSS {
-				settled = fmt.Sprintf("settled: two garbage collections, then RSS fell by less than 1%% over a minute, %.0f s after the last new tag", t.SettledAfterS)
+				settled = fmt.Sprintf("settled: two garbage collections, then RSS fell by less than 1%% over three minutes, %.0f s after the last new tag", t.SettledAfterS)
 			} else if t.SettledAfterS > 0 {
 				settled += fmt.Sprintf(", %.0f s after the last new tag (RSS still falling)", t.SettledAfterS)
 			}

@@ -96,8 +96,8 @@ type TagsResult struct {
 	SettledGC bool `json:"settled_gc"`
 	// SettledAfterS is how long after the last new tag the memory was
 	// measured (with Config.TagsSettle: once two garbage collections ran
-	// and RSS fell by less than 1% over a minute, or the settle time ran
-	// out); SettledRSS reports that RSS had stopped falling.
+	// and RSS fell by less than 1% over three minutes, or the settle time
+	// ran out); SettledRSS reports that RSS had stopped falling.
 	SettledAfterS float64 `json:"settled_after_s,omitempty"`
 	SettledRSS    bool    `json:"settled_rss,omitempty"`
 	// ScrapeBytes and ScrapeSeries are the size of /metrics with NewTags
@@ -443,9 +443,10 @@ func scrape(ctx context.Context, url string) (size, samples int, heap int64, err
 }
 
 // awaitRSS waits until the RSS of process pid fell by less than 1% over
-// the last minute (the Go runtime returns freed memory to the system
-// gradually, over minutes), polling every 10 s, or until deadline; it
-// reports whether RSS stopped falling.
+// the last three minutes (the Go runtime returns freed memory to the system
+// after garbage collections, which an idle worker runs at least every two
+// minutes), polling every 10 s, or until deadline; it reports whether RSS
+// stopped falling.
 func awaitRSS(ctx context.Context, pid string, deadline time.Time) (bool, error) {
 	var samples []int64 // one every 10 s
 	for {
@@ -454,7 +455,7 @@ func awaitRSS(ctx context.Context, pid string, deadline time.Time) (bool, error)
 			return false, err
 		}
 		samples = append(samples, rss)
-		if n := len(samples); n > 6 && samples[n-7]-rss < samples[n-7]/100 {
+		if n := len(samples); n > 18 && samples[n-19]-rss < samples[n-19]/100 {
 			return true, nil
 		}
 		if time.Now().Add(10 * time.Second).After(deadline) {
