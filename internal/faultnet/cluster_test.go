@@ -175,8 +175,19 @@ func TestHealCuts(t *testing.T) {
 		return time.Since(start), err
 	}
 	for _, from := range []int{0, 2} {
-		if _, err := request(from, 1, 10*time.Second); err != nil {
-			t.Fatalf("n%d to n1 before the faults: %v", from, err)
+		// n1's subscription reaches the other servers over the routes a
+		// moment after its flush: until then a request finds no
+		// responders (seen on a busy machine). Wait for the interest.
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			_, err := request(from, 1, 10*time.Second)
+			if errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			if err != nil {
+				t.Fatalf("n%d to n1 before the faults: %v", from, err)
+			}
+			break
 		}
 	}
 	for _, row := range c.Links {

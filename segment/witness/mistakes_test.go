@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -203,7 +206,25 @@ func TestRecreatedWitness(t *testing.T) {
 	if err := e.js.DeleteKeyValue(ctx, witness.DefaultBucket); err != nil {
 		t.Fatal(err)
 	}
-	fetch(t, e.worker(t, nil), "t") // a new bucket: proof, then the mark at revision 2
+	// The server may still be removing the deleted stream's files: a
+	// bucket created at once can fail with "error creating store for
+	// stream" (JetStream API error 10049, seen on a busy machine). Open
+	// again until it is created.
+	var fresh *witness.Store
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		w, err := witness.Open(ctx, e.js, postgres.New(e.pool), witness.Settings{Logger: quiet})
+		var apiErr *jetstream.APIError
+		if err != nil && errors.As(err, &apiErr) && apiErr.ErrorCode == 10049 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh = w
+		break
+	}
+	fetch(t, fresh, "t") // a new bucket: proof, then the mark at revision 2
 	if a, err := old.Fetch(ctx, "t", 0); !errors.Is(err, kvbucket.ErrRecreated) {
 		t.Errorf("Fetch on the re-created bucket = %+v, %v, want kvbucket.ErrRecreated", a, err)
 	}
