@@ -26,7 +26,7 @@ func newFlagSet(name, synopsis string, out io.Writer) *flag.FlagSet {
 		fs.VisitAll(func(f *flag.Flag) {
 			typ, usage := flag.UnquoteUsage(f)
 			fmt.Fprintf(out, "  --%s %s\n    \t%s", f.Name, typ, strings.ReplaceAll(usage, "\n", "\n    \t"))
-			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
 				fmt.Fprintf(out, " (default %s)", f.DefValue)
 			}
 			fmt.Fprintf(out, "\n    \tenv %s\n", envName(f.Name))

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -11,6 +12,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"slices"
 	"syscall"
 	// The IANA time zone database, so that tags with a reset period in a
 	// named zone work where the system has none (a static container image).
@@ -39,10 +42,12 @@ usage:
                                      flags: embedded NATS, segments in JetStream KV
   dispenser migrate [flags]          apply the database migrations
   dispenser tags list [flags]        list tags
-  dispenser tags create TAG --step N [--start M] [--description D]
-  dispenser tags update TAG [--step N] [--description D]
+  dispenser tags create TAG --step N [--start M] [--description D] [--ordered]
+                                     [--reset day|month|year --time-zone Z --format T]
+  dispenser tags update TAG [--step N] [--description D] [...]
   dispenser decode ID                print a snowflake ID's time, worker and sequence
   dispenser bench [flags]            measure throughput and latency against a baseline
+  dispenser version                  print the version and the VCS revision built from
   dispenser help [command]           show a command's flags
 
 Every flag can also be set with an environment variable: --nats-url is
@@ -57,7 +62,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch cmd {
 	case "serve":
+		if slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "--help" || a == "-help" }) {
+			fmt.Fprint(stderr, usage+"\n") // the commands, then serve's flags
+		}
 		return serve(ctx, args, stderr)
+	case "version":
+		return version(stdout)
 	case "migrate":
 		return migrate(ctx, args, stdout, stderr)
 	case "tags":
@@ -78,6 +88,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("unknown command %q", cmd)
 	}
+}
+
+// version prints the module's version and the VCS revision the binary
+// was built from, as the Go toolchain recorded them.
+func version(w io.Writer) error {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return errors.New("version: the binary carries no build information")
+	}
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	fmt.Fprintf(w, "dispenser %s %s", cmp.Or(bi.Main.Version, "(devel)"), bi.GoVersion)
+	if rev := settings["vcs.revision"]; rev != "" {
+		fmt.Fprintf(w, " revision %s", rev)
+		if t := settings["vcs.time"]; t != "" {
+			fmt.Fprintf(w, " (%s)", t)
+		}
+		if settings["vcs.modified"] == "true" {
+			fmt.Fprint(w, " modified")
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
 }
 
 // newLogger returns the process logger for --log-level and --log-format.
