@@ -23,9 +23,10 @@
 // (ParseCount). A tag is 1 to 128 characters of [A-Za-z0-9_-], so that it
 // is always one subject token (ValidTag).
 //
-// Headers a request may carry: FormatHeader ("list", the default, or
-// "range"), WorkerHeader (any value: the reply names the worker that
-// answered it) and DirectHeader (any value: see Direct requests).
+// Headers a request may carry: FormatHeader ("list", the default,
+// "range", or "formatted" for a segment tag with a format), WorkerHeader
+// (any value: the reply names the worker that answered it) and
+// DirectHeader (any value: see Direct requests).
 //
 // # Replies
 //
@@ -33,6 +34,10 @@
 // decimal ID per line (FormatList, AppendList), or one "first-last" line per
 // run of consecutive IDs (FormatRange, AppendRanges), lines separated by a
 // single newline. ParseIDs reads a reply back and refuses anything else.
+// With FormatFormatted the lines are the IDs written out in the tag's
+// format (such as ORD-20261124-000123: printable ASCII without space, at
+// most MaxFormattedBytes each), in the order they were taken; a tag without
+// a format, an ordered tag and a snowflake request refuse it with 400.
 //
 // A failure is a reply with an empty body and the micro error headers
 // ErrorCodeHeader and ErrorHeader: code 400 (CodeBadRequest) for a request
