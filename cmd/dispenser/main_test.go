@@ -118,22 +118,33 @@ func listTable(t *testing.T, storeArgs []string) (map[string]map[string]string, 
 	return rows, out
 }
 
-// TestOrderedTagCommands: tags create --ordered, tags update
-// --ordered=true|false, the ORDERED column of tags list, on every store;
-// bad values fail and change nothing.
-func TestOrderedTagCommands(t *testing.T) {
+// cliStore is a store the admin commands reach, named by its flags.
+type cliStore struct {
+	name string
+	args []string
+}
+
+// cliStores migrates a database of the test's PostgreSQL server and starts
+// a NATS server, and returns the flags of both stores, the KV store's in
+// bucket.
+func cliStores(t *testing.T, bucket string) []cliStore {
+	t.Helper()
 	pg := testenv.Postgres(t)
 	if out, err := runCmd(t, "migrate", "--postgres-url", pg); err != nil {
 		t.Fatalf("migrate: %v\n%s", err, out)
 	}
 	ns := testenv.NATS(t)
-	stores := []struct {
-		name string
-		args []string
-	}{
+	return []cliStore{
 		{name: "postgres", args: []string{"--postgres-url", pg}},
-		{name: "kv", args: []string{"--nats-url", ns.ClientURL(), "--segment-bucket", "ordered_cli"}},
+		{name: "kv", args: []string{"--nats-url", ns.ClientURL(), "--segment-bucket", bucket}},
 	}
+}
+
+// TestOrderedTagCommands: tags create --ordered, tags update
+// --ordered=true|false, the ORDERED column of tags list, on every store;
+// bad values fail and change nothing.
+func TestOrderedTagCommands(t *testing.T) {
+	stores := cliStores(t, "ordered_cli")
 	// state is what tags list must show after a step: per tag "STEP ORDERED
 	// DESCRIPTION".
 	type state map[string]string

@@ -4,8 +4,6 @@ import (
 	"maps"
 	"strings"
 	"testing"
-
-	"github.com/dispenser-dev/dispenser/testenv"
 )
 
 // TestPeriodicTagCommands: tags create and update with --reset,
@@ -13,18 +11,7 @@ import (
 // RETENTION and FORMAT columns of tags list, on every store; bad values
 // fail and change nothing.
 func TestPeriodicTagCommands(t *testing.T) {
-	pg := testenv.Postgres(t)
-	if out, err := runCmd(t, "migrate", "--postgres-url", pg); err != nil {
-		t.Fatalf("migrate: %v\n%s", err, out)
-	}
-	ns := testenv.NATS(t)
-	stores := []struct {
-		name string
-		args []string
-	}{
-		{name: "postgres", args: []string{"--postgres-url", pg}},
-		{name: "kv", args: []string{"--nats-url", ns.ClientURL(), "--segment-bucket", "periodic_cli"}},
-	}
+	stores := cliStores(t, "periodic_cli")
 	// state is what tags list must show after a step: per tag "RESET|TIME
 	// ZONE|RETENTION|FORMAT".
 	type state map[string]string
