@@ -104,8 +104,8 @@ type Config struct {
 	// 1..1,000,000. Default 10,000.
 	MaxBatch int
 
-	// MetricsAddr, if not empty, serves /metrics, /healthz and /readyz
-	// there (--metrics-addr). MetricsTags get metric series of their own
+	// MetricsAddr, if not empty, serves /metrics, /healthz, /readyz and
+	// the status page /status there (--metrics-addr). MetricsTags get metric series of their own
 	// (--metrics-tags).
 	MetricsAddr string
 	MetricsTags []string
@@ -217,8 +217,10 @@ type Worker struct {
 	owners    *ownership.Leases
 	sf        *snowflake.Worker
 	svc       *dispenser.Service
-	http      *http.Server  // metrics and health; nil without MetricsAddr
-	httpDone  chan struct{} // closed when the metrics server's goroutine returns
+	reg       *prometheus.Registry // nil without MetricsAddr
+	http      *http.Server         // metrics and health; nil without MetricsAddr
+	httpAddr  string               // the metrics server's address
+	httpDone  chan struct{}        // closed when the metrics server's goroutine returns
 
 	closeOnce sync.Once
 	closeErr  error // Close's result; written once under closeOnce
@@ -364,6 +366,7 @@ func (w *Worker) start(ctx context.Context) error {
 	w.movable = w.svc
 	w.connMu.Unlock()
 	if reg != nil {
+		w.reg = reg
 		if err := w.serveHTTP(reg); err != nil {
 			return err
 		}
@@ -527,7 +530,8 @@ func (w *Worker) close() error {
 	return errors.Join(errs...)
 }
 
-// serveHTTP serves /metrics, /healthz and /readyz on Config.MetricsAddr.
+// serveHTTP serves /metrics, /healthz, /readyz and the status page
+// /status on Config.MetricsAddr.
 func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 	ln, err := net.Listen("tcp", w.cfg.MetricsAddr)
 	if err != nil {
@@ -538,6 +542,7 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(rw, "ok")
 	})
+	mux.HandleFunc("GET /status", w.serveStatus)
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
 		if err := w.ready(r.Context()); err != nil {
 			http.Error(rw, "not ready: "+err.Error(), http.StatusServiceUnavailable)
@@ -554,7 +559,8 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 			w.log.Error("metrics server", "err", err)
 		}
 	}()
-	w.log.Info("metrics and health", "addr", ln.Addr().String())
+	w.httpAddr = ln.Addr().String()
+	w.log.Info("metrics and health", "addr", w.httpAddr)
 	return nil
 }
 

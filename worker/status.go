@@ -1,0 +1,159 @@
+package worker
+
+import (
+	_ "embed"
+	"html/template"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dispenser-dev/dispenser/ownership"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/snowflake"
+)
+
+// StatusTagLimit is the most tags, and owned ordered tags, the status
+// page lists: a worker may hold 100,000 tags.
+const StatusTagLimit = 200
+
+//go:embed status.html
+var statusHTML string
+
+var statusTemplate = template.Must(template.New("status").Parse(statusHTML))
+
+// Status is what the status page (GET /status on Config.MetricsAddr)
+// shows.
+type Status struct {
+	Now       time.Time
+	Instance  string
+	ServiceID string // the micro service's ID
+	Version   string // of the main module, from its build information
+	// NATSURL and NATSStatus are those of the connection that serves
+	// requests, JetStreamURL and JetStreamStatus those of the one for
+	// the store and the leases. The URLs have no passwords.
+	NATSURL, NATSStatus           string
+	JetStreamURL, JetStreamStatus string
+	// Store names the segment store (Store.Name).
+	Store string
+	// HasRollbacks says whether the store counts rollbacks
+	// (dispenser_segment_rollbacks_total); Rollbacks is the count.
+	HasRollbacks bool
+	Rollbacks    float64
+	// Snowflake is the snowflake lease's state; nil without snowflake.
+	Snowflake *snowflake.WorkerStats
+	// Tags are the first StatusTagLimit tags in memory by name, of
+	// TotalTags; MoreTags is how many are not listed.
+	Tags      []segment.TagStats
+	TotalTags int
+	MoreTags  int
+	// Ordered is the ownership state, with Owned cut to StatusTagLimit
+	// tags of OwnedTotal; MoreOwned is how many are not listed.
+	Ordered    *ownership.Stats
+	OwnedTotal int
+	MoreOwned  int
+}
+
+// Render writes s as an HTML page.
+func (s *Status) Render(w io.Writer) error {
+	return statusTemplate.Execute(w, s)
+}
+
+// limit cuts the tag lists to StatusTagLimit and counts what it cut.
+func (s *Status) limit() {
+	s.TotalTags = len(s.Tags)
+	if len(s.Tags) > StatusTagLimit {
+		s.MoreTags = len(s.Tags) - StatusTagLimit
+		s.Tags = s.Tags[:StatusTagLimit]
+	}
+	if s.Ordered != nil {
+		s.OwnedTotal = len(s.Ordered.Owned)
+		if len(s.Ordered.Owned) > StatusTagLimit {
+			s.MoreOwned = len(s.Ordered.Owned) - StatusTagLimit
+			s.Ordered.Owned = s.Ordered.Owned[:StatusTagLimit]
+		}
+	}
+}
+
+// Status returns the worker's state as the status page shows it. It
+// copies the state of every tag in memory (SegmentStats) to list the first
+// StatusTagLimit by name.
+func (w *Worker) Status() *Status {
+	s := &Status{Now: time.Now(), Instance: w.cfg.Instance, Version: version(), Tags: w.SegmentStats()}
+	if w.svc != nil {
+		s.ServiceID = w.svc.ID()
+	}
+	if nc := w.conn(); nc != nil {
+		s.NATSURL, s.NATSStatus = nc.ConnectedUrlRedacted(), nc.Status().String()
+	}
+	if w.jsnc != nil {
+		s.JetStreamURL, s.JetStreamStatus = w.jsnc.ConnectedUrlRedacted(), w.jsnc.Status().String()
+	}
+	if w.store != nil {
+		s.Store = w.store.Name
+	}
+	if w.sf != nil {
+		if st, ok := w.sf.Stats().(snowflake.WorkerStats); ok {
+			s.Snowflake = &st
+		}
+	}
+	if w.owners != nil {
+		st := w.owners.Stats()
+		s.Ordered = &st
+	}
+	s.HasRollbacks, s.Rollbacks = counter(w.reg, "dispenser_segment_rollbacks_total")
+	s.limit()
+	return s
+}
+
+// serveStatus serves the status page.
+func (w *Worker) serveStatus(rw http.ResponseWriter, _ *http.Request) {
+	rw.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := w.Status().Render(rw); err != nil {
+		w.log.Warn("status page", "err", err)
+	}
+}
+
+// counter returns the sum of the named counter's series in reg, and
+// whether reg has it.
+func counter(reg prometheus.Gatherer, name string) (bool, float64) {
+	if reg == nil {
+		return false, 0
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		return false, 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		var sum float64
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+		return true, sum
+	}
+	return false, 0
+}
+
+// version returns the main module's version and, if known, its VCS
+// revision.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+		if s.Key == "vcs.modified" && s.Value == "true" {
+			v += " (modified)"
+		}
+	}
+	return v
+}
