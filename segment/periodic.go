@@ -20,6 +20,9 @@ type tagSpec struct {
 	reset  Reset
 	loc    *time.Location
 	format *Format
+	// head is the format's Head of a tag without a reset period (no date:
+	// the same for every number).
+	head string
 	// period is the period last served, a tag with a reset period only.
 	period atomic.Pointer[periodState]
 }
@@ -43,7 +46,11 @@ func newSpec(t Tag) (*tagSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tagSpec{reset: p.Reset, loc: p.Location, format: p.Format}, nil
+	s := &tagSpec{reset: p.Reset, loc: p.Location, format: p.Format}
+	if s.format != nil && s.reset == ResetNone {
+		s.head = s.format.Head(time.Time{})
+	}
+	return s, nil
 }
 
 // same reports whether t's settings are those of s (nil: none).
@@ -119,7 +126,7 @@ func numbering(b *buffer, ps *periodState) (Numbering, error) {
 	if ps != nil {
 		return Numbering{format: b.spec.format, head: ps.head}, nil
 	}
-	return Numbering{format: b.spec.format, head: b.spec.format.Head(time.Time{})}, nil
+	return Numbering{format: b.spec.format, head: b.spec.head}, nil
 }
 
 // TakeNowNumbered is TakeNow for a request for formatted numbers
