@@ -118,6 +118,43 @@ func listTable(t *testing.T, storeArgs []string) (map[string]map[string]string, 
 	return rows, out
 }
 
+// tagStep runs `dispenser tags ARGS STORE-ARGS` with env set: a step
+// that wants an error must fail with one containing wantErr and leave
+// tags list as it was; any other must print want, after which the column
+// of tags list that column reads from each row must be wantState.
+func tagStep(t *testing.T, storeArgs []string, name string, args []string, env map[string]string, wantErr, want string,
+	wantState map[string]string, column func(row map[string]string) string) {
+	t.Helper()
+	_, before := listTable(t, storeArgs)
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	out, err := runCmd(t, append(append([]string{"tags"}, args...), storeArgs...)...)
+	for k := range env {
+		os.Unsetenv(k)
+	}
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("%s: got error %v, want one containing %q; output %q", name, err, wantErr, out)
+		}
+		if _, after := listTable(t, storeArgs); after != before {
+			t.Fatalf("%s: a failed command changed the tags:\nbefore:\n%s\nafter:\n%s", name, before, after)
+		}
+		return
+	}
+	if err != nil || !strings.Contains(out, want) {
+		t.Fatalf("%s: got %q, %v, want output containing %q", name, out, err, want)
+	}
+	rows, raw := listTable(t, storeArgs)
+	got := map[string]string{}
+	for tag, row := range rows {
+		got[tag] = column(row)
+	}
+	if !maps.Equal(got, wantState) {
+		t.Fatalf("%s: tags list shows %q, want %q:\n%s", name, got, wantState, raw)
+	}
+}
+
 // cliStore is a store the admin commands reach, named by its flags.
 type cliStore struct {
 	name string
@@ -184,32 +221,13 @@ func TestOrderedTagCommands(t *testing.T) {
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
 			for _, s := range steps {
-				_, before := listTable(t, st.args)
+				var env map[string]string
 				if s.env != "" {
-					t.Setenv("DISPENSER_ORDERED", s.env)
+					env = map[string]string{"DISPENSER_ORDERED": s.env}
 				}
-				out, err := runCmd(t, append(append([]string{"tags"}, s.args...), st.args...)...)
-				os.Unsetenv("DISPENSER_ORDERED")
-				if s.wantErr != "" {
-					if err == nil || !strings.Contains(err.Error(), s.wantErr) {
-						t.Fatalf("%s: got error %v, want one containing %q; output %q", s.name, err, s.wantErr, out)
-					}
-					if _, after := listTable(t, st.args); after != before {
-						t.Fatalf("%s: a failed command changed the tags:\nbefore:\n%s\nafter:\n%s", s.name, before, after)
-					}
-					continue
-				}
-				if err != nil || !strings.Contains(out, s.want) {
-					t.Fatalf("%s: got %q, %v, want output containing %q", s.name, out, err, s.want)
-				}
-				rows, raw := listTable(t, st.args)
-				got := state{}
-				for name, row := range rows {
-					got[name] = row["STEP"] + " " + row["ORDERED"] + " " + row["DESCRIPTION"]
-				}
-				if !maps.Equal(got, s.state) {
-					t.Fatalf("%s: tags list shows %q, want %q:\n%s", s.name, got, s.state, raw)
-				}
+				tagStep(t, st.args, s.name, s.args, env, s.wantErr, s.want, s.state, func(row map[string]string) string {
+					return row["STEP"] + " " + row["ORDERED"] + " " + row["DESCRIPTION"]
+				})
 			}
 		})
 	}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"maps"
-	"strings"
 	"testing"
 )
 
@@ -44,28 +42,9 @@ func TestPeriodicTagCommands(t *testing.T) {
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
 			for _, s := range steps {
-				_, before := listTable(t, st.args)
-				out, err := runCmd(t, append(append([]string{"tags"}, s.args...), st.args...)...)
-				if s.wantErr != "" {
-					if err == nil || !strings.Contains(err.Error(), s.wantErr) {
-						t.Fatalf("%s: got error %v, want one containing %q; output %q", s.name, err, s.wantErr, out)
-					}
-					if _, after := listTable(t, st.args); after != before {
-						t.Fatalf("%s: a failed command changed the tags:\nbefore:\n%s\nafter:\n%s", s.name, before, after)
-					}
-					continue
-				}
-				if err != nil || !strings.Contains(out, s.want) {
-					t.Fatalf("%s: got %q, %v, want output containing %q", s.name, out, err, s.want)
-				}
-				rows, raw := listTable(t, st.args)
-				got := state{}
-				for name, row := range rows {
-					got[name] = row["RESET"] + "|" + row["TIME ZONE"] + "|" + row["RETENTION"] + "|" + row["FORMAT"]
-				}
-				if !maps.Equal(got, s.state) {
-					t.Fatalf("%s: tags list shows %q, want %q:\n%s", s.name, got, s.state, raw)
-				}
+				tagStep(t, st.args, s.name, s.args, nil, s.wantErr, s.want, s.state, func(row map[string]string) string {
+					return row["RESET"] + "|" + row["TIME ZONE"] + "|" + row["RETENTION"] + "|" + row["FORMAT"]
+				})
 			}
 		})
 	}
