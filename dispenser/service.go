@@ -174,6 +174,11 @@ func New(cfg Config) (*Service, error) {
 			s.mu.Lock()
 			err = s.addSegmentEndpoint(b)
 			s.mu.Unlock()
+			if err == nil {
+				// New returns once the server knows the endpoint: a
+				// request sent right after it finds a responder.
+				err = b.conn.FlushTimeout(5 * time.Second)
+			}
 		case <-time.After(cfg.ReadyTimeout):
 			cfg.Logger.Warn("dispenser: segment store not reachable yet; serving segments once the tag list has loaded")
 			s.bg.Add(1)
