@@ -99,4 +99,3 @@ func TestDecodeRegion(t *testing.T) {
 		t.Errorf("JSON of a layout without regions names one: %s", b)
 	}
 }
-
