@@ -73,6 +73,11 @@ type Settings struct {
 	// OnFetch, if set, is called after every store fetch with its latency
 	// and error, from the loader's goroutine (for metrics).
 	OnFetch func(tag string, latency time.Duration, err error)
+	// Regions maps the store's values to the IDs of this region
+	// (Regions): with more than one region, a value v is handed out as
+	// v×Regions.Count + Regions.Region. The store must record the same
+	// settings (CheckRegions). Default: one region, IDs are the values.
+	Regions Regions
 }
 
 // Dynamic step thresholds, as in Leaf: a segment that lasted less than
@@ -161,6 +166,8 @@ type Allocator struct {
 	lookup   singleflight.Group
 	ready    atomic.Bool   // the tag list has been loaded once
 	loaded   chan struct{} // closed when ready turns true
+	// regions maps store values to this region's IDs (Settings.Regions).
+	regions Regions
 	released atomic.Uint64 // idle tags dropped
 
 	// tags maps tag names to the buffers of the tags in use.
@@ -232,6 +239,9 @@ func New(s Settings) (*Allocator, error) {
 	if _, ok := s.Store.(Admin); s.AutoCreateStep > 0 && !ok {
 		return nil, errors.New("segment: AutoCreateStep needs a Store that implements Admin")
 	}
+	if err := s.Regions.Check(); err != nil {
+		return nil, err
+	}
 	if s.Now == nil {
 		s.Now = time.Now
 	}
@@ -259,6 +269,7 @@ func New(s Settings) (*Allocator, error) {
 		lookups:         make(chan struct{}, maxLookups),
 		orderedSeen:     make(map[string]time.Time),
 		loaded:          make(chan struct{}),
+		regions:         s.Regions,
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	a.tags = newTagMap()

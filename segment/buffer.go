@@ -156,7 +156,7 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 			}
 		}
 		if first, got := seg.takeUpTo(k); got > 0 {
-			dst = append(dst, Run{First: first, Last: first + got - 1})
+			dst = b.a.regions.appendRuns(dst, first, got)
 			if first+got > seg.threshold {
 				b.prefetch()
 			}
@@ -234,6 +234,11 @@ func (b *buffer) load() {
 		cancel()
 		if err == nil && (alloc.Start < 1 || alloc.End <= alloc.Start || alloc.TagStep < 1) {
 			err = fmt.Errorf("segment: store returned a bad allocation %+v for tag %q", alloc, b.tag)
+		}
+		if err == nil && alloc.End-1 > a.regions.maxValue() {
+			// Its IDs (value × regions + region) would pass 2^63-1; the
+			// segment is skipped.
+			err = fmt.Errorf("%w: segment %d..%d of tag %q, as IDs of %s", ErrExhausted, alloc.Start, alloc.End-1, b.tag, a.regions)
 		}
 		if a.onFetch != nil {
 			a.onFetch(b.tag, latency, err)
