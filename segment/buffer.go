@@ -332,6 +332,13 @@ func (b *buffer) nextDepth(step int64, now time.Time) int64 {
 		b.depthAt = t
 	}
 	b.calm = false
+	if bt := b.a.bufferTime; bt > 0 && step > 0 && b.lastFetch != 0 {
+		// Enough for BufferTime at the rate the last fetch lasted.
+		if lasted := now.UnixNano() - b.lastFetch; lasted > 0 {
+			want := float64(b.step*max(b.depth, 1)) * float64(bt) / float64(lasted)
+			d = max(d, int64(min(math.Ceil(want/float64(step)), float64(MaxDepthLimit))))
+		}
+	}
 	if step <= 0 {
 		d = 1
 	}

@@ -55,12 +55,20 @@ func (r Regions) appendRuns(dst []Run, first, n int64) []Run {
 	if !r.split() {
 		return append(dst, Run{First: first, Last: first + n - 1})
 	}
-	c, off := int64(r.Count), int64(r.Region)
 	for v := first; v < first+n; v++ {
-		id := v*c + off
+		id := r.ID(v)
 		dst = append(dst, Run{First: id, Last: id})
 	}
 	return dst
+}
+
+// ID returns the ID of store value v: v×Count+Region with regions, v
+// without.
+func (r Regions) ID(v int64) int64 {
+	if !r.split() {
+		return v
+	}
+	return v*int64(r.Count) + int64(r.Region)
 }
 
 // String renders r as "region 1 of 3" ("one region" without regions).

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"sync"
 	"testing"
+	"time"
 )
 
 // TestRegionsMapIDs: with regions, each store value v is handed out as
@@ -84,5 +86,63 @@ func TestRegionsCheck(t *testing.T) {
 				t.Fatalf("New with %+v = %v, want ok %v", tc.r, err, tc.ok)
 			}
 		})
+	}
+}
+
+// TestColdWait: the first request for a tag whose store is slow to answer
+// (far away) waits ColdWait, not MaxWait, for the first segment; a warm
+// tag's requests still give up after MaxWait. (With every wait bounded by
+// MaxWait, the first Take fails with ErrUnavailable.)
+func TestColdWait(t *testing.T) {
+	st := newMemStore(t, Tag{Name: "far", MaxID: 1, Step: 5})
+	a := newAllocator(t, Settings{Store: st, MaxStep: 5, MaxDepth: 1, MaxWait: 20 * time.Millisecond, ColdWait: time.Minute})
+	eventually(t, "the tag list", a.Ready)
+	gate := make(chan struct{})
+	st.set(func(s *memStore) { s.gate = gate })
+	time.AfterFunc(200*time.Millisecond, func() { close(gate) }) // ten MaxWaits
+	if got := take(t, a, "far", 1); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("first Take = %v, want [1]", got)
+	}
+	// Warm now: spend the segment while its next fetch hangs.
+	st.set(func(s *memStore) { s.gate = make(chan struct{}) })
+	t.Cleanup(func() { st.set(func(s *memStore) { close(s.gate) }) })
+	var err error
+	for range 10 {
+		if _, err = a.Take(t.Context(), "far", 1, nil); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a warm tag's Take with its fetch hanging = %v, want ErrUnavailable after MaxWait", err)
+	}
+}
+
+// TestBufferTime: with BufferTime, fetches grow to hold that long's worth
+// of IDs at the tag's rate: 10 IDs a second for 30 s is 300 IDs, 30 steps
+// of 10. (Without it, the fetches stay at one step: the store answers at
+// once, so no request ever waits.)
+func TestBufferTime(t *testing.T) {
+	var mu sync.Mutex // protects now
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	st := newMemStore(t, Tag{Name: "far", MaxID: 1, Step: 10})
+	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxDepth: 1000, BufferTime: 30 * time.Second, Now: clock})
+	for range 400 {
+		take(t, a, "far", 1)
+		// Let a fetch end before the next request, so that none waits
+		// (a request that waits deepens the next fetch by itself).
+		eventually(t, "the fetch", func() bool { b := a.tags.get("far"); return b != nil && !b.loading.Load() })
+		mu.Lock()
+		now = now.Add(100 * time.Millisecond)
+		mu.Unlock()
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var largest int64
+	for _, f := range st.fetches {
+		largest = max(largest, f.step)
+	}
+	if largest < 300 {
+		t.Fatalf("largest fetch %d IDs (fetches %v), want at least 300: 30 s at 10 IDs a second", largest, st.fetches)
 	}
 }

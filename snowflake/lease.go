@@ -135,20 +135,12 @@ func openBucket(ctx context.Context, js jetstream.JetStream, s *WorkerSettings) 
 		History:     1,
 		Replicas:    s.Replicas,
 		Storage:     jetstream.FileStorage,
-		Placement:   placement(s.Cluster),
+		Placement:   kvbucket.Placement(s.Cluster),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", s.Bucket, err)
 	}
 	return kv, nil
-}
-
-// placement places a bucket in cluster, or leaves it to JetStream.
-func placement(cluster string) *jetstream.Placement {
-	if cluster == "" {
-		return nil
-	}
-	return &jetstream.Placement{Cluster: cluster}
 }
 
 // checkEpoch stores the epoch and the layout in a bucket that has never

@@ -229,9 +229,7 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 		Replicas:    cmp.Or(s.Replicas, 1),
 		Storage:     s.Storage,
 	}
-	if s.Cluster != "" {
-		cfg.Placement = &jetstream.Placement{Cluster: s.Cluster}
-	}
+	cfg.Placement = kvbucket.Placement(s.Cluster)
 	log := cmp.Or(s.Logger, slog.Default())
 	kv, guard, err := kvbucket.OpenGuarded(ctx, js, cfg, "segment store", log)
 	if err != nil {
