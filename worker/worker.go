@@ -401,8 +401,12 @@ func (w *Worker) start(ctx context.Context) error {
 		}
 	}
 	info := w.svc.Info()
-	w.log.Info("serving", "service", info.Name, "id", info.ID, "nats", nopts.URL, "prefix", cfg.Prefix,
-		"queue_group", cfg.QueueGroup, "store", w.store.Name, "startup", time.Since(t0).Round(time.Millisecond))
+	attrs := []any{"service", info.Name, "id", info.ID, "nats", nopts.URL, "prefix", cfg.Prefix,
+		"queue_group", cfg.QueueGroup, "store", w.store.Name, "startup", time.Since(t0).Round(time.Millisecond)}
+	if cfg.Region.On() {
+		attrs = append(attrs, "region", cfg.Region.String())
+	}
+	w.log.Info("serving", attrs...)
 	return nil
 }
 
