@@ -538,10 +538,17 @@ func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate)
 		if t, err = segment.ApplyUpdate(t, u); err != nil {
 			return err
 		}
-		// A field u leaves alone is written as it is (a NULL description
-		// of a Leaf row stays NULL).
-		_, err = tx.ExecContext(ctx, "UPDATE leaf_alloc SET step = COALESCE(?, step), description = COALESCE(?, description), update_time = CURRENT_TIMESTAMP WHERE "+byTag,
-			u.Step, u.Description, name, name)
+		// A field u leaves alone is not written (a NULL description of a
+		// Leaf row stays NULL). Not COALESCE(?, description): in a latin1
+		// table that mixes collations, which MySQL refuses.
+		set, args := "update_time = CURRENT_TIMESTAMP", []any{}
+		if u.Step != nil {
+			set, args = set+", step = ?", append(args, *u.Step)
+		}
+		if u.Description != nil {
+			set, args = set+", description = ?", append(args, *u.Description)
+		}
+		_, err = tx.ExecContext(ctx, "UPDATE leaf_alloc SET "+set+" WHERE "+byTag, append(args, name, name)...)
 		if err != nil {
 			return writeError(err)
 		}
