@@ -54,7 +54,7 @@ type MariaDB struct {
 // mariadbd (or mysqld) on it. Close stops the server and removes the
 // directory.
 func StartMariaDB() (*MariaDB, error) {
-	server, install, err := findMariaDB(os.Getenv("PATH"))
+	server, install, err := findMariaDB(append(filepath.SplitList(os.Getenv("PATH")), "/usr/sbin", "/usr/bin"))
 	if err != nil {
 		return nil, err
 	}
@@ -183,10 +183,10 @@ func tail2(b []byte, n int) string {
 
 // findMariaDB returns the paths of the server and of the program that
 // creates a data directory: mariadbd and mariadb-install-db, or mysqld and
-// mysql_install_db, from path or /usr/sbin and /usr/bin (Debian puts the
-// server in /usr/sbin, which a non-root PATH may lack).
-func findMariaDB(path string) (server, install string, err error) {
-	dirs := append(filepath.SplitList(path), "/usr/sbin", "/usr/bin")
+// mysql_install_db, from the first of dirs that has them (StartMariaDB
+// looks on PATH, then in /usr/sbin and /usr/bin: Debian puts the server in
+// /usr/sbin, which a non-root PATH may lack).
+func findMariaDB(dirs []string) (server, install string, err error) {
 	find := func(names ...string) string {
 		for _, n := range names {
 			for _, d := range dirs {
