@@ -298,4 +298,3 @@ func TestValidate(t *testing.T) {
 func errorContains(err error, s string) bool {
 	return err != nil && strings.Contains(err.Error(), s)
 }
-
