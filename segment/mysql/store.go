@@ -66,7 +66,8 @@ func OpenDB(dsn string) (*sql.DB, error) {
 		return nil, fmt.Errorf("mysql: DSN: %w (want user:password@tcp(host:port)/dbname)", err)
 	}
 	if cfg.DBName == "" {
-		return nil, fmt.Errorf("mysql: DSN %q names no database", cfg.FormatDSN())
+		// Not the DSN itself: it may hold a password.
+		return nil, fmt.Errorf("mysql: DSN: names no database (want user:password@tcp(host:port)/dbname)")
 	}
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC

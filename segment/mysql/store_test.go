@@ -3,7 +3,6 @@ package mysql_test
 import (
 	"database/sql"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -257,7 +256,10 @@ func TestOpenDB(t *testing.T) {
 			t.Errorf("OpenDB(%q) = %v, want a mysql: error", dsn, err)
 		}
 	}
-	if _, err := mysql.Open(ctx, fmt.Sprintf("root@tcp(127.0.0.1:1)/db?timeout=1s")); err == nil {
+	if _, err := mysql.OpenDB("u:secret@tcp(127.0.0.1:3306)/"); err == nil || strings.Contains(err.Error(), "secret") {
+		t.Errorf("OpenDB of a DSN without a database = %v, want an error without the password", err)
+	}
+	if _, err := mysql.Open(ctx, "root@tcp(127.0.0.1:1)/db?timeout=1s"); err == nil {
 		t.Error("Open of a closed port succeeded")
 	}
 }
