@@ -544,7 +544,8 @@ func Postgres(tb testing.TB) string {
 }
 
 // Run runs the tests and then stops and removes the PostgreSQL cluster that
-// Postgres started, if any, and returns the exit code for os.Exit. Use it in
+// Postgres started and the MariaDB server that MySQL started, if any, and
+// returns the exit code for os.Exit. Use it in
 // TestMain of every package that calls Postgres:
 //
 //	func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
@@ -555,5 +556,6 @@ func Run(m *testing.M) int {
 	if c := sharedCluster.Load(); c != nil {
 		c.Close()
 	}
+	stopMySQL()
 	return code
 }

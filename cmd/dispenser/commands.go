@@ -22,16 +22,19 @@ import (
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/segment/mysql"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/witness"
 	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/worker"
+	"github.com/dispenser-dev/dispenser/worker/mysqlstore"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
 )
 
 // storeFlags are the flags that select the store of admin commands.
 type storeFlags struct {
 	postgresURL   string
+	mysqlURL      string
 	nats          worker.NATS
 	bucket        string
 	witnessBucket string
@@ -49,9 +52,10 @@ func regionFlags(fs *flag.FlagSet, r *worker.Region) {
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	f := &storeFlags{}
 	fs.StringVar(&f.postgresURL, "postgres-url", "", "PostgreSQL URL of the segment store")
-	natsFlags(fs, &f.nats, "NATS URL, for the JetStream KV segment store (when --postgres-url is empty); with --postgres-url, tags list shows the witness marks", false)
+	fs.StringVar(&f.mysqlURL, "mysql-url", "", "MySQL/MariaDB DSN of the segment store (user:password@tcp(host:3306)/dbname); not with --postgres-url")
+	natsFlags(fs, &f.nats, "NATS URL, for the JetStream KV segment store (when --postgres-url and --mysql-url are empty); with --postgres-url or --mysql-url, tags list shows the witness marks", false)
 	fs.StringVar(&f.bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store")
-	fs.StringVar(&f.witnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks (with --postgres-url and --nats-url)")
+	fs.StringVar(&f.witnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks (with --postgres-url or --mysql-url, and --nats-url)")
 	regionFlags(fs, &f.region)
 	return f
 }
@@ -69,32 +73,46 @@ func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, clos
 	if err := f.region.Check(); err != nil {
 		return nil, nil, nil, err
 	}
-	if f.postgresURL != "" {
+	var raiser witness.Raiser
+	var closeDB func()
+	switch {
+	case f.postgresURL != "" && f.mysqlURL != "":
+		return nil, nil, nil, errors.New("--postgres-url and --mysql-url: give one segment store")
+	case f.postgresURL != "":
 		pool, err := openPostgres(ctx, f.postgresURL)
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		pg := postgres.New(pool)
-		st := &worker.Store{Store: pg, Admin: pg, Name: pgstore.Name(pool)}
+		st, raiser, closeDB = &worker.Store{Store: pg, Admin: pg, Name: pgstore.Name(pool)}, pg, pool.Close
+	case f.mysqlURL != "":
+		db, err := mysqlstore.Connect(ctx, f.mysqlURL)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		my := mysql.New(db)
+		st, raiser, closeDB = &worker.Store{Store: my, Admin: my, Name: mysqlstore.Name(f.mysqlURL)}, my, func() { db.Close() }
+	}
+	if raiser != nil {
 		if f.nats.URL == "" {
-			return st, nil, pool.Close, nil
+			return st, nil, closeDB, nil
 		}
 		nc, js, err := f.connect()
 		if err != nil {
-			pool.Close()
+			closeDB()
 			return nil, nil, nil, err
 		}
 		bucket := f.region.Name(f.witnessBucket, witness.DefaultBucket, f.region.On())
 		kvb, err := js.KeyValue(ctx, bucket)
 		if err != nil {
 			nc.Close()
-			pool.Close()
+			closeDB()
 			return nil, nil, nil, fmt.Errorf("witness bucket %q: %w", bucket, err)
 		}
-		return st, witness.New(kvb, pg, witness.Settings{}), func() { nc.Close(); pool.Close() }, nil
+		return st, witness.New(kvb, raiser, witness.Settings{}), func() { nc.Close(); closeDB() }, nil
 	}
 	if f.nats.URL == "" {
-		return nil, nil, nil, errors.New("set --postgres-url (PostgreSQL store) or --nats-url (JetStream KV store)")
+		return nil, nil, nil, errors.New("set --postgres-url (PostgreSQL store), --mysql-url (MySQL store) or --nats-url (JetStream KV store)")
 	}
 	nc, js, err := f.connect()
 	if err != nil {
@@ -128,16 +146,38 @@ func (f *storeFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
 // openPostgres connects to url and checks that the server answers.
 func openPostgres(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if url == "" {
-		return nil, errors.New("set --postgres-url (env DISPENSER_POSTGRES_URL)")
+		return nil, errors.New("set --postgres-url (env DISPENSER_POSTGRES_URL) or --mysql-url (env DISPENSER_MYSQL_URL)")
 	}
 	return pgstore.Connect(ctx, url)
 }
 
 func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("migrate", "dispenser migrate [--postgres-url URL]", stderr)
+	fs := newFlagSet("migrate", "dispenser migrate --postgres-url URL | --mysql-url DSN", stderr)
 	url := fs.String("postgres-url", "", "PostgreSQL URL of the segment store")
+	dsn := fs.String("mysql-url", "", "MySQL/MariaDB DSN of the segment store (user:password@tcp(host:3306)/dbname): creates Leaf's leaf_alloc if missing, exactly as Leaf does, and dispenser's own two tables; changes no existing table")
 	if _, err := parse(fs, args); err != nil {
 		return err
+	}
+	if *dsn != "" {
+		if *url != "" {
+			return errors.New("--postgres-url and --mysql-url: give one segment store")
+		}
+		db, err := mysqlstore.Connect(ctx, *dsn)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		created, err := mysql.Migrate(ctx, db)
+		if err != nil {
+			return err
+		}
+		if len(created) == 0 {
+			fmt.Fprintln(stdout, "tables are up to date")
+		}
+		for _, t := range created {
+			fmt.Fprintln(stdout, "created table", t)
+		}
+		return nil
 	}
 	pool, err := openPostgres(ctx, *url)
 	if err != nil {
@@ -160,8 +200,9 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 const tagsUsage = `dispenser tags list [store flags]
 dispenser tags create TAG --step N [--start M] [--description D] [--ordered] [periodic flags] [store flags]
 dispenser tags update TAG [--step N] [--description D] [--ordered=true|false] [periodic flags] [store flags]
+dispenser tags import --from-mysql-url DSN --margin N [store flags]   (Leaf's rows; see tags import --help)
 periodic flags: --reset day|month|year|none, --time-zone ZONE, --format TEMPLATE, --retention-days N
-store flags: --postgres-url URL, or --nats-url URL [--segment-bucket B] for the JetStream KV store`
+store flags: --postgres-url URL, --mysql-url DSN, or --nats-url URL [--segment-bucket B] for the JetStream KV store`
 
 func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -173,6 +214,9 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("tags: missing subcommand")
 	}
 	sub, args := args[0], args[1:]
+	if sub == "import" {
+		return importTags(ctx, args, stdout, stderr)
+	}
 	fs := newFlagSet("tags "+sub, tagsUsage, stderr)
 	sf := addStoreFlags(fs)
 	var step, start int64

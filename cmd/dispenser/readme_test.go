@@ -14,7 +14,7 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 	readme := readDocs(t)
 	flagName := regexp.MustCompile(`(?m)^  --([a-z0-9-]+)`)
 	for _, cmd := range [][]string{
-		{"serve"}, {"migrate"}, {"tags", "list"}, {"tags", "create"}, {"tags", "update"}, {"decode"}, {"bench"},
+		{"serve"}, {"migrate"}, {"tags", "list"}, {"tags", "create"}, {"tags", "update"}, {"tags", "import"}, {"decode"}, {"bench"},
 	} {
 		out, _ := runCmd(t, append(cmd, "--help")...)
 		names := flagName.FindAllStringSubmatch(out, -1)

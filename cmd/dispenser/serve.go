@@ -16,6 +16,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment/witness"
 	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/worker"
+	"github.com/dispenser-dev/dispenser/worker/mysqlstore"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
 )
 
@@ -26,6 +27,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	var c worker.Config
 	var kvs worker.KV
 	var pg pgstore.Postgres
+	var my mysqlstore.MySQL
 	var logLevel, logFormat string
 	natsFlags(fs, &c.NATS, "NATS server URL(s), comma-separated; empty starts an embedded nats-server with JetStream", true)
 	fs.StringVar(&c.Embedded.Listen, "nats-listen", worker.DefaultListen, "address of the embedded nats-server (when --nats-url is empty)")
@@ -45,16 +47,17 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	})
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "address for /metrics, /healthz, /readyz and the status page /status (off when empty), e.g. 127.0.0.1:9090")
 	fs.StringVar(&pg.URL, "postgres-url", "", "PostgreSQL URL of the segment store (table leaf_alloc); empty keeps segments in a JetStream KV bucket")
-	fs.BoolVar(&pg.Migrate, "migrate", false, "apply the database migrations before serving (PostgreSQL)")
+	fs.StringVar(&my.DSN, "mysql-url", "", "MySQL/MariaDB DSN of the segment store, as go-sql-driver writes it (user:password@tcp(host:3306)/dbname), on Leaf's own table leaf_alloc, which Leaf servers may keep using; not with --postgres-url")
+	fs.BoolVar(&pg.Migrate, "migrate", false, "apply the database migrations before serving (PostgreSQL; MySQL: create the missing tables)")
 	fs.StringVar(&kvs.Bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store (without --postgres-url)")
 	fs.IntVar(&kvs.Replicas, "segment-replicas", 1, "replicas of the segment bucket when it is created; an existing bucket with fewer is refused")
-	witnessOn := fs.Bool("witness", true, "with --postgres-url: record every segment in a JetStream KV witness before serving it, so that a failover to a replica that missed writes (or a restored backup) never hands out IDs twice")
+	witnessOn := fs.Bool("witness", true, "with --postgres-url or --mysql-url: record every segment in a JetStream KV witness before serving it, so that a failover to a replica that missed writes (or a restored backup) never hands out IDs twice")
 	fs.StringVar(&pg.WitnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks")
 	fs.IntVar(&pg.WitnessReplicas, "witness-replicas", 1, "replicas of the witness bucket when it is created; an existing bucket with fewer is refused")
 	fs.StringVar(&c.Owners.Bucket, "ordered-bucket", ownership.DefaultBucket, "JetStream KV bucket of the owners of ordered tags")
 	fs.IntVar(&c.Owners.Replicas, "ordered-replicas", 1, "replicas of that bucket when it is created; an existing bucket with fewer is refused")
 	fs.DurationVar(&c.Owners.Lease, "ordered-lease", ownership.DefaultLease, "lease of an ordered tag's owner (at most 5m; heartbeats every 2s, or a third of it if shorter): one that could not renew for this long stops serving the tag, and another takes it over a lease later (after a crash about two leases; a graceful shutdown releases at once)")
-	autoCreate := fs.Bool("auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url and no --postgres-url)")
+	autoCreate := fs.Bool("auto-create-tags", false, "create an unknown tag on first use (default on in zero-setup mode: no --nats-url, no --postgres-url and no --mysql-url)")
 	autoCreateStep := fs.Int64("auto-create-step", 1000, "step of tags created on first use")
 	fs.IntVar(&c.Segment.AutoCreateMax, "auto-create-max", segment.DefaultAutoCreateMax, "most tags one worker creates on first use over its life (requests for random names cannot fill the store); beyond it an unknown tag is 404; -1: no bound")
 	snowflakeOn := fs.Bool("snowflake", true, "serve snowflake IDs (needs JetStream for worker-ID leases)")
@@ -100,7 +103,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	if !given["auto-create-tags"] && os.Getenv(envName("auto-create-tags")) == "" {
-		*autoCreate = c.NATS.URL == "" && pg.URL == ""
+		*autoCreate = c.NATS.URL == "" && pg.URL == "" && my.DSN == ""
 	}
 	if *autoCreateStep < 1 || *autoCreateStep > segment.MaxStepLimit {
 		return fmt.Errorf("--auto-create-step %d: want 1..%d", *autoCreateStep, segment.MaxStepLimit)
@@ -122,6 +125,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if pg.URL != "" {
 		pg.NoWitness = !*witnessOn
 		c.Store = pg
+	}
+	if my.DSN != "" {
+		if pg.URL != "" {
+			return errors.New("--postgres-url and --mysql-url: give one segment store")
+		}
+		my.Migrate, my.NoWitness, my.WitnessBucket, my.WitnessReplicas = pg.Migrate, !*witnessOn, pg.WitnessBucket, pg.WitnessReplicas
+		c.Store = my
 	}
 	if err := checkFlags(c, pg); err != nil {
 		return err

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/internal/leafsql"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// TestMySQLCommands: migrate, tags and serve take --mysql-url; serve hands
+// out the IDs of a tag created with tags create, above what a Leaf server
+// took from the same table meanwhile; --mysql-url and --postgres-url
+// together are refused.
+func TestMySQLCommands(t *testing.T) {
+	dsn := testenv.MySQL(t)
+	steps := []struct {
+		name    string
+		args    []string
+		wantErr bool
+		want    string
+	}{
+		{"migrate", []string{"migrate", "--mysql-url", dsn}, false, "created table leaf_alloc\ncreated table dispenser_tag\ncreated table dispenser_period\n"},
+		{"migrate again", []string{"migrate", "--mysql-url", dsn}, false, "tables are up to date\n"},
+		{"migrate with both stores", []string{"migrate", "--mysql-url", dsn, "--postgres-url", "postgres://x@127.0.0.1:1/db"}, true, "give one segment store"},
+		{"migrate a bad DSN", []string{"migrate", "--mysql-url", "not a dsn"}, true, "mysql: DSN"},
+		{"create", []string{"tags", "create", "orders", "--step", "100", "--description", "order numbers", "--mysql-url", dsn}, false, "created tag orders"},
+		{"create ordered", []string{"tags", "create", "invoices", "--step", "10", "--ordered", "--mysql-url", dsn}, false, "ordered yes"},
+		{"create existing", []string{"tags", "create", "orders", "--step", "5", "--mysql-url", dsn}, true, "already exists"},
+		{"update", []string{"tags", "update", "orders", "--step", "50", "--mysql-url", dsn}, false, "step 50"},
+		{"list", []string{"tags", "list", "--mysql-url", dsn}, false, "orders    1        50"},
+		{"list with both stores", []string{"tags", "list", "--mysql-url", dsn, "--postgres-url", "postgres://x@127.0.0.1:1/db"}, true, "give one segment store"},
+	}
+	for _, st := range steps {
+		out, err := runCmd(t, st.args...)
+		if (err != nil) != st.wantErr || !strings.Contains(out+errString(err), st.want) {
+			t.Fatalf("%s: %v: err %v, output:\n%s\nwant error %v and %q", st.name, st.args, err, out, st.wantErr, st.want)
+		}
+	}
+
+	leafDB, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leafDB.Close()
+	ctx := context.Background()
+	_, leafEnd, err := leafsql.Fetch(ctx, leafDB, "orders", 0) // Leaf takes [1, 51)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := testenv.NATS(t)
+	logs := startServe(t, "serve", "--nats-url", ns.ClientURL(), "--mysql-url", dsn, "--snowflake=false")
+	nc := testenv.Connect(t, ns)
+	got := waitForID(t, nc, "id.segment.orders", logs)
+	if id, err := strconv.ParseInt(got, 10, 64); err != nil || id < leafEnd {
+		t.Errorf("first ID served = %q, want one at or above %d, Leaf's segment's end", got, leafEnd)
+	}
+	if out, err := runCmd(t, "serve", "--nats-url", ns.ClientURL(), "--mysql-url", dsn, "--postgres-url", "postgres://x@127.0.0.1:1/db"); err == nil || !strings.Contains(err.Error(), "give one segment store") {
+		t.Errorf("serve with both stores: %v\n%s, want refused", err, out)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// TestTagsImport: tags import copies Leaf's rows into PostgreSQL from
+// Leaf's max_id plus the margin; a tag already there is raised to that if
+// lower and kept if higher, never lowered; a row with a name dispenser
+// refuses is reported, and the import fails after importing the others.
+// Bad flags change nothing.
+func TestTagsImport(t *testing.T) {
+	dsn := testenv.MySQL(t)
+	pg := testenv.Postgres(t)
+	for _, args := range [][]string{{"migrate", "--mysql-url", dsn}, {"migrate", "--postgres-url", pg}} {
+		if out, err := runCmd(t, args...); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	leafDB, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leafDB.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Rows as Leaf's operators insert them.
+	if _, err := leafDB.ExecContext(ctx, `INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES
+('orders', 1, 1000, 'order numbers'), ('users', 5, 10, NULL), ('payments', 500, 20, 'pay'), ('bad name', 3, 10, NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // a Leaf server takes orders up to 3001
+		if _, _, err := leafsql.Fetch(ctx, leafDB, "orders", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{
+		{"tags", "create", "users", "--step", "10", "--start", "1000000", "--postgres-url", pg},
+		{"tags", "create", "payments", "--step", "20", "--start", "7", "--postgres-url", pg},
+	} {
+		if out, err := runCmd(t, args...); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	list := func() string {
+		t.Helper()
+		out, err := runCmd(t, "tags", "list", "--postgres-url", pg)
+		if err != nil {
+			t.Fatalf("tags list: %v\n%s", err, out)
+		}
+		return out
+	}
+	before := list()
+	bad := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no margin", []string{"--from-mysql-url", dsn}, "--margin is required"},
+		{"negative margin", []string{"--from-mysql-url", dsn, "--margin", "-5"}, "--margin is required"},
+		{"margin not a number", []string{"--from-mysql-url", dsn, "--margin", "lots"}, "invalid value"},
+		{"no source", []string{"--margin", "10"}, "--from-mysql-url is required"},
+		{"bad source", []string{"--from-mysql-url", "leaf.example", "--margin", "10"}, "--from-mysql-url: mysql: DSN"},
+		{"an argument", []string{"orders", "--from-mysql-url", dsn, "--margin", "10"}, "want no arguments"},
+		{"into itself", []string{"--from-mysql-url", dsn, "--mysql-url", dsn, "--margin", "10"}, "same database"},
+		{"margin past 2^63-1", []string{"--from-mysql-url", dsn, "--margin", "9223372036854775000"}, "not in 1..2^63-1"},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"tags", "import", "--postgres-url", pg}, tt.args...)
+			out, err := runCmd(t, args...)
+			if err == nil || !strings.Contains(out+err.Error(), tt.want) {
+				t.Errorf("%v: %v\n%s\nwant an error saying %q", args, err, out, tt.want)
+			}
+			if after := list(); after != before {
+				t.Errorf("a refused import changed the store:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		})
+	}
+
+	out, err := runCmd(t, "tags", "import", "--from-mysql-url", dsn, "--margin", "100000", "--postgres-url", pg)
+	if err == nil || !strings.Contains(err.Error(), "1 of 4 tags not imported") {
+		t.Errorf("import with a bad row: %v, want 1 of 4 not imported", err)
+	}
+	for _, want := range []string{
+		`bad name: NOT imported: segment: invalid tag "bad name"`,
+		"orders: created, first ID 103001 (Leaf's max_id 3001 + margin 100000), step 1000",
+		"payments: raised: next ID 100501, was 7 (Leaf's max_id 500 + margin 100000)",
+		"users: kept: next ID 1000000 is not below 100005",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("import output lacks %q:\n%s", want, out)
+		}
+	}
+	after := list()
+	for _, want := range []string{"orders    103001", "payments  100501", "users     1000000", "order numbers"} {
+		if !strings.Contains(after, want) {
+			t.Errorf("tags list after the import lacks %q:\n%s", want, after)
+		}
+	}
+	// Again: everything is kept, nothing lowered (margin 0 is below).
+	out, _ = runCmd(t, "tags", "import", "--from-mysql-url", dsn, "--margin", "0", "--postgres-url", pg)
+	if strings.Count(out, "kept") != 3 {
+		t.Errorf("second import: want 3 tags kept:\n%s", out)
+	}
+	if again := list(); again != after {
+		t.Errorf("a second import changed the store:\nbefore:\n%s\nafter:\n%s", after, again)
+	}
+}
