@@ -137,7 +137,7 @@ func TestDashboardQueries(t *testing.T) {
 		MetricsAddr: metrics,
 		MetricsTags: []string{"orders", "invoices"},
 		// Small segments, so that the load fetches all the time.
-		Segment: segment.Settings{MaxStep: 20},
+		Segment: segment.Settings{MaxStep: 20, MaxWait: 5 * time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
