@@ -66,7 +66,8 @@ go test -race "$@" ./... || status=$?
 # The chart's module compiles Helm and the Kubernetes libraries; its tests
 # are sequential and start no goroutines of their own (the worker they run
 # is a separate process), so they run without -race, which would only make
-# that compilation several times slower.
+# that compilation slower (222 s without, 388 s with, from an empty cache on
+# a busy 2-core machine).
 echo "test.sh: (cd deploy/helm && go test ./...) $*"
 (cd deploy/helm && go test "$@" ./...) || status=$?
 exit "$status"
