@@ -54,6 +54,11 @@ type Config struct {
 	// workers can refuse to share a queue group with a worker that leases
 	// its worker IDs elsewhere: both would issue the same IDs.
 	SnowflakeLeases string
+	// Region is the worker's region (worker.Region); the zero value
+	// without regions. Peers of other regions may use other stores and
+	// lease buckets as Region says (checkPeers), but must have the same
+	// region settings.
+	Region Region
 	// Logger receives unexpected errors. Default slog.Default().
 	Logger *slog.Logger
 	// Registerer, if set, receives the service's Prometheus metrics.
@@ -144,4 +149,16 @@ func validSubjectPrefix(p string) bool {
 		}
 	}
 	return true
+}
+
+// Region is what the peer check knows of a worker's region.
+type Region struct {
+	// N is the worker's region.
+	N int
+	// Settings describe the region settings all regions share (say "2
+	// region bits, 3 regions"); "" without regions.
+	Settings string
+	// OwnStores: each region has its own segment store; OwnLeases: its
+	// own snowflake lease bucket.
+	OwnStores, OwnLeases bool
 }

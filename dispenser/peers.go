@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dispenser-dev/dispenser/segment"
@@ -53,12 +54,21 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 			info.Metadata[PrefixMetadata] != s.cfg.Prefix || info.Metadata[QueueGroupMetadata] != s.cfg.QueueGroup {
 			continue
 		}
-		if other := info.Metadata[StoreMetadata]; s.cfg.Segments != nil && other != "" && !s.sameStore(other, info.Metadata[StoreIDMetadata]) {
+		settings, region := info.Metadata[RegionSettingsMetadata], info.Metadata[RegionMetadata]
+		if settings != s.cfg.Region.Settings {
+			return fmt.Errorf("%w: worker %s in queue group %q has region settings %q, this one %q: "+
+				"every region must use the same --region-bits and --regions (docs/regions.md)",
+				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, settings, s.cfg.Region.Settings)
+		}
+		otherRegion := settings != "" && region != regionN(s.cfg.Region)
+		if other := info.Metadata[StoreMetadata]; s.cfg.Segments != nil && other != "" && !(otherRegion && s.cfg.Region.OwnStores) &&
+			!s.sameStore(other, info.Metadata[StoreIDMetadata], otherRegion) {
 			return fmt.Errorf("%w: worker %s in queue group %q serves %s<tag> from store %q, this one would use %q: "+
 				"workers of different stores hand out the same IDs; use the same store or another queue group or prefix",
 				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.segPrefix, other, s.cfg.Store)
 		}
-		if other := info.Metadata[SnowflakeMetadata]; s.cfg.Snowflake != nil && other != "" && s.cfg.SnowflakeLeases != "" && other != s.cfg.SnowflakeLeases {
+		if other := info.Metadata[SnowflakeMetadata]; s.cfg.Snowflake != nil && other != "" && s.cfg.SnowflakeLeases != "" &&
+			!(otherRegion && s.cfg.Region.OwnLeases) && other != s.cfg.SnowflakeLeases {
 			return fmt.Errorf("%w: worker %s in queue group %q serves %s.snowflake with worker IDs leased from %q, this one from %q: "+
 				"workers of different lease buckets or epochs hand out the same IDs; use the same snowflake bucket "+
 				"(in the same JetStream domain) and epoch, or another queue group or prefix",
@@ -70,11 +80,25 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 // sameStore reports whether a peer that publishes store and id (maybe
 // empty) uses this worker's store: by ID if both know theirs, else by the
 // store's name (a peer of an earlier version publishes no ID).
-func (s *Service) sameStore(store, id string) bool {
-	if s.cfg.StoreID != "" && id != "" {
-		return id == s.cfg.StoreID
+//
+// A peer of another region that shares the store has a witness of its own
+// (docs/regions.md): then the witness part of the names (" witness:…",
+// worker/pgstore) is not compared.
+func (s *Service) sameStore(store, id string, otherRegion bool) bool {
+	mine, myID := s.cfg.Store, s.cfg.StoreID
+	if otherRegion {
+		store, id, mine, myID = withoutWitness(store), withoutWitness(id), withoutWitness(mine), withoutWitness(myID)
 	}
-	return store == s.cfg.Store
+	if myID != "" && id != "" {
+		return id == myID
+	}
+	return store == mine
+}
+
+// withoutWitness cuts the witness part off a store's name or ID.
+func withoutWitness(name string) string {
+	before, _, _ := strings.Cut(name, " witness:")
+	return before
 }
 
 // warm loads the tags b's peers served last (Config.WarmTimeout), unless

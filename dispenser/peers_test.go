@@ -133,3 +133,61 @@ func TestPeerOfAnotherStoreRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestPeersOfRegions: workers of other regions may use their own stores
+// (per-region mode) and their own witnesses (shared mode), but never other
+// region settings; within a region, the rules of one region hold.
+func TestPeersOfRegions(t *testing.T) {
+	perRegion := func(n int) dispenser.Region {
+		return dispenser.Region{N: n, Settings: "1 region bits, 2 regions", OwnStores: true, OwnLeases: true}
+	}
+	shared := func(n int) dispenser.Region {
+		return dispenser.Region{N: n, Settings: "1 region bits, 1 regions", OwnLeases: true}
+	}
+	type peer struct {
+		store, id string
+		region    dispenser.Region
+	}
+	tests := []struct {
+		name        string
+		first, next peer
+		wantRefused bool
+	}{
+		{"per-region stores of two regions", peer{"kv:segments_r0", "", perRegion(0)}, peer{"kv:segments_r1", "", perRegion(1)}, false},
+		{"per-region: two stores in one region", peer{"kv:segments_r0", "", perRegion(0)}, peer{"kv:segments_r1", "", perRegion(0)}, true},
+		{"shared store, own witnesses", peer{"pg:db witness:w_r0", "pg-id witness:w_r0", shared(0)}, peer{"pg:db witness:w_r1", "pg-id witness:w_r1", shared(1)}, false},
+		{"shared mode, two stores", peer{"pg:db witness:w_r0", "pg-id witness:w_r0", shared(0)}, peer{"pg:other witness:w_r1", "other-id witness:w_r1", shared(1)}, true},
+		{"shared mode, one region, two witnesses", peer{"pg:db witness:w_r0", "pg-id witness:w_r0", shared(0)}, peer{"pg:db witness:w_r1", "pg-id witness:w_r1", shared(0)}, true},
+		{"other region settings", peer{"kv:segments_r0", "", perRegion(0)}, peer{"kv:segments_r1", "", dispenser.Region{N: 1, Settings: "2 region bits, 2 regions", OwnStores: true}}, true},
+		{"regions and none", peer{"kv:segments", "", dispenser.Region{}}, peer{"kv:segments_r1", "", perRegion(1)}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPeerSetup(t)
+			var errs []error
+			for _, pr := range []peer{tt.first, tt.next} {
+				alloc, err := segment.New(segment.Settings{Store: p.store, Logger: slog.New(slog.DiscardHandler)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, p.ns), Segments: alloc, Store: pr.store, StoreID: pr.id,
+					Region: pr.region, PeerCheck: 150 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+				t.Cleanup(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					if svc != nil {
+						_ = svc.Stop(ctx)
+					}
+					_ = alloc.Close(ctx)
+				})
+				errs = append(errs, err)
+			}
+			if errs[0] != nil {
+				t.Fatalf("the first worker was refused: %v", errs[0])
+			}
+			if refused := errors.Is(errs[1], dispenser.ErrPeerMismatch); refused != tt.wantRefused {
+				t.Fatalf("second worker: %v; want refused %v", errs[1], tt.wantRefused)
+			}
+		})
+	}
+}

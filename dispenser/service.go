@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -133,6 +134,22 @@ const StoreIDMetadata = "store_id"
 // lease bucket and epoch (Config.SnowflakeLeases).
 const SnowflakeMetadata = "snowflake"
 
+// RegionMetadata and RegionSettingsMetadata are the micro metadata keys of
+// a region-aware worker's region and region settings (Config.Region);
+// empty without regions.
+const (
+	RegionMetadata         = "region"
+	RegionSettingsMetadata = "region_settings"
+)
+
+// regionN renders the region of r, "" without regions.
+func regionN(r Region) string {
+	if r.Settings == "" {
+		return ""
+	}
+	return strconv.Itoa(r.N)
+}
+
 // Name is the micro service name.
 const Name = "dispenser"
 
@@ -212,7 +229,8 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 		Name:    Name,
 		Version: cfg.Version,
 		Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases,
-			PrefixMetadata: cfg.Prefix, QueueGroupMetadata: cfg.QueueGroup},
+			PrefixMetadata: cfg.Prefix, QueueGroupMetadata: cfg.QueueGroup,
+			RegionMetadata: regionN(cfg.Region), RegionSettingsMetadata: cfg.Region.Settings},
 		Description:  "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
 		QueueGroup:   cfg.QueueGroup,
 		StatsHandler: s.stats,

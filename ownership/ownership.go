@@ -96,6 +96,10 @@ type Settings struct {
 	// Replicas of the bucket when it is created; an existing bucket with
 	// fewer is refused. Default 1.
 	Replicas int
+	// Cluster, if not empty, is the NATS cluster a new bucket is created
+	// in (JetStream placement): the region's own in per-region mode
+	// (docs/regions.md).
+	Cluster string
 	// Owner names this worker in the leases; unique per process (the
 	// micro service ID). Required.
 	Owner string
@@ -258,6 +262,7 @@ func Open(ctx context.Context, js jetstream.JetStream, s Settings) (*Leases, err
 		History:     1,
 		Replicas:    s.Replicas,
 		Storage:     jetstream.FileStorage,
+		Placement:   kvbucket.Placement(s.Cluster),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ownership: %w", err)

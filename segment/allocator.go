@@ -31,6 +31,19 @@ type Settings struct {
 	// MaxWait bounds how long a request waits for a segment when both
 	// buffers are empty before it fails with ErrUnavailable. Default 100 ms.
 	MaxWait time.Duration
+	// ColdWait bounds how long the requests for a tag that has no segment
+	// in memory yet (its first since the worker started, or since it was
+	// idle or reset) wait for the tag's lookup and first segment: a store
+	// far away (another region, docs/regions.md) must not fail a cold
+	// tag's first request. Default 1 s; never below MaxWait.
+	ColdWait time.Duration
+	// BufferTime, if positive, sizes buffers in time: each fetch takes at
+	// least BufferTime's worth of IDs at the tag's recent rate (the last
+	// fetch's size over the time since it; within MaxDepth steps), so that
+	// a worker whose store is far away, or cut off, keeps serving a tag
+	// from memory for about that long (docs/regions.md). A crash then
+	// skips up to about twice that many IDs per tag. Default 0: off.
+	BufferTime time.Duration
 	// FetchTimeout bounds one store call. Default 2 s.
 	FetchTimeout time.Duration
 	// RetryMin and RetryMax bound the backoff between failed fetches of one
@@ -73,6 +86,11 @@ type Settings struct {
 	// OnFetch, if set, is called after every store fetch with its latency
 	// and error, from the loader's goroutine (for metrics).
 	OnFetch func(tag string, latency time.Duration, err error)
+	// Regions maps the store's values to the IDs of this region
+	// (Regions): with more than one region, a value v is handed out as
+	// v×Regions.Count + Regions.Region. The store must record the same
+	// settings (CheckRegions). Default: one region, IDs are the values.
+	Regions Regions
 }
 
 // Dynamic step thresholds, as in Leaf: a segment that lasted less than
@@ -138,6 +156,8 @@ type Allocator struct {
 	store           Store
 	ratio           float64
 	maxWait         time.Duration
+	coldWait        time.Duration // Settings.ColdWait, at least maxWait
+	bufferTime      time.Duration
 	fetchTimeout    time.Duration
 	retryMin        time.Duration
 	retryMax        time.Duration
@@ -155,12 +175,14 @@ type Allocator struct {
 	log             *slog.Logger
 	onFetch         func(tag string, latency time.Duration, err error)
 
-	ctx      context.Context // canceled by Close; parent of all store calls
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup // background goroutines
-	lookup   singleflight.Group
-	ready    atomic.Bool   // the tag list has been loaded once
-	loaded   chan struct{} // closed when ready turns true
+	ctx    context.Context // canceled by Close; parent of all store calls
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // background goroutines
+	lookup singleflight.Group
+	ready  atomic.Bool   // the tag list has been loaded once
+	loaded chan struct{} // closed when ready turns true
+	// regions maps store values to this region's IDs (Settings.Regions).
+	regions  Regions
 	released atomic.Uint64 // idle tags dropped
 
 	// tags maps tag names to the buffers of the tags in use.
@@ -197,6 +219,7 @@ func New(s Settings) (*Allocator, error) {
 		}
 	}
 	def(&s.MaxWait, 100*time.Millisecond)
+	def(&s.ColdWait, time.Second)
 	def(&s.FetchTimeout, 2*time.Second)
 	def(&s.RetryMin, 10*time.Millisecond)
 	def(&s.RetryMax, time.Second)
@@ -204,7 +227,7 @@ func New(s Settings) (*Allocator, error) {
 	def(&s.IdleTimeout, time.Hour)
 	def(&s.NegativeTTL, 2*time.Second)
 	for name, d := range map[string]time.Duration{
-		"MaxWait": s.MaxWait, "FetchTimeout": s.FetchTimeout, "RetryMin": s.RetryMin,
+		"MaxWait": s.MaxWait, "ColdWait": s.ColdWait, "BufferTime": s.BufferTime, "FetchTimeout": s.FetchTimeout, "RetryMin": s.RetryMin,
 		"RetryMax": s.RetryMax, "RefreshInterval": s.RefreshInterval, "NegativeTTL": s.NegativeTTL,
 	} {
 		if d < 0 {
@@ -232,6 +255,9 @@ func New(s Settings) (*Allocator, error) {
 	if _, ok := s.Store.(Admin); s.AutoCreateStep > 0 && !ok {
 		return nil, errors.New("segment: AutoCreateStep needs a Store that implements Admin")
 	}
+	if err := s.Regions.Check(); err != nil {
+		return nil, err
+	}
 	if s.Now == nil {
 		s.Now = time.Now
 	}
@@ -242,6 +268,8 @@ func New(s Settings) (*Allocator, error) {
 		store:           s.Store,
 		ratio:           s.PrefetchRatio,
 		maxWait:         s.MaxWait,
+		coldWait:        max(s.ColdWait, s.MaxWait),
+		bufferTime:      s.BufferTime,
 		fetchTimeout:    s.FetchTimeout,
 		retryMin:        s.RetryMin,
 		retryMax:        s.RetryMax,
@@ -259,6 +287,7 @@ func New(s Settings) (*Allocator, error) {
 		lookups:         make(chan struct{}, maxLookups),
 		orderedSeen:     make(map[string]time.Time),
 		loaded:          make(chan struct{}),
+		regions:         s.Regions,
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	a.tags = newTagMap()
@@ -305,6 +334,11 @@ func (a *Allocator) Take(ctx context.Context, tag string, n int, dst []Run) ([]R
 // deadline returns when a request that starts waiting now must give up:
 // one MaxWait covers the tag lookup and the wait for segments together.
 func (a *Allocator) deadline() time.Time { return a.now().Add(a.maxWait) }
+
+// cold returns the deadline of a request for a cold tag (ColdWait) whose
+// deadline was MaxWait after its start: one deadline still covers the
+// lookup and the wait for the first segment.
+func (a *Allocator) cold(deadline time.Time) time.Time { return deadline.Add(a.coldWait - a.maxWait) }
 
 // TakeNow is Take for callers that must never block, such as a NATS
 // handler serving every tag from one subscription. When the IDs are in
@@ -571,7 +605,8 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 		}
 		return a.addTag(t, spec), nil
 	})
-	timer := time.NewTimer(deadline.Sub(a.now()))
+	// A lookup is a cold tag's: it may wait ColdWait.
+	timer := time.NewTimer(a.cold(deadline).Sub(a.now()))
 	defer timer.Stop()
 	select {
 	case r := <-ch:
@@ -580,7 +615,7 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 		}
 		return r.Val.(*buffer), nil
 	case <-timer.C:
-		return nil, fmt.Errorf("%w: looking up tag %q took longer than %v", ErrUnavailable, tag, a.maxWait)
+		return nil, fmt.Errorf("%w: looking up tag %q took longer than %v", ErrUnavailable, tag, a.coldWait)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -642,7 +677,12 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 	b.waits.Add(1)
 	b.waiting.Add(int64(n))
 	defer b.waiting.Add(-int64(n))
-	timer := time.NewTimer(deadline.Sub(a.now()))
+	if b.cur.Load() == nil {
+		// A cold tag: its first segment may come from far away.
+		deadline = a.cold(deadline)
+	}
+	wait := deadline.Sub(a.now())
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		// Take the channel (if there is one) before trying, so that a
@@ -695,9 +735,9 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 		case <-timer.C:
 			b.timeouts.Add(1)
 			if lastErr != nil {
-				return dst, fmt.Errorf("%w for tag %q within %v: %w", ErrUnavailable, b.tag, a.maxWait, lastErr)
+				return dst, fmt.Errorf("%w for tag %q within %v: %w", ErrUnavailable, b.tag, wait, lastErr)
 			}
-			return dst, fmt.Errorf("%w for tag %q within %v", ErrUnavailable, b.tag, a.maxWait)
+			return dst, fmt.Errorf("%w for tag %q within %v", ErrUnavailable, b.tag, wait)
 		case <-ctx.Done():
 			return dst, ctx.Err()
 		case <-a.ctx.Done():

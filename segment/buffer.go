@@ -156,7 +156,7 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 			}
 		}
 		if first, got := seg.takeUpTo(k); got > 0 {
-			dst = append(dst, Run{First: first, Last: first + got - 1})
+			dst = b.a.regions.appendRuns(dst, first, got)
 			if first+got > seg.threshold {
 				b.prefetch()
 			}
@@ -234,6 +234,11 @@ func (b *buffer) load() {
 		cancel()
 		if err == nil && (alloc.Start < 1 || alloc.End <= alloc.Start || alloc.TagStep < 1) {
 			err = fmt.Errorf("segment: store returned a bad allocation %+v for tag %q", alloc, b.tag)
+		}
+		if err == nil && alloc.End-1 > a.regions.maxValue() {
+			// Its IDs (value × regions + region) would pass 2^63-1; the
+			// segment is skipped.
+			err = fmt.Errorf("%w: segment %d..%d of tag %q, as IDs of %s", ErrExhausted, alloc.Start, alloc.End-1, b.tag, a.regions)
 		}
 		if a.onFetch != nil {
 			a.onFetch(b.tag, latency, err)
@@ -327,6 +332,13 @@ func (b *buffer) nextDepth(step int64, now time.Time) int64 {
 		b.depthAt = t
 	}
 	b.calm = false
+	if bt := b.a.bufferTime; bt > 0 && step > 0 && b.lastFetch != 0 {
+		// Enough for BufferTime at the rate the last fetch lasted.
+		if lasted := now.UnixNano() - b.lastFetch; lasted > 0 {
+			want := float64(b.step*max(b.depth, 1)) * float64(bt) / float64(lasted)
+			d = max(d, int64(min(math.Ceil(want/float64(step)), float64(MaxDepthLimit))))
+		}
+	}
 	if step <= 0 {
 		d = 1
 	}

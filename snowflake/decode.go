@@ -26,6 +26,11 @@ type Parts struct {
 	Timestamp int64 `json:"timestamp"`
 	Worker    int64 `json:"worker"`
 	Sequence  int64 `json:"sequence"`
+	// Region is the region of the worker ID (Layout.RegionBits), and
+	// RegionBits how many bits it has; both 0 in a layout without
+	// regions. JSON has "region" only with region bits.
+	Region     int64 `json:"region"`
+	RegionBits int   `json:"-"`
 }
 
 // Decode splits id into its fields in DefaultLayout for the given epoch
@@ -47,12 +52,15 @@ func (l Layout) Decode(id int64, epoch time.Time) Parts {
 		epoch = DefaultEpoch
 	}
 	ms := id >> (l.WorkerBits + l.SequenceBits) & l.MaxTimestamp()
+	worker := id >> l.SequenceBits & int64(l.MaxWorkerID())
 	return Parts{
-		ID:        id,
-		Time:      epoch.Add(time.Duration(ms) * time.Millisecond).UTC(),
-		Timestamp: ms,
-		Worker:    id >> l.SequenceBits & int64(l.MaxWorkerID()),
-		Sequence:  id & l.MaxSequence(),
+		ID:         id,
+		Time:       epoch.Add(time.Duration(ms) * time.Millisecond).UTC(),
+		Timestamp:  ms,
+		Worker:     worker,
+		Sequence:   id & l.MaxSequence(),
+		Region:     l.Region(worker),
+		RegionBits: l.RegionBits,
 	}
 }
 
@@ -65,17 +73,22 @@ type partsJSON struct {
 	Timestamp int64  `json:"timestamp"`
 	Worker    int64  `json:"worker"`
 	Sequence  int64  `json:"sequence"`
+	Region    *int64 `json:"region,omitempty"`
 }
 
 // MarshalJSON renders p with the time in TimeLayout.
 func (p Parts) MarshalJSON() ([]byte, error) {
-	return json.Marshal(partsJSON{
+	j := partsJSON{
 		ID:        strconv.FormatInt(p.ID, 10),
 		Time:      p.Time.UTC().Format(TimeLayout),
 		Timestamp: p.Timestamp,
 		Worker:    p.Worker,
 		Sequence:  p.Sequence,
-	})
+	}
+	if p.RegionBits > 0 {
+		j.Region = &p.Region
+	}
+	return json.Marshal(j)
 }
 
 // UnmarshalJSON parses what MarshalJSON renders.
@@ -93,5 +106,8 @@ func (p *Parts) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("snowflake: parts: time: %w", err)
 	}
 	*p = Parts{ID: id, Time: t.UTC(), Timestamp: j.Timestamp, Worker: j.Worker, Sequence: j.Sequence}
+	if j.Region != nil {
+		p.Region = *j.Region
+	}
 	return nil
 }

@@ -16,7 +16,7 @@ import (
 //     ErrBucketDeleted.
 //   - 400: ErrInvalidCount.
 //   - 500 / refuse to start: ErrInvalidSettings, ErrInvalidWorkerID,
-//     ErrEpochInFuture, ErrEpochMismatch, ErrLayoutMismatch, ErrEpochLost,
+//     ErrEpochInFuture, ErrEpochMismatch, ErrLayoutMismatch, ErrRegionMismatch, ErrEpochLost,
 //     ErrOverTimeLimit,
 //     ErrBucketTTL, ErrBucketLimits, ErrBucketMemory, ErrBucketReplicas,
 //     and any error from NATS that wraps none of the above.
@@ -59,6 +59,11 @@ var (
 	// good (it issues nothing more and writes nothing more) and logs what
 	// the operator did. Is ErrUnavailable: other instances may serve.
 	ErrBucketDeleted error = &unavailableError{"snowflake: lease bucket deleted or recreated while the worker ran"}
+
+	// ErrRegionMismatch means the lease bucket holds the worker IDs of
+	// another region (WorkerSettings.Region): each region leases from a
+	// bucket of its own.
+	ErrRegionMismatch = errors.New("snowflake: lease bucket belongs to another region")
 
 	// ErrInvalidCount means a batch asked for fewer than 1 or more than
 	// MaxCount IDs.

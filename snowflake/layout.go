@@ -8,13 +8,16 @@ import (
 // Layout is the bit layout of IDs below the sign bit: TimeBits of
 // milliseconds since the epoch, WorkerBits of worker ID and SequenceBits of
 // sequence within the millisecond, from the most significant bit. The time
-// unit is always one millisecond.
+// unit is always one millisecond. The top RegionBits of the worker ID name
+// a region (docs/regions.md): a worker of region N holds only the worker
+// IDs whose top bits are N, so that regions leasing from buckets of their
+// own never share a worker ID.
 //
 // The zero Layout means DefaultLayout. Any other must have TimeBits of at
-// least 31, WorkerBits in 1..10, SequenceBits in 1..12 and at most 63 bits
-// in all; New and StartWorker refuse others with ErrInvalidSettings. A
-// layout is chosen when its lease bucket is created and recorded there; it
-// cannot be changed in place.
+// least 31, WorkerBits in 1..10, SequenceBits in 1..12, RegionBits below
+// WorkerBits and at most 63 bits in all; New and StartWorker refuse others
+// with ErrInvalidSettings. A layout is chosen when its lease bucket is
+// created and recorded there; it cannot be changed in place.
 type Layout struct {
 	// Name names the layout in logs, flags and the lease bucket
 	// ("default", "js"); layouts are compared by their bits only.
@@ -22,6 +25,9 @@ type Layout struct {
 	TimeBits     int
 	WorkerBits   int
 	SequenceBits int
+	// RegionBits are the top bits of the worker ID that name the region;
+	// 0 (the named layouts): no regions.
+	RegionBits int
 }
 
 // The named layouts (ParseLayout).
@@ -74,6 +80,8 @@ func (l Layout) check() error {
 		return fmt.Errorf("%w: layout %s: WorkerBits %d not in 1..%d", ErrInvalidSettings, l, l.WorkerBits, maxLayoutWorkerBits)
 	case l.SequenceBits < 1 || l.SequenceBits > maxLayoutSequenceBits:
 		return fmt.Errorf("%w: layout %s: SequenceBits %d not in 1..%d", ErrInvalidSettings, l, l.SequenceBits, maxLayoutSequenceBits)
+	case l.RegionBits < 0 || l.RegionBits >= l.WorkerBits:
+		return fmt.Errorf("%w: layout %s: RegionBits %d not in 0..%d (at least one bit of the worker ID must be the region's own)", ErrInvalidSettings, l, l.RegionBits, l.WorkerBits-1)
 	case l.TimeBits+l.WorkerBits+l.SequenceBits > 63:
 		return fmt.Errorf("%w: layout %s: more than 63 bits", ErrInvalidSettings, l)
 	}
@@ -84,17 +92,41 @@ func (l Layout) check() error {
 // DefaultLayout; names are not compared).
 func (l Layout) Same(o Layout) bool {
 	l, o = l.orDefault(), o.orDefault()
-	return l.TimeBits == o.TimeBits && l.WorkerBits == o.WorkerBits && l.SequenceBits == o.SequenceBits
+	return l.TimeBits == o.TimeBits && l.WorkerBits == o.WorkerBits && l.SequenceBits == o.SequenceBits &&
+		l.RegionBits == o.RegionBits
 }
 
-// String renders l as its name and bits, e.g. "js (41+5+7 bits)".
+// String renders l as its name and bits, e.g. "js (41+5+7 bits)", or
+// "default (41+10+12 bits, 2 region bits)".
 func (l Layout) String() string {
 	l = l.orDefault()
 	name := l.Name
 	if name == "" {
 		name = "custom"
 	}
+	if l.RegionBits > 0 {
+		return fmt.Sprintf("%s (%d+%d+%d bits, %d region bits)", name, l.TimeBits, l.WorkerBits, l.SequenceBits, l.RegionBits)
+	}
 	return fmt.Sprintf("%s (%d+%d+%d bits)", name, l.TimeBits, l.WorkerBits, l.SequenceBits)
+}
+
+// MaxRegion is the largest region of the layout: 2^RegionBits - 1 (0
+// without region bits).
+func (l Layout) MaxRegion() int { l = l.orDefault(); return 1<<l.RegionBits - 1 }
+
+// RegionWorkerIDs returns the worker IDs of region: first..last, the IDs
+// whose top RegionBits are region. Without region bits, region 0 has them
+// all.
+func (l Layout) RegionWorkerIDs(region int) (first, last int) {
+	l = l.orDefault()
+	own := l.WorkerBits - l.RegionBits
+	return region << own, region<<own | (1<<own - 1)
+}
+
+// Region returns the region of a worker ID: its top RegionBits.
+func (l Layout) Region(worker int64) int64 {
+	l = l.orDefault()
+	return worker >> (l.WorkerBits - l.RegionBits)
 }
 
 // MaxWorkerID is the largest worker ID of the layout.
@@ -138,16 +170,19 @@ func (l Layout) compose(ms, worker, seq int64) int64 {
 // layoutRecord is how the lease bucket's config record holds the layout:
 //
 //	{"name":"js","time_bits":41,"worker_bits":5,"sequence_bits":7}
+//
+// with "region_bits" when the layout has them.
 type layoutRecord struct {
 	Name         string `json:"name"`
 	TimeBits     int    `json:"time_bits"`
 	WorkerBits   int    `json:"worker_bits"`
 	SequenceBits int    `json:"sequence_bits"`
+	RegionBits   int    `json:"region_bits,omitempty"`
 }
 
 func newLayoutRecord(l Layout) *layoutRecord {
 	l = l.orDefault()
-	return &layoutRecord{Name: l.Name, TimeBits: l.TimeBits, WorkerBits: l.WorkerBits, SequenceBits: l.SequenceBits}
+	return &layoutRecord{Name: l.Name, TimeBits: l.TimeBits, WorkerBits: l.WorkerBits, SequenceBits: l.SequenceBits, RegionBits: l.RegionBits}
 }
 
 // layout returns the recorded layout; nil (a bucket written by a version
@@ -156,5 +191,5 @@ func (r *layoutRecord) layout() Layout {
 	if r == nil {
 		return DefaultLayout
 	}
-	return Layout{Name: r.Name, TimeBits: r.TimeBits, WorkerBits: r.WorkerBits, SequenceBits: r.SequenceBits}
+	return Layout{Name: r.Name, TimeBits: r.TimeBits, WorkerBits: r.WorkerBits, SequenceBits: r.SequenceBits, RegionBits: r.RegionBits}
 }

@@ -85,6 +85,9 @@ type configRecord struct {
 	// or below MaxLeaseSince, and their holders' leases count as unknown
 	// (UnknownLeaseMargin).
 	MaxLeaseSince uint64 `json:"max_lease_since,omitempty"`
+	// Region is the region of every worker of the bucket, recorded with
+	// the layout when it has region bits; absent: region 0.
+	Region int `json:"region,omitempty"`
 }
 
 func (c *configRecord) maxLease() time.Duration {
@@ -132,6 +135,7 @@ func openBucket(ctx context.Context, js jetstream.JetStream, s *WorkerSettings) 
 		History:     1,
 		Replicas:    s.Replicas,
 		Storage:     jetstream.FileStorage,
+		Placement:   kvbucket.Placement(s.Cluster),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", s.Bucket, err)
@@ -148,12 +152,12 @@ func openBucket(ctx context.Context, js jetstream.JetStream, s *WorkerSettings) 
 // In a bucket that has never held a value, the stored record also holds
 // lease as the longest lease used (configRecord.MaxLeaseMS): no key can
 // have been deleted before.
-func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, layout Layout, lease time.Duration) error {
-	data, err := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch, Layout: newLayoutRecord(layout), MaxLeaseMS: lease.Milliseconds()})
+func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, layout Layout, region int, lease time.Duration) error {
+	data, err := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch, Layout: newLayoutRecord(layout), MaxLeaseMS: lease.Milliseconds(), Region: region})
 	if err != nil {
 		return err
 	}
-	restore := restoreCommand(kv.Bucket(), epoch, layout)
+	restore := restoreCommand(kv.Bucket(), epoch, layout, region)
 	for attempt := 1; ; attempt++ {
 		// The stream's last sequence is read before the key: a worker
 		// stores the epoch before it writes anything else, so if the
@@ -198,26 +202,33 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lay
 			return fmt.Errorf("%w: bucket %q has %s, configured %s", ErrEpochMismatch, kv.Bucket(),
 				c.Epoch.Format(time.RFC3339Nano), epoch.Format(time.RFC3339Nano))
 		}
-		return checkLayout(kv.Bucket(), &c, layout)
+		return checkLayout(kv.Bucket(), &c, layout, region)
 	}
 }
 
-// checkLayout compares the configured layout with the one recorded in the
-// bucket's config record c: ErrLayoutMismatch if they differ.
-func checkLayout(bucket string, c *configRecord, layout Layout) error {
+// checkLayout compares the configured layout and region with those
+// recorded in the bucket's config record c: ErrLayoutMismatch if the
+// layouts differ (region bits included), ErrRegionMismatch if the regions
+// do.
+func checkLayout(bucket string, c *configRecord, layout Layout, region int) error {
 	if got := c.Layout.layout(); !got.Same(layout) {
 		return fmt.Errorf("%w: bucket %q was created for snowflake layout %s, configured %s; "+
 			"a layout is chosen when its bucket is created and cannot be changed in place: "+
 			"configure the bucket's layout, or give the new layout a new bucket (and a new epoch)",
 			ErrLayoutMismatch, bucket, got, layout.orDefault())
 	}
+	if c.Region != region {
+		return fmt.Errorf("%w: bucket %q holds the worker IDs of region %d, this worker is of region %d; "+
+			"each region leases from a bucket of its own: check --region and --snowflake-bucket",
+			ErrRegionMismatch, bucket, c.Region, region)
+	}
 	return nil
 }
 
-// restoreCommand is the command that puts the epoch (and the layout) back
-// into bucket.
-func restoreCommand(bucket string, epoch time.Time, layout Layout) string {
-	data, _ := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch, Layout: newLayoutRecord(layout)})
+// restoreCommand is the command that puts the epoch (and the layout and
+// region) back into bucket.
+func restoreCommand(bucket string, epoch time.Time, layout Layout, region int) string {
+	data, _ := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch, Layout: newLayoutRecord(layout), Region: region})
 	return fmt.Sprintf("nats kv put %s %s '%s'", bucket, configKey, data)
 }
 
@@ -354,11 +365,11 @@ func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
 			return view{}, configRecord{}, fmt.Errorf("%w: bucket %q has no key %q while workers run: "+
 				"the key or the whole bucket was purged (nats kv purge / nats stream purge), and lease bounds may have gone with it; "+
 				"refusing to claim a worker ID; stop every worker of this bucket, wait a lease after the last one stopped, "+
-				"then restore the epoch (%s)", ErrEpochLost, w.cfg.Bucket, configKey, restoreCommand(w.cfg.Bucket, w.cfg.Epoch, w.gen.layout))
+				"then restore the epoch (%s)", ErrEpochLost, w.cfg.Bucket, configKey, restoreCommand(w.cfg.Bucket, w.cfg.Epoch, w.gen.layout, w.cfg.Region))
 		case c.op != jetstream.KeyValuePut:
 			return view{}, configRecord{}, fmt.Errorf("%w: key %q of bucket %q was %s at %s while workers run; "+
 				"refusing to claim a worker ID; restore the epoch (%s)", ErrEpochLost, configKey, w.cfg.Bucket,
-				kvbucket.MarkerVerb(c.op), c.at.UTC().Format(TimeLayout), restoreCommand(w.cfg.Bucket, w.cfg.Epoch, w.gen.layout))
+				kvbucket.MarkerVerb(c.op), c.at.UTC().Format(TimeLayout), restoreCommand(w.cfg.Bucket, w.cfg.Epoch, w.gen.layout, w.cfg.Region))
 		}
 		var rec configRecord
 		if err := json.Unmarshal(c.value, &rec); err != nil {
@@ -368,7 +379,7 @@ func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
 			return view{}, configRecord{}, fmt.Errorf("%w: bucket %q has %s, configured %s", ErrEpochMismatch, w.cfg.Bucket,
 				rec.Epoch.Format(time.RFC3339Nano), w.cfg.Epoch.Format(time.RFC3339Nano))
 		}
-		if err := checkLayout(w.cfg.Bucket, &rec, w.gen.layout); err != nil {
+		if err := checkLayout(w.cfg.Bucket, &rec, w.gen.layout, w.cfg.Region); err != nil {
 			return view{}, configRecord{}, err
 		}
 		if rec.maxLease() >= w.cfg.Lease {
@@ -464,9 +475,10 @@ func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 	var own, free, released, expired, deleted []candidate
 	var live, waiting int
 	var soonest time.Time
-	// Only the IDs of the layout's worker bits: a higher one would run
-	// into the timestamp's bits.
-	for id := range w.gen.layout.MaxWorkerID() + 1 {
+	// Only the IDs of the layout's worker bits (a higher one would run
+	// into the timestamp's bits), and of them only our region's.
+	first, last := w.gen.layout.RegionWorkerIDs(w.cfg.Region)
+	for id := first; id <= last; id++ {
 		s, ok := slots[id]
 		switch {
 		case !ok:

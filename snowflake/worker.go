@@ -38,6 +38,16 @@ type WorkerSettings struct {
 	// existing bucket may have (ErrBucketReplicas); more are accepted.
 	// Default 1.
 	Replicas int
+	// Cluster, if not empty, is the NATS cluster the bucket is created in
+	// (JetStream placement): a region's own cluster, so that its leases
+	// never wait on another region. Default: where JetStream places it.
+	Cluster string
+	// Region is the worker's region, 0..Layout.MaxRegion(): it claims
+	// only the worker IDs whose top Layout.RegionBits are Region
+	// (Layout.RegionWorkerIDs). It is recorded in the bucket with the
+	// layout; a worker of another region is refused (ErrRegionMismatch),
+	// because each region leases from a bucket of its own. Default 0.
+	Region int
 	// Instance names this process in the leases. A restart with the same
 	// name prefers its previous worker ID once that is claimable: at once
 	// after a graceful Close, about two leases after a crash (meanwhile it
@@ -204,11 +214,14 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Region < 0 || cfg.Region > gen.layout.MaxRegion() {
+		return nil, fmt.Errorf("%w: Region %d not in 0..%d (layout %s)", ErrInvalidSettings, cfg.Region, gen.layout.MaxRegion(), gen.layout)
+	}
 	kv, err := openBucket(ctx, js, &cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkEpoch(ctx, kv, cfg.Epoch, gen.layout, cfg.Lease); err != nil {
+	if err := checkEpoch(ctx, kv, cfg.Epoch, gen.layout, cfg.Region, cfg.Lease); err != nil {
 		return nil, err
 	}
 	stream, err := lease.NewStream(ctx, kv)

@@ -30,6 +30,12 @@ type StoreEnv struct {
 	Logger *slog.Logger
 	// Registerer, if not nil, registers the store's metrics.
 	Registerer prometheus.Registerer
+	// Region is the worker's region: a store per region (and the witness
+	// of any region-aware worker) uses region-local buckets, named by
+	// Region.Name and created in Cluster, the cluster of the worker's
+	// JetStream connection ("" without regions).
+	Region  Region
+	Cluster string
 }
 
 // Store is an open segment store.
@@ -70,7 +76,12 @@ func (k KV) Validate() error {
 
 // OpenStore implements StoreOpener: it creates the bucket if missing.
 func (k KV) OpenStore(ctx context.Context, js jetstream.JetStream, env StoreEnv) (*Store, error) {
-	st, err := kv.New(ctx, js, kv.Settings{Bucket: k.Bucket, Replicas: k.Replicas, Logger: env.Logger})
+	k.Bucket = env.Region.Name(k.Bucket, kv.DefaultBucket, env.Region.PerRegionStores())
+	var cluster string
+	if env.Region.PerRegionStores() {
+		cluster = env.Cluster
+	}
+	st, err := kv.New(ctx, js, kv.Settings{Bucket: k.Bucket, Replicas: k.Replicas, Logger: env.Logger, Cluster: cluster})
 	if err != nil {
 		return nil, err
 	}

@@ -87,6 +87,10 @@ type Config struct {
 	// Owners configures the ownership leases of ordered tags (--ordered-*).
 	Owners Owners
 
+	// Region places the worker in a region of a supercluster (--region,
+	// --region-bits, --regions; docs/regions.md). Default: no regions.
+	Region Region
+
 	// NoSnowflake serves no snowflake IDs (--snowflake=false); default
 	// false: snowflake IDs with a worker ID leased from Snowflake.Bucket.
 	NoSnowflake bool
@@ -143,6 +147,11 @@ func (c Config) withDefaults() Config {
 		c.Store = KV{}
 	}
 	c.Owners.Lease = cmp.Or(c.Owners.Lease, ownership.DefaultLease)
+	// Region-local buckets get names of their own (stream names are
+	// global in a supercluster): the lease bucket with region bits, the
+	// owners' with a store per region.
+	c.Snowflake.Bucket = c.Region.Name(c.Snowflake.Bucket, snowflake.DefaultBucket, c.Region.Bits > 0)
+	c.Owners.Bucket = c.Region.Name(c.Owners.Bucket, ownership.DefaultBucket, c.Region.PerRegionStores())
 	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
 	c.QueueGroup = cmp.Or(c.QueueGroup, DefaultQueueGroup)
 	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
@@ -166,8 +175,8 @@ func (c Config) validate() error {
 		err = fmt.Errorf("--max-depth %d: want 1..%d", s.MaxDepth, segment.MaxDepthLimit)
 	case s.AutoCreateStep < 0 || s.AutoCreateStep > segment.MaxStepLimit:
 		err = fmt.Errorf("--auto-create-step %d: want 1..%d", s.AutoCreateStep, segment.MaxStepLimit)
-	case s.MaxWait < 0 || s.FetchTimeout < 0 || s.RefreshInterval < 0 || s.NegativeTTL < 0 || c.ShutdownTimeout < 0:
-		err = errors.New("--max-wait, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
+	case s.MaxWait < 0 || s.ColdWait < 0 || s.BufferTime < 0 || s.FetchTimeout < 0 || s.RefreshInterval < 0 || s.NegativeTTL < 0 || c.ShutdownTimeout < 0:
+		err = errors.New("--max-wait, --cold-wait, --buffer-time, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
 	case c.Owners.Replicas < 0 || c.Owners.Replicas > 5:
 		err = fmt.Errorf("--ordered-replicas %d: want 1..5", c.Owners.Replicas)
 	case c.Owners.Lease < 10*time.Millisecond || c.Owners.Lease > ownership.MaxLease:
@@ -178,6 +187,9 @@ func (c Config) validate() error {
 		err = fmt.Errorf("--snowflake-heartbeat %v must be below --snowflake-lease %v", c.Snowflake.Heartbeat, c.Snowflake.Lease)
 	case !c.Snowflake.Epoch.Before(time.Now()):
 		err = fmt.Errorf("--snowflake-epoch %v is in the future", c.Snowflake.Epoch)
+	}
+	if err == nil {
+		err = c.Region.check()
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
@@ -300,13 +312,22 @@ func (w *Worker) start(ctx context.Context) error {
 	if reg != nil {
 		regr = reg
 	}
-	if w.store, err = cfg.Store.OpenStore(ctx, js, StoreEnv{Logger: w.log, Registerer: regr}); err != nil {
+	env := StoreEnv{Logger: w.log, Registerer: regr, Region: cfg.Region}
+	if cfg.Region.On() {
+		// Region-local buckets are created in this region's cluster.
+		env.Cluster = w.jsnc.ConnectedClusterName()
+	}
+	if w.store, err = cfg.Store.OpenStore(ctx, js, env); err != nil {
+		return err
+	}
+	if err := w.checkRegions(ctx); err != nil {
 		return err
 	}
 	st := cfg.Segment
 	st.Store = w.store.Store
 	st.Logger = w.log
 	st.OnFetch = nil
+	st.Regions = cfg.Region.Segments()
 	if reg != nil {
 		st.OnFetch = fetchHistogram(reg)
 	}
@@ -322,6 +343,12 @@ func (w *Worker) start(ctx context.Context) error {
 		sfs := cfg.Snowflake
 		sfs.Instance = cfg.Instance
 		sfs.Logger = w.log
+		if cfg.Region.Bits > 0 {
+			if (sfs.Layout == snowflake.Layout{}) {
+				sfs.Layout = snowflake.DefaultLayout
+			}
+			sfs.Layout.RegionBits, sfs.Region, sfs.Cluster = cfg.Region.Bits, cfg.Region.N, env.Cluster
+		}
 		if w.sf, err = snowflake.StartWorker(ctx, js, sfs); err != nil {
 			return err // snowflake's errors say "snowflake:" themselves
 		}
@@ -353,7 +380,9 @@ func (w *Worker) start(ctx context.Context) error {
 		Store:           w.store.Name,
 		StoreID:         w.store.ID,
 		SnowflakeLeases: w.leaseName,
-		PeerCheck:       peerCheck,
+		Region: dispenser.Region{N: cfg.Region.N, Settings: cfg.Region.settings(),
+			OwnStores: cfg.Region.PerRegionStores(), OwnLeases: cfg.Region.Bits > 0},
+		PeerCheck: peerCheck,
 	}
 	if reg != nil {
 		dc.Registerer = reg
@@ -372,9 +401,28 @@ func (w *Worker) start(ctx context.Context) error {
 		}
 	}
 	info := w.svc.Info()
-	w.log.Info("serving", "service", info.Name, "id", info.ID, "nats", nopts.URL, "prefix", cfg.Prefix,
-		"queue_group", cfg.QueueGroup, "store", w.store.Name, "startup", time.Since(t0).Round(time.Millisecond))
+	attrs := []any{"service", info.Name, "id", info.ID, "nats", nopts.URL, "prefix", cfg.Prefix,
+		"queue_group", cfg.QueueGroup, "store", w.store.Name, "startup", time.Since(t0).Round(time.Millisecond)}
+	if cfg.Region.On() {
+		attrs = append(attrs, "region", cfg.Region.String())
+	}
+	w.log.Info("serving", attrs...)
 	return nil
+}
+
+// checkRegions makes sure the store serves the worker's region settings
+// (segment.CheckRegions): a store per region records its region, and a
+// worker of another region, or without regions, is refused.
+func (w *Worker) checkRegions(ctx context.Context) error {
+	r := w.cfg.Region.Segments()
+	rs, ok := w.store.Admin.(segment.RegionStore)
+	if !ok {
+		if r.Count > 1 {
+			return fmt.Errorf("%w: --regions: the store %s cannot record its region", ErrConfig, w.store.Name)
+		}
+		return nil
+	}
+	return segment.CheckRegions(ctx, rs, r)
 }
 
 // openOwners opens the ownership leases of ordered tags, wired to the
@@ -384,8 +432,12 @@ func (w *Worker) start(ctx context.Context) error {
 func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (token, subject string, err error) {
 	ownerToken := strings.ToLower(rand.Text()[:16])
 	ownerSubject := w.cfg.Prefix + ".owner." + ownerToken
+	var cluster string
+	if w.cfg.Region.PerRegionStores() {
+		cluster = w.jsnc.ConnectedClusterName()
+	}
 	w.owners, err = ordered.OpenLeases(ctx, js, w.alloc, ownership.Settings{
-		Bucket: w.cfg.Owners.Bucket, Replicas: w.cfg.Owners.Replicas, Lease: w.cfg.Owners.Lease,
+		Bucket: w.cfg.Owners.Bucket, Replicas: w.cfg.Owners.Replicas, Lease: w.cfg.Owners.Lease, Cluster: cluster,
 		Owner: w.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: w.log,
 	})
 	return ownerToken, ownerSubject, err

@@ -35,6 +35,15 @@ type storeFlags struct {
 	nats          worker.NATS
 	bucket        string
 	witnessBucket string
+	region        worker.Region
+}
+
+// regionFlags adds --region, --region-bits and --regions, as serve has
+// them.
+func regionFlags(fs *flag.FlagSet, r *worker.Region) {
+	fs.IntVar(&r.N, "region", 0, "this worker's region, 0-based, with --region-bits or --regions: region-local buckets get the suffix _rN and are created in the worker's NATS cluster (docs/regions.md)")
+	fs.IntVar(&r.Bits, "region-bits", 0, "bits of the 10 snowflake worker bits that name the region: each region leases worker IDs from its own bucket; every region must use the same (0: one lease bucket for all)")
+	fs.IntVar(&r.Count, "regions", 0, "number of regions with segment stores of their own (per-region mode): region N hands out the values v of its store as IDs v×regions+N; every region must use the same (0 or 1: one store for all regions)")
 }
 
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
@@ -43,6 +52,7 @@ func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	natsFlags(fs, &f.nats, "NATS URL, for the JetStream KV segment store (when --postgres-url is empty); with --postgres-url, tags list shows the witness marks", false)
 	fs.StringVar(&f.bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store")
 	fs.StringVar(&f.witnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks (with --postgres-url and --nats-url)")
+	regionFlags(fs, &f.region)
 	return f
 }
 
@@ -56,6 +66,9 @@ type marker interface {
 // --nats-url, w reads the marks of the existing witness bucket (else w is
 // nil). close releases them.
 func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, close func(), err error) {
+	if err := f.region.Check(); err != nil {
+		return nil, nil, nil, err
+	}
 	if f.postgresURL != "" {
 		pool, err := openPostgres(ctx, f.postgresURL)
 		if err != nil {
@@ -71,11 +84,12 @@ func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, clos
 			pool.Close()
 			return nil, nil, nil, err
 		}
-		kvb, err := js.KeyValue(ctx, f.witnessBucket)
+		bucket := f.region.Name(f.witnessBucket, witness.DefaultBucket, f.region.On())
+		kvb, err := js.KeyValue(ctx, bucket)
 		if err != nil {
 			nc.Close()
 			pool.Close()
-			return nil, nil, nil, fmt.Errorf("witness bucket %q: %w", f.witnessBucket, err)
+			return nil, nil, nil, fmt.Errorf("witness bucket %q: %w", bucket, err)
 		}
 		return st, witness.New(kvb, pg, witness.Settings{}), func() { nc.Close(); pool.Close() }, nil
 	}
@@ -86,7 +100,11 @@ func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, clos
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if st, err = (worker.KV{Bucket: f.bucket}).OpenStore(ctx, js, worker.StoreEnv{Logger: slog.Default()}); err != nil {
+	env := worker.StoreEnv{Logger: slog.Default(), Region: f.region}
+	if f.region.PerRegionStores() {
+		env.Cluster = nc.ConnectedClusterName()
+	}
+	if st, err = (worker.KV{Bucket: f.bucket}).OpenStore(ctx, js, env); err != nil {
 		nc.Close()
 		return nil, nil, nil, err
 	}
@@ -207,6 +225,13 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeStore()
+	// A store per region records its region before its first tag
+	// (segment.CheckRegions), so that workers of other regions are refused.
+	if rs, ok := st.Admin.(segment.RegionStore); ok {
+		if err := segment.CheckRegions(ctx, rs, sf.region.Segments()); err != nil {
+			return err
+		}
+	}
 
 	switch sub {
 	case "list":
@@ -220,7 +245,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := st.Admin.CreateTag(ctx, t); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d, ordered %s", pos[0], start, step, yesNo(ordered))
+		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d, ordered %s", pos[0], sf.region.Segments().ID(start), step, yesNo(ordered))
 		if r, _ := segment.ParseReset(reset); r != segment.ResetNone {
 			fmt.Fprintf(stdout, ", reset every %s (%s)", r, cmp.Or(timeZone, "UTC"))
 		}
@@ -333,19 +358,23 @@ func yesNo(b bool) string {
 }
 
 func decode(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("decode", "dispenser decode ID [--snowflake-epoch T] [--snowflake-layout default|js]", stderr)
+	fs := newFlagSet("decode", "dispenser decode ID [--snowflake-epoch T] [--snowflake-layout default|js] [--region-bits B]", stderr)
 	epoch := fs.String("snowflake-epoch", snowflake.DefaultEpoch.Format(time.RFC3339), "epoch of snowflake timestamps (RFC 3339)")
 	layout := snowflake.DefaultLayout
 	fs.Func("snowflake-layout", `bit layout the ID was issued in, as its workers' --snowflake-layout: "default" or "js" (default "default")`, func(v string) (err error) {
 		layout, err = snowflake.ParseLayout(v)
 		return err
 	})
+	regionBits := fs.Int("region-bits", 0, "region bits of the workers that issued it (their --region-bits): shows the region")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
 		return errors.New("decode: want one snowflake ID")
+	}
+	if layout.RegionBits = *regionBits; *regionBits < 0 || *regionBits >= layout.WorkerBits {
+		return fmt.Errorf("--region-bits %d: want 0..%d for layout %s", *regionBits, layout.WorkerBits-1, layout.Name)
 	}
 	e, err := time.Parse(time.RFC3339, *epoch)
 	if err != nil {

@@ -65,6 +65,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		c.Snowflake.Layout, err = snowflake.ParseLayout(v)
 		return err
 	})
+	fs.IntVar(&c.Region.N, "region", 0, "this worker's region, 0-based, with --region-bits or --regions: region-local buckets get the suffix _rN and are created in the worker's NATS cluster (docs/regions.md)")
+	fs.IntVar(&c.Region.Bits, "region-bits", 0, "bits of the 10 snowflake worker bits that name the region: each region leases worker IDs from its own bucket; every region must use the same (0: one lease bucket for all)")
+	fs.IntVar(&c.Region.Count, "regions", 0, "number of regions with segment stores of their own (per-region mode): region N hands out the values v of its store as IDs v×regions+N; every region must use the same (0 or 1: one store for all regions)")
 	fs.DurationVar(&c.Snowflake.Lease, "snowflake-lease", snowflake.DefaultLease, "worker-ID lease: a worker that could not renew for this long stops issuing")
 	fs.DurationVar(&c.Snowflake.Heartbeat, "snowflake-heartbeat", 0, "interval of lease renewals, below --snowflake-lease (default 2s, or a third of the lease if that is shorter)")
 	fs.BoolVar(&c.Snowflake.RandomSequence, "snowflake-random-sequence", false, "start each millisecond's sequence at a small random offset (even id % n sharding)")
@@ -72,6 +75,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&c.QueueGroup, "queue-group", worker.DefaultQueueGroup, "queue group of the endpoints; workers in one group share the load")
 	fs.IntVar(&c.MaxBatch, "max-batch", worker.DefaultMaxBatch, "most IDs one request may ask for")
 	fs.DurationVar(&c.Segment.MaxWait, "max-wait", 100*time.Millisecond, "how long a request waits for a segment when both buffers are empty, before 503")
+	fs.DurationVar(&c.Segment.ColdWait, "cold-wait", time.Second, "how long the requests for a tag with no segment in memory yet wait for its first segment (a store far away must not fail a cold tag's first request); at least --max-wait")
+	fs.DurationVar(&c.Segment.BufferTime, "buffer-time", 0, "size buffers in time: each fetch takes at least this long's worth of IDs at the tag's recent rate (within --max-depth), so that a region cut off from a shared store keeps serving for about that long; a crash skips up to about twice as many (0: off)")
 	fs.Float64Var(&c.Segment.PrefetchRatio, "prefetch-ratio", 0.1, "fetch the next segment once this fraction of the current one is used")
 	fs.DurationVar(&c.Segment.FetchTimeout, "fetch-timeout", 2*time.Second, "timeout of one store call")
 	fs.DurationVar(&c.Segment.RefreshInterval, "refresh-interval", time.Minute, "how often the tag list is reloaded")

@@ -123,6 +123,15 @@ func limits(cfg jetstream.StreamConfig) string {
 	}
 }
 
+// Placement places a new bucket in cluster (JetStream placement), or
+// leaves it to JetStream if cluster is empty.
+func Placement(cluster string) *jetstream.Placement {
+	if cluster == "" {
+		return nil
+	}
+	return &jetstream.Placement{Cluster: cluster}
+}
+
 // Open opens the bucket cfg.Bucket, creating it with cfg if it does not
 // exist, and refuses it (Check) unless it keeps every value; the
 // requirements are cfg's replicas, and memory storage only if cfg asks for

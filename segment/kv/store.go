@@ -105,6 +105,10 @@ type Settings struct {
 	// jetstream.FileStorage, with which an existing bucket kept in memory
 	// is refused (ErrBucketMemory).
 	Storage jetstream.StorageType
+	// Cluster, if not empty, is the NATS cluster a new bucket is created
+	// in (JetStream placement): a region's own, in per-region mode
+	// (docs/regions.md). Default: where JetStream places it.
+	Cluster string
 	// Logger receives the operator mistakes the Store refuses to act on.
 	// Default slog.Default().
 	Logger *slog.Logger
@@ -225,6 +229,7 @@ func New(ctx context.Context, js jetstream.JetStream, s Settings) (*Store, error
 		Replicas:    cmp.Or(s.Replicas, 1),
 		Storage:     s.Storage,
 	}
+	cfg.Placement = kvbucket.Placement(s.Cluster)
 	log := cmp.Or(s.Logger, slog.Default())
 	kv, guard, err := kvbucket.OpenGuarded(ctx, js, cfg, "segment store", log)
 	if err != nil {

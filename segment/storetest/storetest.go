@@ -89,6 +89,7 @@ func Run(t *testing.T, c Config) {
 		{"PeriodGiveBack", testPeriodGiveBack},
 		{"PeriodicSettings", testPeriodicSettings},
 		{"PeriodicSettingsInvalid", testPeriodicSettingsInvalid},
+		{"Regions", testRegions},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.test(t, c) })

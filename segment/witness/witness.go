@@ -94,6 +94,9 @@ type Settings struct {
 	// Replicas of the bucket when it is created. Default 1; use 3 on a
 	// cluster. An existing bucket with fewer replicas is refused.
 	Replicas int
+	// Cluster, if not empty, is the NATS cluster a new bucket is created
+	// in (JetStream placement): the region's own (docs/regions.md).
+	Cluster string
 	// Logger receives rollbacks (error) and deleted marks. Default
 	// slog.Default().
 	Logger *slog.Logger
@@ -161,6 +164,7 @@ func Open(ctx context.Context, js jetstream.JetStream, inner Raiser, s Settings)
 		History:     1,
 		Replicas:    s.Replicas,
 		Storage:     jetstream.FileStorage,
+		Placement:   kvbucket.Placement(s.Cluster),
 	}, "witness marks", s.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("witness: %w", err)

@@ -110,8 +110,11 @@ func (p Postgres) OpenStore(ctx context.Context, js jetstream.JetStream, env wor
 	if env.Registerer != nil {
 		env.Registerer.MustRegister(rollbacks)
 	}
+	// A region-aware worker's witness is its region's own, so that a
+	// fetch never waits on another region (docs/regions.md).
 	w, err := witness.Open(ctx, js, pg, witness.Settings{
-		Bucket:     p.WitnessBucket,
+		Bucket:     env.Region.Name(p.WitnessBucket, witness.DefaultBucket, env.Region.On()),
+		Cluster:    env.Cluster,
 		Replicas:   p.WitnessReplicas,
 		Logger:     env.Logger,
 		OnRollback: func(string, int64, int64) { rollbacks.Inc() },

@@ -1,0 +1,560 @@
+package regions
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/internal/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/testenv"
+	"github.com/dispenser-dev/dispenser/worker"
+	"github.com/dispenser-dev/dispenser/worker/pgstore"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
+
+// plan is the size of a run: short (go test ./...) or long
+// (DISPENSER_REGIONS_LONG=1).
+type plan struct {
+	regions    int
+	latency    func(i, j int) time.Duration // one way between regions i and j
+	lease      time.Duration                // snowflake and ordered-tag leases
+	cut        time.Duration
+	phase      time.Duration // healthy phases
+	regionBits int
+}
+
+func runPlan() plan {
+	if os.Getenv("DISPENSER_REGIONS_LONG") != "" {
+		return plan{regions: 3, lease: snowflake.DefaultLease, cut: 4 * snowflake.DefaultLease, phase: 10 * time.Second, regionBits: 2,
+			latency: func(i, j int) time.Duration { return time.Duration(30+25*(i+j-1)) * time.Millisecond }} // 30, 55, 80 ms
+	}
+	return plan{regions: 2, lease: 2 * time.Second, cut: 8 * time.Second, phase: 2 * time.Second, regionBits: 1,
+		latency: func(int, int) time.Duration { return 30 * time.Millisecond }}
+}
+
+// world is a supercluster with workers in every region.
+type world struct {
+	t       *testing.T
+	p       plan
+	sc      *faultnet.SuperCluster
+	logs    *testenv.LogBuffer
+	mu      sync.Mutex // protects workers
+	workers [][]*worker.Worker
+}
+
+func newWorld(t *testing.T, p plan) *world {
+	t.Helper()
+	sc := faultnet.NewSuperCluster(t, p.regions, 0)
+	for i := range p.regions {
+		for j := range p.regions {
+			if i != j {
+				sc.Links[i][j].Latency(faultnet.Both, p.latency(i, j), p.latency(i, j)/10)
+			}
+		}
+	}
+	w := &world{t: t, p: p, sc: sc, logs: &testenv.LogBuffer{}, workers: make([][]*worker.Worker, p.regions)}
+	t.Cleanup(func() {
+		w.stopAll()
+		if t.Failed() {
+			t.Logf("workers' log:\n%s", w.logs)
+		}
+	})
+	return w
+}
+
+// start starts a worker in region r, with cfg's store and region settings.
+func (w *world) start(r int, cfg worker.Config) *worker.Worker {
+	w.t.Helper()
+	cfg.NATS = worker.NATS{URL: w.sc.Servers[r].ClientURL()}
+	cfg.Instance = fmt.Sprintf("%s-w%d", faultnet.RegionName(r), len(w.workers[r]))
+	cfg.Logger = w.logs.Logger().With("region", r)
+	cfg.Region.N = r
+	cfg.Snowflake.Lease = w.p.lease
+	cfg.Owners.Lease = w.p.lease
+	// The machine may be busy: a slow fetch is not what these tests are
+	// about, so a request waits up to a second for one.
+	cfg.Segment.MaxWait = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	wk, err := worker.New(ctx, cfg)
+	if err != nil {
+		w.t.Fatalf("worker in %s: %v", faultnet.RegionName(r), err)
+	}
+	w.mu.Lock()
+	w.workers[r] = append(w.workers[r], wk)
+	w.mu.Unlock()
+	return wk
+}
+
+// stopRegion closes every worker of region r.
+func (w *world) stopRegion(r int) {
+	w.mu.Lock()
+	ws := w.workers[r]
+	w.workers[r] = nil
+	w.mu.Unlock()
+	for _, wk := range ws {
+		if err := wk.Close(); err != nil {
+			w.t.Errorf("close a worker of %s: %v", faultnet.RegionName(r), err)
+		}
+	}
+}
+
+func (w *world) stopAll() {
+	for r := range w.workers {
+		w.stopRegion(r)
+	}
+}
+
+// js connects to region r's server.
+func (w *world) js(r int) jetstream.JetStream {
+	w.t.Helper()
+	nc := testenv.Connect(w.t, w.sc.Servers[r])
+	js, err := jetstream.New(nc)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return js
+}
+
+// call is one request of the load: which region's client made it, when,
+// and what it got.
+type call struct {
+	region     int
+	kind       string // "segment", "ordered" or "snowflake"
+	start, end time.Time
+	id         int64
+	err        error
+}
+
+// load runs clients in every region, each asking for one ID of each kind
+// in a loop, until stop; every call is kept.
+type load struct {
+	mu    sync.Mutex // protects calls
+	calls []call
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+func startLoad(t *testing.T, w *world, kinds ...string) *load {
+	t.Helper()
+	l := &load{stop: make(chan struct{})}
+	for r := range w.p.regions {
+		nc := testenv.Connect(t, w.sc.Servers[r], nats.Name(fmt.Sprintf("client-%s", faultnet.RegionName(r))))
+		// No retries: every failure counts. The timeout is well above the
+		// WAN's, below the cut's.
+		cl, err := client.New(nc, client.WithoutRetries(), client.WithoutDirect(), client.WithTimeout(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kind := range kinds {
+			l.wg.Go(func() {
+				for {
+					select {
+					case <-l.stop:
+						return
+					default:
+					}
+					c := call{region: r, kind: kind, start: time.Now()}
+					switch kind {
+					case "snowflake":
+						c.id, c.err = cl.Snowflake(context.Background())
+					case "ordered":
+						c.id, c.err = cl.Segment(context.Background(), "ledger")
+					default:
+						c.id, c.err = cl.Segment(context.Background(), "orders")
+					}
+					c.end = time.Now()
+					l.mu.Lock()
+					l.calls = append(l.calls, c)
+					l.mu.Unlock()
+					time.Sleep(2 * time.Millisecond)
+				}
+			})
+		}
+	}
+	t.Cleanup(l.halt)
+	return l
+}
+
+func (l *load) halt() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+// between returns the calls of kind (all kinds if "") that started in
+// [from, to).
+func (l *load) between(kind string, from, to time.Time) []call {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []call
+	for _, c := range l.calls {
+		if (kind == "" || c.kind == kind) && !c.start.Before(from) && c.start.Before(to) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// waitCalls waits until every region's clients have made n more calls of
+// kind that succeeded.
+func (l *load) waitCalls(t *testing.T, regions int, kind string, n int) {
+	t.Helper()
+	from := time.Now()
+	deadline := from.Add(time.Minute)
+	for {
+		ok := make([]int, regions)
+		for _, c := range l.between(kind, from, time.Now().Add(time.Hour)) {
+			if c.err == nil {
+				ok[c.region]++
+			}
+		}
+		if slices.Min(ok) >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("successful %s calls per region within a minute: %v, want %d each", kind, ok, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkUnique fails the test if any ID of kind was handed out twice (ordered
+// and segment IDs of different tags are different sequences).
+func checkUnique(t *testing.T, calls []call, kind string) int {
+	t.Helper()
+	seen := map[int64]call{}
+	for _, c := range calls {
+		if c.kind != kind || c.err != nil {
+			continue
+		}
+		if o, dup := seen[c.id]; dup {
+			t.Errorf("%s ID %d handed out twice: to a client of %s at %v and one of %s at %v", kind, c.id,
+				faultnet.RegionName(o.region), o.start.Format("15:04:05.000"), faultnet.RegionName(c.region), c.start.Format("15:04:05.000"))
+		}
+		seen[c.id] = c
+	}
+	return len(seen)
+}
+
+// checkLinearizable fails the test if a call of kind that began after
+// another one ended got a smaller ID (ordered tags).
+func checkLinearizable(t *testing.T, calls []call, kind string) {
+	t.Helper()
+	var ok []call
+	for _, c := range calls {
+		if c.kind == kind && c.err == nil {
+			ok = append(ok, c)
+		}
+	}
+	byEnd := slices.Clone(ok)
+	sort.Slice(byEnd, func(i, j int) bool { return byEnd[i].end.Before(byEnd[j].end) })
+	prefixMax := make([]call, len(byEnd)) // the call with the largest ID among byEnd[:i+1]
+	for i, c := range byEnd {
+		prefixMax[i] = c
+		if i > 0 && prefixMax[i-1].id > c.id {
+			prefixMax[i] = prefixMax[i-1]
+		}
+	}
+	bad := 0
+	for _, c := range ok {
+		// The calls that ended before c started.
+		n := sort.Search(len(byEnd), func(i int) bool { return !byEnd[i].end.Before(c.start) })
+		if n > 0 && prefixMax[n-1].id >= c.id {
+			if bad++; bad <= 5 {
+				p := prefixMax[n-1]
+				t.Errorf("%s: call of %s started %v got %d, but a call of %s that ended before (%v) got %d",
+					kind, faultnet.RegionName(c.region), c.start.Format("15:04:05.000"), c.id,
+					faultnet.RegionName(p.region), p.end.Format("15:04:05.000"), p.id)
+			}
+		}
+	}
+	if bad > 5 {
+		t.Errorf("%s: %d calls out of order in all", kind, bad)
+	}
+}
+
+// failures counts the failed calls per region, with the first error.
+func failures(calls []call) (perRegion map[int]int, first map[int]error) {
+	perRegion, first = map[int]int{}, map[int]error{}
+	for _, c := range calls {
+		if c.err != nil {
+			perRegion[c.region]++
+			if first[c.region] == nil {
+				first[c.region] = fmt.Errorf("%s at %v: %w", c.kind, c.start.Format("15:04:05.000"), c.err)
+			}
+		}
+	}
+	return perRegion, first
+}
+
+// requireNoFailures fails the test if any call failed.
+func requireNoFailures(t *testing.T, what string, calls []call) {
+	t.Helper()
+	if n, first := failures(calls); len(n) > 0 {
+		t.Errorf("%s: failed calls per region %v; first: %v", what, n, first)
+	}
+}
+
+// latencies returns each region's p50 and p99 of its successful calls.
+func latencies(calls []call, regions int) string {
+	var b strings.Builder
+	for r := range regions {
+		var ds []time.Duration
+		for _, c := range calls {
+			if c.region == r && c.err == nil {
+				ds = append(ds, c.end.Sub(c.start))
+			}
+		}
+		if len(ds) == 0 {
+			fmt.Fprintf(&b, " %s: none;", faultnet.RegionName(r))
+			continue
+		}
+		slices.Sort(ds)
+		fmt.Fprintf(&b, " %s: p50 %v p99 %v (%d calls);", faultnet.RegionName(r),
+			ds[len(ds)/2].Round(10*time.Microsecond), ds[len(ds)*99/100].Round(10*time.Microsecond), len(ds))
+	}
+	return strings.TrimSuffix(b.String(), ";")
+}
+
+// regionOf returns the region that issued a call's ID: the region bits of a
+// snowflake ID, the residue of a segment ID (per-region mode).
+func regionOf(c call, p plan, perRegionStores bool) (int, bool) {
+	switch {
+	case c.kind == "snowflake":
+		l := snowflake.DefaultLayout
+		l.RegionBits = p.regionBits
+		return int(l.Decode(c.id, snowflake.DefaultEpoch).Region), true
+	case perRegionStores:
+		return int(c.id % int64(p.regions)), true
+	}
+	return 0, false
+}
+
+// checkAnsweredIn fails the test unless every successful call was answered
+// by a worker of the region want(caller's region) says.
+func checkAnsweredIn(t *testing.T, what string, calls []call, p plan, perRegionStores bool, want func(int) int) {
+	t.Helper()
+	bad := map[string]int{}
+	for _, c := range calls {
+		if c.err != nil {
+			continue
+		}
+		if r, ok := regionOf(c, p, perRegionStores); ok && r != want(c.region) {
+			bad[fmt.Sprintf("%s of %s answered by %s", c.kind, faultnet.RegionName(c.region), faultnet.RegionName(r))]++
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("%s: calls answered in the wrong region: %v", what, bad)
+	}
+}
+
+// TestPerRegionStores: every region has its own KV segment store, witness-
+// free, its own lease and owners' buckets in its own cluster. Requests are
+// answered in their own region; a cut between regions for several leases
+// fails nothing anywhere (snowflake, plain and ordered tags); after the
+// heal nothing needs repair; with a region's workers stopped, its clients
+// are answered by another region. No ID twice across all regions; ordered
+// tags are linearizable within each region.
+func TestPerRegionStores(t *testing.T) {
+	p := runPlan()
+	w := newWorld(t, p)
+	for r := range p.regions {
+		// As `dispenser tags create --regions R --region r` does: record
+		// the region, then create the tags in the region's own store.
+		st, err := kv.New(t.Context(), w.js(r), kv.Settings{Bucket: kv.DefaultBucket + "_r" + fmt.Sprint(r), Cluster: faultnet.RegionName(r)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := segment.CheckRegions(t.Context(), st, segment.Regions{Count: p.regions, Region: r}); err != nil {
+			t.Fatal(err)
+		}
+		for _, tag := range []segment.Tag{{Name: "orders", Step: 50, MaxID: 1}, {Name: "ledger", Step: 50, MaxID: 1, Ordered: true}} {
+			if err := st.CreateTag(t.Context(), tag); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for r := range p.regions {
+		w.start(r, worker.Config{Region: worker.Region{Bits: p.regionBits, Count: p.regions}})
+	}
+	checkPlacement(t, w, []string{"dispenser_workers", "dispenser_segments", "dispenser_owners"})
+	l := startLoad(t, w, "segment", "ordered", "snowflake")
+
+	l.waitCalls(t, p.regions, "ordered", 20)
+	healthy := time.Now()
+	time.Sleep(p.phase)
+	cut := time.Now()
+	w.sc.CutRegion(0)
+	time.Sleep(p.cut)
+	healStart := time.Now()
+	w.sc.HealCuts(t)
+	healed := time.Now()
+	time.Sleep(p.phase)
+	l.waitCalls(t, p.regions, "ordered", 20)
+	down := time.Now()
+	w.stopRegion(1)
+	stopped := time.Now()
+	l.waitCalls(t, p.regions, "snowflake", 50)
+	l.waitCalls(t, p.regions, "segment", 50)
+	downEnd := time.Now()
+	l.halt()
+
+	all := l.between("", healthy, time.Now().Add(time.Hour))
+	requireNoFailures(t, "healthy", l.between("", healthy, cut))
+	requireNoFailures(t, "cut", l.between("", cut, healStart))
+	requireNoFailures(t, "healed", l.between("", healed, down))
+	checkAnsweredIn(t, "healthy, cut and healed", l.between("", healthy, down), p, true, func(r int) int { return r })
+	// Region 1's workers stop: its clients go to another region. Plain
+	// and snowflake requests in flight at the moment are answered by the
+	// closing workers (graceful shutdown). An ordered request that
+	// reached region 1's last worker as it handed the tag over finds no
+	// owner in its region and times out (a client's retry goes to
+	// another region); from the moment the workers are gone, none fails.
+	requireNoFailures(t, "region 1 stopping: plain and snowflake", append(l.between("segment", down, downEnd), l.between("snowflake", down, downEnd)...))
+	requireNoFailures(t, "region 1 stopped: ordered", l.between("ordered", stopped, downEnd))
+	after := l.between("", down.Add(time.Second), downEnd)
+	checkAnsweredIn(t, "region 1 stopped", after, p, true, func(r int) int {
+		if r == 1 {
+			return 0 // with three regions region 0 or 2 may answer; checked below
+		}
+		return r
+	})
+	for _, kind := range []string{"segment", "ordered", "snowflake"} {
+		n := checkUnique(t, all, kind)
+		t.Logf("%s: %d IDs, none twice", kind, n)
+	}
+	for r := range p.regions {
+		var mine []call
+		for _, c := range all {
+			if id, ok := regionOf(c, p, true); ok && id == r {
+				mine = append(mine, c)
+			}
+		}
+		checkLinearizable(t, mine, "ordered")
+	}
+	t.Logf("latency healthy:%s", latencies(l.between("", healthy, cut), p.regions))
+	t.Logf("latency cut:%s", latencies(l.between("", cut, healStart), p.regions))
+	t.Logf("latency with region 1 stopped:%s", latencies(after, p.regions))
+}
+
+// checkPlacement fails the test unless each region's bucket of every base
+// name lives in the region's own cluster.
+func checkPlacement(t *testing.T, w *world, bases []string) {
+	t.Helper()
+	for r := range w.p.regions {
+		js := w.js(r)
+		for _, base := range bases {
+			name := base + "_r" + fmt.Sprint(r)
+			s, err := js.Stream(t.Context(), "KV_"+name)
+			if err != nil {
+				t.Errorf("bucket %s: %v", name, err)
+				continue
+			}
+			if c := s.CachedInfo().Cluster; c == nil || c.Name != faultnet.RegionName(r) {
+				t.Errorf("bucket %s is in cluster %+v, want %s", name, c, faultnet.RegionName(r))
+			}
+		}
+	}
+}
+
+// TestSharedStore: one PostgreSQL for all regions, in region 0; region 1
+// reaches it through a link that the cut cuts too. Witnesses and lease
+// buckets are region-local, the owners' bucket is shared (in region 0).
+// Through a cut of several leases, region 0 fails nothing but ordered
+// requests while the ordered tag's lease moves (at most two leases), and
+// region 1 keeps serving plain segment IDs from buffers sized in time
+// (--buffer-time) and snowflake IDs from its own leases; its ordered
+// requests fail (their owner's bucket is across the cut). No ID twice;
+// the ordered tag stays linearizable across both regions.
+func TestSharedStore(t *testing.T) {
+	p := runPlan()
+	p.regions = 2
+	w := newWorld(t, p)
+	db := testdb.New(t, map[string]int64{"orders": 50, "ledger": 50}, "ledger")
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgLink := w.sc.Net.Link(t, "postgres-from-r1", u.Host)
+	pgLink.Latency(faultnet.Both, p.latency(0, 1), p.latency(0, 1)/10)
+	far := *u
+	far.Host = pgLink.Addr()
+	for r := range p.regions {
+		pg := pgstore.Postgres{URL: db.URL}
+		cfg := worker.Config{Region: worker.Region{Bits: p.regionBits}, Store: pg}
+		if r == 1 {
+			pg.URL = far.String()
+			cfg.Store = pg
+			// Ride out the cut from memory, with room to spare. The
+			// step is pinned small (as business numbers want), so that
+			// only the buffer time, not Leaf's growing step, holds the
+			// IDs for the cut.
+			cfg.Segment.BufferTime = 3 * p.cut
+			cfg.Segment.MaxStep = 50
+		}
+		w.start(r, cfg)
+	}
+	checkPlacement(t, w, []string{"dispenser_workers", "dispenser_witness"})
+	l := startLoad(t, w, "segment", "ordered", "snowflake")
+
+	l.waitCalls(t, p.regions, "ordered", 20)
+	healthy := time.Now()
+	// Let region 1's buffers grow to the buffer time at the load's rate.
+	time.Sleep(p.phase + 2*time.Second)
+	cut := time.Now()
+	w.sc.CutRegion(1)
+	pgLink.BlackHole(faultnet.Both)
+	time.Sleep(p.cut)
+	healStart := time.Now()
+	pgLink.Remove(faultnet.BlackHoleFault)
+	w.sc.HealCuts(t)
+	time.Sleep(p.phase)
+	l.waitCalls(t, p.regions, "ordered", 20)
+	l.halt()
+	end := time.Now()
+
+	all := l.between("", healthy, end)
+	requireNoFailures(t, "healthy", l.between("", healthy, cut))
+	during := l.between("", cut, healStart)
+	var plain, ordered0 []call
+	for _, c := range during {
+		switch {
+		case c.kind != "ordered":
+			plain = append(plain, c)
+		case c.region == 0 && c.start.After(cut.Add(2*p.lease+2*time.Second)):
+			ordered0 = append(ordered0, c)
+		}
+	}
+	requireNoFailures(t, "cut: plain segment and snowflake IDs in both regions", plain)
+	requireNoFailures(t, "cut: region 0's ordered requests once the lease moved", ordered0)
+	if n, _ := failures(l.between("ordered", cut.Add(p.lease+time.Second), healStart)); n[1] == 0 {
+		t.Errorf("region 1's ordered requests did not fail during the cut: the owner's bucket is across it")
+	}
+	checkAnsweredIn(t, "all", all, p, false, func(r int) int { return r })
+	for _, kind := range []string{"segment", "ordered", "snowflake"} {
+		n := checkUnique(t, all, kind)
+		t.Logf("%s: %d IDs, none twice", kind, n)
+	}
+	checkLinearizable(t, all, "ordered")
+	t.Logf("latency healthy:%s", latencies(l.between("segment", healthy, cut), p.regions))
+	t.Logf("latency cut (plain segment IDs):%s", latencies(l.between("segment", cut, healStart), p.regions))
+}

@@ -1,0 +1,103 @@
+package storetest
+
+import (
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// testRegions: a store records the region settings of per-region mode
+// once (segment.CheckRegions), refuses other settings, hides the record
+// from every listing, and refuses per-region mode when it already holds
+// tags handed out as one region.
+func testRegions(t *testing.T, c Config) {
+	s := newStore(t, c)
+	rs, ok := s.(segment.RegionStore)
+	if !ok {
+		t.Fatalf("%T is not a segment.RegionStore", s)
+	}
+	if _, found, err := rs.ReadRegions(ctx(t)); err != nil || found {
+		t.Fatalf("ReadRegions of a new store = found %v, %v; want nothing", found, err)
+	}
+	if err := segment.CheckRegions(ctx(t), rs, segment.Regions{}); err != nil {
+		t.Fatalf("CheckRegions(one region) = %v", err)
+	}
+	if _, found, _ := rs.ReadRegions(ctx(t)); found {
+		t.Fatal("CheckRegions(one region) recorded settings")
+	}
+	want := segment.Regions{Count: 3, Region: 1}
+	// Workers of one region starting together all pass; of two regions
+	// at most one does.
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		r := want
+		if i%2 == 1 {
+			r.Region = 2
+		}
+		wg.Go(func() { errs[i] = segment.CheckRegions(ctx(t), rs, r) })
+	}
+	wg.Wait()
+	won := map[int]bool{}
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			won[i%2] = true
+		case !errors.Is(err, segment.ErrRegionMismatch):
+			t.Errorf("CheckRegions %d: %v, want nil or ErrRegionMismatch", i, err)
+		}
+	}
+	if len(won) != 1 {
+		t.Fatalf("regions that passed: %v, want exactly one", won)
+	}
+	got, found, err := rs.ReadRegions(ctx(t))
+	if err != nil || !found {
+		t.Fatalf("ReadRegions = found %v, %v", found, err)
+	}
+	if won[1] {
+		want.Region = 2
+	}
+	if got != want {
+		t.Fatalf("ReadRegions = %+v, want %+v", got, want)
+	}
+	for _, tc := range []struct {
+		name string
+		r    segment.Regions
+		want error
+	}{
+		{"same", want, nil},
+		{"other region", segment.Regions{Count: 3, Region: (want.Region + 1) % 3}, segment.ErrRegionMismatch},
+		{"other count", segment.Regions{Count: 4, Region: want.Region}, segment.ErrRegionMismatch},
+		{"one region", segment.Regions{}, segment.ErrRegionMismatch},
+		{"invalid", segment.Regions{Count: 3, Region: 3}, segment.ErrInvalidArgument},
+	} {
+		if err := segment.CheckRegions(ctx(t), rs, tc.r); !errors.Is(err, tc.want) {
+			t.Errorf("%s: CheckRegions(%+v) = %v, want %v", tc.name, tc.r, err, tc.want)
+		}
+	}
+	if err := rs.CreateRegions(ctx(t), segment.Regions{Count: 2}); !errors.Is(err, segment.ErrTagExists) {
+		t.Errorf("CreateRegions over a record = %v, want ErrTagExists", err)
+	}
+	if names, err := s.Tags(ctx(t)); err != nil || len(names) != 0 {
+		t.Errorf("Tags lists %q (%v): the record is not a tag", names, err)
+	}
+	if cl, ok := s.(segment.ChangeLister); ok {
+		if changes, _, err := cl.Changes(ctx(t), 0); err != nil || len(changes) != 0 {
+			t.Errorf("Changes lists %v (%v): the record is not a tag", changes, err)
+		}
+	}
+
+	// A store that handed out IDs as one region is refused, and stays so.
+	old := newStore(t, c)
+	createTag(t, old, "orders", 10, 1)
+	before := snapshot(t, old)
+	if err := segment.CheckRegions(ctx(t), old.(segment.RegionStore), segment.Regions{Count: 2}); !errors.Is(err, segment.ErrRegionMismatch) {
+		t.Fatalf("CheckRegions on a store with tags = %v, want ErrRegionMismatch", err)
+	}
+	if _, found, _ := old.(segment.RegionStore).ReadRegions(ctx(t)); found {
+		t.Error("refused, but recorded")
+	}
+	checkUnchanged(t, old, before, "a refused CheckRegions")
+}
