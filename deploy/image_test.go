@@ -103,6 +103,7 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("image %d bytes (%.1f MiB), binary %d bytes", img.Size, float64(img.Size)/(1<<20), len(want))
 	// The binary and a few KB of metadata: a megabyte more means something
 	// else got in (the context, a base image).
 	if limit := int64(len(want)) + 1<<20; img.Size > limit {

@@ -16,7 +16,7 @@ func tool(tb testing.TB, program, debianPackage string) string {
 	tb.Helper()
 	p, err := exec.LookPath(program)
 	if err != nil {
-		tb.Fatalf("%s not found on PATH: install the Debian package %s (apt-get install --no-install-recommends %s; .ci/run does)", program, debianPackage, debianPackage)
+		tb.Fatalf("%s not found on PATH: install the Debian package %s (apt-get install --no-install-recommends %s; ./test.sh does)", program, debianPackage, debianPackage)
 	}
 	return p
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
@@ -37,8 +38,8 @@ func (fixedOwners) Stats() ownership.Stats { return ownership.Stats{} }
 
 // orderedService starts a Service with owners on a NATS server and a KV
 // store holding the ordered tag "seq", step 1000, from 1, and returns the
-// server and the Service; both stop in Cleanup.
-func orderedService(t *testing.T, owners ordered.Owners, maxBatch int) (*server.Server, *Service) {
+// server and the Service; both stop in Cleanup. opts edit the Config.
+func orderedService(t *testing.T, owners ordered.Owners, maxBatch int, opts ...func(*Config)) (*server.Server, *Service) {
 	t.Helper()
 	ns := testenv.NATS(t)
 	js, err := jetstream.New(testenv.Connect(t, ns))
@@ -57,8 +58,12 @@ func orderedService(t *testing.T, owners ordered.Owners, maxBatch int) (*server.
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := New(Config{Conn: testenv.Connect(t, ns), Segments: alloc, Owners: owners, OwnerSubject: "id.owner.a",
-		MaxBatch: maxBatch, Logger: slog.New(slog.DiscardHandler)})
+	cfg := Config{Conn: testenv.Connect(t, ns), Segments: alloc, Owners: owners, OwnerSubject: "id.owner.a",
+		MaxBatch: maxBatch, Logger: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	svc, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,5 +199,58 @@ func TestOwnerLostWhileTaking(t *testing.T) {
 	}
 	if !strings.HasPrefix(string(msg.Data), "_INBOX.lost 1 list") {
 		t.Fatalf("forwarded %q, want the request to _INBOX.lost", msg.Data)
+	}
+}
+
+// noOwners is an Owners under which an ordered tag has no owner and this
+// worker cannot claim it (another's lease has not run out yet).
+type noOwners struct{}
+
+func (noOwners) Owns(string) bool                      { return false }
+func (noOwners) Cached(string) (ownership.Route, bool) { return ownership.Route{}, false }
+func (noOwners) Route(context.Context, string) (ownership.Route, error) {
+	return ownership.Route{}, nil
+}
+func (noOwners) Claim(context.Context, string) (ownership.Route, error) {
+	return ownership.Route{}, nil
+}
+func (noOwners) Stats() ownership.Stats { return ownership.Stats{} }
+
+// TestNoOwnerCounted: a request for an ordered tag that has no owner
+// within the wait is answered 503 and counted in
+// dispenser_ordered_no_owner_total, the metric behind the alert
+// DispenserOrderedTagWithoutOwner; a request that is served is not.
+func TestNoOwnerCounted(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	ns, _ := orderedService(t, noOwners{}, 0, func(c *Config) { c.Registerer = reg })
+	nc := testenv.Connect(t, ns)
+	noOwner := func() float64 {
+		t.Helper()
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fams {
+			if f.GetName() == "dispenser_ordered_no_owner_total" && len(f.GetMetric()) == 1 {
+				return f.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		t.Fatal("no dispenser_ordered_no_owner_total on the registry")
+		return 0
+	}
+	if got := noOwner(); got != 0 {
+		t.Fatalf("before any request: %v, want 0", got)
+	}
+	for i := 1; i <= 2; i++ {
+		resp, err := nc.Request("id.segment.seq", nil, 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := resp.Header.Get(micro.ErrorCodeHeader); code != protocol.CodeUnavailable {
+			t.Fatalf("request %d: code %q %q, want %s", i, code, resp.Data, protocol.CodeUnavailable)
+		}
+		if got := noOwner(); got != float64(i) {
+			t.Fatalf("after %d requests without an owner: dispenser_ordered_no_owner_total %v, want %d", i, got, i)
+		}
 	}
 }

@@ -185,6 +185,7 @@ var (
 	ordHandovers = prometheus.NewDesc("dispenser_ordered_handovers_total", "Claims that took an ordered tag over from another worker.", nil, nil)
 	ordLosses    = prometheus.NewDesc("dispenser_ordered_losses_total", "Ordered tags this worker lost to another (not released).", nil, nil)
 	ordForwarded = prometheus.NewDesc("dispenser_ordered_forwarded_total", "Requests forwarded to the owner of their ordered tag.", nil, nil)
+	ordNoOwner   = prometheus.NewDesc("dispenser_ordered_no_owner_total", "Requests for ordered tags answered 503 because no worker owned their tag and this one could not claim it within the wait: the tag has no owner (its owner died and its lease has not run out yet, or JetStream is unreachable).", nil, nil)
 	ordDirect    = prometheus.NewDesc("dispenser_ordered_direct_total", "Requests on this worker's direct subject, by outcome: served as the owner of their ordered tag, or misdirected (421: not the owner).", []string{"outcome"}, nil)
 )
 
@@ -192,7 +193,7 @@ var (
 type ownersCollector struct{ s *Service }
 
 func (c ownersCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{ordOwned, ordClaims, ordHandovers, ordLosses, ordForwarded, ordDirect} {
+	for _, d := range []*prometheus.Desc{ordOwned, ordClaims, ordHandovers, ordLosses, ordForwarded, ordNoOwner, ordDirect} {
 		ch <- d
 	}
 }
@@ -208,6 +209,7 @@ func (c ownersCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(ordHandovers, prometheus.CounterValue, float64(st.Handovers))
 	ch <- prometheus.MustNewConstMetric(ordLosses, prometheus.CounterValue, float64(st.Losses))
 	ch <- prometheus.MustNewConstMetric(ordForwarded, prometheus.CounterValue, float64(st.Forwarded))
+	ch <- prometheus.MustNewConstMetric(ordNoOwner, prometheus.CounterValue, float64(st.NoOwner))
 	ch <- prometheus.MustNewConstMetric(ordDirect, prometheus.CounterValue, float64(st.Direct), "served")
 	ch <- prometheus.MustNewConstMetric(ordDirect, prometheus.CounterValue, float64(st.Misdirected), "misdirected")
 }

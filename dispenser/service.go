@@ -67,6 +67,10 @@ type Service struct {
 	// subject served as owner and refused (ordered.Stats), over every
 	// binding.
 	direct, misdirected atomic.Uint64
+	// noOwner counts the requests of ordered tags answered 503 because
+	// no owner was found within the wait (ordered.Stats), over every
+	// binding.
+	noOwner atomic.Uint64
 	// own are the subject prefixes no reply goes to (CheckReply).
 	own []string
 	// noReply and badReply count requests refused for their reply subject
@@ -244,7 +248,7 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be routed
 		b.ordered, err = ordered.New(ordered.Settings[replier]{Conn: nc, Allocator: cfg.Segments, Owners: cfg.Owners,
 			Subject: cfg.OwnerSubject, Direct: cfg.OwnerID, Prefix: cfg.Prefix, Replies: replies{s}, MaxBatch: cfg.MaxBatch, Logger: cfg.Logger,
-			Forwarded: &s.forwarded, DirectServed: &s.direct, Misdirected: &s.misdirected}, b.id)
+			Forwarded: &s.forwarded, DirectServed: &s.direct, Misdirected: &s.misdirected, NoOwner: &s.noOwner}, b.id)
 		if err != nil {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("dispenser: %w", err)

@@ -139,6 +139,10 @@ type Settings[R any] struct {
 	// subject served as owner, and refused with ErrNotOwner (Stats); nil:
 	// counters of the Tags' own, as for Forwarded.
 	DirectServed, Misdirected *atomic.Uint64
+	// NoOwner counts the requests answered ErrOwnershipMoving because no
+	// owner was found, nor could be claimed, within Wait (Stats); nil: a
+	// counter of the Tags' own, as for Forwarded.
+	NoOwner *atomic.Uint64
 }
 
 // ownerQueue is the queue group of the subscription to forwarded requests.
@@ -163,6 +167,7 @@ type Tags[R any] struct {
 	// subject served as owner, and refused with ErrNotOwner:
 	// Settings.DirectServed and Misdirected.
 	directServed, misdirected *atomic.Uint64
+	noOwner                   *atomic.Uint64 // requests that found no owner within Wait: Settings.NoOwner
 	parked                    sync.WaitGroup // requests waiting, and the forwarder
 }
 
@@ -190,6 +195,7 @@ func New[R any](s Settings[R], id string) (*Tags[R], error) {
 		t.forwarded = new(atomic.Uint64)
 	}
 	t.directServed, t.misdirected = cmp.Or(s.DirectServed, new(atomic.Uint64)), cmp.Or(s.Misdirected, new(atomic.Uint64))
+	t.noOwner = cmp.Or(s.NoOwner, new(atomic.Uint64))
 	t.fwd.ch = make(chan forwardItem, forwardBacklog)
 	t.fwd.stop = make(chan struct{})
 	var err error
@@ -255,11 +261,14 @@ type Stats struct {
 	// their tag.
 	Direct      uint64 `json:"direct"`
 	Misdirected uint64 `json:"misdirected"`
+	// NoOwner counts the requests answered 503 because their tag had no
+	// owner that this worker could find or become within the wait.
+	NoOwner uint64 `json:"no_owner"`
 }
 
 // Stats returns the ownership's stats and the requests forwarded.
 func (t *Tags[R]) Stats() Stats {
-	return Stats{t.cfg.Owners.Stats(), t.forwarded.Load(), t.directServed.Load(), t.misdirected.Load()}
+	return Stats{t.cfg.Owners.Stats(), t.forwarded.Load(), t.directServed.Load(), t.misdirected.Load(), t.noOwner.Load()}
 }
 
 // Serve serves a request for an ordered tag, on the handler's goroutine:
@@ -367,6 +376,7 @@ func (t *Tags[R]) route(r R, tag string) {
 		}
 		select {
 		case <-ctx.Done():
+			t.noOwner.Add(1)
 			t.cfg.Replies.Fail(r, fmt.Errorf("%w: %q has no owner within %v", ErrOwnershipMoving, tag, t.cfg.Wait))
 			return
 		case <-time.After(backoff):

@@ -210,11 +210,11 @@ func TestStatusPageOfWorker(t *testing.T) {
 
 // TestStatusPageInChromium: a real headless browser renders a running
 // worker's /status: its DOM has the tag's row, and it takes a screenshot.
-// Chromium is required (Debian package chromium; .ci/run installs it).
+// Chromium is required (Debian package chromium; ./test.sh installs it).
 func TestStatusPageInChromium(t *testing.T) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
-		t.Fatalf("chromium not found (%v): install the Debian package chromium (apt-get install --no-install-recommends chromium)", err)
+		t.Fatalf("chromium not found (%v): install the Debian package chromium (apt-get install --no-install-recommends chromium; ./test.sh does)", err)
 	}
 	_, url := statusWorker(t)
 	dir := t.TempDir()

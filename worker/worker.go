@@ -589,6 +589,21 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 	if err != nil {
 		return fmt.Errorf("--metrics-addr: %w", err)
 	}
+	// dispenser_ready mirrors /readyz for alerts and dashboards: 1 when a
+	// readiness check made at scrape time passes.
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "dispenser_ready",
+		Help: "1 when the worker is ready to serve (as /readyz: both NATS connections up, a valid snowflake lease, the store reachable or IDs in memory), else 0.",
+	}, func() float64 {
+		if w.ready(w.ctx) != nil {
+			return 0
+		}
+		return 1
+	})
+	if err := reg.Register(ready); err != nil {
+		ln.Close()
+		return fmt.Errorf("registering dispenser_ready: %w", err)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
