@@ -91,6 +91,12 @@ type Settings struct {
 	// v×Regions.Count + Regions.Region. The store must record the same
 	// settings (CheckRegions). Default: one region, IDs are the values.
 	Regions Regions
+	// Verify, if set, is called before a fetch until it first returns
+	// nil; until then every fetch fails with its error, and nothing is
+	// fetched. A worker that could not check its store's region settings
+	// at start-up (the store was down) checks them here, before the
+	// first segment it would serve.
+	Verify func(ctx context.Context) error
 }
 
 // Dynamic step thresholds, as in Leaf: a segment that lasted less than
@@ -182,7 +188,10 @@ type Allocator struct {
 	ready  atomic.Bool   // the tag list has been loaded once
 	loaded chan struct{} // closed when ready turns true
 	// regions maps store values to this region's IDs (Settings.Regions).
-	regions  Regions
+	regions Regions
+	// verify is Settings.Verify; verified is set once it returned nil.
+	verify   func(ctx context.Context) error
+	verified atomic.Bool
 	released atomic.Uint64 // idle tags dropped
 
 	// tags maps tag names to the buffers of the tags in use.
@@ -288,6 +297,7 @@ func New(s Settings) (*Allocator, error) {
 		orderedSeen:     make(map[string]time.Time),
 		loaded:          make(chan struct{}),
 		regions:         s.Regions,
+		verify:          s.Verify,
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	a.tags = newTagMap()

@@ -229,7 +229,7 @@ func (b *buffer) load() {
 		// instead of skipping all of it (at most FetchTimeout).
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), a.fetchTimeout)
 		start := time.Now()
-		alloc, err := a.store.Fetch(ctx, b.tag, size)
+		alloc, err := a.fetch(ctx, b.tag, size)
 		latency := time.Since(start)
 		cancel()
 		if err == nil && (alloc.Start < 1 || alloc.End <= alloc.Start || alloc.TagStep < 1) {

@@ -134,3 +134,14 @@ func CheckRegions(ctx context.Context, store RegionStore, r Regions) error {
 		}
 	}
 }
+
+// fetch fetches from the store once Settings.Verify has passed.
+func (a *Allocator) fetch(ctx context.Context, tag string, size int64) (Allocation, error) {
+	if a.verify != nil && !a.verified.Load() {
+		if err := a.verify(ctx); err != nil {
+			return Allocation{}, err
+		}
+		a.verified.Store(true)
+	}
+	return a.store.Fetch(ctx, tag, size)
+}

@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"context"
 	"errors"
 	"math"
 	"slices"
@@ -144,5 +145,40 @@ func TestBufferTime(t *testing.T) {
 	}
 	if largest < 300 {
 		t.Fatalf("largest fetch %d IDs (fetches %v), want at least 300: 30 s at 10 IDs a second", largest, st.fetches)
+	}
+}
+
+// TestVerifyBeforeFirstFetch: nothing is fetched until Verify passes; its
+// error fails the requests meanwhile; once it passed it is not called
+// again. (With fetch not calling Verify, the first Take succeeds while
+// Verify fails.)
+func TestVerifyBeforeFirstFetch(t *testing.T) {
+	st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 10})
+	var mu sync.Mutex // protects verifyErr, calls
+	verifyErr, calls := error(ErrRegionMismatch), 0
+	a := newAllocator(t, Settings{Store: st, MaxWait: 20 * time.Millisecond, ColdWait: 20 * time.Millisecond, MaxStep: 10,
+		Verify: func(context.Context) error { mu.Lock(); defer mu.Unlock(); calls++; return verifyErr }})
+	_, err := a.Take(t.Context(), "orders", 1, nil)
+	if !errors.Is(err, ErrRegionMismatch) {
+		t.Fatalf("Take while Verify fails = %v, want its error", err)
+	}
+	if n := st.fetchCount("orders"); n != 0 {
+		t.Fatalf("%d fetches while Verify fails, want none", n)
+	}
+	mu.Lock()
+	verifyErr = nil
+	mu.Unlock()
+	eventually(t, "a Take once Verify passes", func() bool {
+		_, err := a.Take(t.Context(), "orders", 1, nil)
+		return err == nil
+	})
+	mu.Lock()
+	before := calls
+	mu.Unlock()
+	take(t, a, "orders", 25) // more fetches
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != before {
+		t.Fatalf("Verify called %d more times after it passed, want none", calls-before)
 	}
 }

@@ -320,7 +320,8 @@ func (w *Worker) start(ctx context.Context) error {
 	if w.store, err = cfg.Store.OpenStore(ctx, js, env); err != nil {
 		return err
 	}
-	if err := w.checkRegions(ctx); err != nil {
+	verify, err := w.checkRegions(ctx)
+	if err != nil {
 		return err
 	}
 	st := cfg.Segment
@@ -328,6 +329,7 @@ func (w *Worker) start(ctx context.Context) error {
 	st.Logger = w.log
 	st.OnFetch = nil
 	st.Regions = cfg.Region.Segments()
+	st.Verify = verify
 	if reg != nil {
 		st.OnFetch = fetchHistogram(reg)
 	}
@@ -412,17 +414,33 @@ func (w *Worker) start(ctx context.Context) error {
 
 // checkRegions makes sure the store serves the worker's region settings
 // (segment.CheckRegions): a store per region records its region, and a
-// worker of another region, or without regions, is refused.
-func (w *Worker) checkRegions(ctx context.Context) error {
+// worker of another region, or without regions, is refused. A store that
+// cannot be reached now is not an error (a worker starts while its
+// database is down): the returned func checks before the allocator's
+// first fetch (segment.Settings.Verify); nil if the check passed.
+func (w *Worker) checkRegions(ctx context.Context) (verify func(context.Context) error, err error) {
 	r := w.cfg.Region.Segments()
 	rs, ok := w.store.Admin.(segment.RegionStore)
 	if !ok {
 		if r.Count > 1 {
-			return fmt.Errorf("%w: --regions: the store %s cannot record its region", ErrConfig, w.store.Name)
+			return nil, fmt.Errorf("%w: --regions: the store %s cannot record its region", ErrConfig, w.store.Name)
 		}
-		return nil
+		return nil, nil
 	}
-	return segment.CheckRegions(ctx, rs, r)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err = segment.CheckRegions(cctx, rs, r)
+	if err == nil || errors.Is(err, segment.ErrRegionMismatch) || errors.Is(err, segment.ErrInvalidArgument) {
+		return nil, err
+	}
+	w.log.Warn("cannot check the store's region settings now; starting anyway: the first fetch checks them", "err", err)
+	return func(ctx context.Context) error {
+		err := segment.CheckRegions(ctx, rs, r)
+		if errors.Is(err, segment.ErrRegionMismatch) {
+			w.log.Error("the store belongs to another region: no segment is fetched from it", "err", err)
+		}
+		return err
+	}, nil
 }
 
 // openOwners opens the ownership leases of ordered tags, wired to the
