@@ -44,12 +44,18 @@ func newPeerSetup(t *testing.T) *peerSetup {
 // New's error. store is a name, or a name and an ID: "name|id".
 func (p *peerSetup) start(t *testing.T, store, group string) error {
 	store, id, _ := strings.Cut(store, "|")
+	return p.startWith(t, dispenser.Config{Store: store, StoreID: id, QueueGroup: group})
+}
+
+// startWith starts a worker with cfg's store, queue group and region over
+// the setup's store and server; it returns New's error.
+func (p *peerSetup) startWith(t *testing.T, cfg dispenser.Config) error {
 	alloc, err := segment.New(segment.Settings{Store: p.store, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
 	}
-	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, p.ns), Segments: alloc, Store: store, StoreID: id,
-		QueueGroup: group, PeerCheck: 150 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	cfg.Conn, cfg.Segments, cfg.PeerCheck, cfg.Logger = testenv.Connect(t, p.ns), alloc, 150*time.Millisecond, slog.New(slog.DiscardHandler)
+	svc, err := dispenser.New(cfg)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -166,21 +172,7 @@ func TestPeersOfRegions(t *testing.T) {
 			p := newPeerSetup(t)
 			var errs []error
 			for _, pr := range []peer{tt.first, tt.next} {
-				alloc, err := segment.New(segment.Settings{Store: p.store, Logger: slog.New(slog.DiscardHandler)})
-				if err != nil {
-					t.Fatal(err)
-				}
-				svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, p.ns), Segments: alloc, Store: pr.store, StoreID: pr.id,
-					Region: pr.region, PeerCheck: 150 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-				t.Cleanup(func() {
-					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-					defer cancel()
-					if svc != nil {
-						_ = svc.Stop(ctx)
-					}
-					_ = alloc.Close(ctx)
-				})
-				errs = append(errs, err)
+				errs = append(errs, p.startWith(t, dispenser.Config{Store: pr.store, StoreID: pr.id, Region: pr.region}))
 			}
 			if errs[0] != nil {
 				t.Fatalf("the first worker was refused: %v", errs[0])

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/segment/witness"
 )
 
 // A StoreOpener opens the segment store a worker allocates from: KV (the
@@ -115,4 +116,40 @@ func BucketIdentity(ctx context.Context, js jetstream.JetStream, bucket string) 
 		return bucket + "@" + bs.StreamInfo().Created.UTC().Format(time.RFC3339Nano), nil
 	}
 	return bucket, nil
+}
+
+// Witness puts the failover witness (package segment/witness) in front of
+// st, a database's store whose Store is inner, as a StoreOpener of a
+// database does: it registers the rollback counter, opens the witness
+// bucket (the region's own for a region-aware worker, so that a fetch
+// never waits on another region: docs/regions.md) and adds the bucket's
+// identity to st's Name and ID. bucket and replicas are the
+// --witness-bucket and --witness-replicas flags.
+func (env StoreEnv) Witness(ctx context.Context, js jetstream.JetStream, st *Store, inner witness.Raiser, bucket string, replicas int) error {
+	rollbacks := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "dispenser_segment_rollbacks_total",
+		Help: "Fetches that found the segment store behind the witness (lost writes: failover, restored backup, max_id lowered by hand).",
+	})
+	if env.Registerer != nil {
+		env.Registerer.MustRegister(rollbacks)
+	}
+	w, err := witness.Open(ctx, js, inner, witness.Settings{
+		Bucket:     env.Region.Name(bucket, witness.DefaultBucket, env.Region.On()),
+		Cluster:    env.Cluster,
+		Replicas:   replicas,
+		Logger:     env.Logger,
+		OnRollback: func(string, int64, int64) { rollbacks.Inc() },
+	})
+	if err != nil {
+		return err
+	}
+	name, err := BucketIdentity(ctx, js, w.Bucket())
+	if err != nil {
+		return err
+	}
+	st.Store, st.Name = w, st.Name+" witness:"+name
+	if st.ID != "" {
+		st.ID += " witness:" + name
+	}
+	return nil
 }

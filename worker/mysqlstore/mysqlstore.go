@@ -13,10 +13,8 @@ import (
 
 	driver "github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/segment/mysql"
-	"github.com/dispenser-dev/dispenser/segment/witness"
 	"github.com/dispenser-dev/dispenser/worker"
 )
 
@@ -95,29 +93,9 @@ func (m MySQL) OpenStore(ctx context.Context, js jetstream.JetStream, env worker
 		env.Logger.Warn("--witness=false: a failover of MySQL to a replica that missed writes, or a restored backup, can hand out IDs twice")
 		return st, nil
 	}
-	rollbacks := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "dispenser_segment_rollbacks_total",
-		Help: "Fetches that found the segment store behind the witness (lost writes: failover, restored backup, max_id lowered by hand).",
-	})
-	if env.Registerer != nil {
-		env.Registerer.MustRegister(rollbacks)
-	}
-	// A region-aware worker's witness is its region's own (docs/regions.md).
-	w, err := witness.Open(ctx, js, my, witness.Settings{
-		Bucket:     env.Region.Name(m.WitnessBucket, witness.DefaultBucket, env.Region.On()),
-		Cluster:    env.Cluster,
-		Replicas:   m.WitnessReplicas,
-		Logger:     env.Logger,
-		OnRollback: func(string, int64, int64) { rollbacks.Inc() },
-	})
-	if err != nil {
+	if err := env.Witness(ctx, js, st, my, m.WitnessBucket, m.WitnessReplicas); err != nil {
 		return nil, err
 	}
-	name, err := worker.BucketIdentity(ctx, js, w.Bucket())
-	if err != nil {
-		return nil, err
-	}
-	st.Store, st.Name = w, st.Name+" witness:"+name
 	return st, nil
 }
 

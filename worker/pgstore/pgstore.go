@@ -13,11 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
-	"github.com/dispenser-dev/dispenser/segment/witness"
 	"github.com/dispenser-dev/dispenser/worker"
 )
 
@@ -103,32 +101,8 @@ func (p Postgres) OpenStore(ctx context.Context, js jetstream.JetStream, env wor
 		env.Logger.Warn("--witness=false: a failover of PostgreSQL to a replica that missed writes, or a restored backup, can hand out IDs twice")
 		return st, nil
 	}
-	rollbacks := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "dispenser_segment_rollbacks_total",
-		Help: "Fetches that found the segment store behind the witness (lost writes: failover, restored backup, max_id lowered by hand).",
-	})
-	if env.Registerer != nil {
-		env.Registerer.MustRegister(rollbacks)
-	}
-	// A region-aware worker's witness is its region's own, so that a
-	// fetch never waits on another region (docs/regions.md).
-	w, err := witness.Open(ctx, js, pg, witness.Settings{
-		Bucket:     env.Region.Name(p.WitnessBucket, witness.DefaultBucket, env.Region.On()),
-		Cluster:    env.Cluster,
-		Replicas:   p.WitnessReplicas,
-		Logger:     env.Logger,
-		OnRollback: func(string, int64, int64) { rollbacks.Inc() },
-	})
-	if err != nil {
+	if err := env.Witness(ctx, js, st, pg, p.WitnessBucket, p.WitnessReplicas); err != nil {
 		return nil, err
-	}
-	name, err := worker.BucketIdentity(ctx, js, w.Bucket())
-	if err != nil {
-		return nil, err
-	}
-	st.Store, st.Name = w, st.Name+" witness:"+name
-	if st.ID != "" {
-		st.ID += " witness:" + name
 	}
 	return st, nil
 }
