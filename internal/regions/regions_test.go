@@ -45,7 +45,7 @@ func runPlan() plan {
 			latency: func(i, j int) time.Duration { return time.Duration(30+25*(i+j-1)) * time.Millisecond }} // 30, 55, 80 ms
 	}
 	// A light load: go test -race ./... runs other packages beside.
-	return plan{regions: 2, lease: 2 * time.Second, cut: 8 * time.Second, phase: 2 * time.Second, regionBits: 1, pause: 10 * time.Millisecond,
+	return plan{regions: 2, lease: 2 * time.Second, cut: 6 * time.Second, phase: 2 * time.Second, regionBits: 1, pause: 10 * time.Millisecond,
 		latency: func(int, int) time.Duration { return 30 * time.Millisecond }}
 }
 
