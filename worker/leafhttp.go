@@ -32,7 +32,9 @@ func (w *Worker) serveLeaf(nopts NATS) error {
 		return err
 	}
 	w.leafNC = nc
-	c, err := client.New(nc, client.WithPrefix(w.cfg.Prefix))
+	// WithoutDirect: the connection needs permission to publish to
+	// <prefix>.segment.> only, not to the owners' direct subjects.
+	c, err := client.New(nc, client.WithPrefix(w.cfg.Prefix), client.WithoutDirect())
 	if err != nil {
 		ln.Close()
 		return err
@@ -84,9 +86,8 @@ func (w *Worker) classify(err error) (code, desc string) {
 
 // leafOrdered takes IDs of ordered tags for Leaf's HTTP API as any client
 // does: a request on <prefix>.segment.<tag>, which the queue group's
-// worker forwards to the tag's owner (or the owner's direct subject, once
-// a reply named it), so that the IDs are linearizably increasing as for
-// every requester.
+// worker forwards to the tag's owner, so that the IDs are linearizably
+// increasing as for every requester.
 type leafOrdered struct{ c *client.Client }
 
 func (o leafOrdered) Take(ctx context.Context, tag string, n int) ([]segment.Run, error) {
