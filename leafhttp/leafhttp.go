@@ -139,12 +139,11 @@ func New(s Settings) (*Handler, error) {
 	}
 	h := &Handler{s: s, mux: http.NewServeMux(), rows: make(chan struct{}, 1)}
 	h.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
-	// {key...}: an empty key, or one with slashes, reaches the handler
-	// and gets its 400 in Leaf's shape rather than the mux's 404.
-	h.mux.HandleFunc("/api/segment/get/{key...}", h.serveSegment)
+	// The ID paths are served by ServeHTTP itself: everything below
+	// their prefixes, so that an empty key, or one with slashes, gets its
+	// 400 in Leaf's shape rather than the mux's 404.
 	h.mux.HandleFunc("/cache", h.serveCache)
 	if s.Snowflake != nil {
-		h.mux.HandleFunc("/api/snowflake/get/{key...}", h.serveSnowflake)
 		h.mux.HandleFunc("/decodeSnowflakeId", h.serveDecode)
 	}
 	if s.Rows != nil {
@@ -153,8 +152,25 @@ func New(s Settings) (*Handler, error) {
 	return h, nil
 }
 
-// ServeHTTP implements http.Handler.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+// Path prefixes of the ID paths.
+const (
+	segmentPrefix   = "/api/segment/get/"
+	snowflakePrefix = "/api/snowflake/get/"
+)
+
+// ServeHTTP implements http.Handler. The ID paths are matched before the
+// mux, which costs them a pattern match and the path value's copy.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if key, ok := strings.CutPrefix(r.URL.Path, segmentPrefix); ok {
+		h.serveSegment(w, r, key)
+		return
+	}
+	if _, ok := strings.CutPrefix(r.URL.Path, snowflakePrefix); ok && h.s.Snowflake != nil {
+		h.serveSnowflake(w, r)
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
 
 // idMethod reports whether r's method may take IDs; it answers 405 if not.
 // A HEAD request would take an ID and drop it with the body.
@@ -204,11 +220,10 @@ func parseQuery(r *http.Request) (map[string][]string, error) {
 }
 
 // serveSegment serves /api/segment/get/{key}: Leaf's LeafController.
-func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag string) {
 	if !idMethod(w, r) {
 		return
 	}
-	tag := r.PathValue("key")
 	n, format, err := h.params(r)
 	if err == nil && !protocol.ValidTag(tag) {
 		err = fmt.Errorf("%w %q: want %s", segment.ErrInvalidTag, truncate(tag, 64), protocol.TagRule)
@@ -232,7 +247,8 @@ func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, segmentPath, err)
 			return
 		}
-		h.write(w, func(b []byte) []byte { return num.Append(b, runs) })
+		bp := h.bufs.Get().(*[]byte)
+		h.write(w, bp, num.Append((*bp)[:0], runs))
 		return
 	}
 	runs, err := h.s.Segments.Take(ctx, tag, n, arr[:0])
@@ -243,7 +259,8 @@ func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, segmentPath, err)
 		return
 	}
-	h.write(w, func(b []byte) []byte { return protocol.AppendRuns(b, format, runs) })
+	bp := h.bufs.Get().(*[]byte)
+	h.write(w, bp, protocol.AppendRuns((*bp)[:0], format, runs))
 }
 
 // serveSnowflake serves /api/snowflake/get/{key}; the key is ignored, as
@@ -265,23 +282,20 @@ func (h *Handler) serveSnowflake(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, snowflakePath, err)
 		return
 	}
-	h.write(w, func(b []byte) []byte {
-		if format == protocol.FormatRange {
-			return protocol.AppendRanges(b, protocol.Runs(nil, ids))
-		}
-		return protocol.AppendIDs(b, ids)
-	})
+	bp := h.bufs.Get().(*[]byte)
+	if format == protocol.FormatRange {
+		h.write(w, bp, protocol.AppendRanges((*bp)[:0], protocol.Runs(nil, ids)))
+	} else {
+		h.write(w, bp, protocol.AppendIDs((*bp)[:0], ids))
+	}
 }
 
-// write answers 200 with the body fill appends, from a pooled buffer.
-// IDs must never come from a cache: Cache-Control: no-store.
-func (h *Handler) write(w http.ResponseWriter, fill func([]byte) []byte) {
-	bp := h.bufs.Get().(*[]byte)
-	b := fill((*bp)[:0])
+// write answers 200 with b, appended to the pooled buffer bp, which it
+// puts back. IDs must never come from a cache: Cache-Control: no-store.
+func (h *Handler) write(w http.ResponseWriter, bp *[]byte, b []byte) {
 	hd := w.Header()
 	hd["Content-Type"] = textPlain
 	hd["Cache-Control"] = noStore
-	hd["Content-Length"] = []string{strconv.Itoa(len(b))}
 	if _, err := w.Write(b); err != nil {
 		h.s.Logger.Debug("leafhttp: writing IDs", "err", err)
 	}
