@@ -146,7 +146,7 @@ func (r replier) header() micro.Headers {
 }
 
 func (r replier) fail(err error) {
-	code, desc := r.s.classify(err)
+	code, desc := r.s.Classify(err)
 	r.s.metrics.observe(r.endpoint, r.tag, code, 0, r.start)
 	var perr error
 	switch {
@@ -168,11 +168,15 @@ func (r replier) fail(err error) {
 	}
 }
 
-// classify maps an error to a reply code and description. 400 and 404
+// Classify maps an error of the allocator, the snowflake generator, the
+// ordered tags or the protocol's parsers to the reply code of the wire
+// protocol (protocol.CodeBadRequest, …) and a description for the
+// requester: the one mapping from errors to codes, which the NATS
+// endpoints and Leaf's HTTP API (package leafhttp) share. 400 and 404
 // describe the request; 503 and 500 say what happened without the store's
 // or the network's details (addresses, users, databases), which go to the
 // log instead.
-func (s *Service) classify(err error) (code, desc string) {
+func (s *Service) Classify(err error) (code, desc string) {
 	switch {
 	case errors.Is(err, protocol.ErrBadCount), errors.Is(err, protocol.ErrBadHeader), errors.Is(err, protocol.ErrBadSubject),
 		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),

@@ -2,7 +2,6 @@ package worker
 
 import (
 	_ "embed"
-	"html/template"
 	"io"
 	"net/http"
 	"runtime/debug"
@@ -10,19 +9,21 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dispenser-dev/dispenser/internal/htmlpage"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
 // StatusTagLimit is the most tags, and owned ordered tags, the status
-// page lists: a worker may hold 100,000 tags.
-const StatusTagLimit = 200
+// page lists: a worker may hold 100,000 tags. Leaf's views /cache and /db
+// (package leafhttp) list as many.
+const StatusTagLimit = htmlpage.TagLimit
 
 //go:embed status.html
 var statusHTML string
 
-var statusTemplate = template.Must(template.New("status").Parse(statusHTML))
+var statusTemplate = htmlpage.Parse("status", statusHTML)
 
 // Status is what the status page (GET /status on Config.MetricsAddr)
 // shows.
@@ -64,16 +65,10 @@ func (s *Status) Render(w io.Writer) error {
 // limit cuts the tag lists to StatusTagLimit and counts what it cut.
 func (s *Status) limit() {
 	s.TotalTags = len(s.Tags)
-	if len(s.Tags) > StatusTagLimit {
-		s.MoreTags = len(s.Tags) - StatusTagLimit
-		s.Tags = s.Tags[:StatusTagLimit]
-	}
+	s.Tags, s.MoreTags = htmlpage.Cut(s.Tags, StatusTagLimit)
 	if s.Ordered != nil {
 		s.OwnedTotal = len(s.Ordered.Owned)
-		if len(s.Ordered.Owned) > StatusTagLimit {
-			s.MoreOwned = len(s.Ordered.Owned) - StatusTagLimit
-			s.Ordered.Owned = s.Ordered.Owned[:StatusTagLimit]
-		}
+		s.Ordered.Owned, s.MoreOwned = htmlpage.Cut(s.Ordered.Owned, StatusTagLimit)
 	}
 }
 

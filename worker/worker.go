@@ -114,6 +114,13 @@ type Config struct {
 	MetricsAddr string
 	MetricsTags []string
 
+	// HTTPAddr, if not empty, serves Meituan Leaf's HTTP API there
+	// (--http-addr): /api/segment/get/{key}, /api/snowflake/get/{key},
+	// /decodeSnowflakeId, /cache and /db, from the same allocator and
+	// snowflake generator as the NATS endpoints (package leafhttp).
+	// Default empty: off.
+	HTTPAddr string
+
 	// ShutdownTimeout bounds Close (--shutdown-timeout). Default 10 s.
 	ShutdownTimeout time.Duration
 }
@@ -233,6 +240,10 @@ type Worker struct {
 	http      *http.Server         // metrics and health; nil without MetricsAddr
 	httpAddr  string               // the metrics server's address
 	httpDone  chan struct{}        // closed when the metrics server's goroutine returns
+	leaf      *http.Server         // Leaf's HTTP API; nil without HTTPAddr
+	leafAddr  string               // its address
+	leafDone  chan struct{}        // closed when its goroutine returns
+	leafNC    *nats.Conn           // its requests for ordered tags; nil without HTTPAddr
 
 	closeOnce sync.Once
 	closeErr  error // Close's result; written once under closeOnce
@@ -396,6 +407,11 @@ func (w *Worker) start(ctx context.Context) error {
 	w.connMu.Lock()
 	w.movable = w.svc
 	w.connMu.Unlock()
+	if cfg.HTTPAddr != "" {
+		if err := w.serveLeaf(nopts); err != nil {
+			return err
+		}
+	}
 	if reg != nil {
 		w.reg = reg
 		if err := w.serveHTTP(reg); err != nil {
@@ -539,7 +555,8 @@ func (w *Worker) SegmentStats() []segment.TagStats {
 	return w.alloc.Stats()
 }
 
-// Close shuts the worker down in order: the metrics server, the ordered
+// Close shuts the worker down in order: the metrics server, Leaf's HTTP
+// API, the ordered
 // tags' leases (handed over at once), the service (answering requests in
 // flight), the allocator (giving segments back), the snowflake lease, then
 // the store, the connections and the embedded nats-server. It waits at
@@ -557,6 +574,14 @@ func (w *Worker) close() error {
 	if w.http != nil {
 		errs = append(errs, w.http.Shutdown(ctx))
 		<-w.httpDone
+	}
+	if w.leaf != nil {
+		// Requests in flight are answered first; none comes after.
+		errs = append(errs, w.leaf.Shutdown(ctx))
+		<-w.leafDone
+	}
+	if w.leafNC != nil {
+		w.leafNC.Close()
 	}
 	w.cancel() // a move in progress stops waiting
 	w.connMu.Lock()

@@ -46,6 +46,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return nil
 	})
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "address for /metrics, /healthz, /readyz and the status page /status (off when empty), e.g. 127.0.0.1:9090")
+	fs.StringVar(&c.HTTPAddr, "http-addr", "", "address for Meituan Leaf's HTTP API: /api/segment/get/{key}, /api/snowflake/get/{key}, /decodeSnowflakeId, /cache, /db (off when empty), e.g. 127.0.0.1:8080")
 	fs.StringVar(&pg.URL, "postgres-url", "", "PostgreSQL URL of the segment store (table leaf_alloc); empty keeps segments in a JetStream KV bucket")
 	fs.StringVar(&my.DSN, "mysql-url", "", "MySQL/MariaDB DSN of the segment store, as go-sql-driver writes it (user:password@tcp(host:3306)/dbname), on Leaf's own table leaf_alloc, which Leaf servers may keep using; not with --postgres-url")
 	fs.BoolVar(&pg.Migrate, "migrate", false, "apply the database migrations before serving (PostgreSQL; MySQL: create the missing tables)")

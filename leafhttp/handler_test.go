@@ -1,0 +1,136 @@
+package leafhttp_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/dispenser-dev/dispenser/leafhttp"
+	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/segment"
+)
+
+// fakeSegments fails every Take with err and shows stats. A fake of the
+// package's own interface: unit tests only.
+type fakeSegments struct {
+	err   error
+	ready bool
+	stats []segment.TagStats
+}
+
+func (f *fakeSegments) Take(context.Context, string, int, []segment.Run) ([]segment.Run, error) {
+	return nil, f.err
+}
+
+func (f *fakeSegments) TakeNowNumbered(string, int, []segment.Run) ([]segment.Run, segment.Numbering, *segment.Pending, error) {
+	return nil, segment.Numbering{}, nil, f.err
+}
+func (f *fakeSegments) Stats() []segment.TagStats { return f.stats }
+func (f *fakeSegments) Ready() bool               { return f.ready }
+
+// codeError carries the reply code a fake Classify gives it.
+type codeError struct{ code string }
+
+func (e codeError) Error() string { return "failed with " + e.code }
+
+func classifyCode(err error) (string, string) {
+	var ce codeError
+	if errors.As(err, &ce) {
+		return ce.code, ce.Error()
+	}
+	return protocol.CodeInternal, "internal error"
+}
+
+func newHandler(tb testing.TB, f *fakeSegments) *leafhttp.Handler {
+	tb.Helper()
+	h, err := leafhttp.New(leafhttp.Settings{Segments: f, Classify: classifyCode})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return h
+}
+
+// TestErrorMapping: each reply code of Classify answers its HTTP status
+// and the Leaf code of the documented table (docs/leaf-http.md); a 503
+// before the tag list loaded is Leaf's -1, "not initialised".
+func TestErrorMapping(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		code   string
+		ready  bool
+		status int
+		leaf   int
+	}{
+		{"bad request", protocol.CodeBadRequest, true, 400, -2},
+		{"unknown tag", protocol.CodeNotFound, true, 404, -2},
+		{"exhausted", protocol.CodeGone, true, 410, -3},
+		{"unavailable", protocol.CodeUnavailable, true, 503, -3},
+		{"unavailable before the tag list loaded", protocol.CodeUnavailable, false, 503, -1},
+		{"internal", protocol.CodeInternal, true, 500, -3},
+		{"a code outside the table", "418", true, 418, -3},
+		{"not a code", "x", true, 500, -3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHandler(t, &fakeSegments{err: codeError{tt.code}, ready: tt.ready})
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/segment/get/orders", nil))
+			if rec.Code != tt.status {
+				t.Errorf("status %d, want %d", rec.Code, tt.status)
+			}
+			e := leafError(t, rec.Body.String())
+			if e.Code != tt.leaf || e.Status != tt.status || e.Path != "/api/segment/get/orders" || e.Description != (codeError{tt.code}).Error() {
+				t.Errorf("body %+v: want Leaf code %d, status %d, the path and the description", e, tt.leaf, tt.status)
+			}
+		})
+	}
+}
+
+// TestCacheEscapes: /cache's HTML escapes what it shows and lists at most
+// the status page's limit of tags, saying how many more there are.
+func TestCacheEscapes(t *testing.T) {
+	hostile := `<script>alert("x")</script>`
+	stats := []segment.TagStats{{Tag: hostile}, {Tag: "a=20261124", Current: &segment.SegmentStats{Start: 1, Cursor: 2, End: 11, Step: 10}}}
+	for range 300 {
+		stats = append(stats, segment.TagStats{Tag: "t"})
+	}
+	h := newHandler(t, &fakeSegments{ready: true, stats: stats})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/cache", nil))
+	page := rec.Body.String()
+	for _, want := range []string{`&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;`,
+		`<td class="name">a=20261124</td><td>true</td><td>false</td><td>0</td><td>2</td><td>11</td><td>10</td>`,
+		"302 tags in memory; the first 200 by name", "… and 102 more tags not shown"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("/cache lacks %q", want)
+		}
+	}
+	if strings.Contains(page, hostile) {
+		t.Errorf("/cache shows %q unescaped", hostile)
+	}
+	if got := rec.Header().Get(leafhttp.TotalHeader); got != "302" {
+		t.Errorf("%s %q, want 302", leafhttp.TotalHeader, got)
+	}
+}
+
+// TestNewRefusesBadSettings: Settings that cannot work are refused with
+// ErrConfig.
+func TestNewRefusesBadSettings(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		s    leafhttp.Settings
+	}{
+		{"no segments", leafhttp.Settings{Classify: classifyCode}},
+		{"no classify", leafhttp.Settings{Segments: &fakeSegments{}}},
+		{"max batch too large", leafhttp.Settings{Segments: &fakeSegments{}, Classify: classifyCode, MaxBatch: protocol.MaxCount + 1}},
+		{"negative max batch", leafhttp.Settings{Segments: &fakeSegments{}, Classify: classifyCode, MaxBatch: -1}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := leafhttp.New(tt.s); !errors.Is(err, leafhttp.ErrConfig) {
+				t.Errorf("err = %v, want %v", err, leafhttp.ErrConfig)
+			}
+		})
+	}
+}
