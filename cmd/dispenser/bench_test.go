@@ -43,6 +43,7 @@ func testMain(m *testing.M) int {
 // few hundred milliseconds, every ID checked. It fails on errors and
 // duplicates, never on speed.
 func TestBenchSmoke(t *testing.T) {
+	t.Parallel() // one of the package's slow tests: they run beside each other
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var out, errOut bytes.Buffer
@@ -135,6 +136,7 @@ func TestBenchDeployment(t *testing.T) {
 // step runs, the burst run, the ordered run and the tags run with tags
 // created in bulk.
 func TestBenchPostgres(t *testing.T) {
+	t.Parallel() // one of the package's slow tests: they run beside each other
 	url := testenv.Postgres(t)
 	var out bytes.Buffer
 	err := run(context.Background(), []string{"bench", "--postgres-url", url, "--modes", "sequential,step,burst,ordered,tags",

@@ -23,6 +23,7 @@ import (
 // may fail meanwhile (what can no longer be served safely must fail); they
 // must never be answered with an ID already handed out.
 func TestOperatorMistakes(t *testing.T) {
+	t.Parallel() // one of the package's slow tests: they run beside each other
 	tests := []struct {
 		name  string
 		store string // "kv" or "postgres"

@@ -125,6 +125,7 @@ func mustRun(t *testing.T, args ...string) string {
 // permissions violation, and the worker listens on nothing a requester
 // could use to administer tags.
 func TestLeastPrivilegePermissions(t *testing.T) {
+	t.Parallel() // one of the package's slow tests: they run beside each other
 	for _, store := range []string{"postgres", "kv"} {
 		t.Run(store, func(t *testing.T) { testLeastPrivilege(t, store) })
 	}

@@ -383,6 +383,7 @@ func checkAnsweredIn(t *testing.T, what string, calls []call, p plan, perRegionS
 // are answered by another region. No ID twice across all regions; ordered
 // tags are linearizable within each region.
 func TestPerRegionStores(t *testing.T) {
+	t.Parallel()
 	p := runPlan()
 	w := newWorld(t, p)
 	for r := range p.regions {
@@ -494,6 +495,7 @@ func checkPlacement(t *testing.T, w *world, bases []string) {
 // requests fail (their owner's bucket is across the cut). No ID twice;
 // the ordered tag stays linearizable across both regions.
 func TestSharedStore(t *testing.T) {
+	t.Parallel()
 	p := runPlan()
 	p.regions = 2
 	w := newWorld(t, p)
