@@ -143,7 +143,33 @@ func TestMinorityPartitionMajorityKeepsIssuing(t *testing.T) {
 	for i := range c.Servers {
 		c.WaitRoutes(t, i, 2)
 	}
-	c.WaitHealthy(t) // so that the workers' releases in Cleanup land
+	c.WaitHealthy(t)
+	// The workers' releases in Cleanup must land: wait for the event
+	// itself, a write to the lease bucket answered through every server
+	// (a healthy cluster still left a release unanswered, "no response
+	// from stream", right after the heal).
+	for i := range c.Servers {
+		js, err := jetstream.New(testenv.Connect(t, c.Servers[i]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			kv, err := js.KeyValue(ctx, DefaultBucket)
+			if err == nil {
+				_, err = kv.Put(ctx, "probe", nil)
+			}
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the lease bucket takes no write through n%d 30 s after the heal: %v", i, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 	for i, d := range renewed {
 		t.Logf("n%d's worker renewed its lease %v after the isolation", i, d)
 	}
