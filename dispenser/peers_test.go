@@ -94,7 +94,7 @@ func TestPeerOfAnotherStoreRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel() // each case on a server of its own
+			t.Parallel()           // each case on a server of its own
 			for round := range 5 { // starting together is a race: run it a few times
 				p := newPeerSetup(t)
 				group := fmt.Sprintf("g%d", round)
