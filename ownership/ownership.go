@@ -222,7 +222,7 @@ type Leases struct {
 	// hbFailStreak counts heartbeat rounds failed in a row (heartbeatFailed).
 	hbFailStreak atomic.Uint64
 
-	mu sync.Mutex // protects owned, routes, failed and closed
+	mu sync.Mutex // protects owned, routes, failed, reread and closed
 	// owned holds the leases this worker holds, valid or not.
 	owned map[string]*held
 	// routes caches, per tag, the newest key value read or written.
@@ -230,8 +230,16 @@ type Leases struct {
 	// failed holds, per tag, the error of its last claim and until when
 	// (monotonic) Claim returns it again without I/O.
 	failed map[string]failure
+	// reread holds, per tag, when (monotonic) Claim last read a key that
+	// the cache said was settled (rereadEvery).
+	reread map[string]time.Duration
 	closed bool
 }
+
+// rereadEvery spaces Claim's reads of a key the cache says is settled: the
+// cache may be stale after a watcher was lost, and a storm of claims must
+// not read the key once each.
+const rereadEvery = 250 * time.Millisecond
 
 type failure struct {
 	until time.Duration
@@ -306,6 +314,7 @@ func start(ctx context.Context, kv jetstream.KeyValue, s Settings) (*Leases, err
 	l := &Leases{
 		kv: kv, cfg: s, terms: terms, log: s.Logger.With("bucket", kv.Bucket()), session: rand.Text(), stream: stream,
 		done: make(chan struct{}), owned: map[string]*held{}, routes: map[string]seen{}, failed: map[string]failure{},
+		reread: map[string]time.Duration{},
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	// Watch before serving, so that no change after Open is missed.
@@ -584,7 +593,28 @@ func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 		return Route{}, f.err
 	}
 	if known && l.settled(s, now) {
-		return Route{}, nil
+		// The watcher brings every change of the key, but one that
+		// the server lost (a restart) comes back only seconds later
+		// and misses what happened meanwhile, such as a takeover: read
+		// the key again (at most every rereadEvery) rather than wait on
+		// a cache that may be stale.
+		l.mu.Lock()
+		last, read := l.reread[tag]
+		due := !read || mono-last >= rereadEvery
+		if due {
+			l.reread[tag] = mono
+		}
+		l.mu.Unlock()
+		if !due {
+			return Route{}, nil
+		}
+		fresh, err := l.read(ctx, tag)
+		if err != nil {
+			return Route{}, err
+		}
+		if rt := l.routeOf(fresh); rt.Subject != "" || l.settled(fresh, now) {
+			return rt, nil
+		}
 	}
 	ch := l.flights.DoChan("claim "+tag, func() (any, error) {
 		rt, err := l.claim(tag)

@@ -625,3 +625,37 @@ func TestUnansweredClaimRetried(t *testing.T) {
 		})
 	}
 }
+
+// TestClaimReadsAStaleCache: a worker whose watcher missed a takeover (a
+// watcher the server lost in a restart comes back seconds later, without
+// what happened meanwhile) finds the new owner when it asks Claim, instead
+// of waiting on its cache until the request's time runs out. (With Claim
+// trusting a settled cache, it answers "no owner, wait" until the cache
+// changes: the chaos test's ordered requests timed out after a nats-server
+// restart and a takeover, seed 1795683191234249145.)
+func TestClaimReadsAStaleCache(t *testing.T) {
+	kv := newBucket(t)
+	a := newWorker(t, kv, "a", 0)
+	b := newWorker(t, kv, "b", 0)
+	c := newWorker(t, kv, "c", 0)
+	claim(t, a, "orders") // a dies: no heartbeat, no release
+	waitFor(t, "b sees a's lease", func() bool { r, ok := b.Cached("orders"); return ok && r.Owner == "a" })
+	b.mu.Lock()
+	stale := b.routes["orders"]
+	b.mu.Unlock()
+	c.clock.Add(10*time.Second + time.Millisecond) // a's lease claimable for c
+	if r := claim(t, c, "orders"); !r.Self {
+		t.Fatalf("c's claim once claimable: %+v, want Self", r)
+	}
+	// By b's clock a's lease has expired but is not claimable yet: b's
+	// cache says "settled, wait". Its watcher saw c's takeover; undo that,
+	// as a watcher lost in a restart would have missed it.
+	b.clock.Add(6 * time.Second)
+	waitFor(t, "b's watcher sees c's takeover", func() bool { r, ok := b.Cached("orders"); return ok && r.Owner == "c" })
+	b.mu.Lock()
+	b.routes["orders"] = stale
+	b.mu.Unlock()
+	if r := claim(t, b, "orders"); r.Owner != "c" {
+		t.Fatalf("b's Claim with a stale cache = %+v, want the route to c", r)
+	}
+}
