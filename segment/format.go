@@ -23,9 +23,11 @@ const (
 // digits; a number longer than N keeps all its digits, it never wraps).
 //
 // A format never changes uniqueness: everything before the number is the
-// same for all numbers of one period and has the same length in every
-// period, and differs between periods (ParseFormat checks), so a formatted
-// string names one period and one number.
+// same for all numbers of one period, has the same length in every period,
+// and differs between any two periods of years 0000 to 9999, in every time
+// zone (ParseFormat proves it: checkDateLayout), so a formatted string
+// names one period and one number. ApplyUpdate keeps it true across
+// changes of the tag's settings (formatChange).
 type Format struct {
 	template string
 	before   []part // everything before {seq}
@@ -96,6 +98,9 @@ func ParseFormat(template string, r Reset, loc *time.Location) (*Format, error) 
 			if err := checkLiteral(arg); err != nil {
 				return nil, bad("{date:%s}: %v", arg, err)
 			}
+			if err := checkDateLayout(arg, r); err != nil {
+				return nil, bad("{date:%s}: %v", arg, err)
+			}
 			dates++
 			f.before = append(f.before, part{text: arg, date: true})
 		default:
@@ -109,11 +114,6 @@ func ParseFormat(template string, r Reset, loc *time.Location) (*Format, error) 
 		return nil, bad("{date} more than once")
 	case r != ResetNone && dates == 0:
 		return nil, bad("a tag with a reset period needs {date:LAYOUT}: without it, the numbers of two periods would read alike")
-	}
-	if r != ResetNone {
-		if err := f.checkPeriods(); err != nil {
-			return nil, bad("%v", err)
-		}
 	}
 	f.headLen = len(f.Head(time.Date(2026, 1, 1, 0, 0, 0, 0, loc)))
 	if f.headLen+max(f.width, 19) > MaxFormatted {
@@ -129,29 +129,6 @@ func checkLiteral(s string) error {
 		if c := s[i]; c <= ' ' || c > '~' || c == '{' || c == '}' || c == '\\' {
 			return fmt.Errorf("character %q: want printable ASCII without space, braces or backslash", c)
 		}
-	}
-	return nil
-}
-
-// checkPeriods checks that the head (all before {seq}) has the same length
-// in every period and differs between any two periods of the next 800 days
-// (or months, years): a layout without the year, month or day that its
-// reset period needs would print two periods alike.
-func (f *Format) checkPeriods() error {
-	seen := map[string]time.Time{}
-	p := f.reset.PeriodAt(time.Date(2026, 1, 1, 12, 0, 0, 0, f.loc), f.loc)
-	width := -1
-	for range 800 {
-		h := f.Head(p.Start)
-		if width >= 0 && len(h) != width {
-			return fmt.Errorf("the date is %d bytes in one period and %d in another: want a fixed width (such as 01 and 02, not 1 and 2)", width, len(h))
-		}
-		width = len(h)
-		if prev, ok := seen[h]; ok {
-			return fmt.Errorf("periods starting %s and %s both print %q: the date layout must tell every %s apart", prev.Format(time.DateOnly), p.Start.Format(time.DateOnly), h, f.reset)
-		}
-		seen[h] = p.Start
-		p = f.reset.PeriodAt(p.End, f.loc)
 	}
 	return nil
 }

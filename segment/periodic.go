@@ -17,9 +17,13 @@ var ErrNoFormat = fmt.Errorf("%w: the tag has no format (dispenser tags update T
 // buffer is in the tag map and never changes; a change of the settings
 // drops the buffer (apply), so that the next request looks the tag up.
 type tagSpec struct {
-	reset  Reset
-	loc    *time.Location
-	format *Format
+	reset    Reset
+	loc      *time.Location
+	template string  // Tag.Format as stored
+	format   *Format // nil: no format, or one this worker cannot prove (formatErr)
+	// formatErr refuses formatted numbers of a tag whose stored format
+	// ParseFormat refuses (written by an older version: see newSpec).
+	formatErr error
 	// head is the format's Head of a tag without a reset period (no date:
 	// the same for every number).
 	head string
@@ -38,15 +42,32 @@ type periodState struct {
 // newSpec returns the spec of t, nil for a tag without reset period or
 // format (most tags). A tag whose settings do not pass CheckPeriodic (a
 // store changed by hand) is an error.
+//
+// A stored format that ParseFormat refuses is not: it was written by an
+// older version, which checked less (issue 34: {date:Mon0102} repeats
+// after six years, {date:2006-01-_2} prints a space). A format changes
+// how numbers are written, never which numbers are handed out, so the
+// tag's plain numbers are served as before, and its formatted numbers are
+// refused (formatErr) rather than printed in a text this worker cannot
+// prove unique. The way out is a new tag with an accepted format: the
+// format of a tag can only be changed in the width of {seq}
+// (ApplyUpdate).
 func newSpec(t Tag) (*tagSpec, error) {
 	if t.Reset == ResetNone && t.Format == "" && t.TimeZone == "" {
 		return nil, nil
 	}
-	p, err := CheckPeriodic(t)
+	unformatted := t
+	unformatted.Format = ""
+	p, err := CheckPeriodic(unformatted)
 	if err != nil {
 		return nil, err
 	}
-	s := &tagSpec{reset: p.Reset, loc: p.Location, format: p.Format}
+	s := &tagSpec{reset: p.Reset, loc: p.Location, template: t.Format}
+	if t.Format != "" {
+		if s.format, err = ParseFormat(t.Format, p.Reset, p.Location); err != nil {
+			s.formatErr = fmt.Errorf("%w; its formatted numbers are refused (its plain ones are served): create a new tag with a format that tags create accepts", err)
+		}
+	}
 	if s.format != nil && s.reset == ResetNone {
 		s.head = s.format.Head(time.Time{})
 	}
@@ -58,11 +79,7 @@ func (s *tagSpec) same(t Tag) bool {
 	if s == nil {
 		return t.Reset == ResetNone && t.Format == "" && t.TimeZone == ""
 	}
-	f := ""
-	if s.format != nil {
-		f = s.format.String()
-	}
-	return s.reset == t.Reset && f == t.Format && s.loc.String() == cmpOr(t.TimeZone, "UTC")
+	return s.reset == t.Reset && s.template == t.Format && s.loc.String() == cmpOr(t.TimeZone, "UTC")
 }
 
 func cmpOr(a, b string) string {
@@ -120,6 +137,9 @@ func (n Numbering) Valid() bool { return n.format != nil }
 // numbering returns the numbering of a take from b (the tag's buffer, not a
 // period's) in period ps (nil: a tag without periods), or ErrNoFormat.
 func numbering(b *buffer, ps *periodState) (Numbering, error) {
+	if b.spec != nil && b.spec.formatErr != nil {
+		return Numbering{}, fmt.Errorf("tag %q: %w", b.tag, b.spec.formatErr)
+	}
 	if b.spec == nil || b.spec.format == nil {
 		return Numbering{}, fmt.Errorf("%w: %q", ErrNoFormat, b.tag)
 	}

@@ -2,6 +2,7 @@ package segment
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -76,6 +77,7 @@ func PeriodExpired(end, now time.Time, days int) bool {
 // ErrInvalidArgument (or ErrInvalidTag); step and description are checked
 // by CheckTagFields.
 func ApplyUpdate(t Tag, u TagUpdate) (Tag, error) {
+	oldFormat := t.Format
 	if u.Step != nil {
 		t.Step = *u.Step
 	}
@@ -108,6 +110,57 @@ func ApplyUpdate(t Tag, u TagUpdate) (Tag, error) {
 	if err != nil {
 		return Tag{}, err
 	}
+	if err := formatChange(oldFormat, t.Format); err != nil {
+		return Tag{}, fmt.Errorf("%q: %w", t.Name, err)
+	}
 	t.Reset = p.Reset
 	return t, nil
+}
+
+// formatChange checks a change of a tag's format from old to format: a
+// format, once set, keeps everything before {seq} for good; only the
+// width of {seq} may change. Errors wrap ErrInvalidArgument.
+//
+// Why: numbers already handed out were written in the old format, and the
+// store does not remember which texts those were, nor which formats a tag
+// has had. Two formats whose heads (the text before {seq}) differ can
+// write two numbers alike: ORD-{seq} writes 115 as ORD-115, and
+// ORD-1{seq} writes 15 the same way; D{date:20060102}{seq} writes 5 of
+// 2026-01-01 as D202601015, and D{date:2006002}{seq} writes 15 of
+// 2026-01-10 the same way. Only a format whose head is the old one's is
+// proven disjoint from it:
+// a head names one period in every format of the tag (ParseFormat), and
+// the digits after it read as one number whatever the zero padding, a
+// number its period's row hands out once. A removed format is refused
+// too, since a format set later would have no old one to be checked
+// against. A format set on a tag without one is free: no formatted number
+// of it was handed out (a format removed by a version before this check
+// is the one case it cannot see).
+//
+// The reset period and the time zone need no rule here: a reset period,
+// once set, never changes (ApplyUpdate), and a date layout prints the
+// period's date and nothing of the time of day or the zone
+// (checkDateLayout), so after a change of time zone every period's head
+// is what it was: the head of the period keyed YYYYMMDD, whose row is
+// named by the same key.
+func formatChange(old, format string) error {
+	if old == "" || format == old {
+		return nil
+	}
+	if format == "" {
+		return fmt.Errorf("%w: format %s cannot be removed: numbers were handed out in it, and a format set later could write others alike; create a new tag for numbers without it", ErrInvalidArgument, old)
+	}
+	if formatHead(format) != formatHead(old) {
+		return fmt.Errorf("%w: format %s cannot be changed to %s: numbers were handed out in the old format, and the new one could write other numbers alike (ORD-{seq} writes 115 as ORD-115, and so does ORD-1{seq} with 15); only the width of {seq} may change: create a new tag for another format", ErrInvalidArgument, old, format)
+	}
+	return nil
+}
+
+// formatHead returns the template's text before its {seq} (which comes
+// last).
+func formatHead(template string) string {
+	if i := strings.LastIndex(template, "{seq"); i >= 0 {
+		return template[:i]
+	}
+	return template
 }

@@ -35,8 +35,11 @@ func TestPeriodicTagCommands(t *testing.T) {
 		{name: "reset changed", args: []string{"update", "orders", "--reset", "month", "--format", "M{date:200601}{seq}"}, wantErr: "cannot be changed"},
 		{name: "reset removed", args: []string{"update", "plain", "--reset", "none"}, wantErr: "cannot be changed"},
 		{name: "format without date", args: []string{"update", "orders", "--format", "{seq}"}, wantErr: "needs {date:LAYOUT}"},
-		{name: "time zone and format", args: []string{"update", "orders", "--time-zone", "", "--format", ""},
-			want: `time zone "", format ""`, state: state{"orders": "day|UTC|7d|", "plain": "month|UTC|40d|"}},
+		{name: "format removed", args: []string{"update", "orders", "--format", ""}, wantErr: "cannot be removed"},
+		{name: "format changed", args: []string{"update", "orders", "--format", "INV{date:20060102}{seq:6}"}, wantErr: "create a new tag"},
+		{name: "two-digit year", args: []string{"update", "orders", "--format", "ORD{date:060102}{seq:6}"}, wantErr: "use the four-digit year 2006"},
+		{name: "time zone and width of seq", args: []string{"update", "orders", "--time-zone", "", "--format", "ORD{date:20060102}{seq:8}"},
+			want: `time zone "", format "ORD{date:20060102}{seq:8}"`, state: state{"orders": "day|UTC|7d|ORD{date:20060102}{seq:8}", "plain": "month|UTC|40d|"}},
 		{name: "period name", args: []string{"update", "orders=20260101", "--retention-days", "3"}, wantErr: "invalid tag"},
 	}
 	for _, st := range stores {

@@ -1,0 +1,169 @@
+package segment
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestParseFormatProvesDates: a date layout is accepted only if what it
+// prints names its period for all time: the year (2006, never 06) and,
+// for a daily tag, the month and day (or the day of the year), at one
+// width, in printable ASCII without space, and nothing that depends on
+// the time of day or the time zone. Checked on what the layout prints over
+// a 400-year Gregorian cycle, not on the layout's text.
+func TestParseFormatProvesDates(t *testing.T) {
+	tests := []struct {
+		name     string
+		template string
+		reset    Reset
+		wantErr  error  // nil: accepted
+		wantMsg  string // in the error
+	}{
+		{name: "YYYYMMDD", template: "ORD-{date:20060102}-{seq:6}", reset: ResetDay},
+		{name: "day of the year", template: "ORD-{date:2006002}-{seq:6}", reset: ResetDay},
+		{name: "month name", template: "INV-{date:Jan2006}-{seq:5}", reset: ResetMonth},
+		{name: "month name in a daily date", template: "{date:02Jan2006}{seq}", reset: ResetDay},
+		{name: "weekday beside year, month and day", template: "{date:2006-01-02-Mon}-{seq}", reset: ResetDay},
+		{name: "year", template: "Y{date:2006}-{seq}", reset: ResetYear},
+		{name: "underscore before the year is a literal", template: "Y{date:_2006}-{seq}", reset: ResetYear},
+		{name: "month of a monthly tag", template: "M{date:200601}{seq}", reset: ResetMonth},
+		{name: "a daily date on a monthly tag", template: "M{date:20060102}{seq}", reset: ResetMonth},
+
+		{name: "weekday instead of year (issue 34)", template: "ORD-{date:Mon0102}-{seq:4}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "no year", template: "{date:0102}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "month name without year", template: "{date:Jan}{seq}", reset: ResetMonth, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "no day on a daily tag", template: "{date:200601}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "no month on a monthly tag", template: "{date:2006}{seq}", reset: ResetMonth, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "two-digit year", template: "{date:060102}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "two-digit year"},
+		{name: "two-digit year and weekday (unique in a 400-year cycle only)", template: "{date:Mon060102}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "two-digit year"},
+		{name: "two-digit year on a yearly tag", template: "{date:06}{seq}", reset: ResetYear, wantErr: ErrInvalidArgument, wantMsg: "two-digit year"},
+		{name: "day padded with a space (issue 34)", template: "ORD-{date:2006-01-_2}-{seq:4}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "space"},
+		{name: "day of the year padded with spaces", template: "{date:2006__2}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "space"},
+		{name: "unpadded month and day", template: "{date:2006-1-2}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "width"},
+		{name: "long month name", template: "{date:January2006}{seq}", reset: ResetMonth, wantErr: ErrInvalidArgument, wantMsg: "width"},
+		{name: "long weekday name", template: "{date:20060102Monday}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "width"},
+		{name: "hour", template: "{date:2006010215}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time of day"},
+		{name: "minute", template: "{date:20060102-04}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time of day"},
+		{name: "AM or PM", template: "{date:20060102PM}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time of day"},
+		{name: "fractional seconds", template: "{date:20060102.000}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time of day"},
+		{name: "zone abbreviation", template: "{date:20060102MST}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time zone"},
+		{name: "zone offset", template: "{date:20060102-0700}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time zone"},
+		{name: "ISO 8601 zone", template: "{date:20060102Z07:00}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time zone"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, zone := range []string{"UTC", "America/New_York", "Asia/Kolkata"} {
+				_, err := ParseFormat(tt.template, tt.reset, mustLoc(t, zone))
+				if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
+					t.Fatalf("ParseFormat(%q, %s, %s) = %v, want %v", tt.template, tt.reset, zone, err, tt.wantErr)
+				}
+				if err != nil && !strings.Contains(err.Error(), tt.wantMsg) {
+					t.Errorf("ParseFormat(%q, %s, %s) = %q, want it to say %q", tt.template, tt.reset, zone, err, tt.wantMsg)
+				}
+			}
+		})
+	}
+}
+
+// TestWeekdayLayoutRepeats: what issue 34 saw: Mon0102 names 2026-01-01
+// and 2032-01-01 alike, both Thursdays, so a daily tag restarting at its
+// start would hand out ORD-Thu0101-0001 twice.
+func TestWeekdayLayoutRepeats(t *testing.T) {
+	a := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Format("ORD-Mon0102-")
+	b := time.Date(2032, 1, 1, 0, 0, 0, 0, time.UTC).Format("ORD-Mon0102-")
+	if a != b || a != "ORD-Thu0101-" {
+		t.Fatalf("2026-01-01 prints %q and 2032-01-01 %q, want both ORD-Thu0101-", a, b)
+	}
+	if _, err := ParseFormat("ORD-{date:Mon0102}-{seq:4}", ResetDay, time.UTC); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("ParseFormat of a layout that prints them alike = %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestFormatChange: a tag's format, once set, keeps the text before {seq}
+// for good; only the width of {seq} may change. Numbers already handed out
+// were written in the old format, and a new head could write others
+// alike; a removed format would let any format be set later.
+func TestFormatChange(t *testing.T) {
+	plain := Tag{Name: "orders", Step: 10, MaxID: 1, Format: "ORD-{seq}"}
+	daily := Tag{Name: "orders", Step: 10, MaxID: 1, Reset: ResetDay, Format: "D{date:20060102}{seq}"}
+	tests := []struct {
+		name    string
+		tag     Tag
+		u       TagUpdate
+		wantErr error // nil: accepted
+	}{
+		{name: "first format", tag: Tag{Name: "orders", Step: 10, MaxID: 1}, u: TagUpdate{Format: ptr("ORD-{seq}")}},
+		{name: "same format again", tag: plain, u: TagUpdate{Format: ptr("ORD-{seq}")}},
+		{name: "width of seq", tag: plain, u: TagUpdate{Format: ptr("ORD-{seq:8}")}},
+		{name: "width of seq of a daily tag", tag: daily, u: TagUpdate{Format: ptr("D{date:20060102}{seq:6}")}},
+		{name: "time zone of a formatted daily tag", tag: daily, u: TagUpdate{TimeZone: ptr("Asia/Shanghai")}},
+		{name: "prefix grown", tag: plain, u: TagUpdate{Format: ptr("ORD-1{seq}")}, wantErr: ErrInvalidArgument},
+		{name: "another prefix", tag: plain, u: TagUpdate{Format: ptr("INV-{seq}")}, wantErr: ErrInvalidArgument},
+		{name: "format removed", tag: plain, u: TagUpdate{Format: ptr("")}, wantErr: ErrInvalidArgument},
+		{name: "date layout changed", tag: daily, u: TagUpdate{Format: ptr("D{date:2006002}{seq}")}, wantErr: ErrInvalidArgument},
+		{name: "reset set on a formatted tag", tag: plain, u: TagUpdate{Reset: ptr(ResetDay), Format: ptr("ORD-{date:20060102}-{seq}")}, wantErr: ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ApplyUpdate(tt.tag, tt.u)
+			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
+				t.Fatalf("ApplyUpdate of %q = %v, want %v", tt.tag.Format, err, tt.wantErr)
+			}
+			if err == nil && tt.u.Format != nil && got.Format != *tt.u.Format {
+				t.Errorf("format %q, want %q", got.Format, *tt.u.Format)
+			}
+		})
+	}
+}
+
+// TestFormatChangesThatRepeat: the changes TestFormatChange refuses do
+// write two numbers alike: 115 in ORD-{seq} and 15 in ORD-1{seq}; 5 of
+// 2026-01-01 in D{date:20060102}{seq} and 15 of 2026-01-10 in
+// D{date:2006002}{seq}.
+func TestFormatChangesThatRepeat(t *testing.T) {
+	write := func(template string, r Reset, day time.Time, seq int64) string {
+		t.Helper()
+		f, err := ParseFormat(template, r, time.UTC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(f.AppendNumber(nil, f.Head(day), seq))
+	}
+	var none time.Time
+	if a, b := write("ORD-{seq}", ResetNone, none, 115), write("ORD-1{seq}", ResetNone, none, 15); a != b {
+		t.Errorf("ORD-{seq} writes 115 as %q, ORD-1{seq} 15 as %q: want them alike", a, b)
+	}
+	jan1, jan10 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 1, 10, 0, 0, 0, 0, time.UTC)
+	if a, b := write("D{date:20060102}{seq}", ResetDay, jan1, 5), write("D{date:2006002}{seq}", ResetDay, jan10, 15); a != b {
+		t.Errorf("5 of 2026-01-01 is %q, 15 of 2026-01-10 %q: want them alike", a, b)
+	}
+}
+
+// TestStoredUnprovableFormat: a tag stored by an older version with a
+// format this one refuses serves its plain numbers and refuses formatted
+// ones, instead of printing ORD-Thu0101-0001 again six years later.
+func TestStoredUnprovableFormat(t *testing.T) {
+	st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 10, Reset: ResetDay, Format: "ORD-{date:Mon0102}-{seq:4}"})
+	c := &clock{now: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)}
+	a := newAllocator(t, Settings{Store: st, Now: c.Now, MaxWait: time.Minute})
+	if got := take(t, a, "orders", 1); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("plain: %v, want [1]", got)
+	}
+	runs, num, p, err := a.TakeNowNumbered("orders", 1, nil)
+	if err == nil && p != nil {
+		runs, err = p.Wait(context.Background())
+		num = p.Numbering()
+	}
+	if !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("formatted: %q, %v; want ErrInvalidArgument", num.Append(nil, runs), err)
+	}
+	if !strings.Contains(err.Error(), "create a new tag") {
+		t.Errorf("error %q does not say what to do", err)
+	}
+	if got := take(t, a, "orders", 1); len(got) != 1 || got[0] != 2 {
+		t.Errorf("plain after the refusal: %v, want [2] (nothing taken by it)", got)
+	}
+}
