@@ -3,6 +3,8 @@ package segment
 import (
 	"context"
 	"errors"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -165,5 +167,64 @@ func TestStoredUnprovableFormat(t *testing.T) {
 	}
 	if got := take(t, a, "orders", 1); len(got) != 1 || got[0] != 2 {
 		t.Errorf("plain after the refusal: %v, want [2] (nothing taken by it)", got)
+	}
+}
+
+// TestDocumentedFormats: the templates of docs/business-numbers.md, in its
+// table of examples (accepted or refused, for a reset period) and in its
+// commands (--format with --reset), are what ParseFormat says.
+func TestDocumentedFormats(t *testing.T) {
+	doc, err := os.ReadFile("../docs/business-numbers.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	row := regexp.MustCompile("^\\| `([^`]+)` \\| (day|month|year|none) \\| (accepted|refused)")
+	for line := range strings.Lines(string(doc)) {
+		m := row.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		rows++
+		r, err := ParseReset(m[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ParseFormat(m[1], r, time.UTC)
+		if accepted := m[3] == "accepted"; accepted != (err == nil) {
+			t.Errorf("the doc says %s with reset %s is %s; ParseFormat: %v", m[1], m[2], m[3], err)
+		}
+		if err != nil && !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: %v is not ErrInvalidArgument", m[1], err)
+		}
+	}
+	if rows < 10 {
+		t.Errorf("%d rows of examples in the doc, want the table of formats", rows)
+	}
+	// Commands: a "dispenser tags ..." with its continuation lines.
+	cmds := 0
+	command := regexp.MustCompile(`dispenser tags (?:create|update)(?:[^\n]*\\\n)*[^\n]*`)
+	formatFlag := regexp.MustCompile(`--format '([^']+)'`)
+	resetFlag := regexp.MustCompile(`--reset (\w+)`)
+	for _, c := range command.FindAllString(string(doc), -1) {
+		f := formatFlag.FindStringSubmatch(c)
+		if f == nil {
+			continue
+		}
+		cmds++
+		reset := "none"
+		if m := resetFlag.FindStringSubmatch(c); m != nil {
+			reset = m[1]
+		}
+		r, err := ParseReset(reset)
+		if err != nil {
+			t.Fatalf("%s: %v", c, err)
+		}
+		if _, err := ParseFormat(f[1], r, time.UTC); err != nil {
+			t.Errorf("the doc's command %q: %v", c, err)
+		}
+	}
+	if cmds == 0 {
+		t.Error("no command with --format in the doc")
 	}
 }

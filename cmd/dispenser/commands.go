@@ -227,7 +227,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	periodicFlags := func(what string) {
 		fs.StringVar(&reset, "reset", "none", what+"reset period: day, month or year (numbers start again from --start every period, each period a row of its own), or none; once set it cannot change")
 		fs.StringVar(&timeZone, "time-zone", "", what+"IANA time zone the periods are counted in, e.g. Asia/Shanghai (empty: UTC)")
-		fs.StringVar(&format, "format", "", what+"number format, e.g. ORD-{date:20060102}-{seq:6} ({date:LAYOUT} required with a reset period; empty: none)")
+		fs.StringVar(&format, "format", "", what+"number format, e.g. ORD-{date:20060102}-{seq:6} ({date:LAYOUT} required with a reset period; once set, only the width of {seq} may change; docs/business-numbers.md)")
 		fs.IntVar(&retention, "retention-days", 0, fmt.Sprintf("%sdays a period's row is kept after the period ended, 1..%d (0: %d)", what, segment.MaxRetentionDays, segment.DefaultRetentionDays))
 	}
 	switch sub {
