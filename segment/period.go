@@ -202,6 +202,9 @@ func CheckPeriodic(t Tag) (Periodic, error) {
 	if p.RetentionDays == 0 {
 		p.RetentionDays = DefaultRetentionDays
 	}
+	if err := checkZoneOffset(p.Location); err != nil {
+		return Periodic{}, fmt.Errorf("%q: %w", t.Name, err)
+	}
 	if len(t.Name) > MaxPeriodicTag {
 		return Periodic{}, fmt.Errorf("%w %q: a tag with a reset period has at most %d characters", ErrInvalidTag, t.Name, MaxPeriodicTag)
 	}

@@ -3,6 +3,7 @@ package segment
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -98,6 +99,22 @@ func ApplyUpdate(t Tag, u TagUpdate) (Tag, error) {
 		t.Reset = r
 	}
 	if u.TimeZone != nil {
+		// A tag with periods may move to another zone (issue 34, point
+		// 2). Safety argument: a period's numbers come from one row, named
+		// after its key (tag=KEY); the zone decides only which instants a
+		// key names. After a move, Berlin's 20261029 and London's 20261029
+		// are one row, its sequence going on: no two rows have one key, so
+		// a key's numbers never repeat while its row lives, and a format's
+		// date text, which names one key (ParseFormat), never comes from
+		// two rows. A row that is gone (pruned) is never created again:
+		// the record of what was pruned is compared with the key's
+		// earliest end in any zone (PeriodPruned), not with its end in the
+		// zone of now. What a move changes is when keys begin and end: a
+		// worker serves the new zone's key of now, whose row goes on if it
+		// exists and is created from the tag's start if not, and a key the
+		// old zone had already left may be served again from its row.
+		// CheckPeriodic refuses a zone beyond MaxZoneOffset, for which
+		// PeriodPruned would not hold.
 		t.TimeZone = *u.TimeZone
 	}
 	if u.Format != nil {
@@ -163,4 +180,90 @@ func formatHead(template string) string {
 		return template[:i]
 	}
 	return template
+}
+
+// MaxZoneOffset is the greatest UTC offset a tag's time zone may have
+// (CheckPeriodic): +14:00, Pacific/Kiritimati's. No IANA zone has had a
+// greater one since 1867 (Alaska's local mean time before its purchase).
+const MaxZoneOffset = 14 * time.Hour
+
+// easternmost is the zone of MaxZoneOffset.
+var easternmost = time.FixedZone("UTC+14", int(MaxZoneOffset/time.Second))
+
+// EarliestEnd returns the earliest instant at which r's period key ends in
+// any time zone a tag may have: its end at MaxZoneOffset, where a date
+// ends first. Errors as PeriodOfKey's.
+func (r Reset) EarliestEnd(key string) (time.Time, error) {
+	p, err := r.PeriodOfKey(key, easternmost)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return p.End, nil
+}
+
+// PeriodPruned reports whether r's period key is among the periods whose
+// rows a store pruned, as the store recorded them: prunedUntil, the
+// latest end of a period row pruned (its period_end, computed in the time
+// zone the tag had when the row was created). A period pruned is never
+// created again, whatever the tag's time zone is now.
+//
+// Safety argument. The record is an instant, computed in a zone that may
+// no longer be the tag's; the check must not compare it with the period's
+// end in the current zone (issue 34, point 2: a daily tag pruned in
+// Europe/Berlin and moved to Europe/London ends each day an hour later
+// than the record of it, and its pruned day was created again from the
+// tag's start, handing out INV-20261029-000001 twice). What must never
+// come back is the key, the text in the period's name and numbers. A row
+// of key K created in zone Z records the end of K in Z; Z's offset is at
+// most MaxZoneOffset, so that end is at or after EarliestEnd(K); pruning
+// records an instant at or after the end of every row it deletes. So every
+// pruned K has EarliestEnd(K) <= prunedUntil, whatever zone the tag had
+// when, and is refused here. The price: a key never pruned whose
+// EarliestEnd is at or before prunedUntil is refused too. That is only
+// the period right after the last one pruned, only for a tag in a zone at
+// -10:00 or further west (its day ends 24 hours after the record, at
+// least 10 of them after the same date ends at +14:00), and only while
+// its row is missing, at least a day after it ended (pruning waits at
+// least a day of retention): fetched by a worker whose clock is that far
+// behind, it answers ErrPeriodExpired instead of a number.
+func PeriodPruned(r Reset, key string, prunedUntil time.Time) (bool, error) {
+	end, err := r.EarliestEnd(key)
+	if err != nil {
+		return false, err
+	}
+	return !end.After(prunedUntil), nil
+}
+
+// zoneChecked caches checkZoneOffset's answers by zone name: a zone's
+// rules do not change while the process runs.
+var zoneChecked sync.Map // zone name → error (nil: fine)
+
+// checkZoneOffset returns an error if loc has an offset greater than
+// MaxZoneOffset at any time from 1900 to 2200: PeriodPruned, which keeps a
+// pruned period from coming back after a zone change, holds only for
+// zones within it. No IANA zone goes beyond it; a zone that did (a
+// future tz database, a custom zoneinfo) is refused when a tag is given
+// it. Errors wrap ErrInvalidArgument.
+func checkZoneOffset(loc *time.Location) error {
+	if v, ok := zoneChecked.Load(loc.String()); ok {
+		err, _ := v.(error)
+		return err
+	}
+	var err error
+	t, stop := time.Date(1900, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+	for t.Before(stop) {
+		name, off := t.In(loc).Zone()
+		if time.Duration(off)*time.Second > MaxZoneOffset {
+			err = fmt.Errorf("%w: time zone %q is %s ahead of UTC at %s, more than the +14:00 a tag's zone may be (the record of pruned periods relies on it); choose another zone",
+				ErrInvalidArgument, loc, time.Duration(off)*time.Second, t.In(loc).Format(time.DateOnly+" ")+name)
+			break
+		}
+		_, end := t.In(loc).ZoneBounds()
+		if !end.After(t) {
+			break // no more transitions
+		}
+		t = end
+	}
+	zoneChecked.Store(loc.String(), err)
+	return err
 }

@@ -1,7 +1,11 @@
 package segment
 
 import (
+	"encoding/binary"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -66,4 +70,112 @@ func TestPeriodExpired(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPeriodPruned: a period pruned in any zone is pruned in every other
+// (issue 34, point 2), and the price of that is at most the next period,
+// for zones at -10:00 or further west. Seen failing with EarliestEnd
+// computing the end in UTC instead of at MaxZoneOffset: the Berlin and
+// Kiritimati records no longer cover their own day.
+func TestPeriodPruned(t *testing.T) {
+	endIn := func(r Reset, key, zone string) time.Time {
+		t.Helper()
+		loc, err := LoadLocation(zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := r.PeriodOfKey(key, loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.End
+	}
+	tests := []struct {
+		name   string
+		reset  Reset
+		pruned time.Time // the record: the end of the last period pruned, in the zone of then
+		key    string
+		want   bool
+	}{
+		{name: "Berlin's day itself", reset: ResetDay, pruned: endIn(ResetDay, "20261029", "Europe/Berlin"), key: "20261029", want: true},
+		{name: "Berlin's day before", reset: ResetDay, pruned: endIn(ResetDay, "20261029", "Europe/Berlin"), key: "20261028", want: true},
+		{name: "Berlin's next day", reset: ResetDay, pruned: endIn(ResetDay, "20261029", "Europe/Berlin"), key: "20261030", want: false},
+		{name: "easternmost day itself", reset: ResetDay, pruned: endIn(ResetDay, "20261029", "Pacific/Kiritimati"), key: "20261029", want: true},
+		{name: "easternmost next day", reset: ResetDay, pruned: endIn(ResetDay, "20261029", "Pacific/Kiritimati"), key: "20261030", want: false},
+		{name: "westernmost day itself", reset: ResetDay, pruned: endIn(ResetDay, "20261029", "Etc/GMT+12"), key: "20261029", want: true},
+		{name: "westernmost next day (the price)", reset: ResetDay, pruned: endIn(ResetDay, "20261029", "Etc/GMT+12"), key: "20261030", want: true},
+		{name: "westernmost day after next", reset: ResetDay, pruned: endIn(ResetDay, "20261029", "Etc/GMT+12"), key: "20261031", want: false},
+		{name: "New York's next day", reset: ResetDay, pruned: endIn(ResetDay, "20261029", "America/New_York"), key: "20261030", want: false},
+		{name: "month itself, Honolulu", reset: ResetMonth, pruned: endIn(ResetMonth, "202608", "Pacific/Honolulu"), key: "202608", want: true},
+		{name: "next month, westernmost", reset: ResetMonth, pruned: endIn(ResetMonth, "202608", "Etc/GMT+12"), key: "202609", want: false},
+		{name: "year itself, Shanghai", reset: ResetYear, pruned: endIn(ResetYear, "2025", "Asia/Shanghai"), key: "2025", want: true},
+		{name: "next year", reset: ResetYear, pruned: endIn(ResetYear, "2025", "Etc/GMT+12"), key: "2026", want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := PeriodPruned(tt.reset, tt.key, tt.pruned)
+			if err != nil || got != tt.want {
+				t.Errorf("PeriodPruned(%s, %q, %s) = %v, %v, want %v", tt.reset, tt.key, tt.pruned.UTC().Format(time.RFC3339), got, err, tt.want)
+			}
+		})
+	}
+	if _, err := PeriodPruned(ResetDay, "202610", time.Now()); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("PeriodPruned of a month key of a daily tag: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestZoneOffsetBound: a tag's zone is refused if it is ever more than
+// MaxZoneOffset ahead of UTC (PeriodPruned relies on it); the zones at the
+// edge are accepted. No zone of the tz database goes beyond it, so the
+// test runs itself again with ZONEINFO naming a directory that has one,
+// Test/Plus15 (LoadLocation reads ZONEINFO once per process). Seen failing
+// with the call of checkZoneOffset in CheckPeriodic removed:
+// "CheckPeriodic of a tag in a zone 15 hours ahead: <nil>, want
+// ErrInvalidArgument".
+func TestZoneOffsetBound(t *testing.T) {
+	if os.Getenv("DISPENSER_TEST_ZONE_CHILD") != "" {
+		// The child: Test/Plus15 loads, and is refused.
+		_, err := CheckPeriodic(Tag{Name: "t", Reset: ResetDay, TimeZone: "Test/Plus15"})
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("CheckPeriodic of a tag in a zone 15 hours ahead: %v, want ErrInvalidArgument", err)
+		}
+		return
+	}
+	for _, zone := range []string{"Pacific/Kiritimati", "Pacific/Apia", "Pacific/Tongatapu", "Etc/GMT-14", "Etc/GMT+12", "America/Juneau", "Asia/Kolkata", ""} {
+		if _, err := CheckPeriodic(Tag{Name: "t", Reset: ResetDay, TimeZone: zone}); err != nil {
+			t.Errorf("zone %q: %v, want it accepted", zone, err)
+		}
+	}
+	if err := checkZoneOffset(time.FixedZone("UTC+14", 14*3600)); err != nil {
+		t.Errorf("a zone 14 hours ahead: %v, want it accepted", err)
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "Test"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Test", "Plus15"), tzif(15*3600, "X15"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := time.LoadLocationFromTZData("Test/Plus15", tzif(15*3600, "X15")); err != nil {
+		t.Fatalf("the test's zone does not load: %v", err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestZoneOffsetBound$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "ZONEINFO="+dir, "DISPENSER_TEST_ZONE_CHILD=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("the child: %v\n%s", err, out)
+	}
+}
+
+// tzif returns a time zone file (TZif version 1) of one zone, offset
+// seconds east of UTC, named abbr, with no transitions.
+func tzif(offset int32, abbr string) []byte {
+	b := []byte("TZif")
+	b = append(b, make([]byte, 16)...) // version 1, reserved
+	// isutcnt, isstdcnt, leapcnt, timecnt, typecnt, charcnt
+	for _, n := range []uint32{0, 0, 0, 0, 1, uint32(len(abbr) + 1)} {
+		b = binary.BigEndian.AppendUint32(b, n)
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(offset))
+	b = append(b, 0, 0) // not daylight saving; abbreviation at 0
+	return append(append(b, abbr...), 0)
 }

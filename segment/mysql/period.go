@@ -26,7 +26,9 @@ import (
 // segment.Tag.PeriodOfKey, the code that names the periods; the tag's rows
 // are locked in share mode while it is used. A row is not created if the
 // period ended more than the tag's retention ago by the database's clock,
-// or at or before the end of a period pruned.
+// or is among the periods pruned (segment.PeriodPruned: by its key, the
+// record compared with the period's earliest end in any zone, so that a
+// change of the tag's time zone brings no pruned period back).
 //
 // It runs at READ COMMITTED: at REPEATABLE READ, the SELECT … FOR UPDATE
 // of a missing row takes a gap lock, and concurrent first fetches of a
@@ -80,7 +82,15 @@ func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, floor, s
 			return err
 		}
 		days := cmp0(t.RetentionDays)
-		if !p.End.After(now.Add(-24*time.Hour*time.Duration(days))) || pruned.Valid && !p.End.After(pruned.Time) {
+		gone := false
+		if pruned.Valid {
+			// By the period's earliest end in any zone, not its end in
+			// the tag's zone now (segment.PeriodPruned).
+			if gone, err = segment.PeriodPruned(t.Reset, key, pruned.Time); err != nil {
+				return err
+			}
+		}
+		if gone || !p.End.After(now.Add(-24*time.Hour*time.Duration(days))) {
 			return fmt.Errorf("%w: the period ended %s, more than %d days ago by the database's clock (or its row was pruned); its numbers are not started again",
 				segment.ErrPeriodExpired, p.End.UTC().Format(time.RFC3339), days)
 		}

@@ -33,9 +33,12 @@ RETURNING p.max_id, p.step, old.max_id, p.dispenser_version`
 // first fetches never overlap. It creates nothing unless the tag row still
 // has the reset period $5 and time zone $6 the period's end $4 was computed
 // with, and the period has not expired by the database's clock: its end is
-// after now() minus the tag's retention ($8 days if NULL) and after the
-// end of every period pruned (periods_pruned_until), so that a period
-// pruned is never created again, even after the retention was raised. FOR
+// after now() minus the tag's retention ($8 days if NULL), and it is not
+// among the periods pruned: its earliest end in any zone ($9,
+// segment.Reset.EarliestEnd) is after the end of every period row pruned
+// (periods_pruned_until), so that a period pruned is never created again,
+// even after the retention was raised or the time zone moved (see
+// segment.PeriodPruned for why the earliest end, not $4). FOR
 // SHARE orders the creation with PrunePeriods, which locks the tag row
 // before it deletes periods and raises periods_pruned_until: a creation
 // waiting for it sees the raised value.
@@ -45,7 +48,7 @@ SELECT $1, greatest(t.max_id, $7::bigint) + CASE WHEN $2::bigint > 0 THEN $2::bi
 FROM leaf_alloc t
 WHERE t.biz_tag = $3 AND t.reset_period = $5 AND coalesce(t.time_zone, '') = $6
   AND $4::timestamptz > now() - make_interval(hours => 24 * coalesce(t.retention_days, $8::integer))
-  AND $4::timestamptz > coalesce(t.periods_pruned_until, '-infinity'::timestamptz)
+  AND $9::timestamptz > coalesce(t.periods_pruned_until, '-infinity'::timestamptz)
 FOR SHARE OF t
 ON CONFLICT (biz_tag) DO UPDATE
 SET max_id = greatest(p.max_id, $7::bigint) + CASE WHEN $2::bigint > 0 THEN $2::bigint WHEN excluded.step > 0 THEN excluded.step END,
@@ -81,7 +84,11 @@ func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, floor, s
 		if err != nil {
 			return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, err)
 		}
-		err = s.pool.QueryRow(ctx, createPeriodSQL, name, step, tag, p.End, string(t.Reset), t.TimeZone, floor, segment.DefaultRetentionDays).
+		earliest, err := t.Reset.EarliestEnd(key)
+		if err != nil {
+			return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, err)
+		}
+		err = s.pool.QueryRow(ctx, createPeriodSQL, name, step, tag, p.End, string(t.Reset), t.TimeZone, floor, segment.DefaultRetentionDays, earliest).
 			Scan(&end, &tagStep, &version)
 		if err == nil {
 			return s.allocated(name, step, end, tagStep, version), t.MaxID, nil

@@ -3,7 +3,9 @@ package storetest
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -362,5 +364,112 @@ func testPeriodicSettingsInvalid(t *testing.T, c Config) {
 			checkErr(t, c, s.UpdateTag(ctx(t), tt.tag, tt.u), tt.want)
 			checkUnchanged(t, s, before, "failed UpdateTag")
 		})
+	}
+}
+
+// A period pruned is never created again after its tag's time zone moved
+// (issue 34, point 2): the record of what was pruned must not depend on
+// the zone in effect later. Each case fetches a period of 30 days ago in
+// the old zone, prunes it (retention lowered), moves the zone and raises
+// the retention: the period's row is not created again. A period not
+// pruned goes on from its row in the new zone: its key names one row
+// whatever the zone.
+func testPrunedPeriodAfterZoneChange(t *testing.T, c Config) {
+	tests := []struct {
+		name     string
+		reset    segment.Reset
+		from, to string
+	}{
+		{name: "Berlin to London", reset: segment.ResetDay, from: "Europe/Berlin", to: "Europe/London"},
+		{name: "Tokyo to New York", reset: segment.ResetDay, from: "Asia/Tokyo", to: "America/New_York"},
+		{name: "easternmost to westernmost", reset: segment.ResetDay, from: "Pacific/Kiritimati", to: "Etc/GMT+12"},
+		{name: "UTC to Los Angeles", reset: segment.ResetDay, from: "", to: "America/Los_Angeles"},
+		{name: "month, Shanghai to Honolulu", reset: segment.ResetMonth, from: "Asia/Shanghai", to: "Pacific/Honolulu"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStore(t, c)
+			createPeriodic(t, s, segment.Tag{Name: "inv", Step: 10, MaxID: 1, Reset: tt.reset, TimeZone: tt.from, RetentionDays: 400})
+			from := mustZone(t, tt.from)
+			back := time.Now().AddDate(0, 0, -30)
+			if tt.reset == segment.ResetMonth {
+				back = time.Now().AddDate(0, -3, 0)
+			}
+			old := segment.PeriodName("inv", tt.reset.PeriodAt(back, from).Key)
+			kept := segment.PeriodName("inv", tt.reset.PeriodAt(time.Now(), from).Key)
+			if got, want := fetch(t, s, old, 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
+				t.Fatalf("Fetch(%s) = %+v, want %+v", old, got, want)
+			}
+			if got, want := fetch(t, s, kept, 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
+				t.Fatalf("Fetch(%s) = %+v, want %+v", kept, got, want)
+			}
+			mustUpdate(t, s, "inv", segment.TagUpdate{RetentionDays: ptr(7)})
+			if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 1 {
+				t.Fatalf("PrunePeriods = %d, %v, want 1 (%s)", n, err, old)
+			}
+			mustUpdate(t, s, "inv", segment.TagUpdate{TimeZone: ptr(tt.to), RetentionDays: ptr(400)})
+			before := snapshot(t, s)
+			a, err := s.Fetch(ctx(t), old, 0)
+			if !errors.Is(err, segment.ErrPeriodExpired) && !errors.Is(err, segment.ErrTagDeleted) {
+				t.Fatalf("Fetch(%s) of a period pruned, after the zone moved to %q = %+v, %v, want ErrPeriodExpired or ErrTagDeleted: its numbers start again",
+					old, tt.to, a, err)
+			}
+			checkErr(t, c, err, err) // the prefix
+			checkUnchanged(t, s, before, "fetch of a period pruned, after a zone change")
+			if got, want := fetch(t, s, kept, 0), (segment.Allocation{Start: 11, End: 21, TagStep: 10}); got != want {
+				t.Errorf("Fetch(%s) after the zone change = %+v, want %+v: a period's row goes on", kept, got, want)
+			}
+		})
+	}
+}
+
+// The scenario of issue 34, point 2, through an allocator: a worker whose
+// clock is 30 days behind hands out INV-…-000001 of a day of a tag in
+// Europe/Berlin; the retention is lowered and the day pruned; the zone
+// moved to Europe/London and the retention raised again. The same worker
+// asks again: it must get an error, not INV-…-000001 a second time.
+func testPrunedPeriodNumbersAfterZoneChange(t *testing.T, c Config) {
+	s := newStore(t, c)
+	createPeriodic(t, s, segment.Tag{Name: "inv", Step: 10, MaxID: 1, Reset: segment.ResetDay, TimeZone: "Europe/Berlin",
+		RetentionDays: 60, Format: "INV-{date:20060102}-{seq:6}"})
+	berlin := mustZone(t, "Europe/Berlin")
+	y, m, d := time.Now().In(berlin).AddDate(0, 0, -30).Date()
+	behind := time.Date(y, m, d, 12, 0, 0, 0, berlin) // noon: the same day in London
+	take := func() ([]string, error) {
+		a, err := segment.New(segment.Settings{Store: s, Now: func() time.Time { return behind },
+			MaxWait: time.Second, ColdWait: time.Second, IdleTimeout: -1, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := a.Close(ctx(t)); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		}()
+		runs, num, p, err := a.TakeNowNumbered("inv", 1, nil)
+		if err == nil && p != nil {
+			runs, err = p.Wait(ctx(t))
+			num = p.Numbering()
+		}
+		if err != nil {
+			return nil, err
+		}
+		return strings.Split(string(num.Append(nil, runs)), "\n"), nil
+	}
+	first, err := take()
+	if want := "INV-" + behind.Format("20060102") + "-000001"; err != nil || !slices.Equal(first, []string{want}) {
+		t.Fatalf("first number = %q, %v, want %q", first, err, want)
+	}
+	mustUpdate(t, s, "inv", segment.TagUpdate{RetentionDays: ptr(7)})
+	if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 1 {
+		t.Fatalf("PrunePeriods = %d, %v, want 1", n, err)
+	}
+	mustUpdate(t, s, "inv", segment.TagUpdate{TimeZone: ptr("Europe/London"), RetentionDays: ptr(60)})
+	again, err := take()
+	if err == nil {
+		t.Fatalf("after the prune and the zone change: %q handed out, want an error (first: %q)", again, first)
+	}
+	if !errors.Is(err, segment.ErrPeriodExpired) && !errors.Is(err, segment.ErrTagDeleted) {
+		t.Errorf("after the prune and the zone change: %v, want ErrPeriodExpired or ErrTagDeleted", err)
 	}
 }

@@ -86,6 +86,8 @@ func Run(t *testing.T, c Config) {
 		{"PeriodErrors", testPeriodErrors},
 		{"ConcurrentFirstFetchesOfAPeriod", testConcurrentPeriodCreation},
 		{"PrunePeriods", testPrunePeriods},
+		{"PrunedPeriodAfterZoneChange", testPrunedPeriodAfterZoneChange},
+		{"PrunedPeriodNumbersAfterZoneChange", testPrunedPeriodNumbersAfterZoneChange},
 		{"PeriodGiveBack", testPeriodGiveBack},
 		{"PeriodicSettings", testPeriodicSettings},
 		{"PeriodicSettingsInvalid", testPeriodicSettingsInvalid},

@@ -33,6 +33,11 @@
 // turn applies only if nobody wrote max_id since the giver's own fetch (not
 // merely if max_id equals end again), so that a slow give-back cannot lower
 // max_id below a mark that other workers raised and lowered meanwhile.
+// A fetch that loses the race to record against a worker that fetched
+// after it and then gave its whole segment back finds its own segment
+// ending exactly at the mark; the record says what was served (Start,
+// Prev, Empty), so that this race is not counted as a rollback while a
+// store that hands out again IDs that were served is (lostWrites).
 //
 // # Operator mistakes
 //
@@ -122,21 +127,49 @@ type Store struct {
 	marks map[string]mark
 }
 
-// mark is a tag's witness value and its revision (0: no value). The
-// cache keeps one per tag served, so it holds no more: not the token of
-// the write that set it (record.By), which only the bucket's copy is
-// checked for.
+// mark is a tag's witness value and its revision (0: no value), with
+// what the record says of the segment that set it (record's Start, Prev
+// and Empty). The cache keeps one per tag served, so it holds no more: not
+// the token of the write that set it (record.By), which only the bucket's
+// copy is checked for.
 type mark struct {
-	end int64
-	rev uint64
+	end   int64
+	rev   uint64
+	start int64
+	prev  *int64
+	empty bool
+}
+
+// servedBelow bounds the IDs ever served of the tag: every one is below
+// it. Every served ID is below the mark (the invariant); after a give-back
+// of the whole segment that set the mark, every served ID is also below
+// that segment's Prev. A record of an earlier version says only the mark.
+func (m mark) servedBelow() int64 {
+	if m.empty && m.prev != nil {
+		return min(*m.prev, m.end)
+	}
+	return m.end
 }
 
 // record is the JSON value under a tag's key. By is a token unique to the
 // write that set the mark (absent in records of earlier versions), so that
-// a writer whose reply was lost recognises its own write.
+// a writer whose reply was lost recognises its own write. Start and Prev
+// describe the segment whose record set the mark, and are kept by a
+// give-back: Start is its first ID, Prev bounds every ID served before it
+// was recorded (the servedBelow of the record it replaced). Empty says that
+// a give-back returned all of it. Records of earlier versions have none of
+// them (0, nil, false): lostWrites then counts as before.
 type record struct {
-	Mark int64  `json:"mark"`
-	By   string `json:"by,omitempty"`
+	Mark  int64  `json:"mark"`
+	By    string `json:"by,omitempty"`
+	Start int64  `json:"start,omitempty"`
+	Prev  *int64 `json:"prev,omitempty"`
+	Empty bool   `json:"empty,omitempty"`
+}
+
+// mark returns the cache entry of r at revision rev.
+func (r record) mark(rev uint64) mark {
+	return mark{end: r.Mark, rev: rev, start: r.Start, prev: r.Prev, empty: r.Empty}
 }
 
 // maxAttempts bounds the compare-and-swap rounds of one fetch.
@@ -224,7 +257,8 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 			// still behind after our fetch, or a refused segment that
 			// reaches the mark (overlapping the segment that set it),
 			// means the store lost writes. Its max_id was refused.Start.
-			if before < m.end || refused.End >= m.end {
+			// One race ends exactly at the mark: see lostWrites.
+			if lostWrites(refused, m, before) {
 				w.rollbacks.Add(1)
 				w.log.Error("witness: the segment store lost writes (failover, restored backup, max_id lowered by hand, "+
 					"or the tag's row deleted and created again); "+
@@ -236,7 +270,8 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 			}
 			continue
 		}
-		err = w.swap(ctx, tag, m, a.End)
+		served := m.servedBelow()
+		err = w.swap(ctx, tag, m, record{Mark: a.End, Start: a.Start, Prev: &served})
 		if err == nil {
 			if err := w.check(ctx); err != nil {
 				return segment.Allocation{}, fmt.Errorf("witness: recorded segment %d..%d of tag %q, not served: %w", a.Start, a.End-1, tag, err)
@@ -249,6 +284,47 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 		w.forget(tag)
 	}
 	return segment.Allocation{}, fmt.Errorf("%w: tag %q after %d attempts", ErrConflict, tag, maxAttempts)
+}
+
+// lostWrites reports whether a fetch that found its segment refused below
+// the mark m (read from the bucket after the inner store answered),
+// followed by a fetch above m that found the store's max_id at before,
+// shows that the store lost writes.
+//
+// The store is behind the mark after our fetch (before < m.end), or our
+// refused segment reaches past the mark (it overlaps what the segment that
+// set the mark may have served): lost writes. A segment wholly below the
+// mark (refused.End < m.end) is a race: another worker fetched after us
+// and recorded first.
+//
+// A refused segment that ends exactly at the mark is either. Lost writes:
+// the store handed out again IDs below a mark that nobody gave back to,
+// which may have been served. A race (issue 34, point 8): A takes 1..10
+// from the store; B takes 11..20, records it (mark 21) and gives all of it
+// back (mark and max_id 11) before A records; A's segment then ends at
+// the mark. The record tells them apart: a give-back of a whole segment
+// says so (Empty), and every record keeps Prev, a bound on the IDs served
+// before its segment was recorded; servedBelow bounds what was ever
+// served. The refused segment is counted only if it starts below that
+// bound, that is, may overlap a served ID.
+//
+// Safety argument. Not counting is safe: a refused segment that starts at
+// or above every ID ever served (servedBelow) repeats none of them, and it
+// is refused all the same (the fetch moves above the mark); the store lost
+// nothing that was served. Not counting the race is right: in the race the
+// segment that set the mark was fetched after ours, so it starts at or
+// above our end (a consistent store hands out increasing segments, and no
+// give-back crosses our fetch: a store's give-back applies only if nobody
+// wrote the row since the giver's own write). Our end being the mark, it
+// was given back whole (its first unissued ID is its start, our end), so
+// the record is Empty. Every segment recorded between our fetch and its
+// record either was fetched before ours (it ends at or below our start)
+// or after ours and then given back whole too (else its first unissued ID
+// above our end would stay a lower bound of the mark); so Prev, followed
+// down that chain of whole give-backs (servedBelow takes the lesser of
+// Prev and the mark), is at most our start.
+func lostWrites(refused segment.Allocation, m mark, before int64) bool {
+	return before < m.end || refused.End > m.end || refused.End == m.end && refused.Start < m.servedBelow()
 }
 
 // GiveBack lowers the mark from end to firstUnissued if end is the mark,
@@ -266,7 +342,11 @@ func (w *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	if m.end != end {
 		return false, nil // somebody recorded after us
 	}
-	if err := w.swap(ctx, tag, m, firstUnissued); err != nil {
+	given := record{Mark: firstUnissued, Start: m.start, Prev: m.prev}
+	// The whole of the segment that set the mark comes back: nothing of it
+	// was served, and what was served lies below its Prev (lostWrites).
+	given.Empty = m.start > 0 && firstUnissued <= m.start
+	if err := w.swap(ctx, tag, m, given); err != nil {
 		if kvbucket.Conflict(err) {
 			return false, nil
 		}
@@ -393,20 +473,21 @@ func (w *Store) mark(ctx context.Context, tag string) (_ mark, cached bool, _ er
 	if err != nil {
 		return mark{}, false, err
 	}
-	m = mark{end: r.Mark, rev: e.Revision()}
+	m = r.mark(e.Revision())
 	w.remember(tag, m)
 	return m, false, nil
 }
 
-// swap sets the tag's mark from m to end by compare-and-swap on m's
+// swap sets the tag's record from m to rec by compare-and-swap on m's
 // revision (0: the key has never been written; a delete marker makes it
 // fail). A request that gets no reply (kvbucket.WriteAttempt) or a conflict is
 // checked against the mark: a write that landed with this call's token
 // counts; one still not landed is sent again; a mark moved by another
 // writer is a conflict (kvbucket.Conflict).
-func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
+func (w *Store) swap(ctx context.Context, tag string, m mark, rec record) error {
 	token := rand.Text()
-	data, err := json.Marshal(record{Mark: end, By: token})
+	rec.By = token
+	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
@@ -415,7 +496,7 @@ func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
 		rev, err := w.kv.Update(actx, tag, data, m.rev)
 		cancel()
 		if err == nil {
-			w.remember(tag, mark{end: end, rev: rev})
+			w.remember(tag, rec.mark(rev))
 			return nil
 		}
 		conflict := kvbucket.Conflict(err)
@@ -426,9 +507,9 @@ func (w *Store) swap(ctx context.Context, tag string, m mark, end int64) error {
 		e, rerr := kvbucket.Latest(actx, w.kv, tag)
 		cancel()
 		if rerr == nil && e != nil && e.Operation() == jetstream.KeyValuePut {
-			if r, derr := decode(tag, e.Value()); derr == nil && r.By == token && r.Mark == end {
+			if r, derr := decode(tag, e.Value()); derr == nil && r.By == token && r.Mark == rec.Mark {
 				// Landed; its reply was lost (or this is a retry's conflict).
-				w.remember(tag, mark{end: end, rev: e.Revision()})
+				w.remember(tag, rec.mark(e.Revision()))
 				return nil
 			}
 		}
