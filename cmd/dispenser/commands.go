@@ -102,7 +102,7 @@ func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, clos
 			closeDB()
 			return nil, nil, nil, err
 		}
-		bucket := f.region.Name(f.witnessBucket, witness.DefaultBucket, f.region.On())
+		bucket := f.region.Name(f.witnessBucket, witness.DefaultBucket, f.region.PerRegionStores())
 		kvb, err := js.KeyValue(ctx, bucket)
 		if err != nil {
 			nc.Close()
