@@ -11,6 +11,7 @@ import (
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
@@ -111,4 +112,76 @@ func startRegion(tb testing.TB, natsURL, pgURL string, cfg worker.Config) error 
 	}
 	tb.Cleanup(func() { w.Close() })
 	return nil
+}
+
+// TestRegionSettingsOfOneStore: a worker without regions and a worker of
+// per-region mode never serve one store together, whichever starts first,
+// even under two prefixes (the peer check does not span them) and on a
+// store that was empty when the first started. Both serving hands out the
+// same IDs: the first hands out the store's values v, the second v×2+1.
+// Before every worker recorded its region settings, the one without
+// regions recorded nothing on the empty store, the per-region one then
+// recorded its own and both served: the same IDs went to both.
+func TestRegionSettingsOfOneStore(t *testing.T) {
+	plain := worker.Region{}
+	perRegion := worker.Region{N: 1, Count: 2}
+	for _, tt := range []struct {
+		name          string
+		first, second worker.Region
+	}{
+		{"without regions first", plain, perRegion},
+		{"per-region first", perRegion, plain},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := testenv.NATS(t)
+			db := testdb.New(t, nil)
+			ctx := context.Background()
+			if err := startRegion(t, ns.ClientURL(), db.URL, worker.Config{Prefix: "a", Region: tt.first}); err != nil {
+				t.Fatalf("first worker: %v", err)
+			}
+			err := startRegion(t, ns.ClientURL(), db.URL, worker.Config{Prefix: "b", Region: tt.second})
+			if errors.Is(err, segment.ErrRegionMismatch) {
+				return // refused at start: nothing served twice
+			}
+			if err != nil {
+				t.Fatalf("second worker: %v, want it refused with %v", err, segment.ErrRegionMismatch)
+			}
+			// Both serve: a tag created now is handed out by both.
+			if err := db.Store.CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
+				t.Fatal(err)
+			}
+			clients := map[string]*client.Client{}
+			for _, prefix := range []string{"a", "b"} {
+				nc := testenv.Connect(t, ns)
+				cl, err := client.New(nc, client.WithPrefix(prefix), client.WithoutRetries())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(cl.Close)
+				clients[prefix] = cl
+			}
+			// The per-region worker's IDs run at twice the store's
+			// values: the other's catch up with them as it hands out more.
+			owner := map[int64]string{}
+			for range 20 {
+				for _, take := range []struct {
+					prefix string
+					n      int
+				}{{"b", 20}, {"a", 200}} {
+					prefix := take.prefix
+					ids, err := clients[prefix].SegmentN(ctx, "orders", take.n)
+					if err != nil {
+						t.Fatalf("worker %s: %v", prefix, err)
+					}
+					for _, id := range ids {
+						if o, ok := owner[id]; ok {
+							t.Fatalf("second worker started (%+v, then %+v) and ID %d went to worker %s and worker %s", tt.first, tt.second, id, o, prefix)
+						}
+						owner[id] = prefix
+					}
+				}
+			}
+			t.Fatalf("second worker started beside the first with other region settings (%+v, %+v); no ID twice in %d, but nothing keeps them apart", tt.first, tt.second, len(owner))
+		})
+	}
 }
