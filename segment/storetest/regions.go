@@ -22,6 +22,25 @@ func testRegions(t *testing.T, c Config) {
 	if _, found, err := rs.ReadRegions(ctx(t)); err != nil || found {
 		t.Fatalf("ReadRegions of a new store = found %v, %v; want nothing", found, err)
 	}
+	if c.NoPerRegion {
+		for _, r := range []segment.Regions{{Count: 3, Region: 1}, {Count: 2}} {
+			if err := segment.CheckRegions(ctx(t), rs, r); !errors.Is(err, segment.ErrInvalidArgument) {
+				t.Errorf("CheckRegions(%+v) = %v, want %v: the store refuses per-region mode", r, err, segment.ErrInvalidArgument)
+			}
+		}
+		if _, found, err := rs.ReadRegions(ctx(t)); err != nil || found {
+			t.Fatalf("after refusals ReadRegions = found %v, %v; want nothing", found, err)
+		}
+	} else {
+		testPerRegionRecord(t, s, rs)
+	}
+	testOneRegionRecord(t, c)
+	testRegionsAfterTags(t, c)
+}
+
+// testPerRegionRecord: per-region settings are recorded once, other
+// settings refused, and the record is no tag.
+func testPerRegionRecord(t *testing.T, s Store, rs segment.RegionStore) {
 	want := segment.Regions{Count: 3, Region: 1}
 	// Workers of one region starting together all pass; of two regions
 	// at most one does.
@@ -84,6 +103,10 @@ func testRegions(t *testing.T, c Config) {
 		}
 	}
 
+}
+
+// testOneRegionRecord: one region is recorded as well.
+func testOneRegionRecord(t *testing.T, c Config) {
 	// One region is recorded too, on an empty store: a worker of
 	// per-region mode started later on it would hand out v×R+N beside the
 	// first one's v (TestRegionSettingsOfOneStore in worker/pgstore). A
@@ -123,6 +146,11 @@ func testRegions(t *testing.T, c Config) {
 		t.Errorf("Tags lists %q (%v): the one-region record is not a tag", names, err)
 	}
 
+}
+
+// testRegionsAfterTags: per-region settings are refused on a store that
+// handed out IDs as one region, which stays as it was.
+func testRegionsAfterTags(t *testing.T, c Config) {
 	// A store that handed out IDs as one region is refused, and stays so.
 	old := newStore(t, c)
 	createTag(t, old, "orders", 10, 1)
