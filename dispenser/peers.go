@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/dispenser-dev/dispenser/segment"
@@ -62,7 +61,7 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 		}
 		otherRegion := settings != "" && region != regionN(s.cfg.Region)
 		if other := info.Metadata[StoreMetadata]; s.cfg.Segments != nil && other != "" && !(otherRegion && s.cfg.Region.OwnStores) &&
-			!s.sameStore(other, info.Metadata[StoreIDMetadata], otherRegion) {
+			!s.sameStore(other, info.Metadata[StoreIDMetadata]) {
 			return fmt.Errorf("%w: worker %s in queue group %q serves %s<tag> from store %q, this one would use %q: "+
 				"workers of different stores hand out the same IDs; use the same store or another queue group or prefix",
 				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.segPrefix, other, s.cfg.Store)
@@ -81,24 +80,16 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 // empty) uses this worker's store: by ID if both know theirs, else by the
 // store's name (a peer of an earlier version publishes no ID).
 //
-// A peer of another region that shares the store has a witness of its own
-// (docs/regions.md): then the witness part of the names (" witness:…",
-// worker/pgstore) is not compared.
-func (s *Service) sameStore(store, id string, otherRegion bool) bool {
+// The names and IDs include the witness's (" witness:…", worker/pgstore),
+// also between regions in shared mode: a store shared by all regions has
+// one witness for all of them, or a region's witness would not know the
+// segments other regions served before a rollback (docs/regions.md).
+func (s *Service) sameStore(store, id string) bool {
 	mine, myID := s.cfg.Store, s.cfg.StoreID
-	if otherRegion {
-		store, id, mine, myID = withoutWitness(store), withoutWitness(id), withoutWitness(mine), withoutWitness(myID)
-	}
 	if myID != "" && id != "" {
 		return id == myID
 	}
 	return store == mine
-}
-
-// withoutWitness cuts the witness part off a store's name or ID.
-func withoutWitness(name string) string {
-	before, _, _ := strings.Cut(name, " witness:")
-	return before
 }
 
 // warm loads the tags b's peers served last (Config.WarmTimeout), unless

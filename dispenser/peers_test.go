@@ -142,8 +142,10 @@ func TestPeerOfAnotherStoreRefused(t *testing.T) {
 }
 
 // TestPeersOfRegions: workers of other regions may use their own stores
-// (per-region mode) and their own witnesses (shared mode), but never other
-// region settings; within a region, the rules of one region hold.
+// (per-region mode), but never other region settings, and in shared mode
+// never a witness of their own (a region's witness would not know what
+// other regions served from the shared store); within a region, the rules
+// of one region hold.
 func TestPeersOfRegions(t *testing.T) {
 	perRegion := func(n int) dispenser.Region {
 		return dispenser.Region{N: n, Settings: "1 region bits, 2 regions", OwnStores: true, OwnLeases: true}
@@ -162,8 +164,9 @@ func TestPeersOfRegions(t *testing.T) {
 	}{
 		{"per-region stores of two regions", peer{"kv:segments_r0", "", perRegion(0)}, peer{"kv:segments_r1", "", perRegion(1)}, false},
 		{"per-region: two stores in one region", peer{"kv:segments_r0", "", perRegion(0)}, peer{"kv:segments_r1", "", perRegion(0)}, true},
-		{"shared store, own witnesses", peer{"pg:db witness:w_r0", "pg-id witness:w_r0", shared(0)}, peer{"pg:db witness:w_r1", "pg-id witness:w_r1", shared(1)}, false},
-		{"shared mode, two stores", peer{"pg:db witness:w_r0", "pg-id witness:w_r0", shared(0)}, peer{"pg:other witness:w_r1", "other-id witness:w_r1", shared(1)}, true},
+		{"shared store, one witness", peer{"pg:db witness:w", "pg-id witness:w", shared(0)}, peer{"pg:db witness:w", "pg-id witness:w", shared(1)}, false},
+		{"shared store, own witnesses", peer{"pg:db witness:w_r0", "pg-id witness:w_r0", shared(0)}, peer{"pg:db witness:w_r1", "pg-id witness:w_r1", shared(1)}, true},
+		{"shared mode, two stores", peer{"pg:db witness:w", "pg-id witness:w", shared(0)}, peer{"pg:other witness:w", "other-id witness:w", shared(1)}, true},
 		{"shared mode, one region, two witnesses", peer{"pg:db witness:w_r0", "pg-id witness:w_r0", shared(0)}, peer{"pg:db witness:w_r1", "pg-id witness:w_r1", shared(0)}, true},
 		{"other region settings", peer{"kv:segments_r0", "", perRegion(0)}, peer{"kv:segments_r1", "", dispenser.Region{N: 1, Settings: "2 region bits, 2 regions", OwnStores: true}}, true},
 		{"regions and none", peer{"kv:segments", "", dispenser.Region{}}, peer{"kv:segments_r1", "", perRegion(1)}, true},

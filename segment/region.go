@@ -93,13 +93,41 @@ type RegionStore interface {
 	Tags(ctx context.Context) ([]string, error)
 }
 
-// CheckRegions makes sure store serves r. A store that records settings
-// must record r (ErrRegionMismatch otherwise). A store that records none
-// serves one region for all: fine for r without regions; for per-region
-// settings it is recorded now if the store holds no tag yet, and refused
+// CheckRegions makes sure store serves r, and records r in a store that
+// records nothing yet, so that every worker that serves from the store
+// serves it with the same settings.
+//
+// A store that records settings must record r (ErrRegionMismatch
+// otherwise). A store that records none is recorded now: for one region
+// whatever it holds (it has served as one region, if at all); for
+// per-region settings only if it holds no tag yet, and refused
 // (ErrRegionMismatch) if it does: its IDs were handed out unmapped, and the
 // other regions' IDs could meet them.
+//
+// Safety argument: the record is created only if absent (CreateRegions, an
+// atomic create), and nothing in dispenser changes or removes it; a worker
+// passes only once it has read a record equal to its own settings (or
+// created it). So any two workers that fetch from one store have read the
+// same record and serve it with the same settings, whatever their prefix,
+// queue group or start order, and whatever the store held when each
+// started. One region is recorded too (Count 1): before it was, a worker
+// without regions passed on an empty store without a trace, a per-region
+// worker started later recorded its own settings, and both served the same
+// store, one handing out v and the other v×R+N: the same IDs
+// (worker/pgstore TestRegionSettingsOfOneStore, and the conformance suite's
+// Regions test for every store).
 func CheckRegions(ctx context.Context, store RegionStore, r Regions) error {
+	return checkRegions(ctx, store, r, true)
+}
+
+// MatchRegions is CheckRegions without recording anything: for commands
+// that only read a store (tags list), so that reading a new store with the
+// wrong flags does not bind it to them.
+func MatchRegions(ctx context.Context, store RegionStore, r Regions) error {
+	return checkRegions(ctx, store, r, false)
+}
+
+func checkRegions(ctx context.Context, store RegionStore, r Regions, record bool) error {
 	if err := r.Check(); err != nil {
 		return err
 	}
@@ -114,18 +142,20 @@ func CheckRegions(ctx context.Context, store RegionStore, r Regions) error {
 		case found:
 			return fmt.Errorf("%w: the store serves %s, this worker %s: "+
 				"in per-region mode each region has a store of its own (docs/regions.md)", ErrRegionMismatch, got, r)
-		case !r.split():
+		case !record:
 			return nil
 		}
-		tags, err := store.Tags(ctx)
-		if err != nil {
-			return fmt.Errorf("segment: read the store's regions: %w", err)
+		if r.split() {
+			tags, err := store.Tags(ctx)
+			if err != nil {
+				return fmt.Errorf("segment: read the store's regions: %w", err)
+			}
+			if len(tags) > 0 {
+				return fmt.Errorf("%w: the store holds %d tags (%q first) handed out as one region; "+
+					"%s needs a store of its own, created for it (docs/regions.md)", ErrRegionMismatch, len(tags), tags[0], r)
+			}
 		}
-		if len(tags) > 0 {
-			return fmt.Errorf("%w: the store holds %d tags (%q first) handed out as one region; "+
-				"%s needs a store of its own, created for it (docs/regions.md)", ErrRegionMismatch, len(tags), tags[0], r)
-		}
-		err = store.CreateRegions(ctx, r)
+		err = store.CreateRegions(ctx, Regions{Count: max(r.Count, 1), Region: r.Region})
 		if err == nil {
 			return nil
 		}

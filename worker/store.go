@@ -121,10 +121,22 @@ func BucketIdentity(ctx context.Context, js jetstream.JetStream, bucket string) 
 // Witness puts the failover witness (package segment/witness) in front of
 // st, a database's store whose Store is inner, as a StoreOpener of a
 // database does: it registers the rollback counter, opens the witness
-// bucket (the region's own for a region-aware worker, so that a fetch
-// never waits on another region: docs/regions.md) and adds the bucket's
-// identity to st's Name and ID. bucket and replicas are the
-// --witness-bucket and --witness-replicas flags.
+// bucket and adds the bucket's identity to st's Name and ID. bucket and
+// replicas are the --witness-bucket and --witness-replicas flags.
+//
+// One store has one witness, in every mode (docs/regions.md): the witness
+// keeps a rolled-back store from repeating a segment only if it saw every
+// segment the store handed out. So a store per region (per-region mode)
+// has the region's own bucket (`dispenser_witness_rN`, in the region's
+// cluster), and a store shared by all regions (shared mode, and no
+// regions) one bucket for all of them, created where the first worker
+// opens it: a region that fetches from the shared store waits on that
+// bucket as it waits on the store itself, across the WAN. A witness of a
+// region's own in front of a shared store would let region B serve again
+// what region A served before a rollback, since B's witness never saw it
+// (worker/pgstore TestSharedModeRollbackCaughtInEveryRegion); the peer
+// check refuses a worker whose witness is not its peers' in shared mode
+// (TestSharedModeRegionWitnessRefused).
 func (env StoreEnv) Witness(ctx context.Context, js jetstream.JetStream, st *Store, inner witness.Raiser, bucket string, replicas int) error {
 	rollbacks := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "dispenser_segment_rollbacks_total",
@@ -133,9 +145,13 @@ func (env StoreEnv) Witness(ctx context.Context, js jetstream.JetStream, st *Sto
 	if env.Registerer != nil {
 		env.Registerer.MustRegister(rollbacks)
 	}
+	var cluster string
+	if env.Region.PerRegionStores() {
+		cluster = env.Cluster
+	}
 	w, err := witness.Open(ctx, js, inner, witness.Settings{
-		Bucket:     env.Region.Name(bucket, witness.DefaultBucket, env.Region.On()),
-		Cluster:    env.Cluster,
+		Bucket:     env.Region.Name(bucket, witness.DefaultBucket, env.Region.PerRegionStores()),
+		Cluster:    cluster,
 		Replicas:   replicas,
 		Logger:     env.Logger,
 		OnRollback: func(string, int64, int64) { rollbacks.Inc() },

@@ -102,7 +102,7 @@ func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, clos
 			closeDB()
 			return nil, nil, nil, err
 		}
-		bucket := f.region.Name(f.witnessBucket, witness.DefaultBucket, f.region.On())
+		bucket := f.region.Name(f.witnessBucket, witness.DefaultBucket, f.region.PerRegionStores())
 		kvb, err := js.KeyValue(ctx, bucket)
 		if err != nil {
 			nc.Close()
@@ -269,10 +269,15 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeStore()
-	// A store per region records its region before its first tag
-	// (segment.CheckRegions), so that workers of other regions are refused.
+	// A store records its region settings before its first tag
+	// (segment.CheckRegions), so that workers of other settings are
+	// refused; tags list only reads them (segment.MatchRegions).
 	if rs, ok := st.Admin.(segment.RegionStore); ok {
-		if err := segment.CheckRegions(ctx, rs, sf.region.Segments()); err != nil {
+		check := segment.CheckRegions
+		if sub == "list" {
+			check = segment.MatchRegions
+		}
+		if err := check(ctx, rs, sf.region.Segments()); err != nil {
 			return err
 		}
 	}

@@ -505,8 +505,8 @@ func checkPlacement(t *testing.T, w *world, bases []string) {
 }
 
 // TestSharedStore: one PostgreSQL for all regions, in region 0; region 1
-// reaches it through a link that the cut cuts too. Witnesses and lease
-// buckets are region-local, the owners' bucket is shared (in region 0).
+// reaches it through a link that the cut cuts too. Lease buckets are
+// region-local, the witness and the owners' bucket shared (in region 0).
 // Through a cut of several leases, region 0 fails nothing but ordered
 // requests while the ordered tag's lease moves (at most two leases), and
 // region 1 keeps serving plain segment IDs from buffers sized in time
@@ -542,7 +542,14 @@ func TestSharedStore(t *testing.T) {
 		}
 		w.start(r, cfg)
 	}
-	checkPlacement(t, w, []string{"dispenser_workers", "dispenser_witness"})
+	checkPlacement(t, w, []string{"dispenser_workers"})
+	// One witness for the one store, where its first worker (region 0's)
+	// opened it: docs/regions.md.
+	if s, err := w.js(1).Stream(t.Context(), "KV_dispenser_witness"); err != nil {
+		t.Errorf("the shared witness: %v", err)
+	} else if c := s.CachedInfo().Cluster; c == nil || c.Name != faultnet.RegionName(0) {
+		t.Errorf("the shared witness is in cluster %+v, want %s", c, faultnet.RegionName(0))
+	}
 	l := startLoad(t, w, "segment", "ordered", "snowflake")
 
 	l.waitCalls(t, p.regions, "ordered", 20)

@@ -78,5 +78,7 @@ func TestConformance(t *testing.T) {
 			}
 		},
 		Prefix: "mysql: ",
+		// Leaf may serve leaf_alloc (TestPerRegionRefusedBesideLeaf).
+		NoPerRegion: true,
 	})
 }

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -8,10 +9,10 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 )
 
-// testRegions: a store records the region settings of per-region mode
-// once (segment.CheckRegions), refuses other settings, hides the record
-// from every listing, and refuses per-region mode when it already holds
-// tags handed out as one region.
+// testRegions: a store records its region settings once
+// (segment.CheckRegions), one region included, refuses other settings,
+// hides the record from every listing, and refuses per-region mode when it
+// already holds tags handed out as one region.
 func testRegions(t *testing.T, c Config) {
 	s := newStore(t, c)
 	rs, ok := s.(segment.RegionStore)
@@ -21,12 +22,25 @@ func testRegions(t *testing.T, c Config) {
 	if _, found, err := rs.ReadRegions(ctx(t)); err != nil || found {
 		t.Fatalf("ReadRegions of a new store = found %v, %v; want nothing", found, err)
 	}
-	if err := segment.CheckRegions(ctx(t), rs, segment.Regions{}); err != nil {
-		t.Fatalf("CheckRegions(one region) = %v", err)
+	if c.NoPerRegion {
+		for _, r := range []segment.Regions{{Count: 3, Region: 1}, {Count: 2}} {
+			if err := segment.CheckRegions(ctx(t), rs, r); !errors.Is(err, segment.ErrInvalidArgument) {
+				t.Errorf("CheckRegions(%+v) = %v, want %v: the store refuses per-region mode", r, err, segment.ErrInvalidArgument)
+			}
+		}
+		if _, found, err := rs.ReadRegions(ctx(t)); err != nil || found {
+			t.Fatalf("after refusals ReadRegions = found %v, %v; want nothing", found, err)
+		}
+	} else {
+		testPerRegionRecord(t, s, rs)
 	}
-	if _, found, _ := rs.ReadRegions(ctx(t)); found {
-		t.Fatal("CheckRegions(one region) recorded settings")
-	}
+	testOneRegionRecord(t, c)
+	testRegionsAfterTags(t, c)
+}
+
+// testPerRegionRecord: per-region settings are recorded once, other
+// settings refused, and the record is no tag.
+func testPerRegionRecord(t *testing.T, s Store, rs segment.RegionStore) {
 	want := segment.Regions{Count: 3, Region: 1}
 	// Workers of one region starting together all pass; of two regions
 	// at most one does.
@@ -89,6 +103,54 @@ func testRegions(t *testing.T, c Config) {
 		}
 	}
 
+}
+
+// testOneRegionRecord: one region is recorded as well.
+func testOneRegionRecord(t *testing.T, c Config) {
+	// One region is recorded too, on an empty store: a worker of
+	// per-region mode started later on it would hand out v×R+N beside the
+	// first one's v (TestRegionSettingsOfOneStore in worker/pgstore). A
+	// read (MatchRegions) records nothing.
+	oneStore := newStore(t, c)
+	one := oneStore.(segment.RegionStore)
+	if err := segment.MatchRegions(ctx(t), one, segment.Regions{Count: 2, Region: 1}); err != nil {
+		t.Fatalf("MatchRegions on a new store = %v", err)
+	}
+	if _, found, _ := one.ReadRegions(ctx(t)); found {
+		t.Fatal("MatchRegions recorded settings")
+	}
+	if err := segment.CheckRegions(ctx(t), one, segment.Regions{}); err != nil {
+		t.Fatalf("CheckRegions(one region) = %v", err)
+	}
+	if got, found, err := one.ReadRegions(ctx(t)); err != nil || !found || got != (segment.Regions{Count: 1}) {
+		t.Fatalf("after CheckRegions(one region): ReadRegions = %+v, found %v, %v; want one region recorded", got, found, err)
+	}
+	for _, tc := range []struct {
+		name string
+		r    segment.Regions
+		want error
+	}{
+		{"one region again", segment.Regions{}, nil},
+		{"Count 1", segment.Regions{Count: 1}, nil},
+		{"per-region after one region", segment.Regions{Count: 2, Region: 1}, segment.ErrRegionMismatch},
+		{"per-region region 0 after one region", segment.Regions{Count: 2}, segment.ErrRegionMismatch},
+	} {
+		for name, check := range map[string]func(context.Context, segment.RegionStore, segment.Regions) error{
+			"CheckRegions": segment.CheckRegions, "MatchRegions": segment.MatchRegions} {
+			if err := check(ctx(t), one, tc.r); !errors.Is(err, tc.want) {
+				t.Errorf("%s: %s(%+v) = %v, want %v", tc.name, name, tc.r, err, tc.want)
+			}
+		}
+	}
+	if names, err := oneStore.Tags(ctx(t)); err != nil || len(names) != 0 {
+		t.Errorf("Tags lists %q (%v): the one-region record is not a tag", names, err)
+	}
+
+}
+
+// testRegionsAfterTags: per-region settings are refused on a store that
+// handed out IDs as one region, which stays as it was.
+func testRegionsAfterTags(t *testing.T, c Config) {
 	// A store that handed out IDs as one region is refused, and stays so.
 	old := newStore(t, c)
 	createTag(t, old, "orders", 10, 1)

@@ -51,6 +51,11 @@ type Config struct {
 	NewBackend func(tb testing.TB) (open func(tb testing.TB) Store)
 	// Prefix starts the message of every error of the store, e.g. "kv: ".
 	Prefix string
+	// NoPerRegion: the store refuses per-region settings
+	// (segment.ErrInvalidArgument) and records one region only, as the
+	// MySQL store does (a Leaf may serve its table); the Regions test
+	// checks the refusal instead of the per-region record.
+	NoPerRegion bool
 }
 
 // Run runs the suite, each test as a subtest of t on a backend of its own.
