@@ -29,7 +29,11 @@ WORKDIR /data
 EXPOSE 4222
 
 ENTRYPOINT ["/dispenser"]
-# Zero-setup mode reachable from outside the container. Any arguments given
+# Zero-setup mode reachable from outside the container. Clients without
+# credentials may only request IDs: answering them and JetStream need the
+# worker's own key (/data/dispenser.nk, docs/operations.md "Who may do
+# what"); cmd/dispenser's TestImageDefaultRefusesUnauthenticatedPeers runs
+# these arguments. One container per /data volume. Any arguments given
 # to `podman run` replace these: pass --nats-listen and --data-dir again, or
 # --nats-url for an existing NATS. Metrics are off unless --metrics-addr is
 # given (no default port).

@@ -2,17 +2,23 @@ package worker
 
 import (
 	"cmp"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // NATS says how to reach NATS: the URL and the credentials and TLS files
@@ -34,6 +40,10 @@ type NATS struct {
 	// empty: URL, Creds and NKey. A second user in JSURL keeps JetStream
 	// rights away from the connection that answers requests.
 	JSURL, JSCreds, JSNKey string
+
+	// own are options of a worker's connections to the embedded server
+	// it started (EmbeddedServer.NATS): its credentials; nil otherwise.
+	own []nats.Option
 }
 
 // Options returns the connection options of the connection that answers
@@ -102,6 +112,7 @@ const (
 // asynchronous errors.
 func (n NATS) connect(name string, jetStream bool, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	log = log.With("conn", name)
+	extra = append(n.own[:len(n.own):len(n.own)], extra...)
 	return n.Connect(name, jetStream, append([]nats.Option{
 		nats.PingInterval(PingInterval),
 		nats.MaxPingsOutstanding(MaxPingsOut),
@@ -158,7 +169,8 @@ type Embedded struct {
 	// Listen is the address it listens on. Default "127.0.0.1:4222".
 	Listen string
 	// DataDir is its data directory; JetStream stores under DataDir/jetstream.
-	// Default "./dispenser-data".
+	// Default "./dispenser-data". One process at a time holds it
+	// (LockFile; ErrDataDirInUse).
 	DataDir string
 }
 
@@ -168,7 +180,8 @@ type Embedded struct {
 // the only record of a tag's max_id and of a worker ID's timestamp bound,
 // and JetStream's default (sync every two minutes) lets an OS crash or
 // power loss roll acknowledged writes back, after which a restarted worker
-// would hand out IDs again.
+// would hand out IDs again. The options have no authorization (package
+// dispensertest, the bench); StartEmbedded adds it.
 func EmbeddedOptions(name, host string, port int, storeDir string, syncAlways bool) *server.Options {
 	return &server.Options{
 		ServerName: name,
@@ -182,10 +195,82 @@ func EmbeddedOptions(name, host string, port int, storeDir string, syncAlways bo
 	}
 }
 
+// KeyFile is the file in the data directory that holds the NKey seed of
+// the embedded nats-server's worker user (0600, a new key every start),
+// for admin commands run beside the worker: `dispenser tags list
+// --nats-url nats://127.0.0.1:4222 --nats-nkey ./dispenser-data/dispenser.nk`.
+const KeyFile = "dispenser.nk"
+
+// RequesterUser is the user of the embedded nats-server that a client
+// without credentials is (no_auth_user).
+const RequesterUser = "requester"
+
+// EmbeddedServer is a running embedded nats-server (StartEmbedded) and the
+// data directory it holds. Close stops it and releases the directory.
+type EmbeddedServer struct {
+	*server.Server
+	lock    *dirLock
+	keyFile string
+	// own are the options of the worker's connections: the worker user's
+	// NKey and a private inbox prefix.
+	own []nats.Option
+}
+
+// Who may do what on the embedded nats-server.
+//
+// Safety argument: a server reachable by others (the image listens on
+// 0.0.0.0, and loopback is reachable by every process of the host) must
+// not let a peer answer ID requests (it would hand out forged IDs, which
+// clients would then hold twice) nor use JetStream (it could delete or
+// rewind the buckets, after which IDs repeat). Requesters still need no
+// set-up. So the server has two users, and always, on loopback too:
+//
+//   - the worker user, an NKey made at every start and never sent (the
+//     server checks a signature of its nonce): all rights. The worker's
+//     own connections log in with it (EmbeddedServer.NATS) and use a
+//     random private inbox prefix, which no requester can subscribe to, so
+//     that no requester reads or answers the worker's JetStream replies.
+//     Its seed is also written to DataDir/KeyFile (0600) for admin
+//     commands: whoever can read the data directory can read or change
+//     the JetStream store directly anyway, so the file gives no one more.
+//   - RequesterUser, the no_auth_user: a client without credentials is
+//     it. It may publish only requests to the service's endpoints and
+//     subscribe only to _INBOX.>: it cannot subscribe to the service's
+//     subjects (no queue group, no forged answers), to $SRV (no forged
+//     discovery), nor publish to $JS, $KV, $SRV (micro's $SRV handlers
+//     answer any reply subject, with the worker's rights), to the owners'
+//     forwarding subjects (owners trust them), or to anyone's inbox (no
+//     forged replies). Its password is random and never used.
+//
+// Reply subjects a requester chooses are checked by the service
+// (docs/operations.md, the reply-subject rule).
+func embeddedAuth(o *server.Options, prefix, workerKey string) error {
+	pw := make([]byte, 24)
+	if _, err := rand.Read(pw); err != nil {
+		return err
+	}
+	o.Nkeys = []*server.NkeyUser{{Nkey: workerKey}}
+	o.Users = []*server.User{{
+		Username: RequesterUser,
+		Password: hex.EncodeToString(pw),
+		Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{
+				prefix + ".segment.*", prefix + ".snowflake", prefix + ".snowflake.decode", prefix + ".direct.*.*",
+			}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+		},
+	}}
+	o.NoAuthUser = RequesterUser
+	return nil
+}
+
 // StartEmbedded starts a nats-server with JetStream listening on
-// e.Listen and storing under e.DataDir, syncing every write.
-func StartEmbedded(e Embedded) (*server.Server, error) {
+// e.Listen and storing under e.DataDir, syncing every write, for the
+// service under prefix (embeddedAuth). It takes the data directory's
+// lock first (ErrDataDirInUse) and makes sure the address is free.
+func StartEmbedded(e Embedded, prefix string) (*EmbeddedServer, error) {
 	listen, dataDir := cmp.Or(e.Listen, DefaultListen), cmp.Or(e.DataDir, DefaultDataDir)
+	prefix = cmp.Or(prefix, DefaultPrefix)
 	host, portStr, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --nats-listen %q: %w", ErrConfig, listen, err)
@@ -194,14 +279,104 @@ func StartEmbedded(e Embedded) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: --nats-listen %q: bad port: %w", ErrConfig, listen, err)
 	}
-	ns, err := server.NewServer(EmbeddedOptions("dispenser", host, port, filepath.Join(dataDir, "jetstream"), true))
+	// Lock order: the data directory before anything else, so that a
+	// second worker on it says so (not that the port is taken) and
+	// nothing opens the store before the lock is held.
+	lock, err := lockDataDir(dataDir)
 	if err != nil {
-		return nil, fmt.Errorf("embedded nats-server: %w", err)
+		return nil, err
 	}
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		ns.Shutdown()
-		return nil, fmt.Errorf("embedded nats-server did not start listening on %s", listen)
+	es := &EmbeddedServer{lock: lock}
+	fail := func(err error) (*EmbeddedServer, error) {
+		es.Close()
+		return nil, err
 	}
-	return ns, nil
+	if port > 0 {
+		// nats-server, logging nothing here, would only not become ready:
+		// find out now, and say why.
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			return fail(listenError(listen, err))
+		}
+		ln.Close()
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return fail(fmt.Errorf("embedded nats-server: worker key: %w", err))
+	}
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	if es.keyFile, err = writeKeyFile(dataDir, seed); err != nil {
+		return fail(err)
+	}
+	opts := EmbeddedOptions("dispenser", host, port, filepath.Join(dataDir, "jetstream"), true)
+	if err := embeddedAuth(opts, prefix, pub); err != nil {
+		return fail(fmt.Errorf("embedded nats-server: %w", err))
+	}
+	inbox := make([]byte, 8)
+	rand.Read(inbox)
+	es.own = []nats.Option{
+		nats.Nkey(pub, kp.Sign),
+		nats.CustomInboxPrefix("_INBOX_dispenser_" + hex.EncodeToString(inbox)),
+	}
+	if es.Server, err = server.NewServer(opts); err != nil {
+		return fail(fmt.Errorf("embedded nats-server: %w", err))
+	}
+	es.Start()
+	if !es.ReadyForConnections(10 * time.Second) {
+		return fail(fmt.Errorf("embedded nats-server did not start listening on %s within 10s (is the address taken by another process? --nats-listen picks another)", listen))
+	}
+	return es, nil
+}
+
+// listenError explains why the embedded server cannot listen on listen.
+func listenError(listen string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("--nats-listen %s: address already in use: another process listens there (another dispenser worker or a nats-server?); give this worker another address with --nats-listen HOST:PORT, or, to use that NATS server, --nats-url nats://%s: %w", listen, listen, err)
+	}
+	return fmt.Errorf("--nats-listen %s: cannot listen there: %w", listen, err)
+}
+
+// writeKeyFile writes seed to dir/KeyFile, readable by the owner only,
+// replacing an older one at once (rename), and returns its path.
+func writeKeyFile(dir string, seed []byte) (string, error) {
+	path := filepath.Join(dir, KeyFile)
+	f, err := os.CreateTemp(dir, KeyFile+".*") // 0600
+	if err != nil {
+		return "", fmt.Errorf("--data-dir %s: key file: %w", dir, err)
+	}
+	_, err = f.Write(append(seed, '\n'))
+	err = errors.Join(err, f.Close())
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("--data-dir %s: key file: %w", dir, err)
+	}
+	return path, nil
+}
+
+// NATS returns how the worker's own connections reach the server: its
+// URL, the worker user's NKey and a private inbox prefix.
+func (e *EmbeddedServer) NATS() NATS {
+	return NATS{URL: e.ClientURL(), own: e.own}
+}
+
+// KeyFile returns the path of the worker user's NKey seed file (KeyFile).
+func (e *EmbeddedServer) KeyFile() string { return e.keyFile }
+
+// Close shuts the server down, waits until it has closed its JetStream
+// files, removes the key file (its key dies with the server) and only then
+// releases the data directory. Calls after the first do nothing.
+func (e *EmbeddedServer) Close() {
+	if e.Server != nil {
+		e.Shutdown()
+		e.WaitForShutdown()
+	}
+	if e.keyFile != "" {
+		os.Remove(e.keyFile)
+		e.keyFile = ""
+	}
+	e.lock.unlock()
 }

@@ -26,7 +26,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,9 +39,17 @@ import (
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
-// ErrConfig means a Config (or a flag behind it) cannot work; New returns
-// it before it starts anything.
-var ErrConfig = errors.New("worker: invalid configuration")
+var (
+	// ErrConfig means a Config (or a flag behind it) cannot work; New
+	// returns it before it starts anything.
+	ErrConfig = errors.New("worker: invalid configuration")
+	// ErrDataDirInUse means another process (or another worker of this
+	// one) holds the embedded nats-server's data directory (LockFile).
+	ErrDataDirInUse = errors.New("worker: data directory in use")
+	// ErrNetworkDataDir means the data directory is on a file system where
+	// its lock cannot be trusted to keep a second worker out.
+	ErrNetworkDataDir = errors.New("worker: data directory cannot be locked safely")
+)
 
 // Defaults of Config's zero values.
 const (
@@ -228,8 +235,12 @@ type Worker struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	ns        *server.Server // embedded; nil with Config.NATS.URL
-	jsnc      *nats.Conn     // JetStream: store, witness and leases
+	// ns is the embedded nats-server; nil with Config.NATS.URL. nats is
+	// how the worker connects: Config.NATS, or ns's (EmbeddedServer.NATS).
+	ns   *EmbeddedServer
+	nats NATS
+
+	jsnc      *nats.Conn // JetStream: store, witness and leases
 	store     *Store
 	leaseName string // snowflake lease bucket identity and epoch; "" without snowflake
 	alloc     *segment.Allocator
@@ -288,14 +299,18 @@ func (w *Worker) start(ctx context.Context) error {
 	cfg := w.cfg
 	nopts := cfg.NATS
 	if nopts.URL == "" {
-		ns, err := StartEmbedded(cfg.Embedded)
+		ns, err := StartEmbedded(cfg.Embedded, cfg.Prefix)
 		if err != nil {
 			return err
 		}
 		w.ns = ns
-		nopts.URL = ns.ClientURL()
-		w.log.Info("embedded nats-server started", "listen", nopts.URL, "store", filepath.Join(cfg.Embedded.DataDir, "jetstream"))
+		// Only the embedded server's own credentials: the credentials and
+		// TLS flags are for a NATS given by --nats-url.
+		nopts = ns.NATS()
+		w.log.Info("embedded nats-server started", "listen", nopts.URL, "store", filepath.Join(cfg.Embedded.DataDir, "jetstream"),
+			"admin_nkey", ns.KeyFile())
 	}
+	w.nats = nopts
 	// Two connections: one serves requests and is drained on shutdown, the
 	// other carries JetStream (KV store, leases) until the very end. They
 	// may log in as two users, so that the one answering requests, whose
@@ -518,7 +533,7 @@ func (w *Worker) lameDuck(old *nats.Conn) {
 // server closes it, and what was in flight on it is lost (clients retry).
 func (w *Worker) move(svc *dispenser.Service, old *nats.Conn) {
 	w.log.Info("nats server entering lame-duck mode: moving to another server", "url", old.ConnectedUrlRedacted())
-	nopts := w.cfg.NATS
+	nopts := w.nats
 	nopts.URL = moveURLs(cmp.Or(w.cfg.NATS.URL, old.ConnectedUrl()), old.DiscoveredServers())
 	nc, err := nopts.connect(w.cfg.Instance, false, w.log, nats.LameDuckModeHandler(w.lameDuck))
 	if err != nil {
@@ -619,8 +634,7 @@ func (w *Worker) close() error {
 		w.store.Close()
 	}
 	if w.ns != nil {
-		w.ns.Shutdown()
-		w.ns.WaitForShutdown()
+		w.ns.Close() // after its clients; releases the data directory last
 	}
 	return errors.Join(errs...)
 }

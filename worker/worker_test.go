@@ -16,11 +16,11 @@ import (
 // write every JetStream message to disk before acknowledging it, or a crash
 // of the machine can roll back a tag's max_id or a lease's bound.
 func TestEmbeddedNATSSyncsEveryWrite(t *testing.T) {
-	ns, err := StartEmbedded(Embedded{Listen: "127.0.0.1:-1", DataDir: t.TempDir()})
+	ns, err := StartEmbedded(Embedded{Listen: "127.0.0.1:-1", DataDir: t.TempDir()}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	t.Cleanup(ns.Close)
 	if cfg := ns.JetStreamConfig(); cfg == nil || !cfg.SyncAlways {
 		t.Fatalf("JetStream config %+v: want SyncAlways", cfg)
 	}

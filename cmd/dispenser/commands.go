@@ -107,7 +107,7 @@ func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, clos
 		if err != nil {
 			nc.Close()
 			closeDB()
-			return nil, nil, nil, fmt.Errorf("witness bucket %q: %w", bucket, err)
+			return nil, nil, nil, refused(nc, fmt.Errorf("witness bucket %q: %w", bucket, err))
 		}
 		return st, witness.New(kvb, raiser, witness.Settings{}), func() { nc.Close(); closeDB() }, nil
 	}
@@ -124,9 +124,19 @@ func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, clos
 	}
 	if st, err = (worker.KV{Bucket: f.bucket}).OpenStore(ctx, js, env); err != nil {
 		nc.Close()
-		return nil, nil, nil, err
+		return nil, nil, nil, refused(nc, err)
 	}
 	return st, nil, nc.Close, nil
+}
+
+// refused adds to err, when the server refused nc a permission, how to
+// get the rights on a worker's embedded nats-server, which gives them to
+// the worker's key only (worker.KeyFile).
+func refused(nc *nats.Conn, err error) error {
+	if last := nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) {
+		return fmt.Errorf("%w (%v: a worker's embedded nats-server lets only the worker's key administer it: add --nats-nkey DATA-DIR/%s, e.g. --nats-nkey ./dispenser-data/%s)", err, last, worker.KeyFile, worker.KeyFile)
+	}
+	return err
 }
 
 // connect connects to --nats-url.

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/testenv"
+	"github.com/dispenser-dev/dispenser/worker"
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
@@ -414,12 +415,17 @@ func TestZeroSetup(t *testing.T) {
 	if err != nil || !strings.Contains(out, parts.Time) {
 		t.Fatalf("dispenser decode %s: %q, %v; want time %s", sf, out, err, parts.Time)
 	}
-	// The KV store is administered with --nats-url.
+	// The KV store is administered with --nats-url and the worker's key
+	// (a client without it is a requester: worker.RequesterUser).
 	url := "nats://" + listen
-	if out, err := runCmd(t, "tags", "create", "orders", "--step", "50", "--start", "1000", "--nats-url", url); err != nil {
+	if out, err := runCmd(t, "tags", "list", "--nats-url", url); err == nil || !strings.Contains(err.Error(), "--nats-nkey ./dispenser-data/dispenser.nk") {
+		t.Fatalf("tags list without the worker's key: %v %s; want a refusal that names --nats-nkey", err, out)
+	}
+	key := filepath.Join("dispenser-data", worker.KeyFile)
+	if out, err := runCmd(t, "tags", "create", "orders", "--step", "50", "--start", "1000", "--nats-url", url, "--nats-nkey", key); err != nil {
 		t.Fatalf("tags create: %v %s", err, out)
 	}
-	out, err = runCmd(t, "tags", "list", "--nats-url", url)
+	out, err = runCmd(t, "tags", "list", "--nats-url", url, "--nats-nkey", key)
 	if err != nil || !strings.Contains(out, "demo") || !strings.Contains(out, "orders  1000") {
 		t.Fatalf("tags list: %q, %v", out, err)
 	}

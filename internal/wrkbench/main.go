@@ -35,6 +35,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -154,7 +155,13 @@ func run(conns, threads int, d time.Duration, rounds int) error {
 	}), ReadHeaderTimeout: 5 * time.Second}
 	go bare.Serve(ln)
 	defer bare.Close()
-	nc, err := nats.Connect(w.URL())
+	// Answering bench.bare needs the worker's rights on its embedded
+	// server: requesters without credentials may only ask the service.
+	key, err := nats.NkeyOptionFromSeed(filepath.Join(dir, worker.KeyFile))
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(w.URL(), key)
 	if err != nil {
 		return err
 	}
