@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"strings"
 	"time"
 
@@ -124,6 +125,9 @@ func (cfg *Config) validate() error {
 	if cfg.Segments == nil && cfg.Snowflake == nil {
 		return errors.New("dispenser: nothing to serve: set Segments or Snowflake")
 	}
+	if !semVer.MatchString(cfg.Version) {
+		return fmt.Errorf("dispenser: Version %q: not a semantic version (micro clients require one)", cfg.Version)
+	}
 	if !validSubjectPrefix(cfg.Prefix) {
 		return fmt.Errorf("dispenser: subject prefix %q: want dot-separated tokens without wildcards or spaces", cfg.Prefix)
 	}
@@ -141,6 +145,9 @@ func (cfg *Config) validate() error {
 	}
 	return nil
 }
+
+// semVer is micro's rule for a service version (ADR-32: SemVer 2.0).
+var semVer = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$`)
 
 func validSubjectPrefix(p string) bool {
 	for _, tok := range strings.Split(p, ".") {

@@ -8,3 +8,6 @@ func SetClock(s *Service, now func() time.Time) {
 	s.now = now
 	s.statsMu.Unlock()
 }
+
+// HandedOff returns how many snowflake requests s handed to another worker.
+func HandedOff(s *Service) uint64 { return s.handedOff.Load() }

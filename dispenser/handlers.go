@@ -2,25 +2,26 @@ package dispenser
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 
-	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 )
 
 // handleSegment serves a segment request; sc is its handler's memory.
-func (s *Service) handleSegment(req micro.Request, sc *scratch) {
+func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r := s.newReplier(req, "segment")
+	r := s.newReplier(ep, req)
 	r.scratch = sc
-	tag, err := protocol.ParseTag(req.Subject(), s.segPrefix)
+	tag, err := protocol.ParseTag(req.Subject, s.segPrefix)
 	if err != nil {
 		r.fail(err)
 		return
@@ -108,11 +109,11 @@ func (s *Service) takeNumbered(r replier, tag string, n int, dst []segment.Run) 
 }
 
 // handleSnowflake serves a snowflake request; sc is its handler's memory.
-func (s *Service) handleSnowflake(req micro.Request, sc *scratch) {
+func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r := s.newReplier(req, "snowflake")
+	r := s.newReplier(ep, req)
 	n, format, err := s.parse(req)
 	if err == nil && format == protocol.FormatFormatted {
 		err = errFormattedSnowflake
@@ -124,7 +125,9 @@ func (s *Service) handleSnowflake(req micro.Request, sc *scratch) {
 	ids, err := s.cfg.Snowflake.AppendIDs(sc.ids[:0], n)
 	sc.ids = ids
 	if err != nil {
-		r.fail(err)
+		if !s.handOff(ep, req, err) {
+			r.fail(err)
+		}
 		return
 	}
 	if format == protocol.FormatRange {
@@ -136,12 +139,12 @@ func (s *Service) handleSnowflake(req micro.Request, sc *scratch) {
 	r.respond(sc.buf, n)
 }
 
-func (s *Service) handleDecode(req micro.Request) {
+func (s *Service) handleDecode(ep *endpoint, req *nats.Msg, _ *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r := s.newReplier(req, "snowflake_decode")
-	body := strings.TrimSpace(string(req.Data()))
+	r := s.newReplier(ep, req)
+	body := strings.TrimSpace(string(req.Data))
 	id, err := strconv.ParseInt(body, 10, 64)
 	if err != nil || id < 0 {
 		r.fail(fmt.Errorf("%w: %q is not a snowflake ID (a non-negative decimal int64)", protocol.ErrBadCount, truncate(body, 64)))
@@ -152,7 +155,11 @@ func (s *Service) handleDecode(req micro.Request) {
 		r.fail(fmt.Errorf("%w: %d is not a snowflake ID of layout %s (at most %d)", protocol.ErrBadCount, id, layout, layout.MaxID()))
 		return
 	}
-	if err := req.RespondJSON(layout.Decode(id, s.cfg.Snowflake.Epoch())); err != nil {
-		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject(), "err", err)
+	data, err := json.Marshal(layout.Decode(id, s.cfg.Snowflake.Epoch()))
+	if err == nil {
+		err = s.conn().Publish(req.Reply, data)
+	}
+	if err != nil {
+		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject, "err", err)
 	}
 }

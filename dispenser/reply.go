@@ -15,15 +15,15 @@ import (
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
-// replier answers one request. Inline answers go through micro (so that its
-// stats count them); answers from a parked request's goroutine are published
-// directly, because micro's request may not be touched after the handler
-// returned. A request another worker forwarded has no micro request: it is
-// always answered by publishing.
+// replier answers one request, by publishing on the connection the service
+// serves on now. Inline answers (from the endpoint's handler) use the
+// handler's scratch memory; answers from a parked request's goroutine
+// (detach) do not. A request another worker forwarded has no endpoint.
 type replier struct {
 	s        *Service
-	req      micro.Request // nil for a forwarded request
-	reply    string        // the requester's reply subject
+	ep       *endpoint // nil for a forwarded or direct request
+	forward  bool      // forwarded in a batch: reply is a slice of it
+	reply    string    // the requester's reply subject
 	inline   bool
 	scratch  *scratch // the handler's memory, for inline replies of IDs
 	endpoint string
@@ -41,9 +41,9 @@ type replier struct {
 	format protocol.Format
 }
 
-func (s *Service) newReplier(req micro.Request, endpoint string) replier {
-	r := replier{s: s, req: req, reply: req.Reply(), inline: true, endpoint: endpoint}
-	if h := req.Headers(); len(h) > 0 {
+func (s *Service) newReplier(ep *endpoint, req *nats.Msg) replier {
+	r := replier{s: s, ep: ep, reply: req.Reply, inline: true, endpoint: ep.name}
+	if h := req.Header; len(h) > 0 {
 		_, r.worker = h[protocol.WorkerHeader]
 		_, r.wantDirect = h[protocol.DirectHeader]
 	}
@@ -58,7 +58,7 @@ func (s *Service) newReplier(req micro.Request, endpoint string) replier {
 type replies struct{ s *Service }
 
 func (rs replies) Forwarded(f protocol.Forward, tag string) replier {
-	r := replier{s: rs.s, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format}
+	r := replier{s: rs.s, forward: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format}
 	if rs.s.metrics != nil {
 		r.start = time.Now()
 	}
@@ -106,7 +106,7 @@ func (replies) Detach(r replier) replier { return r.detach() }
 // publishing, and without a forwarded batch's memory.
 func (r replier) detach() replier {
 	r.inline, r.scratch = false, nil
-	if r.req == nil {
+	if r.forward {
 		// A forwarded request's reply subject is a slice of its whole
 		// batch: do not keep the batch while the request waits.
 		r.reply = strings.Clone(r.reply)
@@ -119,12 +119,9 @@ func (r replier) respond(data []byte, ids int) {
 	// IDs finds them counted.
 	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
 	var err error
-	switch {
-	case (r.worker || r.owner != "") && r.inline:
-		err = r.req.Respond(data, micro.WithHeaders(r.header()))
-	case r.worker || r.owner != "":
+	if r.worker || r.owner != "" {
 		err = r.s.conn().PublishMsg(&nats.Msg{Subject: r.reply, Header: nats.Header(r.header()), Data: data})
-	default: // a plain publish: micro's Respond costs a nats.Msg per reply
+	} else { // a plain publish: a nats.Msg per reply costs
 		err = r.s.conn().Publish(r.reply, data)
 	}
 	if err != nil {
@@ -148,21 +145,16 @@ func (r replier) header() micro.Headers {
 func (r replier) fail(err error) {
 	code, desc := r.s.Classify(err)
 	r.s.metrics.observe(r.endpoint, r.tag, code, 0, r.start)
-	var perr error
-	switch {
-	case r.inline && r.worker:
-		perr = r.req.Error(code, desc, nil, micro.WithHeaders(micro.Headers{protocol.WorkerHeader: []string{r.s.ID()}}))
-	case r.inline:
-		perr = r.req.Error(code, desc, nil)
-	default:
-		msg := nats.NewMsg(r.reply)
-		msg.Header.Set(micro.ErrorHeader, desc)
-		msg.Header.Set(micro.ErrorCodeHeader, code)
-		if r.worker {
-			msg.Header.Set(protocol.WorkerHeader, r.s.ID())
-		}
-		perr = r.s.conn().PublishMsg(msg)
+	if r.ep != nil {
+		r.ep.failed(code + ":" + desc)
 	}
+	msg := nats.NewMsg(r.reply)
+	msg.Header.Set(micro.ErrorHeader, desc)
+	msg.Header.Set(micro.ErrorCodeHeader, code)
+	if r.worker {
+		msg.Header.Set(protocol.WorkerHeader, r.s.ID())
+	}
+	perr := r.s.conn().PublishMsg(msg)
 	if perr != nil {
 		r.s.cfg.Logger.Warn("dispenser: error reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", perr)
 	}

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/protocol"
@@ -27,8 +28,8 @@ func headerValues(h micro.Headers, key string) []string {
 }
 
 // parse reads the count and format of a request.
-func (s *Service) parse(req micro.Request) (int, protocol.Format, error) {
-	return s.parseMsg(req.Headers(), req.Data())
+func (s *Service) parse(req *nats.Msg) (int, protocol.Format, error) {
+	return s.parseMsg(micro.Headers(req.Header), req.Data)
 }
 
 // parseMsg reads the count and format of a request's headers and body.
@@ -66,8 +67,8 @@ func (s *Service) checkFits(n int, format protocol.Format) error {
 // admit reports whether the service may answer req at all: only if its
 // reply subject passes CheckReply. A refused request is counted and logged
 // (at a bounded rate); it gets no answer and takes no ID.
-func (s *Service) admit(req micro.Request) bool {
-	return s.admitReply(req.Reply(), req.Subject())
+func (s *Service) admit(req *nats.Msg) bool {
+	return s.admitReply(req.Reply, req.Subject)
 }
 
 func (s *Service) admitReply(reply, subject string) bool {

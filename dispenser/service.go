@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
 
 	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/snowflake"
@@ -77,6 +78,9 @@ type Service struct {
 	// (none, or one CheckReply refuses); refuseLog spaces their log lines.
 	noReply, badReply atomic.Uint64
 	refuseLog         rateLimit
+	// handedOff counts the snowflake requests this worker could not serve
+	// and handed to another worker (handOff).
+	handedOff atomic.Uint64
 
 	mu      sync.Mutex // protects stopped, replacing bound and adding endpoints
 	stopped bool
@@ -91,21 +95,21 @@ type Service struct {
 }
 
 // binding is what ties the service to the connection it serves on: the
-// micro service with its endpoints, and the ordered tags with their
-// subscription to forwarded requests. It does not change once published,
-// but for segment, which s.mu protects.
+// endpoints, discovery, and the ordered tags with their subscription to
+// forwarded requests. Its fields do not change once published; the
+// endpoints join and leave their queue groups (endpoint.mu), and added is
+// set once the segment endpoint first joined (under s.mu).
 type binding struct {
 	conn    *nats.Conn
-	svc     micro.Service
 	id      string // micro service ID: unique per binding
-	group   micro.Group
+	disc    *discovery
 	ordered *ordered.Tags[replier] // nil without Owners or Segments
 	baseSub int                    // subscriptions on conn before the service's
-	segment bool                   // the segment endpoint is added
-	// segScratch and sfScratch are the segment and snowflake handlers'
-	// memory: each endpoint's handler runs on its subscription's
-	// goroutine, one per binding.
-	segScratch, sfScratch scratch
+	// seg, sf and decode are the endpoints; sf and decode nil without
+	// Snowflake. added: seg has been added (it joins once the tag list
+	// has loaded).
+	seg, sf, decode *endpoint
+	added           atomic.Bool
 }
 
 // conn returns the connection the service serves on now: any reply can go
@@ -210,6 +214,10 @@ func New(cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("dispenser: adding endpoint: %w", err)
 		}
 	}
+	if sv, ok := cfg.Snowflake.(servable); ok {
+		s.bg.Add(1)
+		go s.watchSnowflake(sv)
+	}
 	// Make sure the server knows our subscriptions before we say we serve.
 	if err := cfg.Conn.FlushTimeout(5 * time.Second); err != nil {
 		s.stop()
@@ -218,61 +226,86 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// bind registers the service on nc: the micro service, then (after
-// registered, if set, has not failed) the ordered tags' subscription, then
-// the snowflake endpoints, and the segment endpoint if the tag list has
-// loaded. On an error nothing stays registered.
+// bind registers the service on nc: discovery, then (after registered,
+// if set, has not failed) the ordered tags' subscription, then the
+// snowflake endpoints (the ID endpoint only while the generator can issue),
+// and the segment endpoint if the tag list has loaded. On an error nothing
+// stays registered.
 func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding, error) {
 	cfg := s.cfg
-	b := &binding{conn: nc, baseSub: nc.NumSubscriptions()}
-	svc, err := micro.AddService(nc, micro.Config{
-		Name:    Name,
-		Version: cfg.Version,
-		Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases,
-			PrefixMetadata: cfg.Prefix, QueueGroupMetadata: cfg.QueueGroup,
-			RegionMetadata: regionN(cfg.Region), RegionSettingsMetadata: cfg.Region.Settings},
-		Description:  "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
-		QueueGroup:   cfg.QueueGroup,
-		StatsHandler: s.stats,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dispenser: adding micro service: %w", err)
+	b := &binding{conn: nc, baseSub: nc.NumSubscriptions(), id: nuid.Next()}
+	b.disc = &discovery{
+		identity: micro.ServiceIdentity{Name: Name, ID: b.id, Version: cfg.Version,
+			Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases,
+				PrefixMetadata: cfg.Prefix, QueueGroupMetadata: cfg.QueueGroup,
+				RegionMetadata: regionN(cfg.Region), RegionSettingsMetadata: cfg.Region.Settings}},
+		description: "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
+		started:     time.Now().UTC(),
+		endpoints:   b.endpoints,
+		data:        s.stats,
 	}
-	b.svc, b.id = svc, svc.Info().ID
+	if err := b.disc.start(nc); err != nil {
+		return nil, err
+	}
 	if registered != nil {
 		if err := registered(b); err != nil {
-			_ = svc.Stop()
+			b.disc.stop()
 			return nil, err
 		}
 	}
+	var err error
 	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be routed
 		b.ordered, err = ordered.New(ordered.Settings[replier]{Conn: nc, Allocator: cfg.Segments, Owners: cfg.Owners,
 			Subject: cfg.OwnerSubject, Direct: cfg.OwnerID, Prefix: cfg.Prefix, Replies: replies{s}, MaxBatch: cfg.MaxBatch, Logger: cfg.Logger,
 			Forwarded: &s.forwarded, DirectServed: &s.direct, Misdirected: &s.misdirected, NoOwner: &s.noOwner}, b.id)
 		if err != nil {
-			_ = svc.Stop()
+			b.disc.stop()
 			return nil, fmt.Errorf("dispenser: %w", err)
 		}
 	}
-	b.group = svc.AddGroup(cfg.Prefix)
+	b.seg = newEndpoint(nc, "segment", cfg.Prefix+".segment.>", cfg.QueueGroup, // dotted tags get their 400
+		map[string]string{"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range"},
+		s.handleSegment)
 	if cfg.Snowflake != nil {
-		err = b.group.AddEndpoint("snowflake", micro.HandlerFunc(func(req micro.Request) { s.handleSnowflake(req, &b.sfScratch) }),
-			micro.WithEndpointMetadata(map[string]string{
-				"description": "snowflake IDs: body empty or a count N; header Id-Format: list|range",
-			}))
-		if err == nil {
-			err = b.group.AddEndpoint("snowflake_decode", micro.HandlerFunc(s.handleDecode),
-				micro.WithEndpointSubject("snowflake.decode"),
-				micro.WithEndpointMetadata(map[string]string{
-					"description": "body a snowflake ID; replies JSON with time, worker and sequence",
-				}))
+		b.sf = newEndpoint(nc, "snowflake", cfg.Prefix+".snowflake", cfg.QueueGroup,
+			map[string]string{"description": "snowflake IDs: body empty or a count N; header Id-Format: list|range"},
+			s.handleSnowflake)
+		b.decode = newEndpoint(nc, "snowflake_decode", cfg.Prefix+".snowflake.decode", cfg.QueueGroup,
+			map[string]string{"description": "body a snowflake ID; replies JSON with time, worker and sequence"},
+			s.handleDecode)
+		err = b.decode.join()
+		if err == nil && s.snowflakeServable() {
+			err = b.sf.join()
 		}
 		if err != nil {
 			s.unbindNow(b)
-			return nil, fmt.Errorf("dispenser: adding endpoint: %w", err)
+			return nil, err
 		}
 	}
 	return b, nil
+}
+
+// endpoints returns the endpoints b has: the segment endpoint once added.
+func (b *binding) endpoints() []*endpoint {
+	eps := make([]*endpoint, 0, 3)
+	if b.added.Load() {
+		eps = append(eps, b.seg)
+	}
+	if b.sf != nil {
+		eps = append(eps, b.sf, b.decode)
+	}
+	return eps
+}
+
+// close leaves every endpoint's queue group for good and stops discovery;
+// requests already received are still handled.
+func (b *binding) close() {
+	b.seg.close()
+	if b.sf != nil {
+		b.sf.close()
+		b.decode.close()
+	}
+	b.disc.stop()
 }
 
 // unbindNow stops b's registrations without waiting for requests in flight.
@@ -281,21 +314,17 @@ func (s *Service) unbindNow(b *binding) {
 		_ = b.ordered.Drain()
 		b.ordered.Leave()
 	}
-	_ = b.svc.Stop()
+	b.close()
 }
 
 // addSegmentEndpoint adds the segment endpoint to b unless the service
 // stopped or b has it. Call it with s.mu held.
 func (s *Service) addSegmentEndpoint(b *binding) error {
-	if s.stopped || b.segment {
+	if s.stopped || b.added.Load() {
 		return nil
 	}
-	err := b.group.AddEndpoint("segment", micro.HandlerFunc(func(req micro.Request) { s.handleSegment(req, &b.segScratch) }),
-		micro.WithEndpointSubject("segment.>"), // dotted tags get their 400
-		micro.WithEndpointMetadata(map[string]string{
-			"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range",
-		}))
-	b.segment = err == nil
+	err := b.seg.join()
+	b.added.Store(err == nil)
 	return err
 }
 
@@ -324,7 +353,7 @@ func (s *Service) addSegmentEndpointWhenLoaded() {
 }
 
 // Info returns the micro service's identity and endpoints.
-func (s *Service) Info() micro.Info { return s.bound.Load().svc.Info() }
+func (s *Service) Info() micro.Info { return s.bound.Load().disc.info() }
 
 // Stop stops taking requests and waits, at most until ctx ends, until the
 // requests already received have been answered. It does not close the
@@ -391,18 +420,19 @@ func (s *Service) stop() (*binding, error) {
 	b := s.bound.Load()
 	s.mu.Unlock()
 	s.bg.Wait()
-	return b, s.unbind(b)
+	s.unbind(b)
+	return b, nil
 }
 
 // unbind stops b's ordered tags from taking forwarded requests and b's
 // micro service, which drain their subscriptions.
-func (s *Service) unbind(b *binding) error {
+func (s *Service) unbind(b *binding) {
 	if b.ordered != nil {
 		if err := b.ordered.Drain(); err != nil {
 			s.cfg.Logger.Warn("dispenser: stopping", "err", err)
 		}
 	}
-	return b.svc.Stop()
+	b.close()
 }
 
 // Move serves on nc from now on, for a connection whose server is going
@@ -421,7 +451,7 @@ func (s *Service) Move(ctx context.Context, nc *nats.Conn) (*nats.Conn, error) {
 	}
 	old := s.bound.Load()
 	b, err := s.bind(nc, nil)
-	if err == nil && old.segment {
+	if err == nil && old.added.Load() {
 		err = s.addSegmentEndpoint(b)
 	}
 	if err == nil {
@@ -436,8 +466,6 @@ func (s *Service) Move(ctx context.Context, nc *nats.Conn) (*nats.Conn, error) {
 	}
 	s.bound.Store(b)
 	s.mu.Unlock()
-	if err := s.unbind(old); err != nil {
-		return old.conn, fmt.Errorf("dispenser: leaving %s: %w", old.conn.ConnectedUrlRedacted(), err)
-	}
+	s.unbind(old)
 	return old.conn, s.drained(ctx, old)
 }

@@ -2,6 +2,7 @@ package dispenser_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,12 +82,20 @@ func TestSnowflakeEndpoints(t *testing.T) {
 	if body, code := request(t, nc, "id.snowflake", "", nats.Header{protocol.FormatHeader: []string{"formatted"}}); code != "400" {
 		t.Errorf("Id-Format: formatted: %q code %q, want 400", body, code)
 	}
-	// A closed worker (lease released) answers 503, never an ID.
+	// A closed worker (lease released) never answers an ID: it hands the
+	// request on (answering 503 when nobody else can serve it) and leaves
+	// the queue group (no responders).
 	if err := w.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if body, code := request(t, nc, "id.snowflake", "", nil); code != "503" {
-		t.Fatalf("after Close: %q code %q, want 503", body, code)
+	resp, err := nc.Request("id.snowflake", nil, 10*time.Second)
+	if code := ""; err == nil {
+		code = resp.Header.Get(micro.ErrorCodeHeader)
+		if code != "503" {
+			t.Fatalf("after Close: %q code %q, want 503", resp.Data, code)
+		}
+	} else if !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("after Close: %v; want 503 or no responders", err)
 	}
 }
 

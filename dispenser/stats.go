@@ -4,8 +4,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
-
 	"github.com/dispenser-dev/dispenser/segment"
 )
 
@@ -18,8 +16,8 @@ const statsEvery = time.Second
 // fetched most recently, so that the reply fits in a NATS message.
 const StatsTags = 1000
 
-func (s *Service) stats(e *micro.Endpoint) any {
-	switch e.Name {
+func (s *Service) stats(endpoint string) any {
+	switch endpoint {
 	case "segment":
 		s.statsMu.Lock()
 		defer s.statsMu.Unlock()

@@ -89,6 +89,10 @@ const (
 	// not carry it; nor does one to a request without it, so that clients
 	// that do not follow it pay nothing for it.
 	DirectHeader = "Id-Direct"
+	// HopHeader marks a request a worker that could not serve it published
+	// again for another worker of its queue group to answer; a worker
+	// answers such a request itself rather than hand it on again.
+	HopHeader = "Id-Hop"
 	// ErrorCodeHeader and ErrorHeader carry a failure's code and
 	// description: the headers of NATS micro services.
 	ErrorCodeHeader = "Nats-Service-Error-Code"

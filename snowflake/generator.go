@@ -346,6 +346,28 @@ func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
 	}
 }
 
+// Servable reports whether AppendIDs can issue now, as far as the lease and
+// the clock go: the generator is not refused (unleased, revoked, closed),
+// not fenced (its lease's monotonic validity or its timestamp bound is
+// passed), and its clock is not behind the last timestamp used by more than
+// MaxBackwards. It does not foresee ErrOverloaded, which passes within
+// milliseconds.
+func (g *Generator) Servable() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.refusal != nil || g.fenced {
+		return false
+	}
+	nowMs, mono := g.readLocked()
+	if g.leased && mono >= g.validUntil {
+		return false
+	}
+	if g.clockMs-nowMs > g.maxBackMs {
+		return false
+	}
+	return max(nowMs, g.lastMs) < g.boundMs
+}
+
 // readLocked reads the clocks: wall time in ms since the epoch and, for a
 // leased generator, monotonic time.
 func (g *Generator) readLocked() (nowMs int64, mono time.Duration) {

@@ -658,6 +658,10 @@ func (w *Worker) AppendIDs(dst []int64, n int) ([]int64, error) {
 // Next returns one new ID; errors as for AppendIDs.
 func (w *Worker) Next() (int64, error) { return w.gen.Next() }
 
+// Servable reports whether the worker can issue IDs now (Generator.Servable):
+// it holds a valid lease and its clock is not behind.
+func (w *Worker) Servable() bool { return w.gen.Servable() }
+
 // Unavailable reports whether err means "cannot issue right now" (HTTP 503),
 // that is errors.Is(err, ErrUnavailable).
 func (w *Worker) Unavailable(err error) bool { return Unavailable(err) }

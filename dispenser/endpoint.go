@@ -1,0 +1,352 @@
+package dispenser
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/snowflake"
+)
+
+// endpoint is one request subscription of the service: what micro calls an
+// endpoint, kept by the service itself so that the worker can leave the
+// endpoint's queue group while it cannot serve it and join again once it
+// can (docs/reliability.md, "A worker that cannot serve is not asked").
+// Its requests, errors and processing time are counted as micro counts them
+// ($SRV.STATS), without micro's per-request lock.
+//
+// A worker out of an endpoint's queue group still lists the endpoint in
+// $SRV.INFO, with the metadata "serving": "false", so that `nats micro info`
+// says which endpoints a worker serves.
+type endpoint struct {
+	name, subject, queue string
+	metadata             map[string]string // never changed after newEndpoint
+	conn                 *nats.Conn
+	handle               func(*endpoint, *nats.Msg, *scratch)
+
+	mu     sync.Mutex         // protects sub and closed
+	sub    *nats.Subscription // nil while out of the queue group
+	closed bool               // close was called: never joins again
+
+	requests, errs atomic.Uint64
+	processing     atomic.Int64 // nanoseconds spent in handle, in total
+	lastError      atomic.Pointer[string]
+}
+
+// ServingMetadata is the endpoint metadata key saying whether the worker is
+// in the endpoint's queue group now ("true") or has left it until it can
+// serve again ("false").
+const ServingMetadata = "serving"
+
+// newEndpoint returns an endpoint that handles each request with h, on its
+// subscription's goroutine, with that subscription's scratch memory.
+func newEndpoint(nc *nats.Conn, name, subject, queue string, metadata map[string]string, h func(*endpoint, *nats.Msg, *scratch)) *endpoint {
+	return &endpoint{name: name, subject: subject, queue: queue, metadata: metadata, conn: nc, handle: h}
+}
+
+// join subscribes the endpoint in its queue group, unless it is in it or
+// was closed.
+func (e *endpoint) join() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed || e.sub != nil {
+		return nil
+	}
+	// Each subscription has its own scratch: one left and still draining
+	// may run beside the next one joined.
+	sc := new(scratch)
+	sub, err := e.conn.QueueSubscribe(e.subject, e.queue, func(msg *nats.Msg) {
+		start := time.Now()
+		e.handle(e, msg, sc)
+		e.requests.Add(1)
+		e.processing.Add(int64(time.Since(start)))
+	})
+	if err != nil {
+		return fmt.Errorf("dispenser: subscribing %s: %w", e.subject, err)
+	}
+	// micro's limits: a slow worker must not drop requests silently.
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("dispenser: subscribing %s: %w", e.subject, err)
+	}
+	e.sub = sub
+	return nil
+}
+
+// leave takes the endpoint out of its queue group: the server gets the
+// unsubscription before anything the caller publishes next on the same
+// connection, so a request handed on right after it cannot come back here.
+// Requests already received are still handled (a drain). It reports
+// whether the endpoint was in the group.
+func (e *endpoint) leave() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.leaveLocked()
+}
+
+func (e *endpoint) leaveLocked() bool {
+	if e.sub == nil {
+		return false
+	}
+	if err := e.sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		_ = e.sub.Unsubscribe()
+	}
+	e.sub = nil
+	return true
+}
+
+// close leaves the queue group for good.
+func (e *endpoint) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	e.leaveLocked()
+}
+
+// serving reports whether the endpoint is in its queue group.
+func (e *endpoint) serving() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sub != nil
+}
+
+// failed counts an error reply with its description.
+func (e *endpoint) failed(desc string) {
+	e.errs.Add(1)
+	e.lastError.Store(&desc)
+}
+
+// info is the endpoint's entry in $SRV.INFO.
+func (e *endpoint) info() micro.EndpointInfo {
+	md := maps.Clone(e.metadata)
+	if md == nil {
+		md = map[string]string{}
+	}
+	md[ServingMetadata] = fmt.Sprint(e.serving())
+	return micro.EndpointInfo{Name: e.name, Subject: e.subject, QueueGroup: e.queue, Metadata: md}
+}
+
+// stats is the endpoint's entry in $SRV.STATS, with data as its data.
+func (e *endpoint) stats(data any) *micro.EndpointStats {
+	st := &micro.EndpointStats{Name: e.name, Subject: e.subject, QueueGroup: e.queue,
+		NumRequests: int(e.requests.Load()), NumErrors: int(e.errs.Load()), ProcessingTime: time.Duration(e.processing.Load())}
+	if st.NumRequests > 0 {
+		st.AverageProcessingTime = st.ProcessingTime / time.Duration(st.NumRequests)
+	}
+	if p := e.lastError.Load(); p != nil {
+		st.LastError = *p
+	}
+	if data != nil {
+		if b, err := json.Marshal(data); err == nil {
+			st.Data = b
+		}
+	}
+	return st
+}
+
+// discovery answers micro's discovery requests ($SRV.PING, $SRV.INFO and
+// $SRV.STATS, each for all services, this service's name, and this
+// instance) for one binding, as micro.AddService would (ADR-32): nats
+// micro ls/info/stats and every micro client see a micro service.
+type discovery struct {
+	identity    micro.ServiceIdentity
+	description string
+	started     time.Time
+	endpoints   func() []*endpoint
+	data        func(endpoint string) any // an endpoint's stats data, or nil
+	subs        []*nats.Subscription
+}
+
+// verbs are the discovery requests, as micro names them.
+var verbs = []micro.Verb{micro.PingVerb, micro.InfoVerb, micro.StatsVerb}
+
+// start subscribes the discovery subjects on nc.
+func (d *discovery) start(nc *nats.Conn) error {
+	for _, v := range verbs {
+		h := d.handler(v)
+		for _, subj := range []string{
+			micro.APIPrefix + "." + v.String(),
+			micro.APIPrefix + "." + v.String() + "." + d.identity.Name,
+			micro.APIPrefix + "." + v.String() + "." + d.identity.Name + "." + d.identity.ID,
+		} {
+			sub, err := nc.Subscribe(subj, h)
+			if err != nil {
+				d.stop()
+				return fmt.Errorf("dispenser: subscribing %s: %w", subj, err)
+			}
+			d.subs = append(d.subs, sub)
+		}
+	}
+	return nil
+}
+
+// stop drains the discovery subscriptions.
+func (d *discovery) stop() {
+	for _, sub := range d.subs {
+		_ = sub.Drain()
+	}
+	d.subs = nil
+}
+
+func (d *discovery) handler(v micro.Verb) nats.MsgHandler {
+	return func(msg *nats.Msg) {
+		if msg.Reply == "" {
+			return
+		}
+		var resp any
+		switch v {
+		case micro.PingVerb:
+			resp = micro.Ping{ServiceIdentity: d.identity, Type: micro.PingResponseType}
+		case micro.InfoVerb:
+			resp = d.info()
+		case micro.StatsVerb:
+			resp = d.stats()
+		}
+		if b, err := json.Marshal(resp); err == nil {
+			_ = msg.Respond(b)
+		}
+	}
+}
+
+// info is the service's $SRV.INFO answer.
+func (d *discovery) info() micro.Info {
+	eps := d.endpoints()
+	info := micro.Info{ServiceIdentity: d.identity, Type: micro.InfoResponseType, Description: d.description,
+		Endpoints: make([]micro.EndpointInfo, 0, len(eps))}
+	for _, e := range eps {
+		info.Endpoints = append(info.Endpoints, e.info())
+	}
+	return info
+}
+
+// stats is the service's $SRV.STATS answer.
+func (d *discovery) stats() micro.Stats {
+	eps := d.endpoints()
+	st := micro.Stats{ServiceIdentity: d.identity, Type: micro.StatsResponseType, Started: d.started,
+		Endpoints: make([]*micro.EndpointStats, 0, len(eps))}
+	for _, e := range eps {
+		st.Endpoints = append(st.Endpoints, e.stats(d.data(e.name)))
+	}
+	return st
+}
+
+// servable is what a Snowflake tells of itself for the endpoint to leave
+// the queue group (*snowflake.Worker implements it): whether it can issue
+// now. A Snowflake without it stays in the group and answers 503.
+type servable interface{ Servable() bool }
+
+// servableEvery is how often the service asks whether its snowflake
+// generator can issue, to leave or join the endpoint's queue group.
+const servableEvery = 50 * time.Millisecond
+
+// watchSnowflake keeps the current binding's snowflake endpoint in its
+// queue group exactly while the generator can issue, until the service
+// stops. A request that finds the generator unable to issue before the
+// watcher noticed is handed on (handOff).
+func (s *Service) watchSnowflake(sv servable) {
+	defer s.bg.Done()
+	t := time.NewTicker(servableEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		b := s.bound.Load()
+		switch ok := sv.Servable(); {
+		case ok && !b.sf.serving():
+			if err := b.sf.join(); err != nil {
+				s.cfg.Logger.Warn("dispenser: joining the snowflake endpoint again", "err", err)
+				continue
+			}
+			s.cfg.Logger.Info("dispenser: snowflake IDs can be issued again; back in the queue group", "subject", b.sf.subject)
+		case !ok && b.sf.leave():
+			s.cfg.Logger.Warn("dispenser: snowflake IDs cannot be issued (no valid lease, or the clock is behind); "+
+				"left the queue group until they can", "subject", b.sf.subject)
+		}
+	}
+}
+
+// snowflakeServable reports whether the snowflake endpoint may join its
+// queue group now.
+func (s *Service) snowflakeServable() bool {
+	sv, ok := s.cfg.Snowflake.(servable)
+	return !ok || sv.Servable()
+}
+
+// handOffWait bounds how long a handed-on request waits for the other
+// worker's reply; the Go client's attempt lasts client.AttemptTimeout
+// (2.5 s).
+const handOffWait = 2 * time.Second
+
+// handOff hands a snowflake request this worker cannot serve (err says the
+// generator cannot issue: no lease, fenced, clock behind, closed) to another
+// worker, and reports whether it did; if it did not, the caller answers
+// err. It takes the endpoint out of its queue group, then sends the
+// request again, unchanged but for protocol.HopHeader, as a request of its
+// own on the same connection: the server processes the unsubscription
+// first, so the queue group gives the request to another worker, whose
+// reply it passes on to the requester. With no other worker (no
+// responders), or none answering within handOffWait, it answers err
+// itself (503). A request that was handed on once already is not handed
+// on again: it is answered, so that a request never circles. Nothing was
+// taken for it here, so handing it on cannot duplicate anything; an ID
+// the other worker took for a reply that came too late is a gap.
+func (s *Service) handOff(ep *endpoint, req *nats.Msg, err error) bool {
+	if _, ok := s.cfg.Snowflake.(servable); !ok || !snowflake.Unavailable(err) || errors.Is(err, snowflake.ErrOverloaded) {
+		return false // overloaded: every worker is, and it passes in milliseconds
+	}
+	if ep.leave() {
+		s.cfg.Logger.Warn("dispenser: snowflake IDs cannot be issued; left the queue group until they can",
+			"subject", ep.subject, "err", err)
+	}
+	if req.Header.Get(protocol.HopHeader) != "" {
+		return false
+	}
+	msg := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: make(nats.Header, len(req.Header)+1)}
+	for k, v := range req.Header {
+		msg.Header[k] = v
+	}
+	msg.Header.Set(protocol.HopHeader, "1")
+	// A subscription of its own for the reply, gone once it came: a
+	// request's response subscription would stay on the connection, and
+	// Stop waits until the service's subscriptions there are gone.
+	msg.Reply = ep.conn.NewInbox()
+	sub, serr := ep.conn.SubscribeSync(msg.Reply)
+	if serr != nil {
+		return false
+	}
+	if perr := ep.conn.PublishMsg(msg); perr != nil {
+		_ = sub.Unsubscribe()
+		return false
+	}
+	r := s.newReplier(ep, req).detach()
+	s.handedOff.Add(1)
+	s.parked.Add(1)
+	go func() {
+		defer s.parked.Done()
+		defer sub.Unsubscribe()
+		resp, rerr := sub.NextMsg(handOffWait)
+		if rerr == nil && resp.Header.Get("Status") != "" && len(resp.Data) == 0 {
+			rerr = nats.ErrNoResponders // the server's status message: nobody took it
+		}
+		if rerr != nil {
+			s.cfg.Logger.Debug("dispenser: a handed-on snowflake request got no reply", "err", rerr)
+			r.fail(err)
+			return
+		}
+		if perr := ep.conn.PublishMsg(&nats.Msg{Subject: req.Reply, Header: resp.Header, Data: resp.Data}); perr != nil {
+			s.cfg.Logger.Warn("dispenser: passing on a handed-on reply failed", "reply", req.Reply, "err", perr)
+		}
+	}()
+	return true
+}
