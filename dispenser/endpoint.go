@@ -144,10 +144,9 @@ func (e *endpoint) stats(data any) *micro.EndpointStats {
 	if p := e.lastError.Load(); p != nil {
 		st.LastError = *p
 	}
-	if data != nil {
-		if b, err := json.Marshal(data); err == nil {
-			st.Data = b
-		}
+	// As micro with a StatsHandler: data for every endpoint, null if none.
+	if b, err := json.Marshal(data); err == nil {
+		st.Data = b
 	}
 	return st
 }
@@ -162,7 +161,11 @@ type discovery struct {
 	started     time.Time
 	endpoints   func() []*endpoint
 	data        func(endpoint string) any // an endpoint's stats data, or nil
-	subs        []*nats.Subscription
+	// admit is the service's reply-subject rule (Service.admitReply): a
+	// discovery request may not make the worker publish where no reply
+	// goes, any more than an ID request may.
+	admit func(reply, subject string) bool
+	subs  []*nats.Subscription
 }
 
 // verbs are the discovery requests, as micro names them.
@@ -198,7 +201,7 @@ func (d *discovery) stop() {
 
 func (d *discovery) handler(v micro.Verb) nats.MsgHandler {
 	return func(msg *nats.Msg) {
-		if msg.Reply == "" {
+		if !d.admit(msg.Reply, msg.Subject) {
 			return
 		}
 		var resp any

@@ -243,6 +243,7 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 		started:     time.Now().UTC(),
 		endpoints:   b.endpoints,
 		data:        s.stats,
+		admit:       s.admitReply,
 	}
 	if err := b.disc.start(nc); err != nil {
 		return nil, err
