@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/internal/htmlpage"
+	"github.com/dispenser-dev/dispenser/internal/redact"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
@@ -81,10 +82,10 @@ func (w *Worker) Status() *Status {
 		s.ServiceID = w.svc.ID()
 	}
 	if nc := w.conn(); nc != nil {
-		s.NATSURL, s.NATSStatus = nc.ConnectedUrlRedacted(), nc.Status().String()
+		s.NATSURL, s.NATSStatus = redact.URL(nc.ConnectedUrl()), nc.Status().String()
 	}
 	if w.jsnc != nil {
-		s.JetStreamURL, s.JetStreamStatus = w.jsnc.ConnectedUrlRedacted(), w.jsnc.Status().String()
+		s.JetStreamURL, s.JetStreamStatus = redact.URL(w.jsnc.ConnectedUrl()), w.jsnc.Status().String()
 	}
 	if w.store != nil {
 		s.Store = w.store.Name

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -34,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/redact"
 	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -240,10 +242,13 @@ type Worker struct {
 	http      *http.Server         // metrics and health; nil without MetricsAddr
 	httpAddr  string               // the metrics server's address
 	httpDone  chan struct{}        // closed when the metrics server's goroutine returns
-	leaf      *http.Server         // Leaf's HTTP API; nil without HTTPAddr
-	leafAddr  string               // its address
-	leafDone  chan struct{}        // closed when its goroutine returns
-	leafNC    *nats.Conn           // its requests for ordered tags; nil without HTTPAddr
+	// readyLogged is when /readyz last logged why the worker is not
+	// ready (UnixNano; 0: never).
+	readyLogged atomic.Int64
+	leaf        *http.Server  // Leaf's HTTP API; nil without HTTPAddr
+	leafAddr    string        // its address
+	leafDone    chan struct{} // closed when its goroutine returns
+	leafNC      *nats.Conn    // its requests for ordered tags; nil without HTTPAddr
 
 	closeOnce sync.Once
 	closeErr  error // Close's result; written once under closeOnce
@@ -264,6 +269,12 @@ type Worker struct {
 func New(ctx context.Context, cfg Config) (*Worker, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	// The context (--nats-context) decides, with the flags, whether the
+	// worker connects or starts an embedded nats-server (an empty URL).
+	var err error
+	if cfg.NATS, err = cfg.NATS.Resolve(); err != nil {
 		return nil, err
 	}
 	w := &Worker{cfg: cfg, log: cfg.Logger}
@@ -419,7 +430,7 @@ func (w *Worker) start(ctx context.Context) error {
 		}
 	}
 	info := w.svc.Info()
-	attrs := []any{"service", info.Name, "id", info.ID, "nats", nopts.URL, "prefix", cfg.Prefix,
+	attrs := []any{"service", info.Name, "id", info.ID, "nats", redact.URL(nopts.URL), "prefix", cfg.Prefix,
 		"queue_group", cfg.QueueGroup, "store", w.store.Name, "startup", time.Since(t0).Round(time.Millisecond)}
 	if cfg.Region.On() {
 		attrs = append(attrs, "region", cfg.Region.String())
@@ -517,7 +528,7 @@ func (w *Worker) lameDuck(old *nats.Conn) {
 // the connection, the worker stays: its connection reconnects when the
 // server closes it, and what was in flight on it is lost (clients retry).
 func (w *Worker) move(svc *dispenser.Service, old *nats.Conn) {
-	w.log.Info("nats server entering lame-duck mode: moving to another server", "url", old.ConnectedUrlRedacted())
+	w.log.Info("nats server entering lame-duck mode: moving to another server", "url", redact.URL(old.ConnectedUrl()))
 	nopts := w.cfg.NATS
 	nopts.URL = moveURLs(cmp.Or(w.cfg.NATS.URL, old.ConnectedUrl()), old.DiscoveredServers())
 	nc, err := nopts.connect(w.cfg.Instance, false, w.log, nats.LameDuckModeHandler(w.lameDuck))
@@ -544,7 +555,7 @@ func (w *Worker) move(svc *dispenser.Service, old *nats.Conn) {
 	w.nc = nc
 	w.connMu.Unlock()
 	old.Close()
-	w.log.Info("moved", "id", svc.ID(), "url", nc.ConnectedUrlRedacted())
+	w.log.Info("moved", "id", svc.ID(), "url", redact.URL(nc.ConnectedUrl()))
 }
 
 // SegmentStats returns the allocator's state of every tag.
@@ -655,7 +666,10 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 	mux.HandleFunc("GET /status", w.serveStatus)
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
 		if err := w.ready(r.Context()); err != nil {
-			http.Error(rw, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			// The page names the part only: the error may name hosts and
+			// users (a store's), and anyone reaching the port reads it.
+			w.logNotReady(err)
+			http.Error(rw, "not ready: "+err.part, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(rw, "ready")
@@ -674,19 +688,45 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 	return nil
 }
 
+// notReady says which part of a worker is not ready (part: "nats",
+// "snowflake" or "store", what /readyz shows) and why (err, only logged).
+type notReady struct {
+	part string
+	err  error
+}
+
+func (e *notReady) Error() string { return e.part + ": " + e.err.Error() }
+func (e *notReady) Unwrap() error { return e.err }
+
+// readyLogEvery bounds how often /readyz logs why the worker is not
+// ready: a probe, or anyone reaching the port, may ask many times a
+// second.
+const readyLogEvery = 10 * time.Second
+
+// logNotReady logs why the worker is not ready, at most every
+// readyLogEvery.
+func (w *Worker) logNotReady(err *notReady) {
+	now := time.Now().UnixNano()
+	last := w.readyLogged.Load()
+	if last != 0 && now-last < int64(readyLogEvery) || !w.readyLogged.CompareAndSwap(last, now) {
+		return
+	}
+	w.log.Warn("not ready", "part", err.part, "err", err.err)
+}
+
 // ready reports why the worker cannot serve, or nil: it must be connected
 // to NATS (both connections), hold a valid snowflake lease, and its store
 // must answer or its buffers hold IDs.
-func (w *Worker) ready(ctx context.Context) error {
+func (w *Worker) ready(ctx context.Context) *notReady {
 	for _, nc := range []*nats.Conn{w.conn(), w.jsnc} {
 		if !nc.IsConnected() {
-			return fmt.Errorf("nats: %s", nc.Status())
+			return &notReady{"nats", fmt.Errorf("connection %s", nc.Status())}
 		}
 	}
 	if w.sf != nil {
 		st, _ := w.sf.Stats().(snowflake.WorkerStats)
 		if !st.Held || st.Fenced || st.ClockBehind {
-			return fmt.Errorf("snowflake: lease held %v, fenced %v, clock behind %v", st.Held, st.Fenced, st.ClockBehind)
+			return &notReady{"snowflake", fmt.Errorf("lease held %v, fenced %v, clock behind %v", st.Held, st.Fenced, st.ClockBehind)}
 		}
 	}
 	if w.alloc == nil {
@@ -705,7 +745,7 @@ func (w *Worker) ready(ctx context.Context) error {
 	if w.alloc.Totals().Remaining > 0 {
 		return nil // warm buffers keep serving while the store is away
 	}
-	return fmt.Errorf("store unreachable and no warm buffers: %w", err)
+	return &notReady{"store", fmt.Errorf("unreachable and no warm buffers: %w", err)}
 }
 
 // fetchHistogram registers the segment fetch latency histogram and returns
