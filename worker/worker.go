@@ -116,6 +116,11 @@ type Config struct {
 	MetricsAddr string
 	MetricsTags []string
 
+	// HTTP limits both HTTP servers (MetricsAddr, HTTPAddr): timeouts,
+	// header size, concurrent connections (--http-max-conns). Zero fields:
+	// the defaults.
+	HTTP HTTPLimits
+
 	// HTTPAddr, if not empty, serves Meituan Leaf's HTTP API there
 	// (--http-addr): /api/segment/get/{key}, /api/snowflake/get/{key},
 	// /decodeSnowflakeId, /cache and /db, from the same allocator and
@@ -199,6 +204,9 @@ func (c Config) validate() error {
 	}
 	if err == nil {
 		err = c.Region.check()
+	}
+	if err == nil {
+		err = c.HTTP.check()
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
@@ -674,8 +682,7 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 		}
 		fmt.Fprintln(rw, "ready")
 	})
-	w.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return w.ctx }}
+	w.http, ln = w.cfg.HTTP.serve(ln, mux, w.ctx)
 	w.httpDone = make(chan struct{})
 	go func() {
 		defer close(w.httpDone)
