@@ -35,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/htmlpage"
 	"github.com/dispenser-dev/dispenser/internal/redact"
 	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
@@ -250,6 +251,9 @@ type Worker struct {
 	http      *http.Server         // metrics and health; nil without MetricsAddr
 	httpAddr  string               // the metrics server's address
 	httpDone  chan struct{}        // closed when the metrics server's goroutine returns
+	// statusSnap is the status page's state, computed at most once a
+	// second for every viewer.
+	statusSnap htmlpage.Snapshot[*Status]
 	// readyLogged is when /readyz last logged why the worker is not
 	// ready (UnixNano; 0: never).
 	readyLogged atomic.Int64
@@ -286,6 +290,8 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{cfg: cfg, log: cfg.Logger}
+	w.statusSnap.Compute = func(context.Context) (*Status, error) { return w.fullStatus(), nil }
+	w.statusSnap.OnCompute = testStatusComputed
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if err := w.start(ctx); err != nil {
 		return nil, errors.Join(err, w.Close())
