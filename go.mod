@@ -14,6 +14,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/rs/zerolog v1.28.0
+	golang.org/x/net v0.60.0
 	golang.org/x/sync v0.24.0
 )
 

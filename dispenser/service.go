@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dispenser-dev/dispenser/internal/redact"
 	"github.com/dispenser-dev/dispenser/protocol"
 
 	"github.com/nats-io/nats.go"
@@ -463,7 +464,7 @@ func (s *Service) Move(ctx context.Context, nc *nats.Conn) (*nats.Conn, error) {
 		if b != nil {
 			s.unbindNow(b)
 		}
-		return nil, fmt.Errorf("dispenser: moving to %s: %w", nc.ConnectedUrlRedacted(), err)
+		return nil, fmt.Errorf("dispenser: moving to %s: %w", redact.URL(nc.ConnectedUrl()), err)
 	}
 	s.bound.Store(b)
 	s.mu.Unlock()

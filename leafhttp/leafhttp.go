@@ -32,6 +32,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dispenser-dev/dispenser/internal/htmlpage"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
@@ -110,6 +111,9 @@ type Settings struct {
 	// Logger receives failures to write a response. Default
 	// slog.Default().
 	Logger *slog.Logger
+	// OnSnapshot, if not nil, is called with "cache" or "db" each time
+	// a view's snapshot is computed (tests count them).
+	OnSnapshot func(view string)
 }
 
 // Handler serves Leaf's HTTP API. It is safe for concurrent use.
@@ -120,6 +124,10 @@ type Handler struct {
 	// costs the store one walk at a time.
 	rows chan struct{}
 	bufs sync.Pool // *[]byte response bodies
+	// cache and names are the snapshots of /cache's rows and /db's tag
+	// names, computed at most once a second for every viewer.
+	cache htmlpage.Snapshot[[]Cache]
+	names htmlpage.Snapshot[[]string]
 }
 
 // New validates s and returns its Handler.
@@ -139,6 +147,11 @@ func New(s Settings) (*Handler, error) {
 	}
 	h := &Handler{s: s, mux: http.NewServeMux(), rows: make(chan struct{}, 1)}
 	h.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
+	h.cache.Compute, h.names.Compute = h.cacheRows, h.tagNames
+	if s.OnSnapshot != nil {
+		h.cache.OnCompute = func() { s.OnSnapshot("cache") }
+		h.names.OnCompute = func() { s.OnSnapshot("db") }
+	}
 	// The ID paths are served by ServeHTTP itself: everything below
 	// their prefixes, so that an empty key, or one with slashes, gets its
 	// 400 in Leaf's shape rather than the mux's 404.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"html/template"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -19,14 +20,22 @@ import (
 // and LeafAlloc). Their data is the status page's: the allocator's Stats,
 // and the store's rows.
 
-// JSONLimit is the most tags /cache and /db list in JSON; HTML lists
-// htmlpage.TagLimit, as the status page. Both are the first by name; the
-// header TotalHeader says how many there are.
-const JSONLimit = 10_000
+// JSONLimit is how many tags one page of /cache and /db lists in JSON by
+// default; HTML lists htmlpage.TagLimit, as the status page. A page is
+// the first tags by name after ?after=NAME (from the first if absent),
+// ?limit=N of them (1..htmlpage.MaxLimit); the header NextHeader names
+// the after of the next page, and TotalHeader how many tags there are.
+// The tags come from a snapshot computed at most once a second
+// (htmlpage.SnapshotEvery) and shared by every viewer.
+const JSONLimit = 1_000
 
 // TotalHeader is the response header of /cache and /db with the number of
 // tags there are, listed or not.
 const TotalHeader = "Dispenser-Tags-Total"
+
+// NextHeader is the response header of /cache and /db with the after
+// parameter of the next page; absent on the last page.
+const NextHeader = "Dispenser-Next-After"
 
 // Cache is one tag of /cache: Leaf's SegmentBufferView. Segment 0 is the
 // current segment, segment 1 the next (all zero while there is none), so
@@ -82,11 +91,31 @@ var (
 	dbTemplate    = htmlpage.Parse("db", dbHTML)
 )
 
-// page is what the HTML views render.
+// page is what the HTML views render: Rows of Total, More after them,
+// Next the after of the next page ("" on the last).
 type page[T any] struct {
 	Rows  []T
 	Total int
 	More  int
+	Next  string
+}
+
+// viewPage reads the paging parameters of a view request; it answers 400
+// and returns false if they are bad.
+func viewPage(w http.ResponseWriter, r *http.Request, asJSON bool) (htmlpage.Page, bool) {
+	limit := htmlpage.TagLimit
+	if asJSON {
+		limit = JSONLimit
+	}
+	q, err := parseQuery(r)
+	if err == nil {
+		var p htmlpage.Page
+		if p, err = htmlpage.ParsePage(q, limit); err == nil {
+			return p, true
+		}
+	}
+	http.Error(w, err.Error()+" (want ?after=NAME&limit=1.."+strconv.Itoa(htmlpage.MaxLimit)+")", http.StatusBadRequest)
+	return htmlpage.Page{}, false
 }
 
 // wantsJSON reports whether r asks for JSON: ?format=json, or an Accept
@@ -100,35 +129,43 @@ func wantsJSON(r *http.Request) bool {
 	return strings.Contains(accept, "application/json") && !strings.Contains(accept, "text/html")
 }
 
-// serveCache serves /cache.
+// cacheRows returns every tag's /cache row, by name.
+func (h *Handler) cacheRows(context.Context) ([]Cache, error) {
+	stats := h.s.Segments.Stats()
+	rows := make([]Cache, len(stats))
+	for i, st := range stats {
+		rows[i] = CacheOf(st)
+	}
+	slices.SortFunc(rows, func(a, b Cache) int { return strings.Compare(a.Key, b.Key) })
+	return rows, nil
+}
+
+// serveCache serves /cache: a page of the snapshot of every tag's row.
 func (h *Handler) serveCache(w http.ResponseWriter, r *http.Request) {
 	if !viewMethod(w, r) {
 		return
 	}
-	stats := h.s.Segments.Stats()
 	asJSON := wantsJSON(r)
-	limit := htmlpage.TagLimit
-	if asJSON {
-		limit = JSONLimit
+	p, ok := viewPage(w, r, asJSON)
+	if !ok {
+		return
 	}
-	shown, more := htmlpage.Cut(stats, limit)
-	rows := make([]Cache, len(shown))
-	for i, st := range shown {
-		rows[i] = CacheOf(st)
-	}
-	render(w, h, asJSON, cacheTemplate, page[Cache]{Rows: rows, Total: len(stats), More: more})
+	rows, _ := h.cache.Get(r.Context()) // cacheRows never fails
+	from, to, next := p.Cut(len(rows), func(i int) string { return rows[i].Key })
+	render(w, h, asJSON, cacheTemplate, page[Cache]{Rows: rows[from:to], Total: len(rows), More: len(rows) - to, Next: next})
 }
 
-// serveDB serves /db. It reads the rows of the first tags by name from
-// the store, one /db at a time, within RowsTimeout.
+// serveDB serves /db: a page of the store's tags, from a snapshot of
+// their names, and the rows of that page's tags read from the store, one
+// /db at a time, within RowsTimeout.
 func (h *Handler) serveDB(w http.ResponseWriter, r *http.Request) {
 	if !viewMethod(w, r) {
 		return
 	}
 	asJSON := wantsJSON(r)
-	limit := htmlpage.TagLimit
-	if asJSON {
-		limit = JSONLimit
+	p, ok := viewPage(w, r, asJSON)
+	if !ok {
+		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.s.RowsTimeout)
 	defer cancel()
@@ -139,7 +176,11 @@ func (h *Handler) serveDB(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the store's rows are being read for another request; try again", http.StatusServiceUnavailable)
 		return
 	}
-	rows, total, more, err := h.readRows(ctx, limit)
+	names, err := h.names.Get(ctx)
+	var rows []DB
+	if err == nil {
+		rows, err = h.readRows(ctx, names, p)
+	}
 	if err != nil {
 		if r.Context().Err() == nil {
 			h.s.Logger.Warn("leafhttp: /db: reading the store", "err", err)
@@ -147,29 +188,36 @@ func (h *Handler) serveDB(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	render(w, h, asJSON, dbTemplate, page[DB]{Rows: rows, Total: total, More: more})
+	_, to, next := p.Cut(len(names), func(i int) string { return names[i] })
+	render(w, h, asJSON, dbTemplate, page[DB]{Rows: rows, Total: len(names), More: len(names) - to, Next: next})
 }
 
-// readRows reads the store's rows of the first limit tags by name.
-func (h *Handler) readRows(ctx context.Context, limit int) (rows []DB, total, more int, err error) {
+// tagNames returns the store's tag names, sorted.
+func (h *Handler) tagNames(ctx context.Context) ([]string, error) {
 	names, err := h.s.Rows.Tags(ctx)
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, err
 	}
-	total = len(names)
-	names, more = htmlpage.Cut(names, limit)
-	rows = make([]DB, 0, len(names))
-	for _, name := range names {
+	names = slices.Clone(names)
+	slices.Sort(names)
+	return names, nil
+}
+
+// readRows reads the store's rows of the tags of names on page p.
+func (h *Handler) readRows(ctx context.Context, names []string, p htmlpage.Page) ([]DB, error) {
+	from, to, _ := p.Cut(len(names), func(i int) string { return names[i] })
+	rows := make([]DB, 0, to-from)
+	for _, name := range names[from:to] {
 		t, err := h.s.Rows.Tag(ctx, name)
 		if errors.Is(err, segment.ErrUnknownTag) {
 			continue // removed meanwhile
 		}
 		if err != nil {
-			return nil, 0, 0, err
+			return nil, err
 		}
 		rows = append(rows, DB{Key: t.Name, MaxID: t.MaxID, Step: t.Step, UpdateTime: t.UpdateTime.UTC().Format(dbTime)})
 	}
-	return rows, total, more, nil
+	return rows, nil
 }
 
 // viewMethod reports whether r may read a view: GET or HEAD; it answers
@@ -186,6 +234,9 @@ func viewMethod(w http.ResponseWriter, r *http.Request) bool {
 // render writes p as JSON (its rows) or as the HTML of t.
 func render[T any](w http.ResponseWriter, h *Handler, asJSON bool, t *template.Template, p page[T]) {
 	w.Header().Set(TotalHeader, strconv.Itoa(p.Total))
+	if p.Next != "" {
+		w.Header().Set(NextHeader, p.Next)
+	}
 	if asJSON {
 		writeJSON(w, h.s.Logger, http.StatusOK, p.Rows)
 		return

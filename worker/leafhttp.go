@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -55,8 +54,7 @@ func (w *Worker) serveLeaf(nopts NATS) error {
 		ln.Close()
 		return err
 	}
-	w.leaf = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute,
-		BaseContext: func(net.Listener) context.Context { return w.ctx }}
+	w.leaf, ln = w.cfg.HTTP.serve(ln, h, w.ctx)
 	w.leafDone = make(chan struct{})
 	go func() {
 		defer close(w.leafDone)

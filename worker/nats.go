@@ -19,26 +19,54 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/dispenser-dev/dispenser/internal/redact"
 )
 
 // NATS says how to reach NATS: the URL and the credentials and TLS files
 // of the connection that answers requests and of the one that carries
-// JetStream. User, password and token go in the URLs. `dispenser serve`,
-// the admin commands and `dispenser bench` fill it from one set of flags.
+// JetStream. No secret needs to be in a URL (where it would reach the
+// process list): credentials come from files (Creds, NKey, PasswordFile,
+// TokenFile) or from a nats CLI context (Context). `dispenser serve`, the
+// admin commands and `dispenser bench` fill it from one set of flags.
 type NATS struct {
 	// URL is the NATS server URL(s), comma-separated. In Config, empty
-	// starts an embedded nats-server (Config.Embedded).
+	// (and no URL in Context) starts an embedded nats-server
+	// (Config.Embedded).
 	URL string
+	// Context names a nats CLI context (ADR-21): the file
+	// $XDG_CONFIG_HOME/nats/context/NAME.json (default
+	// ~/.config/nats/context/NAME.json), or, if it ends in .json, the
+	// file itself. Its settings apply where the fields here are empty
+	// (ReadContext says which it reads and which it refuses); a field
+	// given here wins, and credentials given here (any of Creds, NKey,
+	// User, Password, PasswordFile, Token, TokenFile) replace the
+	// context's credentials as a whole. Empty: none; the nats CLI's
+	// selected context (context.txt, NATS_CONTEXT) is never read.
+	Context string
 	// Creds is a credentials file (user JWT and seed), NKey an NKey seed
 	// file; empty: none.
 	Creds, NKey string
+	// User and Password, or Token, authenticate with a user and password
+	// or a token. PasswordFile and TokenFile are files holding them (one
+	// line; the flags take only files, so that no secret is in the
+	// process list); Password and Token are the secrets themselves, for a
+	// program using package worker, and are never logged.
+	User, Password, PasswordFile string
+	Token, TokenFile             string
+	// InboxPrefix replaces nats.go's _INBOX as the prefix of both
+	// connections' reply subjects (nats.CustomInboxPrefix; a context's
+	// inbox_prefix); empty: _INBOX.
+	InboxPrefix string
 	// TLSCA is a CA certificate file to verify the server with; TLSCert and
 	// TLSKey a client certificate and its key (both or neither).
 	TLSCA, TLSCert, TLSKey string
 	// JSURL, JSCreds and JSNKey are those of the second connection, which
 	// carries JetStream (KV store, witness, leases) and answers no requests;
-	// empty: URL, Creds and NKey. A second user in JSURL keeps JetStream
-	// rights away from the connection that answers requests.
+	// empty: URL and the credentials of the first. JSCreds or JSNKey
+	// replace the first connection's credentials on the second as a whole.
+	// A second user keeps JetStream rights away from the connection that
+	// answers requests.
 	JSURL, JSCreds, JSNKey string
 
 	// own are options of a worker's connections to the embedded server
@@ -46,24 +74,95 @@ type NATS struct {
 	own []nats.Option
 }
 
+// hasCreds reports whether n names credentials of its own.
+func (n NATS) hasCreds() bool {
+	return n.Creds != "" || n.NKey != "" || n.User != "" || n.Password != "" || n.PasswordFile != "" ||
+		n.Token != "" || n.TokenFile != ""
+}
+
+// Resolve returns n with the settings of its context (Context) filled in
+// where n leaves them empty, and PasswordFile and TokenFile read into
+// Password and Token. Resolving a resolved NATS gives the same.
+func (n NATS) Resolve() (NATS, error) {
+	if n.Context != "" {
+		c, err := ReadContext(n.Context)
+		if err != nil {
+			return NATS{}, err
+		}
+		n.URL = cmp.Or(n.URL, c.URL)
+		if !n.hasCreds() {
+			n.User, n.Password, n.Token, n.Creds, n.NKey = c.User, c.Password, c.Token, c.Creds, c.NKey
+		}
+		n.TLSCA, n.TLSCert, n.TLSKey = cmp.Or(n.TLSCA, c.CA), cmp.Or(n.TLSCert, c.Cert), cmp.Or(n.TLSKey, c.Key)
+		n.InboxPrefix = cmp.Or(n.InboxPrefix, c.InboxPrefix)
+	}
+	var err error
+	if n.PasswordFile != "" {
+		if n.Password, err = readSecret(n.PasswordFile, "--nats-password-file"); err != nil {
+			return NATS{}, err
+		}
+	}
+	if n.TokenFile != "" {
+		if n.Token, err = readSecret(n.TokenFile, "--nats-token-file"); err != nil {
+			return NATS{}, err
+		}
+	}
+	switch {
+	case n.Password != "" && n.User == "":
+		return NATS{}, fmt.Errorf("%w: a NATS password needs a user (--nats-user)", ErrConfig)
+	case n.User != "" && n.Password == "":
+		return NATS{}, fmt.Errorf("%w: NATS user %q needs a password (--nats-password-file)", ErrConfig, n.User)
+	case n.User != "" && n.Token != "":
+		return NATS{}, fmt.Errorf("%w: give a NATS user and password or a token, not both", ErrConfig)
+	}
+	return n, nil
+}
+
+// readSecret reads a secret from the file path (flag names it in
+// errors): its first line, without the line end.
+func readSecret(path, flag string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %w", ErrConfig, flag, err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	line = strings.TrimSuffix(line, "\r")
+	if line == "" {
+		return "", fmt.Errorf("%w: %s %s: the file is empty", ErrConfig, flag, path)
+	}
+	return line, nil
+}
+
 // Options returns the connection options of the connection that answers
 // requests (jetStream false) or of the JetStream one (true): credentials,
-// NKey and TLS, not the URL.
+// NKey and TLS, not the URL. It resolves n (Resolve) first.
 func (n NATS) Options(jetStream bool) ([]nats.Option, error) {
-	creds, nkey := n.Creds, n.NKey
-	if jetStream {
-		creds, nkey = cmp.Or(n.JSCreds, creds), cmp.Or(n.JSNKey, nkey)
+	n, err := n.Resolve()
+	if err != nil {
+		return nil, err
+	}
+	if jetStream && (n.JSCreds != "" || n.JSNKey != "") {
+		n.Creds, n.NKey, n.User, n.Password, n.Token = n.JSCreds, n.JSNKey, "", "", ""
 	}
 	var opts []nats.Option
-	if creds != "" {
-		opts = append(opts, nats.UserCredentials(creds))
+	if n.Creds != "" {
+		opts = append(opts, nats.UserCredentials(n.Creds))
 	}
-	if nkey != "" {
-		opt, err := nats.NkeyOptionFromSeed(nkey)
+	if n.NKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(n.NKey)
 		if err != nil {
-			return nil, fmt.Errorf("NKey seed %s: %w", nkey, err)
+			return nil, fmt.Errorf("NKey seed %s: %w", n.NKey, err)
 		}
 		opts = append(opts, opt)
+	}
+	if n.User != "" {
+		opts = append(opts, nats.UserInfo(n.User, n.Password))
+	}
+	if n.Token != "" {
+		opts = append(opts, nats.Token(n.Token))
+	}
+	if n.InboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(n.InboxPrefix))
 	}
 	if n.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(n.TLSCA))
@@ -80,6 +179,10 @@ func (n NATS) Options(jetStream bool) ([]nats.Option, error) {
 // Connect connects to URL (jetStream false) or to JSURL, else URL (true),
 // as name, with Options, extra options after them.
 func (n NATS) Connect(name string, jetStream bool, extra ...nats.Option) (*nats.Conn, error) {
+	n, err := n.Resolve()
+	if err != nil {
+		return nil, err
+	}
 	url := n.URL
 	if jetStream {
 		url = cmp.Or(n.JSURL, url)
@@ -90,7 +193,7 @@ func (n NATS) Connect(name string, jetStream bool, extra ...nats.Option) (*nats.
 	}
 	nc, err := nats.Connect(url, append(append(opts, nats.Name(name)), extra...)...)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to nats at %s: %w", url, err)
+		return nil, fmt.Errorf("connecting to nats at %s: %w", redact.URL(url), err)
 	}
 	return nc, nil
 }
@@ -125,7 +228,7 @@ func (n NATS) connect(name string, jetStream bool, log *slog.Logger, extra ...na
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+			log.Info("nats reconnected", "url", redact.URL(nc.ConnectedUrl()))
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""

@@ -4,12 +4,15 @@ import (
 	_ "embed"
 	"io"
 	"net/http"
+	"net/url"
 	"runtime/debug"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/internal/htmlpage"
+	"github.com/dispenser-dev/dispenser/internal/redact"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
@@ -55,6 +58,9 @@ type Status struct {
 	Ordered    *ownership.Stats
 	OwnedTotal int
 	MoreOwned  int
+	// NextTags is the after parameter of the next page of tags ("" on
+	// the last page).
+	NextTags string
 }
 
 // Render writes s as an HTML page.
@@ -76,15 +82,22 @@ func (s *Status) limit() {
 // copies the state of every tag in memory (SegmentStats) to list the first
 // StatusTagLimit by name.
 func (w *Worker) Status() *Status {
+	s := w.fullStatus()
+	s.limit()
+	return s
+}
+
+// fullStatus returns the worker's state with every tag and owned tag.
+func (w *Worker) fullStatus() *Status {
 	s := &Status{Now: time.Now(), Instance: w.cfg.Instance, Version: version(), Tags: w.SegmentStats()}
 	if w.svc != nil {
 		s.ServiceID = w.svc.ID()
 	}
 	if nc := w.conn(); nc != nil {
-		s.NATSURL, s.NATSStatus = nc.ConnectedUrlRedacted(), nc.Status().String()
+		s.NATSURL, s.NATSStatus = redact.URL(nc.ConnectedUrl()), nc.Status().String()
 	}
 	if w.jsnc != nil {
-		s.JetStreamURL, s.JetStreamStatus = w.jsnc.ConnectedUrlRedacted(), w.jsnc.Status().String()
+		s.JetStreamURL, s.JetStreamStatus = redact.URL(w.jsnc.ConnectedUrl()), w.jsnc.Status().String()
 	}
 	if w.store != nil {
 		s.Store = w.store.Name
@@ -99,14 +112,38 @@ func (w *Worker) Status() *Status {
 		s.Ordered = &st
 	}
 	s.HasRollbacks, s.Rollbacks = counter(w.reg, "dispenser_segment_rollbacks_total")
-	s.limit()
 	return s
 }
 
-// serveStatus serves the status page.
-func (w *Worker) serveStatus(rw http.ResponseWriter, _ *http.Request) {
+// testStatusComputed, if not nil when a worker starts, is called each
+// time its status page's snapshot is computed (tests count them).
+var testStatusComputed func()
+
+// serveStatus serves the status page: a snapshot of the worker's state
+// computed at most once a second (htmlpage.SnapshotEvery) for every
+// viewer, with one page of its tags: ?after=NAME&limit=N (default
+// StatusTagLimit), and the first StatusTagLimit owned ordered tags.
+func (w *Worker) serveStatus(rw http.ResponseWriter, r *http.Request) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	var p htmlpage.Page
+	if err == nil {
+		p, err = htmlpage.ParsePage(q, StatusTagLimit)
+	}
+	if err != nil {
+		http.Error(rw, err.Error()+" (want ?after=NAME&limit=1.."+strconv.Itoa(htmlpage.MaxLimit)+")", http.StatusBadRequest)
+		return
+	}
+	full, _ := w.statusSnap.Get(r.Context()) // never fails
+	s := *full                               // the snapshot is shared: cut copies
+	from, to, next := p.Cut(len(full.Tags), func(i int) string { return full.Tags[i].Tag })
+	s.TotalTags, s.Tags, s.MoreTags, s.NextTags = len(full.Tags), full.Tags[from:to], len(full.Tags)-to, next
+	if full.Ordered != nil {
+		o := *full.Ordered
+		s.Ordered, s.OwnedTotal = &o, len(o.Owned)
+		o.Owned, s.MoreOwned = htmlpage.Cut(o.Owned, StatusTagLimit)
+	}
 	rw.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := w.Status().Render(rw); err != nil {
+	if err := s.Render(rw); err != nil {
 		w.log.Warn("status page", "err", err)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,6 +34,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/htmlpage"
+	"github.com/dispenser-dev/dispenser/internal/redact"
 	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -121,6 +124,11 @@ type Config struct {
 	MetricsAddr string
 	MetricsTags []string
 
+	// HTTP limits both HTTP servers (MetricsAddr, HTTPAddr): timeouts,
+	// header size, concurrent connections (--http-max-conns). Zero fields:
+	// the defaults.
+	HTTP HTTPLimits
+
 	// HTTPAddr, if not empty, serves Meituan Leaf's HTTP API there
 	// (--http-addr): /api/segment/get/{key}, /api/snowflake/get/{key},
 	// /decodeSnowflakeId, /cache and /db, from the same allocator and
@@ -205,6 +213,9 @@ func (c Config) validate() error {
 	if err == nil {
 		err = c.Region.check()
 	}
+	if err == nil {
+		err = c.HTTP.check()
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -251,10 +262,16 @@ type Worker struct {
 	http      *http.Server         // metrics and health; nil without MetricsAddr
 	httpAddr  string               // the metrics server's address
 	httpDone  chan struct{}        // closed when the metrics server's goroutine returns
-	leaf      *http.Server         // Leaf's HTTP API; nil without HTTPAddr
-	leafAddr  string               // its address
-	leafDone  chan struct{}        // closed when its goroutine returns
-	leafNC    *nats.Conn           // its requests for ordered tags; nil without HTTPAddr
+	// statusSnap is the status page's state, computed at most once a
+	// second for every viewer.
+	statusSnap htmlpage.Snapshot[*Status]
+	// readyLogged is when /readyz last logged why the worker is not
+	// ready (UnixNano; 0: never).
+	readyLogged atomic.Int64
+	leaf        *http.Server  // Leaf's HTTP API; nil without HTTPAddr
+	leafAddr    string        // its address
+	leafDone    chan struct{} // closed when its goroutine returns
+	leafNC      *nats.Conn    // its requests for ordered tags; nil without HTTPAddr
 
 	closeOnce sync.Once
 	closeErr  error // Close's result; written once under closeOnce
@@ -277,7 +294,15 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	// The context (--nats-context) decides, with the flags, whether the
+	// worker connects or starts an embedded nats-server (an empty URL).
+	var err error
+	if cfg.NATS, err = cfg.NATS.Resolve(); err != nil {
+		return nil, err
+	}
 	w := &Worker{cfg: cfg, log: cfg.Logger}
+	w.statusSnap.Compute = func(context.Context) (*Status, error) { return w.fullStatus(), nil }
+	w.statusSnap.OnCompute = testStatusComputed
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if err := w.start(ctx); err != nil {
 		return nil, errors.Join(err, w.Close())
@@ -434,7 +459,7 @@ func (w *Worker) start(ctx context.Context) error {
 		}
 	}
 	info := w.svc.Info()
-	attrs := []any{"service", info.Name, "id", info.ID, "nats", nopts.URL, "prefix", cfg.Prefix,
+	attrs := []any{"service", info.Name, "id", info.ID, "nats", redact.URL(nopts.URL), "prefix", cfg.Prefix,
 		"queue_group", cfg.QueueGroup, "store", w.store.Name, "startup", time.Since(t0).Round(time.Millisecond)}
 	if cfg.Region.On() {
 		attrs = append(attrs, "region", cfg.Region.String())
@@ -532,7 +557,7 @@ func (w *Worker) lameDuck(old *nats.Conn) {
 // the connection, the worker stays: its connection reconnects when the
 // server closes it, and what was in flight on it is lost (clients retry).
 func (w *Worker) move(svc *dispenser.Service, old *nats.Conn) {
-	w.log.Info("nats server entering lame-duck mode: moving to another server", "url", old.ConnectedUrlRedacted())
+	w.log.Info("nats server entering lame-duck mode: moving to another server", "url", redact.URL(old.ConnectedUrl()))
 	nopts := w.nats
 	nopts.URL = moveURLs(cmp.Or(w.cfg.NATS.URL, old.ConnectedUrl()), old.DiscoveredServers())
 	nc, err := nopts.connect(w.cfg.Instance, false, w.log, nats.LameDuckModeHandler(w.lameDuck))
@@ -559,7 +584,7 @@ func (w *Worker) move(svc *dispenser.Service, old *nats.Conn) {
 	w.nc = nc
 	w.connMu.Unlock()
 	old.Close()
-	w.log.Info("moved", "id", svc.ID(), "url", nc.ConnectedUrlRedacted())
+	w.log.Info("moved", "id", svc.ID(), "url", redact.URL(nc.ConnectedUrl()))
 }
 
 // SegmentStats returns the allocator's state of every tag.
@@ -669,13 +694,15 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 	mux.HandleFunc("GET /status", w.serveStatus)
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, r *http.Request) {
 		if err := w.ready(r.Context()); err != nil {
-			http.Error(rw, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			// The page names the part only: the error may name hosts and
+			// users (a store's), and anyone reaching the port reads it.
+			w.logNotReady(err)
+			http.Error(rw, "not ready: "+err.part, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(rw, "ready")
 	})
-	w.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return w.ctx }}
+	w.http, ln = w.cfg.HTTP.serve(ln, mux, w.ctx)
 	w.httpDone = make(chan struct{})
 	go func() {
 		defer close(w.httpDone)
@@ -688,19 +715,45 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 	return nil
 }
 
+// notReady says which part of a worker is not ready (part: "nats",
+// "snowflake" or "store", what /readyz shows) and why (err, only logged).
+type notReady struct {
+	part string
+	err  error
+}
+
+func (e *notReady) Error() string { return e.part + ": " + e.err.Error() }
+func (e *notReady) Unwrap() error { return e.err }
+
+// readyLogEvery bounds how often /readyz logs why the worker is not
+// ready: a probe, or anyone reaching the port, may ask many times a
+// second.
+const readyLogEvery = 10 * time.Second
+
+// logNotReady logs why the worker is not ready, at most every
+// readyLogEvery.
+func (w *Worker) logNotReady(err *notReady) {
+	now := time.Now().UnixNano()
+	last := w.readyLogged.Load()
+	if last != 0 && now-last < int64(readyLogEvery) || !w.readyLogged.CompareAndSwap(last, now) {
+		return
+	}
+	w.log.Warn("not ready", "part", err.part, "err", err.err)
+}
+
 // ready reports why the worker cannot serve, or nil: it must be connected
 // to NATS (both connections), hold a valid snowflake lease, and its store
 // must answer or its buffers hold IDs.
-func (w *Worker) ready(ctx context.Context) error {
+func (w *Worker) ready(ctx context.Context) *notReady {
 	for _, nc := range []*nats.Conn{w.conn(), w.jsnc} {
 		if !nc.IsConnected() {
-			return fmt.Errorf("nats: %s", nc.Status())
+			return &notReady{"nats", fmt.Errorf("connection %s", nc.Status())}
 		}
 	}
 	if w.sf != nil {
 		st, _ := w.sf.Stats().(snowflake.WorkerStats)
 		if !st.Held || st.Fenced || st.ClockBehind {
-			return fmt.Errorf("snowflake: lease held %v, fenced %v, clock behind %v", st.Held, st.Fenced, st.ClockBehind)
+			return &notReady{"snowflake", fmt.Errorf("lease held %v, fenced %v, clock behind %v", st.Held, st.Fenced, st.ClockBehind)}
 		}
 	}
 	if w.alloc == nil {
@@ -719,7 +772,7 @@ func (w *Worker) ready(ctx context.Context) error {
 	if w.alloc.Totals().Remaining > 0 {
 		return nil // warm buffers keep serving while the store is away
 	}
-	return fmt.Errorf("store unreachable and no warm buffers: %w", err)
+	return &notReady{"store", fmt.Errorf("unreachable and no warm buffers: %w", err)}
 }
 
 // fetchHistogram registers the segment fetch latency histogram and returns

@@ -54,7 +54,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(pos) > 0 {
 		return fmt.Errorf("bench: unexpected argument %q", pos[0])
 	}
-	c.URL = conn.URL
+	resolved, err := conn.Resolve() // the context may give the URL
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	c.URL = resolved.URL
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if c.Smoke {

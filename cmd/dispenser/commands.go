@@ -39,6 +39,7 @@ type storeFlags struct {
 	bucket        string
 	witnessBucket string
 	region        worker.Region
+	fs            *flag.FlagSet // the flags, parsed by the time open is called
 }
 
 // regionFlags adds --region, --region-bits and --regions, as serve has
@@ -50,9 +51,11 @@ func regionFlags(fs *flag.FlagSet, r *worker.Region) {
 }
 
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
-	f := &storeFlags{}
+	f := &storeFlags{fs: fs}
 	fs.StringVar(&f.postgresURL, "postgres-url", "", "PostgreSQL URL of the segment store")
 	fs.StringVar(&f.mysqlURL, "mysql-url", "", "MySQL/MariaDB DSN of the segment store (user:password@tcp(host:3306)/dbname); not with --postgres-url")
+	urlFileFlag(fs, &f.postgresURL, "postgres-url", "the PostgreSQL URL")
+	urlFileFlag(fs, &f.mysqlURL, "mysql-url", "the MySQL/MariaDB DSN")
 	natsFlags(fs, &f.nats, "NATS URL, for the JetStream KV segment store (when --postgres-url and --mysql-url are empty); with --postgres-url or --mysql-url, tags list shows the witness marks", false)
 	fs.StringVar(&f.bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store")
 	fs.StringVar(&f.witnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks (with --postgres-url or --mysql-url, and --nats-url)")
@@ -71,6 +74,12 @@ type marker interface {
 // nil). close releases them.
 func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, close func(), err error) {
 	if err := f.region.Check(); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := checkURLFiles(f.fs, "postgres-url", "mysql-url"); err != nil {
+		return nil, nil, nil, err
+	}
+	if f.nats, err = f.nats.Resolve(); err != nil { // the context may give the URL
 		return nil, nil, nil, err
 	}
 	var raiser witness.Raiser

@@ -47,8 +47,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	})
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "address for /metrics, /healthz, /readyz and the status page /status (off when empty), e.g. 127.0.0.1:9090")
 	fs.StringVar(&c.HTTPAddr, "http-addr", "", "address for Meituan Leaf's HTTP API: /api/segment/get/{key}, /api/snowflake/get/{key}, /decodeSnowflakeId, /cache, /db (off when empty), e.g. 127.0.0.1:8080")
+	fs.IntVar(&c.HTTP.MaxConns, "http-max-conns", worker.DefaultMaxConns, "most connections each HTTP server (--metrics-addr, --http-addr) holds at once; more wait until one closes. Timeouts: headers 5s, request 10s, response 30s, idle 1m")
 	fs.StringVar(&pg.URL, "postgres-url", "", "PostgreSQL URL of the segment store (table leaf_alloc); empty keeps segments in a JetStream KV bucket")
 	fs.StringVar(&my.DSN, "mysql-url", "", "MySQL/MariaDB DSN of the segment store, as go-sql-driver writes it (user:password@tcp(host:3306)/dbname), on Leaf's own table leaf_alloc, which Leaf servers may keep using; not with --postgres-url")
+	urlFileFlag(fs, &pg.URL, "postgres-url", "the PostgreSQL URL")
+	urlFileFlag(fs, &my.DSN, "mysql-url", "the MySQL/MariaDB DSN")
 	fs.BoolVar(&pg.Migrate, "migrate", false, "apply the database migrations before serving (PostgreSQL; MySQL: create the missing tables)")
 	fs.StringVar(&kvs.Bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store (without --postgres-url)")
 	fs.IntVar(&kvs.Replicas, "segment-replicas", 1, "replicas of the segment bucket when it is created; an existing bucket with fewer is refused")
@@ -98,7 +101,15 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(pos) > 0 {
 		return fmt.Errorf("serve: unexpected argument %q", pos[0])
 	}
+	if err := checkURLFiles(fs, "postgres-url", "mysql-url"); err != nil {
+		return err
+	}
 	if c.Logger, err = newLogger(stderr, logLevel, logFormat); err != nil {
+		return err
+	}
+	// The context may give the URL: resolve it before an empty URL means
+	// zero-setup mode.
+	if c.NATS, err = c.NATS.Resolve(); err != nil {
 		return err
 	}
 	given := map[string]bool{}
@@ -162,6 +173,8 @@ func checkFlags(c worker.Config, pg pgstore.Postgres) error {
 		return errors.New("--max-wait, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
 	case pg.WitnessReplicas < 1 || pg.WitnessReplicas > 5:
 		return fmt.Errorf("--witness-replicas %d: want 1..5", pg.WitnessReplicas)
+	case c.HTTP.MaxConns <= 0:
+		return fmt.Errorf("--http-max-conns %d: want a positive number", c.HTTP.MaxConns)
 	case c.Owners.Replicas == 0:
 		return errors.New("--ordered-replicas 0: want 1..5")
 	case c.Owners.Lease == 0:

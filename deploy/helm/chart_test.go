@@ -30,6 +30,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
@@ -115,6 +116,24 @@ podDisruptionBudget: {enabled: false}
 serviceAccount: {enabled: false}
 `,
 		want: []string{"Deployment/ids-workers"},
+	},
+	{
+		name: "network policy",
+		values: `
+networkPolicy:
+  enabled: true
+  metricsFrom:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}
+      podSelector: {matchLabels: {app.kubernetes.io/name: prometheus}}
+`,
+		want: []string{"Deployment/ids-dispenser", "NetworkPolicy/ids-dispenser", "PodDisruptionBudget/ids-dispenser",
+			"ServiceAccount/ids-dispenser"},
+	},
+	{
+		name:   "network policy admitting nobody",
+		values: `{networkPolicy: {enabled: true}}`,
+		want: []string{"Deployment/ids-dispenser", "NetworkPolicy/ids-dispenser", "PodDisruptionBudget/ids-dispenser",
+			"ServiceAccount/ids-dispenser"},
 	},
 	{
 		name:    "grace period not above the shutdown timeout",
@@ -204,6 +223,7 @@ var kinds = map[string]func() any{
 	"apps/v1 Deployment":                      func() any { return new(appsv1.Deployment) },
 	"batch/v1 Job":                            func() any { return new(batchv1.Job) },
 	"policy/v1 PodDisruptionBudget":           func() any { return new(policyv1.PodDisruptionBudget) },
+	"networking.k8s.io/v1 NetworkPolicy":      func() any { return new(networkingv1.NetworkPolicy) },
 	"v1 Service":                              func() any { return new(corev1.Service) },
 	"v1 ServiceAccount":                       func() any { return new(corev1.ServiceAccount) },
 	"monitoring.coreos.com/v1 ServiceMonitor": func() any { return new(monitoringv1.ServiceMonitor) },
@@ -295,7 +315,12 @@ func checkObjects(t *testing.T, objs []object, flags map[string][]string) {
 			if v.Spec.MaxUnavailable == nil && v.Spec.MinAvailable == nil {
 				t.Errorf("PodDisruptionBudget without maxUnavailable or minAvailable")
 			}
+		case *networkingv1.NetworkPolicy:
+			checkNetworkPolicy(t, v, podLabels)
 		case *corev1.Service:
+			if v.Spec.Type != "" && v.Spec.Type != corev1.ServiceTypeClusterIP {
+				t.Errorf("Service %s of type %s: the metrics port must not leave the cluster", v.Name, v.Spec.Type)
+			}
 			if !labels.SelectorFromSet(v.Spec.Selector).Matches(podLabels) {
 				t.Errorf("Service %s selects %v, not the workers %v", v.Name, v.Spec.Selector, podLabels)
 			}
@@ -696,4 +721,30 @@ func freeAddr(tb testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// checkNetworkPolicy: the policy selects the workers, restricts ingress,
+// and admits only the metrics port, from the configured peers only (none
+// when metricsFrom is empty: an empty from list would admit everyone).
+func checkNetworkPolicy(t *testing.T, np *networkingv1.NetworkPolicy, podLabels labels.Set) {
+	t.Helper()
+	if !labels.SelectorFromSet(np.Spec.PodSelector.MatchLabels).Matches(podLabels) || len(np.Spec.PodSelector.MatchLabels) == 0 {
+		t.Errorf("NetworkPolicy selects %v, not the workers %v", np.Spec.PodSelector.MatchLabels, podLabels)
+	}
+	if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("NetworkPolicy policy types %v: want Ingress", np.Spec.PolicyTypes)
+	}
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			if p.Port == nil || p.Port.String() != "metrics" {
+				t.Errorf("NetworkPolicy admits port %v: want only the metrics port", p.Port)
+			}
+		}
+		if len(rule.Ports) == 0 {
+			t.Errorf("NetworkPolicy rule %+v admits every port", rule)
+		}
+		if len(rule.From) == 0 {
+			t.Errorf("NetworkPolicy rule %+v admits every peer", rule)
+		}
+	}
 }

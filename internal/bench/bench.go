@@ -42,6 +42,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/dispenser-dev/dispenser/internal/redact"
 )
 
 // ErrFailed means a run saw error replies, lost requests or duplicate IDs.
@@ -151,7 +153,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 			rep.Sync = "interval"
 		}
 	} else {
-		rep.NATSURL = c.URL
+		rep.NATSURL = redact.URL(c.URL)
 		var skipped []string
 		for _, m := range localModes {
 			if c.Modes[m] {

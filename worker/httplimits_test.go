@@ -1,0 +1,140 @@
+package worker
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// TestHTTPLimits: on both HTTP servers (metrics and Leaf's API), thousands
+// of idle keep-alive connections and of requests that announce a body and
+// never send it are closed by the server (each client reads until EOF; a
+// deadline only bounds a hang), and neither server ever holds more than
+// MaxConns connections at once.
+func TestHTTPLimits(t *testing.T) {
+	const maxConns, perKind = 200, 1000
+	var mu sync.Mutex // protects open and peak
+	open, peak := map[string]int{}, map[string]int{}
+	testListener = func(ln net.Listener) net.Listener {
+		return &countingListener{Listener: ln, opened: func(addr string, d int) {
+			mu.Lock()
+			defer mu.Unlock()
+			open[addr] += d
+			peak[addr] = max(peak[addr], open[addr])
+		}}
+	}
+	t.Cleanup(func() { testListener = nil })
+	ns := testenv.StartNATS(t, testenv.NATSOptions(t.TempDir()))
+	t.Cleanup(ns.Shutdown)
+	const timeout = 200 * time.Millisecond
+	w, err := New(context.Background(), Config{NATS: NATS{URL: ns.ClientURL()}, Logger: (&testenv.LogBuffer{}).Logger(),
+		NoSnowflake: true, MetricsAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second,
+		HTTP: HTTPLimits{ReadHeaderTimeout: timeout, ReadTimeout: timeout, IdleTimeout: timeout, MaxConns: maxConns}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	for _, srv := range []struct{ name, addr, path string }{
+		{"metrics", w.httpAddr, "/healthz"},
+		{"leaf", w.leafAddr, "/api/segment/get/nope"},
+	} {
+		t.Run(srv.name, func(t *testing.T) {
+			var wg sync.WaitGroup
+			var held, answered atomic.Int64
+			var firstErr atomic.Value
+			// fail counts a connection the server did not close: the
+			// client's deadline ended its wait. Any other end (EOF, a
+			// reset, a response cut short by the server's timeout) is the
+			// server closing it.
+			fail := func(err error) {
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					held.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+			for i := range 2 * perKind {
+				idle := i%2 == 0
+				wg.Go(func() {
+					c, err := net.Dial("tcp", srv.addr)
+					if err != nil {
+						fail(err)
+						return
+					}
+					defer c.Close()
+					// Bounds a hang only: the server must close first.
+					c.SetDeadline(time.Now().Add(2 * time.Minute))
+					if idle {
+						// A keep-alive request answered, then nothing.
+						fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", srv.path)
+						resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+						if err != nil {
+							fail(fmt.Errorf("idle connection: reading the response: %w", err))
+							return
+						}
+						answered.Add(1)
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					} else {
+						// A body announced and never sent.
+						fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n", srv.path)
+					}
+					if _, err := io.Copy(io.Discard, c); err != nil { // until the server closes
+						fail(fmt.Errorf("idle %v: waiting for the server to close: %w", idle, err))
+					}
+				})
+			}
+			wg.Wait()
+			if n := held.Load(); n > 0 {
+				t.Fatalf("%d of %d connections not closed by the server (first: %v)", n, 2*perKind, firstErr.Load())
+			}
+			if answered.Load() == 0 {
+				t.Fatal("no idle connection got its response")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if p := peak[srv.addr]; p > maxConns || p == 0 {
+				t.Fatalf("the server held up to %d connections at once, want 1..%d", p, maxConns)
+			}
+		})
+	}
+}
+
+// countingListener reports each connection it accepts (+1) and its first
+// Close (-1) to opened, with the listener's address.
+type countingListener struct {
+	net.Listener
+	opened func(addr string, delta int)
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	l.opened(addr, 1)
+	return &countedConn{Conn: c, done: func() { l.opened(addr, -1) }}, nil
+}
+
+type countedConn struct {
+	net.Conn
+	once sync.Once
+	done func()
+}
+
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.done)
+	return err
+}
