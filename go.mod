@@ -15,6 +15,7 @@ require (
 	github.com/prometheus/client_model v0.6.3
 	github.com/rs/zerolog v1.28.0
 	golang.org/x/sync v0.24.0
+	pgregory.net/rapid v1.3.0
 )
 
 require (
