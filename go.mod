@@ -16,6 +16,7 @@ require (
 	github.com/rs/zerolog v1.28.0
 	golang.org/x/net v0.60.0
 	golang.org/x/sync v0.24.0
+	pgregory.net/rapid v1.3.0
 )
 
 require (
