@@ -353,3 +353,15 @@ func (s *Service) handOff(ep *endpoint, req *nats.Msg, err error) bool {
 	}()
 	return true
 }
+
+// Serving returns, for each endpoint the worker has (segment once its tag
+// list loaded, snowflake and snowflake_decode with Snowflake), whether it
+// is in the endpoint's queue group now.
+func (s *Service) Serving() map[string]bool {
+	b := s.bound.Load()
+	out := map[string]bool{}
+	for _, e := range b.endpoints() {
+		out[e.name] = e.serving()
+	}
+	return out
+}

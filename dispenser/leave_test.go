@@ -168,6 +168,9 @@ func TestUnservableWorkerLeavesQueueGroup(t *testing.T) {
 
 	sick.down.Store(true)
 	waitServing(t, nc, svc.ID(), "false")
+	if got := svc.Serving(); got["snowflake"] || !got["snowflake_decode"] {
+		t.Errorf("Serving() of a worker that cannot issue = %v, want snowflake false, snowflake_decode true", got)
+	}
 	o = newOutcome()
 	askSnowflake(t, nc, 500, o)
 	if len(o.failed) > 0 || o.noResp > 0 || o.byID[svc.ID()] > 0 {

@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 	for _, t := range s.cfg.MetricsTags {
 		m.named[t] = true
 	}
-	cs := []prometheus.Collector{m.requests, m.ids, m.latency, refusedCollector{s}}
+	cs := []prometheus.Collector{m.requests, m.ids, m.latency, refusedCollector{s}, servingCollector{s}}
 	if s.cfg.Segments != nil {
 		cs = append(cs, segmentCollector{s.cfg.Segments, s.cfg.MetricsTags})
 	}
@@ -105,6 +105,39 @@ func (c refusedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- refusedDe
 func (c refusedCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(c.s.noReply.Load()), "no_reply")
 	ch <- prometheus.MustNewConstMetric(refusedDesc, prometheus.CounterValue, float64(c.s.badReply.Load()), "reply_subject")
+}
+
+var (
+	servingDesc = prometheus.NewDesc("dispenser_endpoint_serving",
+		"1 while the worker is in the endpoint's queue group, 0 while it has left it because it cannot serve it (snowflake: no valid lease or the clock behind; segment: before the tag list loaded).",
+		[]string{"endpoint"}, nil)
+	handedOffDesc = prometheus.NewDesc("dispenser_requests_handed_off_total",
+		"Requests this worker could not serve and handed to another worker of its queue group (snowflake, in the moment before it left the group).",
+		[]string{"endpoint"}, nil)
+)
+
+// servingCollector exports which endpoints the worker serves.
+type servingCollector struct{ s *Service }
+
+func (c servingCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- servingDesc
+	ch <- handedOffDesc
+}
+
+func (c servingCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.s.bound.Load() == nil {
+		return
+	}
+	for name, ok := range c.s.Serving() {
+		v := 0.0
+		if ok {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(servingDesc, prometheus.GaugeValue, v, name)
+	}
+	if c.s.cfg.Snowflake != nil {
+		ch <- prometheus.MustNewConstMetric(handedOffDesc, prometheus.CounterValue, float64(c.s.handedOff.Load()), "snowflake")
+	}
 }
 
 var (

@@ -50,6 +50,17 @@ func TestReadyMetricMirrorsReadyz(t *testing.T) {
 	if ok, line := check(true); !ok {
 		t.Fatalf("a serving worker: /readyz and %s, want 200 and dispenser_ready 1", line)
 	}
+	// Which endpoints it serves, on the page and in the metrics.
+	_, body := get(t, base+"/readyz")
+	_, metrics := get(t, base+"/metrics")
+	if want := "serving: segment snowflake snowflake_decode\n"; !strings.Contains(body, want) {
+		t.Errorf("/readyz of a serving worker:\n%s\nwant the line %q", body, want)
+	}
+	for _, want := range []string{`dispenser_endpoint_serving{endpoint="segment"} 1`, `dispenser_endpoint_serving{endpoint="snowflake"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics of a serving worker lack %s", want)
+		}
+	}
 	ns.Shutdown()
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -697,10 +698,10 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 			// The page names the part only: the error may name hosts and
 			// users (a store's), and anyone reaching the port reads it.
 			w.logNotReady(err)
-			http.Error(rw, "not ready: "+err.part, http.StatusServiceUnavailable)
+			http.Error(rw, "not ready: "+err.part+"\n"+w.serving(), http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintln(rw, "ready")
+		fmt.Fprintln(rw, "ready\n"+w.serving())
 	})
 	w.http, ln = w.cfg.HTTP.serve(ln, mux, w.ctx)
 	w.httpDone = make(chan struct{})
@@ -713,6 +714,28 @@ func (w *Worker) serveHTTP(reg *prometheus.Registry) error {
 	w.httpAddr = ln.Addr().String()
 	w.log.Info("metrics and health", "addr", w.httpAddr)
 	return nil
+}
+
+// serving is /readyz's line of the endpoints the worker is in the queue
+// group of, and those it has left until it can serve them
+// (docs/reliability.md, "A worker that cannot serve is not asked"):
+// "serving: segment snowflake_decode; left: snowflake".
+func (w *Worker) serving() string {
+	var in, out []string
+	for name, ok := range w.svc.Serving() {
+		if ok {
+			in = append(in, name)
+		} else {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(in)
+	slices.Sort(out)
+	line := "serving: " + strings.Join(in, " ")
+	if len(out) > 0 {
+		line += "; left: " + strings.Join(out, " ")
+	}
+	return line
 }
 
 // notReady says which part of a worker is not ready (part: "nats",
