@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
@@ -291,35 +293,95 @@ func (s *Service) snowflakeServable() bool {
 // (2.5 s).
 const handOffWait = 2 * time.Second
 
-// handOff hands a snowflake request this worker cannot serve (err says the
-// generator cannot issue: no lease, fenced, clock behind, closed) to another
-// worker, and reports whether it did; if it did not, the caller answers
-// err. It takes the endpoint out of its queue group, then sends the
-// request again, unchanged but for protocol.HopHeader, as a request of its
-// own on the same connection: the server processes the unsubscription
-// first, so the queue group gives the request to another worker, whose
-// reply it passes on to the requester. With no other worker (no
-// responders), or none answering within handOffWait, it answers err
-// itself (503). A request that was handed on once already is not handed
-// on again: it is answered, so that a request never circles. Nothing was
-// taken for it here, so handing it on cannot duplicate anything; an ID
-// the other worker took for a reply that came too late is a gap.
-func (s *Service) handOff(ep *endpoint, req *nats.Msg, err error) bool {
-	if _, ok := s.cfg.Snowflake.(servable); !ok || !snowflake.Unavailable(err) || errors.Is(err, snowflake.ErrOverloaded) {
-		return false // overloaded: every worker is, and it passes in milliseconds
+// maxHops is the most workers a request is handed through: each that could
+// not serve it names itself in protocol.HopHeader; once maxHops did, the
+// last answers 503. With the snowflake endpoint's unsubscription ahead of
+// the request (handOff) a request never comes back to a worker that left;
+// a segment request may (its worker stays in the group), and then spends
+// a hop.
+const maxHops = 3
+
+// unservable reports whether err means this worker cannot serve the request
+// while another worker might: its snowflake generator cannot issue (no
+// lease, fenced, clock behind, closed: not overloaded, which every worker
+// is at once and which passes in milliseconds), or no segment came within
+// --max-wait (its store slow or unreachable from here). Other 503s (an
+// ordered tag's owner changing, an expired period, a purged bucket) are
+// the same on every worker.
+func (s *Service) unservable(endpoint string, err error) bool {
+	switch endpoint {
+	case "snowflake":
+		_, ok := s.cfg.Snowflake.(servable)
+		return ok && snowflake.Unavailable(err) && !errors.Is(err, snowflake.ErrOverloaded)
+	case "segment":
+		return errors.Is(err, segment.ErrUnavailable) && !errors.Is(err, segment.ErrOrdered)
 	}
-	if ep.leave() {
+	return false
+}
+
+// handedBefore reports whether req was handed on by this very worker
+// before (its ID in protocol.HopHeader): the queue group gave it back. It
+// could not serve it a moment ago, so it hands it on again at once
+// (failOrHandOff with errHandedBefore) instead of waiting for what it did
+// not get then.
+func (s *Service) handedBefore(req *nats.Msg) bool {
+	if len(req.Header) == 0 {
+		return false
+	}
+	hops := req.Header.Get(protocol.HopHeader)
+	return hops != "" && strings.Contains(hops, s.ID())
+}
+
+// errHandedBefore is the error of a request handedBefore, per endpoint:
+// what the worker could not do then.
+func errHandedBefore(endpoint string) error {
+	if endpoint == "snowflake" {
+		return snowflake.ErrFenced
+	}
+	return fmt.Errorf("%w: this worker could not serve the request a moment ago", segment.ErrUnavailable)
+}
+
+// failOrHandOff answers r with err, unless err says this worker cannot serve
+// it while another might (unservable) and the request can be handed on
+// (handOff).
+func (s *Service) failOrHandOff(r replier, err error) {
+	if r.req != nil && s.unservable(r.endpoint, err) && s.handOff(r, err) {
+		return
+	}
+	r.fail(err)
+}
+
+// handOff hands a request this worker cannot serve to another worker of the
+// queue group, and reports whether it did; if not, the caller answers it.
+// The request goes out again, unchanged but for this worker's ID added to
+// protocol.HopHeader, as a request of this worker's own on the
+// connection it came in on, and the other worker's reply is passed on to
+// the requester. A snowflake endpoint leaves its queue group first: the
+// server has the unsubscription before the request, so the group gives it
+// to another worker. With no other worker (no responders) or no reply
+// within handOffWait, it answers err itself (503); a request already
+// handed through maxHops workers is answered, never handed on again. Nothing
+// was taken for the request here but IDs of a batch cut short, which are
+// skipped (a gap); an ID the other worker took for a reply that came too
+// late is a gap too: handing on never duplicates.
+func (s *Service) handOff(r replier, err error) bool {
+	ep, req := r.ep, r.req
+	if r.endpoint == "snowflake" && ep.leave() {
 		s.cfg.Logger.Warn("dispenser: snowflake IDs cannot be issued; left the queue group until they can",
 			"subject", ep.subject, "err", err)
 	}
-	if req.Header.Get(protocol.HopHeader) != "" {
+	hops := req.Header.Get(protocol.HopHeader)
+	if strings.Count(hops, ",")+1 >= maxHops && hops != "" {
 		return false
 	}
 	msg := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: make(nats.Header, len(req.Header)+1)}
 	for k, v := range req.Header {
 		msg.Header[k] = v
 	}
-	msg.Header.Set(protocol.HopHeader, "1")
+	if hops != "" {
+		hops += ","
+	}
+	msg.Header.Set(protocol.HopHeader, hops+s.ID())
 	// A subscription of its own for the reply, gone once it came: a
 	// request's response subscription would stay on the connection, and
 	// Stop waits until the service's subscriptions there are gone.
@@ -332,7 +394,7 @@ func (s *Service) handOff(ep *endpoint, req *nats.Msg, err error) bool {
 		_ = sub.Unsubscribe()
 		return false
 	}
-	r := s.newReplier(ep, req).detach()
+	r = r.detach()
 	s.handedOff.Add(1)
 	s.parked.Add(1)
 	go func() {
@@ -343,7 +405,7 @@ func (s *Service) handOff(ep *endpoint, req *nats.Msg, err error) bool {
 			rerr = nats.ErrNoResponders // the server's status message: nobody took it
 		}
 		if rerr != nil {
-			s.cfg.Logger.Debug("dispenser: a handed-on snowflake request got no reply", "err", rerr)
+			s.cfg.Logger.Debug("dispenser: a handed-on request got no reply", "subject", req.Subject, "err", rerr)
 			r.fail(err)
 			return
 		}

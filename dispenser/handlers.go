@@ -21,6 +21,10 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 	}
 	r := s.newReplier(ep, req)
 	r.scratch = sc
+	if s.handedBefore(req) {
+		s.failOrHandOff(r, errHandedBefore(r.endpoint))
+		return
+	}
 	tag, err := protocol.ParseTag(req.Subject, s.segPrefix)
 	if err != nil {
 		r.fail(err)
@@ -43,7 +47,7 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 	case errors.Is(err, segment.ErrOrdered) && s.orderedTags() != nil:
 		s.orderedTags().Serve(r, tag)
 	case err != nil:
-		r.fail(err)
+		s.failOrHandOff(r, err)
 	case pending != nil:
 		s.park(r, pending)
 	default:
@@ -65,7 +69,7 @@ func (s *Service) park(r replier, p *segment.Pending) {
 			return
 		}
 		if err != nil {
-			r.fail(err)
+			s.failOrHandOff(r, err)
 			return
 		}
 		s.reply(r, r.format, runs, r.n)
@@ -87,7 +91,7 @@ func (s *Service) takeNumbered(r replier, tag string, n int, dst []segment.Run) 
 	case errors.Is(err, segment.ErrOrdered):
 		r.fail(errFormattedOrdered)
 	case err != nil:
-		r.fail(err)
+		s.failOrHandOff(r, err)
 	case pending != nil:
 		r = r.detach()
 		s.parked.Add(1)
@@ -98,7 +102,7 @@ func (s *Service) takeNumbered(r replier, tag string, n int, dst []segment.Run) 
 			case errors.Is(err, segment.ErrOrdered):
 				r.fail(errFormattedOrdered)
 			case err != nil:
-				r.fail(err)
+				s.failOrHandOff(r, err)
 			default:
 				s.replyNumbered(r, pending.Numbering(), runs, n)
 			}
@@ -114,6 +118,10 @@ func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 		return
 	}
 	r := s.newReplier(ep, req)
+	if s.handedBefore(req) {
+		s.failOrHandOff(r, errHandedBefore(r.endpoint))
+		return
+	}
 	n, format, err := s.parse(req)
 	if err == nil && format == protocol.FormatFormatted {
 		err = errFormattedSnowflake
@@ -125,9 +133,7 @@ func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 	ids, err := s.cfg.Snowflake.AppendIDs(sc.ids[:0], n)
 	sc.ids = ids
 	if err != nil {
-		if !s.handOff(ep, req, err) {
-			r.fail(err)
-		}
+		s.failOrHandOff(r, err)
 		return
 	}
 	if format == protocol.FormatRange {

@@ -3,6 +3,8 @@ package dispenser_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -220,9 +223,10 @@ func TestUnservableWorkerHandsOn(t *testing.T) {
 			o.failed, o.handful, o.noResp, o.byID, len(o.ids), healthy.ID())
 	}
 
-	// A request already handed on once is answered, never handed on again.
+	// A request already handed through as many workers as may be is
+	// answered, never handed on again.
 	healthy.Stop(context.Background())
-	msg := &nats.Msg{Subject: "id.snowflake", Header: nats.Header{protocol.HopHeader: []string{"1"}}}
+	msg := &nats.Msg{Subject: "id.snowflake", Header: nats.Header{protocol.HopHeader: []string{"a,b,c"}}}
 	for {
 		resp, err := nc.RequestMsg(msg, 10*time.Second)
 		if err == nats.ErrNoResponders {
@@ -254,4 +258,79 @@ func TestZeroUnavailableCheckFires(t *testing.T) {
 	if o.failed[protocol.CodeUnavailable] == 0 {
 		t.Fatalf("a worker that stays subscribed while it cannot issue: errors %v; want some 503 among 200 requests", o.failed)
 	}
+}
+
+// cutStore is a segment store a test can take down for one worker: Fetch
+// fails while down, as from a worker cut from its database.
+type cutStore struct {
+	segment.Store
+	down atomic.Bool
+}
+
+var errCutStore = errors.New("test: store unreachable from this worker")
+
+func (d *cutStore) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+	if d.down.Load() {
+		return segment.Allocation{}, errCutStore
+	}
+	return d.Store.Fetch(ctx, tag, step)
+}
+
+// TestSegmentRequestHandedOn is issue 37 point 1 for segment tags: a
+// worker that cannot get a segment for a tag (its store unreachable from
+// it, nothing in its buffers) hands the request to another worker, which
+// answers it: no 503 while a worker that reaches the store is there. With
+// none (the other stopped), the request is answered 503, so the check can
+// fail.
+func TestSegmentRequestHandedOn(t *testing.T) {
+	tags := map[string]int64{}
+	for i := range 40 {
+		tags[fmt.Sprintf("t%02d", i)] = 10
+	}
+	st := newStack(t, tags)
+	healthy := st.worker(t, segment.Settings{})
+	down := &cutStore{Store: st.store}
+	alloc, err := segment.New(segment.Settings{Store: down, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sick, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, st.ns), Segments: alloc, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sick.Stop(context.Background()); alloc.Close(context.Background()) })
+	down.down.Store(true)
+	nc := testenv.Connect(t, st.ns)
+
+	seen := map[string]map[int64]bool{}
+	i := 0
+	for ; dispenser.HandedOff(sick) < 3; i++ {
+		if i == len(tags) {
+			t.Fatalf("the worker without its store handed on %d of %d requests", dispenser.HandedOff(sick), i)
+		}
+		tag := fmt.Sprintf("t%02d", i)
+		for range 2 {
+			body, code := request(t, nc, "id.segment."+tag, "", nil)
+			if code != "" {
+				t.Fatalf("%s: code %s (%s) with a worker that reaches the store in the group; handed on %d", tag, code, body, dispenser.HandedOff(sick))
+			}
+			id := parseIDs(t, body)[0]
+			if seen[tag] == nil {
+				seen[tag] = map[int64]bool{}
+			}
+			if seen[tag][id] {
+				t.Fatalf("%s: ID %d twice", tag, id)
+			}
+			seen[tag][id] = true
+		}
+	}
+
+	// Alone, the worker without its store answers 503.
+	healthy.stop(t)
+	for ; i < len(tags); i++ {
+		if _, code := request(t, nc, fmt.Sprintf("id.segment.t%02d", i), "", nil); code == protocol.CodeUnavailable {
+			return
+		}
+	}
+	t.Fatal("a worker that cannot reach its store, alone, never answered 503")
 }

@@ -22,6 +22,7 @@ import (
 type replier struct {
 	s        *Service
 	ep       *endpoint // nil for a forwarded or direct request
+	req      *nats.Msg // the request as received; nil for a forwarded or direct one
 	forward  bool      // forwarded in a batch: reply is a slice of it
 	reply    string    // the requester's reply subject
 	inline   bool
@@ -42,7 +43,7 @@ type replier struct {
 }
 
 func (s *Service) newReplier(ep *endpoint, req *nats.Msg) replier {
-	r := replier{s: s, ep: ep, reply: req.Reply, inline: true, endpoint: ep.name}
+	r := replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name}
 	if h := req.Header; len(h) > 0 {
 		_, r.worker = h[protocol.WorkerHeader]
 		_, r.wantDirect = h[protocol.DirectHeader]
