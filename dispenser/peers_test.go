@@ -54,7 +54,7 @@ func (p *peerSetup) startWith(t *testing.T, cfg dispenser.Config) error {
 	if err != nil {
 		return err
 	}
-	cfg.Conn, cfg.Segments, cfg.PeerCheck, cfg.Logger = testenv.Connect(t, p.ns), alloc, 150*time.Millisecond, slog.New(slog.DiscardHandler)
+	cfg.Conn, cfg.Segments, cfg.PeerCheck, cfg.Logger = testenv.Connect(t, p.ns), alloc, time.Second, slog.New(slog.DiscardHandler)
 	svc, err := dispenser.New(cfg)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
