@@ -2,6 +2,7 @@ package dispenser
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -18,7 +19,11 @@ func (s *Service) handleSegment(req micro.Request, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r := s.newReplier(req, "segment")
+	r, err := s.newReplier(req, "segment")
+	if err != nil {
+		r.fail(err)
+		return
+	}
 	r.scratch = sc
 	tag, err := protocol.ParseTag(req.Subject(), s.segPrefix)
 	if err != nil {
@@ -112,7 +117,11 @@ func (s *Service) handleSnowflake(req micro.Request, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r := s.newReplier(req, "snowflake")
+	r, err := s.newReplier(req, "snowflake")
+	if err != nil {
+		r.fail(err)
+		return
+	}
 	n, format, err := s.parse(req)
 	if err == nil && format == protocol.FormatFormatted {
 		err = errFormattedSnowflake
@@ -140,7 +149,11 @@ func (s *Service) handleDecode(req micro.Request) {
 	if !s.admit(req) {
 		return
 	}
-	r := s.newReplier(req, "snowflake_decode")
+	r, err := s.newReplier(req, "snowflake_decode")
+	if err != nil {
+		r.fail(err)
+		return
+	}
 	body := strings.TrimSpace(string(req.Data()))
 	id, err := strconv.ParseInt(body, 10, 64)
 	if err != nil || id < 0 {
@@ -152,7 +165,11 @@ func (s *Service) handleDecode(req micro.Request) {
 		r.fail(fmt.Errorf("%w: %d is not a snowflake ID of layout %s (at most %d)", protocol.ErrBadCount, id, layout, layout.MaxID()))
 		return
 	}
-	if err := req.RespondJSON(layout.Decode(id, s.cfg.Snowflake.Epoch())); err != nil {
+	data, err := json.Marshal(layout.Decode(id, s.cfg.Snowflake.Epoch()))
+	if err == nil {
+		err = req.Respond(data, micro.WithHeaders(r.header()))
+	}
+	if err != nil {
 		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject(), "err", err)
 	}
 }
