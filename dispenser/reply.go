@@ -130,13 +130,11 @@ func (r replier) respond(data []byte, ids int) {
 	// IDs finds them counted.
 	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
 	var err error
-	headers := r.worker || r.owner != "" || r.token != ""
-	switch {
-	case headers && r.inline:
-		err = r.req.Respond(data, micro.WithHeaders(r.header()))
-	case headers:
+	// Published directly, inline too: micro's Respond costs another
+	// nats.Msg per reply, and counts nothing a reply with IDs needs.
+	if r.worker || r.owner != "" || r.token != "" {
 		err = r.s.conn().PublishMsg(&nats.Msg{Subject: r.reply, Header: nats.Header(r.header()), Data: data})
-	default: // a plain publish: micro's Respond costs a nats.Msg per reply
+	} else {
 		err = r.s.conn().Publish(r.reply, data)
 	}
 	if err != nil {
