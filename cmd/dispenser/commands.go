@@ -39,6 +39,7 @@ type storeFlags struct {
 	bucket        string
 	witnessBucket string
 	region        worker.Region
+	inboxPrefix   string // --nats-inbox-prefix
 }
 
 // regionFlags adds --region, --region-bits and --regions, as serve has
@@ -54,6 +55,7 @@ func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	fs.StringVar(&f.postgresURL, "postgres-url", "", "PostgreSQL URL of the segment store")
 	fs.StringVar(&f.mysqlURL, "mysql-url", "", "MySQL/MariaDB DSN of the segment store (user:password@tcp(host:3306)/dbname); not with --postgres-url")
 	natsFlags(fs, &f.nats, "NATS URL, for the JetStream KV segment store (when --postgres-url and --mysql-url are empty); with --postgres-url or --mysql-url, tags list shows the witness marks", false)
+	inboxFlag(fs, &f.inboxPrefix)
 	fs.StringVar(&f.bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store")
 	fs.StringVar(&f.witnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks (with --postgres-url or --mysql-url, and --nats-url)")
 	regionFlags(fs, &f.region)
@@ -131,7 +133,14 @@ func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, clos
 
 // connect connects to --nats-url.
 func (f *storeFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := f.nats.Connect("dispenser-admin", false)
+	if err := worker.CheckInboxPrefix(f.inboxPrefix, ""); err != nil {
+		return nil, nil, fmt.Errorf("--nats-inbox-prefix: %w", err)
+	}
+	var opts []nats.Option
+	if f.inboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(f.inboxPrefix))
+	}
+	nc, err := f.nats.Connect("dispenser-admin", false, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
