@@ -231,6 +231,9 @@ func CheckInboxPrefix(p, prefix string) error {
 	if err := protocol.CheckReply(p+".x", prefix); err != nil {
 		return fmt.Errorf("inbox prefix %q: %w; want a plain subject such as _INBOX_dispenser", p, err)
 	}
+	if strings.ContainsAny(p, "*>") { // nats.go refuses them anywhere
+		return fmt.Errorf("inbox prefix %q: contains * or >; want a plain subject such as _INBOX_dispenser", p)
+	}
 	return nil
 }
 
