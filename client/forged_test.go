@@ -120,6 +120,9 @@ func TestForgedReplyWithObservedToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = spy.Unsubscribe() })
+	if err := attacker.Flush(); err != nil { // the server knows the spy before the first request
+		t.Fatal(err)
+	}
 	// The worker answers with IDs counting up, echoing the token; with
 	// forge set the attacker answers instead, at the request's reply
 	// subject (which it predicts; handed over here), with a token it saw.
@@ -170,10 +173,10 @@ func TestForgedReplyWithObservedToken(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds, for at most 10 s.
+// waitFor polls cond until it holds, for at most 30 s.
 func waitFor(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			tb.Fatalf("timed out waiting for %s", what)
