@@ -8,7 +8,11 @@
 // A Client is safe for concurrent use. It treats replies as untrusted:
 // anything subscribed to the service's subjects can answer a request, so a
 // reply that is not exactly the IDs asked for, well formed, fails with
-// ErrBadReply and none of its IDs is used.
+// ErrBadReply and none of its IDs is used. And anything that may publish to
+// the client's inbox can send it a reply it did not ask for: every request
+// carries a new, unpredictable token (128 random bits, protocol.TokenHeader),
+// the workers echo it, and a reply without it or with another one (an
+// older worker's, or a forgery) fails with ErrBadReply too, its IDs unused.
 package client
 
 import (
@@ -45,6 +49,9 @@ var (
 	// asked for, in strictly increasing runs of valid IDs, in the format
 	// asked for. Such a reply comes from something other than a worker (or
 	// a faulty one); none of its IDs are used.
+	// It is also the error of a reply that does not carry the request's
+	// token (protocol.TokenHeader): not a reply to this request, or one of
+	// a worker older than the token.
 	ErrBadReply = errors.New("client: bad reply")
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("client: closed")
@@ -399,8 +406,20 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg
 		if !c.noRetry || direct {
 			actx, cancel = context.WithTimeout(ctx, AttemptTimeout)
 		}
+		// A new token for every attempt: an error reply shows its
+		// attempt's token to whoever can read the inbox.
+		token := newToken()
+		msg.Header[protocol.TokenHeader] = []string{token}
 		resp, err := c.nc.RequestMsgWithContext(actx, msg)
 		cancel()
+		if err == nil {
+			if got := resp.Header[protocol.TokenHeader]; len(got) != 1 || got[0] != token {
+				// Not the reply to this request: never used, whatever it
+				// holds (error replies included).
+				return nil, fmt.Errorf("%w from %s: %s %.40q, want the request's (a forged reply, or a worker older than the token: upgrade the workers)",
+					ErrBadReply, msg.Subject, protocol.TokenHeader, got)
+			}
+		}
 		switch {
 		case err == nil && resp.Header.Get(protocol.ErrorCodeHeader) == "":
 			return resp, nil

@@ -14,6 +14,7 @@ import (
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -211,4 +212,41 @@ func TestErrorCodes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkSegment compares a Client's Segment call, which sends a token
+// and checks its echo, with a raw NATS request for the same tag (no token,
+// no checks), and with a token only, against the same worker in the same
+// run: the token's cost is the ratio of the first two.
+func BenchmarkSegment(b *testing.B) {
+	nc, _ := serve(b, map[string]int64{"orders": 1_000_000})
+	c := newClient(b, nc)
+	ctx := context.Background()
+	b.Run("raw-request", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := nc.Request("id.segment.orders", nil, 5*time.Second); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("raw-request-with-token", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			tok := client.NewTokenForTest()
+			msg := &nats.Msg{Subject: "id.segment.orders", Header: nats.Header{protocol.TokenHeader: {tok}}}
+			resp, err := nc.RequestMsg(msg, 5*time.Second)
+			if err != nil || resp.Header.Get(protocol.TokenHeader) != tok {
+				b.Fatal(resp, err)
+			}
+		}
+	})
+	b.Run("client", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := c.Segment(ctx, "orders"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

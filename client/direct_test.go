@@ -31,6 +31,7 @@ func (f *fakeOrdered) handle(header string, direct bool) nats.MsgHandler {
 		f.mu.Lock()
 		f.seen = append(f.seen, m.Subject)
 		resp := nats.NewMsg(m.Reply)
+		resp.Header[protocol.TokenHeader] = m.Header[protocol.TokenHeader]
 		if direct && f.code != "" {
 			resp.Header.Set(protocol.ErrorCodeHeader, f.code)
 			resp.Header.Set(protocol.ErrorHeader, "not the owner")

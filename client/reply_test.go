@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -23,14 +24,25 @@ import (
 
 const maxID = math.MaxInt64 // 9223372036854775807, a valid snowflake ID
 
-// rogue answers every request under prefix with reply and counts the
-// requests it saw.
+// echo answers m with data, echoing its protocol.TokenHeader as a worker
+// does: the replies of the rogue responders below are checked for their
+// bodies, past the token check.
+func echo(m *nats.Msg, data []byte) error {
+	resp := &nats.Msg{Subject: m.Reply, Data: data, Header: nats.Header{}}
+	if v, ok := m.Header[protocol.TokenHeader]; ok {
+		resp.Header[protocol.TokenHeader] = v
+	}
+	return m.RespondMsg(resp)
+}
+
+// rogue answers every request under prefix with reply (echoing its
+// token) and counts the requests it saw.
 func rogue(tb testing.TB, nc *nats.Conn, prefix, reply string) *atomic.Int64 {
 	tb.Helper()
 	var seen atomic.Int64
 	sub, err := nc.Subscribe(prefix+".>", func(m *nats.Msg) {
 		seen.Add(1)
-		if err := m.Respond([]byte(reply)); err != nil {
+		if err := echo(m, []byte(reply)); err != nil {
 			tb.Errorf("rogue responder: %v", err)
 		}
 	})
@@ -289,7 +301,7 @@ func TestPrefetchEdgeReply(t *testing.T) {
 		if n.Add(1) == 1 {
 			reply = "9223372036854775803-9223372036854775804\n9223372036854775806-9223372036854775807"
 		}
-		_ = m.Respond([]byte(reply))
+		_ = echo(m, []byte(reply))
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,11 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r := s.newReplier(ep, req)
+	r, err := s.newReplier(ep, req)
+	if err != nil {
+		r.fail(err)
+		return
+	}
 	r.scratch = sc
 	if s.handedBefore(req) {
 		s.failOrHandOff(r, errHandedBefore(r.endpoint))
@@ -117,7 +121,11 @@ func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r := s.newReplier(ep, req)
+	r, err := s.newReplier(ep, req)
+	if err != nil {
+		r.fail(err)
+		return
+	}
 	if s.handedBefore(req) {
 		s.failOrHandOff(r, errHandedBefore(r.endpoint))
 		return
@@ -149,7 +157,11 @@ func (s *Service) handleDecode(ep *endpoint, req *nats.Msg, _ *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r := s.newReplier(ep, req)
+	r, err := s.newReplier(ep, req)
+	if err != nil {
+		r.fail(err)
+		return
+	}
 	body := strings.TrimSpace(string(req.Data))
 	id, err := strconv.ParseInt(body, 10, 64)
 	if err != nil || id < 0 {
@@ -163,7 +175,11 @@ func (s *Service) handleDecode(ep *endpoint, req *nats.Msg, _ *scratch) {
 	}
 	data, err := json.Marshal(layout.Decode(id, s.cfg.Snowflake.Epoch()))
 	if err == nil {
-		err = s.conn().Publish(req.Reply, data)
+		if hd := r.header(); len(hd) > 0 {
+			err = s.conn().PublishMsg(&nats.Msg{Subject: req.Reply, Header: nats.Header(hd), Data: data})
+		} else {
+			err = s.conn().Publish(req.Reply, data)
+		}
 	}
 	if err != nil {
 		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject, "err", err)

@@ -40,18 +40,26 @@ type replier struct {
 	owner  string
 	n      int // IDs asked for, once parsed
 	format protocol.Format
+	// token is the request's protocol.TokenHeader, echoed in every reply
+	// to it; "" if it had none.
+	token string
 }
 
-func (s *Service) newReplier(ep *endpoint, req *nats.Msg) replier {
+// newReplier returns the replier of req, which came on ep; an error means
+// the request's protocol.TokenHeader is unreadable: fail it (its replies
+// carry no token).
+func (s *Service) newReplier(ep *endpoint, req *nats.Msg) (replier, error) {
 	r := replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name}
-	if h := req.Header; len(h) > 0 {
-		_, r.worker = h[protocol.WorkerHeader]
-		_, r.wantDirect = h[protocol.DirectHeader]
-	}
 	if s.metrics != nil {
 		r.start = time.Now()
 	}
-	return r
+	var err error
+	if h := micro.Headers(req.Header); len(h) > 0 {
+		_, r.worker = h[protocol.WorkerHeader]
+		_, r.wantDirect = h[protocol.DirectHeader]
+		r.token, err = protocol.ParseToken(headerValues(h, protocol.TokenHeader))
+	}
+	return r, err
 }
 
 // replies answers the requests of ordered tags (ordered.Replies): a
@@ -59,7 +67,8 @@ func (s *Service) newReplier(ep *endpoint, req *nats.Msg) replier {
 type replies struct{ s *Service }
 
 func (rs replies) Forwarded(f protocol.Forward, tag string) replier {
-	r := replier{s: rs.s, forward: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format}
+	r := replier{s: rs.s, forward: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format,
+		token: f.Token}
 	if rs.s.metrics != nil {
 		r.start = time.Now()
 	}
@@ -72,10 +81,13 @@ func (rs replies) Direct(msg *nats.Msg, tag string) (replier, error) {
 		r.start = time.Now()
 	}
 	h := micro.Headers(msg.Header)
+	var err error
 	if len(h) > 0 {
 		_, r.worker = h[protocol.WorkerHeader]
+		if r.token, err = protocol.ParseToken(headerValues(h, protocol.TokenHeader)); err != nil {
+			return r, err
+		}
 	}
-	var err error
 	r.n, r.format, err = rs.s.parseMsg(h, msg.Data)
 	if err == nil && r.format == protocol.FormatFormatted {
 		err = errFormattedOrdered
@@ -86,7 +98,7 @@ func (rs replies) Direct(msg *nats.Msg, tag string) (replier, error) {
 func (rs replies) Admit(reply, subject string) bool { return rs.s.admitReply(reply, subject) }
 
 func (replies) Request(r replier) protocol.Forward {
-	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker, Direct: r.wantDirect}
+	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker, Direct: r.wantDirect, Token: r.token}
 }
 
 // IDs answers r as the owner of its ordered tag: a request that asked for
@@ -108,9 +120,9 @@ func (replies) Detach(r replier) replier { return r.detach() }
 func (r replier) detach() replier {
 	r.inline, r.scratch = false, nil
 	if r.forward {
-		// A forwarded request's reply subject is a slice of its whole
-		// batch: do not keep the batch while the request waits.
-		r.reply = strings.Clone(r.reply)
+		// A forwarded request's reply subject and token are slices of
+		// its whole batch: do not keep the batch while the request waits.
+		r.reply, r.token = strings.Clone(r.reply), strings.Clone(r.token)
 	}
 	return r
 }
@@ -120,7 +132,7 @@ func (r replier) respond(data []byte, ids int) {
 	// IDs finds them counted.
 	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
 	var err error
-	if r.worker || r.owner != "" {
+	if r.worker || r.owner != "" || r.token != "" {
 		err = r.s.conn().PublishMsg(&nats.Msg{Subject: r.reply, Header: nats.Header(r.header()), Data: data})
 	} else { // a plain publish: a nats.Msg per reply costs
 		err = r.s.conn().Publish(r.reply, data)
@@ -131,9 +143,13 @@ func (r replier) respond(data []byte, ids int) {
 }
 
 // header is the header of a reply with IDs that asked for
-// protocol.WorkerHeader or carries protocol.DirectHeader.
+// protocol.WorkerHeader, carries protocol.DirectHeader or echoes
+// protocol.TokenHeader.
 func (r replier) header() micro.Headers {
-	h := make(micro.Headers, 2)
+	h := make(micro.Headers, 3)
+	if r.token != "" {
+		h[protocol.TokenHeader] = []string{r.token}
+	}
 	if r.worker {
 		h[protocol.WorkerHeader] = []string{r.s.ID()}
 	}
@@ -149,12 +165,10 @@ func (r replier) fail(err error) {
 	if r.ep != nil {
 		r.ep.failed(code + ":" + desc)
 	}
-	msg := nats.NewMsg(r.reply)
-	msg.Header.Set(micro.ErrorHeader, desc)
-	msg.Header.Set(micro.ErrorCodeHeader, code)
-	if r.worker {
-		msg.Header.Set(protocol.WorkerHeader, r.s.ID())
-	}
+	r.owner = "" // an error names no direct subject
+	msg := &nats.Msg{Subject: r.reply, Header: nats.Header(r.header())}
+	msg.Header[micro.ErrorHeader] = []string{desc}
+	msg.Header[micro.ErrorCodeHeader] = []string{code}
 	perr := r.s.conn().PublishMsg(msg)
 	if perr != nil {
 		r.s.cfg.Logger.Warn("dispenser: error reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", perr)

@@ -25,8 +25,13 @@
 //
 // Headers a request may carry: FormatHeader ("list", the default,
 // "range", or "formatted" for a segment tag with a format), WorkerHeader
-// (any value: the reply names the worker that answered it) and
-// DirectHeader (any value: see Direct requests).
+// (any value: the reply names the worker that answered it), DirectHeader
+// (any value: see Direct requests) and TokenHeader (a token of 1 to
+// MaxTokenLen characters of [A-Za-z0-9_-], ValidToken; any other value is
+// answered 400): every reply to the request, IDs or error, from whichever
+// worker answers it, carries the same token back, so that a requester that
+// sends a new unpredictable one with every request (the Go client: 128
+// random bits) accepts only replies to its own request.
 //
 // # Replies
 //
@@ -74,5 +79,5 @@
 // A worker that does not own an ordered tag forwards the tag's requests to
 // the owner: one message to "<owner subject>.<tag>", with ForwardedHeader
 // naming the forwarding worker, holding one request per line (Forward,
-// AppendForward, ParseForward).
+// AppendForward, ParseForward), its TokenHeader included.
 package protocol

@@ -7,17 +7,22 @@ import (
 )
 
 // Forward is one request a worker forwards to the owner of its ordered
-// tag: a line "<reply subject> <count> <format> <flags>" of the forwarded
-// message, whose subject ends with the tag. The owner answers the
-// requester at Reply directly. flags is a decimal digit: 1 if the
-// requester asked for WorkerHeader, plus 2 if it asked for DirectHeader
-// (a worker that knows only the 1 reads any other value as no header).
+// tag: a line "<reply subject> <count> <format> <flags>[:<token>]" of the
+// forwarded message, whose subject ends with the tag. The owner answers
+// the requester at Reply directly. flags is a decimal digit: 1 if the
+// requester asked for WorkerHeader, plus 2 if it asked for DirectHeader (a
+// worker that knows only the 1 reads any other value as no header).
+// ":<token>" follows it if the request carried TokenHeader: the owner
+// echoes it. (An owner older than TokenHeader reads "3:<token>" as no
+// flags and answers without the token, which the Go client refuses:
+// upgrade every worker before the clients.)
 type Forward struct {
 	Reply  string
 	N      int
 	Format Format
-	Worker bool // the requester asked for WorkerHeader
-	Direct bool // the requester asked for DirectHeader
+	Worker bool   // the requester asked for WorkerHeader
+	Direct bool   // the requester asked for DirectHeader
+	Token  string // the request's TokenHeader, "" if none
 }
 
 // AppendForward appends f as one line, newline included.
@@ -34,7 +39,12 @@ func AppendForward(dst []byte, f Forward) []byte {
 	if f.Direct {
 		flags += 2
 	}
-	return append(dst, ' ', flags, '\n')
+	dst = append(dst, ' ', flags)
+	if f.Token != "" {
+		dst = append(dst, ':')
+		dst = append(dst, f.Token...)
+	}
+	return append(dst, '\n')
 }
 
 // ParseForward reads one line (without its newline) of a forwarded
@@ -51,9 +61,15 @@ func ParseForward(line string) (Forward, error) {
 		}
 	}
 	fw := Forward{Reply: f[0]}
-	if len(f[3]) == 1 && '0' <= f[3][0] && f[3][0] <= '3' {
-		flags := f[3][0] - '0'
-		fw.Worker, fw.Direct = flags&1 != 0, flags&2 != 0
+	flags, token, tokened := strings.Cut(f[3], ":")
+	if len(flags) == 1 && '0' <= flags[0] && flags[0] <= '3' {
+		fw.Worker, fw.Direct = (flags[0]-'0')&1 != 0, (flags[0]-'0')&2 != 0
+	}
+	if tokened {
+		if !ValidToken(token) {
+			return fw, fmt.Errorf("%w: forwarded %s %q", ErrBadHeader, TokenHeader, truncate(token, 80))
+		}
+		fw.Token = token
 	}
 	var err error
 	if fw.N, err = strconv.Atoi(f[1]); err != nil {

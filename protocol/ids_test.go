@@ -104,6 +104,8 @@ func TestForwardRoundTrip(t *testing.T) {
 		{"range with worker", Forward{Reply: "_INBOX.b.c", N: 1000, Format: FormatRange, Worker: true}, "_INBOX.b.c 1000 range 1\n"},
 		{"direct", Forward{Reply: "_INBOX.d", N: 2, Format: FormatList, Direct: true}, "_INBOX.d 2 list 2\n"},
 		{"direct with worker", Forward{Reply: "_INBOX.d", N: 2, Format: FormatList, Worker: true, Direct: true}, "_INBOX.d 2 list 3\n"},
+		{"token", Forward{Reply: "_INBOX.e", N: 1, Format: FormatList, Token: "tok-0_A"}, "_INBOX.e 1 list 0:tok-0_A\n"},
+		{"token with flags", Forward{Reply: "_INBOX.e", N: 3, Format: FormatRange, Worker: true, Direct: true, Token: "x"}, "_INBOX.e 3 range 3:x\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -130,6 +132,9 @@ func TestParseForwardRefuses(t *testing.T) {
 		{"empty field", "_INBOX.a  list 0", ErrBadCount, false},
 		{"count not a number", "_INBOX.a x list 0", ErrBadCount, true},
 		{"unknown format", "_INBOX.a 1 json 0", ErrBadHeader, true},
+		{"empty token", "_INBOX.a 1 list 0:", ErrBadHeader, true},
+		{"token with a dot", "_INBOX.a 1 list 0:a.b", ErrBadHeader, true},
+		{"token too long", "_INBOX.a 1 list 0:" + strings.Repeat("a", MaxTokenLen+1), ErrBadHeader, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

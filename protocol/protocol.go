@@ -93,6 +93,16 @@ const (
 	// again for another worker of its queue group to answer; a worker
 	// answers such a request itself rather than hand it on again.
 	HopHeader = "Id-Hop"
+	// TokenHeader, on a request, is a value the requester chose (a token:
+	// ValidToken); every reply to that request, with IDs or an error, from
+	// whichever worker answers it (an ordered tag's owner included),
+	// carries it back in the header of the same name, so that a requester
+	// that makes the value unpredictable (128 random bits, new for every
+	// request) can tell the replies to its own request from replies
+	// anything else published to its inbox: a reply without it, or with
+	// another value, is not one. A request without it gets replies without
+	// it.
+	TokenHeader = "Id-Token"
 	// ErrorCodeHeader and ErrorHeader carry a failure's code and
 	// description: the headers of NATS micro services.
 	ErrorCodeHeader = "Nats-Service-Error-Code"
@@ -213,6 +223,30 @@ func ValidTag(name string) bool {
 		}
 	}
 	return true
+}
+
+// MaxTokenLen is the longest TokenHeader value, in bytes.
+const MaxTokenLen = 64
+
+// ValidToken reports whether v is a valid TokenHeader value: 1 to
+// MaxTokenLen characters from [A-Za-z0-9_-] (base64url without padding
+// fits).
+func ValidToken(v string) bool {
+	return len(v) <= MaxTokenLen && ValidTag(v)
+}
+
+// ParseToken reads the TokenHeader values of a request: none (""), or one
+// valid token.
+func ParseToken(values []string) (string, error) {
+	switch {
+	case len(values) == 0:
+		return "", nil
+	case len(values) > 1:
+		return "", fmt.Errorf("%w: %s given %d times", ErrBadHeader, TokenHeader, len(values))
+	case !ValidToken(values[0]):
+		return "", fmt.Errorf("%w: %s %q: want 1-%d characters of [A-Za-z0-9_-]", ErrBadHeader, TokenHeader, truncate(values[0], 80), MaxTokenLen)
+	}
+	return values[0], nil
 }
 
 // TagRule describes a valid tag, for error messages.

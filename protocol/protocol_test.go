@@ -251,3 +251,29 @@ func TestCheckDirect(t *testing.T) {
 		})
 	}
 }
+
+func TestParseToken(t *testing.T) {
+	tests := []struct {
+		name   string
+		values []string
+		want   string
+		err    error
+	}{
+		{"none", nil, "", nil},
+		{"base64url of 16 bytes", []string{"q83vEjRWeJCrze8SNFZ4kA"}, "q83vEjRWeJCrze8SNFZ4kA", nil},
+		{"longest", []string{strings.Repeat("a", MaxTokenLen)}, strings.Repeat("a", MaxTokenLen), nil},
+		{"twice", []string{"a", "a"}, "", ErrBadHeader},
+		{"empty", []string{""}, "", ErrBadHeader},
+		{"too long", []string{strings.Repeat("a", MaxTokenLen+1)}, "", ErrBadHeader},
+		{"space", []string{"a b"}, "", ErrBadHeader},
+		{"colon", []string{"a:b"}, "", ErrBadHeader},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseToken(tt.values)
+			if got != tt.want || !errors.Is(err, tt.err) {
+				t.Fatalf("ParseToken(%q) = %q, %v; want %q, %v", tt.values, got, err, tt.want, tt.err)
+			}
+		})
+	}
+}

@@ -25,7 +25,7 @@ func (w *Worker) serveLeaf(nopts NATS) error {
 	if err != nil {
 		return fmt.Errorf("--http-addr: %w", err)
 	}
-	nc, err := nopts.connect(w.cfg.Instance+"-http", false, w.log)
+	nc, err := nopts.connect(w.cfg.Instance+"-http", false, w.log, inboxOption(w.cfg.InboxPrefix)...)
 	if err != nil {
 		ln.Close()
 		return err

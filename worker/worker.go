@@ -39,6 +39,7 @@ import (
 	"github.com/dispenser-dev/dispenser/internal/redact"
 	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
@@ -79,6 +80,13 @@ type Config struct {
 	// starts an embedded nats-server as Embedded says.
 	NATS     NATS
 	Embedded Embedded
+	// InboxPrefix and JSInboxPrefix are the inbox prefixes of the
+	// connection that answers requests and of the JetStream one
+	// (--nats-inbox-prefix, --nats-js-inbox-prefix), for a single-account
+	// deployment where each user may subscribe to its own inboxes only
+	// (docs/operations.md). Default "_INBOX"; JSInboxPrefix defaults to
+	// InboxPrefix.
+	InboxPrefix, JSInboxPrefix string
 	// Instance names this worker: its NATS connections, its snowflake
 	// lease and its ordered-tag leases (--instance). Default: the host
 	// name, "-" and six random hex digits.
@@ -223,7 +231,38 @@ func (c Config) validate() error {
 	if _, err := c.NATS.Options(false); err != nil {
 		return err
 	}
+	for _, p := range []struct{ flag, v string }{{"--nats-inbox-prefix", c.InboxPrefix}, {"--nats-js-inbox-prefix", c.JSInboxPrefix}} {
+		if err := CheckInboxPrefix(p.v, c.Prefix); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrConfig, p.flag, err)
+		}
+	}
 	return c.Store.Validate()
+}
+
+// CheckInboxPrefix refuses an inbox prefix ("" is the default) that is
+// not a plain subject (wildcards, empty tokens, white space), lies in a
+// system namespace ($...) or under the service's prefix: requesters
+// publish there, and the service answers no reply subject there.
+func CheckInboxPrefix(p, prefix string) error {
+	if p == "" {
+		return nil
+	}
+	if err := protocol.CheckReply(p+".x", prefix); err != nil {
+		return fmt.Errorf("inbox prefix %q: %w; want a plain subject such as _INBOX_dispenser", p, err)
+	}
+	if strings.ContainsAny(p, "*>") { // nats.go refuses them anywhere
+		return fmt.Errorf("inbox prefix %q: contains * or >; want a plain subject such as _INBOX_dispenser", p)
+	}
+	return nil
+}
+
+// inboxOption returns the option that sets a connection's inbox prefix p,
+// none for the default.
+func inboxOption(p string) []nats.Option {
+	if p == "" {
+		return nil
+	}
+	return []nats.Option{nats.CustomInboxPrefix(p)}
 }
 
 // DefaultInstance returns the host name, "-" and six random hex digits.
@@ -341,14 +380,14 @@ func (w *Worker) start(ctx context.Context) error {
 	// other carries JetStream (KV store, leases) until the very end. They
 	// may log in as two users, so that the one answering requests, whose
 	// reply subjects the requesters choose, holds no JetStream rights.
-	nc, err := nopts.connect(cfg.Instance, false, w.log, nats.LameDuckModeHandler(w.lameDuck))
+	nc, err := nopts.connect(cfg.Instance, false, w.log, append(inboxOption(cfg.InboxPrefix), nats.LameDuckModeHandler(w.lameDuck))...)
 	if err != nil {
 		return err
 	}
 	w.connMu.Lock()
 	w.nc = nc
 	w.connMu.Unlock()
-	if w.jsnc, err = nopts.connect(cfg.Instance+"-js", true, w.log); err != nil {
+	if w.jsnc, err = nopts.connect(cfg.Instance+"-js", true, w.log, inboxOption(cmp.Or(cfg.JSInboxPrefix, cfg.InboxPrefix))...); err != nil {
 		return err
 	}
 	js, err := jetstream.New(w.jsnc)
@@ -561,7 +600,7 @@ func (w *Worker) move(svc *dispenser.Service, old *nats.Conn) {
 	w.log.Info("nats server entering lame-duck mode: moving to another server", "url", redact.URL(old.ConnectedUrl()))
 	nopts := w.nats
 	nopts.URL = moveURLs(cmp.Or(w.cfg.NATS.URL, old.ConnectedUrl()), old.DiscoveredServers())
-	nc, err := nopts.connect(w.cfg.Instance, false, w.log, nats.LameDuckModeHandler(w.lameDuck))
+	nc, err := nopts.connect(w.cfg.Instance, false, w.log, append(inboxOption(w.cfg.InboxPrefix), nats.LameDuckModeHandler(w.lameDuck))...)
 	if err != nil {
 		w.log.Warn("no other nats server to move to: staying until this one closes the connection", "err", err)
 		return

@@ -45,6 +45,11 @@ func TestNewRejectsBadConfigBeforeStarting(t *testing.T) {
 		{"epoch in the future", func(c *Config) { c.Snowflake.Epoch = time.Now().Add(time.Hour) }},
 		{"TLS cert without key", func(c *Config) { c.NATS.TLSCert = "cert.pem" }},
 		{"segment replicas", func(c *Config) { c.Store = KV{Replicas: 7} }},
+		{"inbox prefix with a wildcard", func(c *Config) { c.InboxPrefix = "_INBOX_*" }},
+		{"inbox prefix with a trailing dot", func(c *Config) { c.InboxPrefix = "_INBOX_d." }},
+		{"inbox prefix in JetStream", func(c *Config) { c.JSInboxPrefix = "$JS.API" }},
+		{"inbox prefix under the service's", func(c *Config) { c.InboxPrefix = "id.inbox" }},
+		{"inbox prefix with a space", func(c *Config) { c.JSInboxPrefix = "_INBOX d" }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "data")

@@ -40,6 +40,7 @@ type storeFlags struct {
 	witnessBucket string
 	region        worker.Region
 	fs            *flag.FlagSet // the flags, parsed by the time open is called
+	inboxPrefix   string        // --nats-inbox-prefix
 }
 
 // regionFlags adds --region, --region-bits and --regions, as serve has
@@ -57,6 +58,7 @@ func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	urlFileFlag(fs, &f.postgresURL, "postgres-url", "the PostgreSQL URL")
 	urlFileFlag(fs, &f.mysqlURL, "mysql-url", "the MySQL/MariaDB DSN")
 	natsFlags(fs, &f.nats, "NATS URL, for the JetStream KV segment store (when --postgres-url and --mysql-url are empty); with --postgres-url or --mysql-url, tags list shows the witness marks", false)
+	inboxFlag(fs, &f.inboxPrefix)
 	fs.StringVar(&f.bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store")
 	fs.StringVar(&f.witnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks (with --postgres-url or --mysql-url, and --nats-url)")
 	regionFlags(fs, &f.region)
@@ -150,7 +152,14 @@ func refused(nc *nats.Conn, err error) error {
 
 // connect connects to --nats-url.
 func (f *storeFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := f.nats.Connect("dispenser-admin", false)
+	if err := worker.CheckInboxPrefix(f.inboxPrefix, ""); err != nil {
+		return nil, nil, fmt.Errorf("--nats-inbox-prefix: %w", err)
+	}
+	var opts []nats.Option
+	if f.inboxPrefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(f.inboxPrefix))
+	}
+	nc, err := f.nats.Connect("dispenser-admin", false, opts...)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -148,3 +148,9 @@ func checkURLFiles(fs *flag.FlagSet, names ...string) error {
 	}
 	return nil
 }
+
+// inboxFlag adds --nats-inbox-prefix, the inbox prefix of the command's
+// connection (serve: of the one that answers requests), to fs.
+func inboxFlag(fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, "nats-inbox-prefix", "", "inbox prefix of the NATS connection (default _INBOX): with per-user inbox prefixes in a single account, the prefix this user may subscribe to, e.g. _INBOX_dispenser (docs/operations.md)")
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -81,25 +82,78 @@ func readmePermissions(tb testing.TB) string {
 	return block
 }
 
-// leastPrivilegeUsers parses the README's permission block, with the
-// passwords it leaves to variables set, into server users.
-func leastPrivilegeUsers(tb testing.TB) []*server.User {
+// docPasswords sets the password variables of the documented
+// configuration blocks; each user's password is "<user>-secret".
+const docPasswords = `WORKER_PASSWORD: "dispenser-secret"
+WORKER_JS_PASSWORD: "dispenser-js-secret"
+ORDERS_PASSWORD: "orders-app-secret"
+PAYMENTS_PASSWORD: "payments-app-secret"
+OPS_PASSWORD: "ops-secret"
+`
+
+// serverOptions parses a documented configuration block, with its
+// password variables set, into server options.
+func serverOptions(tb testing.TB, block string) *server.Options {
 	tb.Helper()
 	conf := filepath.Join(tb.TempDir(), "auth.conf")
-	text := "WORKER_PASSWORD: \"worker-secret\"\nWORKER_JS_PASSWORD: \"js-secret\"\nAPP_PASSWORD: \"app-secret\"\n" + readmePermissions(tb)
+	var text string
+	for line := range strings.Lines(docPasswords) { // only those it uses: nats-server refuses others
+		if name, _, _ := strings.Cut(line, ":"); strings.Contains(block, "$"+name) {
+			text += line
+		}
+	}
+	text += block
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		tb.Fatal(err)
 	}
 	o, err := server.ProcessConfigFile(conf)
 	if err != nil {
-		tb.Fatalf("the README's permission block: %v\n%s", err, text)
+		tb.Fatalf("the documented configuration block: %v\n%s", err, text)
 	}
+	return o
+}
+
+// inboxPrefix returns the inbox prefix user u may subscribe to: its
+// subscribe permission's "<prefix>.>" entry; "" for the default _INBOX.
+func inboxPrefix(tb testing.TB, u *server.User) string {
+	tb.Helper()
+	if u.Permissions == nil || u.Permissions.Subscribe == nil {
+		return ""
+	}
+	for _, s := range u.Permissions.Subscribe.Allow {
+		if p, ok := strings.CutSuffix(s, ".>"); ok && strings.HasPrefix(p, "_INBOX") {
+			if p == "_INBOX" {
+				return ""
+			}
+			return p
+		}
+	}
+	return ""
+}
+
+// docUser returns the user named name of users.
+func docUser(tb testing.TB, users []*server.User, name string) *server.User {
+	tb.Helper()
+	for _, u := range users {
+		if u.Username == name {
+			return u
+		}
+	}
+	tb.Fatalf("the documented block has no user %s", name)
+	return nil
+}
+
+// leastPrivilegeUsers parses the README's permission block, with the
+// passwords it leaves to variables set, into server users.
+func leastPrivilegeUsers(tb testing.TB) []*server.User {
+	tb.Helper()
+	o := serverOptions(tb, readmePermissions(tb))
 	names := map[string]bool{}
 	for _, u := range o.Users {
 		names[u.Username] = u.Permissions != nil
 	}
-	if len(o.Users) != 3 || !names["dispenser"] || !names["dispenser-js"] || !names["orders-app"] {
-		tb.Fatalf("the README's permission block has users %v, want dispenser, dispenser-js and orders-app, all with permissions", names)
+	if len(o.Users) != 5 || !names["dispenser"] || !names["dispenser-js"] || !names["orders-app"] || !names["payments-app"] || !names["ops"] {
+		tb.Fatalf("the README's permission block has users %v, want dispenser, dispenser-js, orders-app, payments-app and ops, all with permissions", names)
 	}
 	for _, u := range o.Users {
 		if u.Username == "dispenser" && u.Permissions.Response != nil {
@@ -133,20 +187,26 @@ func TestLeastPrivilegePermissions(t *testing.T) {
 
 func testLeastPrivilege(t *testing.T, store string) {
 	opts := testenv.NATSOptions(t.TempDir())
-	// Besides the documented users, an operator's tool allowed to ask
-	// micro's discovery subjects, which the reply-subject rule cannot
+	// The documented users include an operator's tool (ops) allowed to
+	// ask micro's discovery subjects, which the reply-subject rule cannot
 	// cover: only the two users keep its replies out of JetStream.
-	opts.Users = append(leastPrivilegeUsers(t), &server.User{Username: "monitor", Password: "monitor-secret",
-		Permissions: &server.Permissions{Publish: &server.SubjectPermission{Allow: []string{"$SRV.>"}},
-			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}}}})
+	opts.Users = leastPrivilegeUsers(t)
 	ns := testenv.StartNATS(t, opts)
 	t.Cleanup(ns.Shutdown)
 	base := "nats://" + ns.Addr().String()
-	workerURL := "nats://dispenser:worker-secret@" + ns.Addr().String()
-	jsURL := "nats://dispenser-js:js-secret@" + ns.Addr().String()
+	workerURL := "nats://dispenser:dispenser-secret@" + ns.Addr().String()
+	jsURL := "nats://dispenser-js:dispenser-js-secret@" + ns.Addr().String()
+	// Each user with the inbox prefix the block lets it subscribe to.
+	inbox := func(user string) string { return inboxPrefix(t, docUser(t, opts.Users, user)) }
+	inboxOpt := func(user string) nats.Option {
+		if p := inbox(user); p != "" {
+			return nats.CustomInboxPrefix(p)
+		}
+		return func(*nats.Options) error { return nil }
+	}
 
 	// The tags are made with the admin commands, against the store.
-	storeFlags := []string{"--nats-url", jsURL}
+	storeFlags := []string{"--nats-url", jsURL, "--nats-inbox-prefix", inbox("dispenser-js")}
 	if store == "postgres" {
 		url := testenv.Postgres(t)
 		mustRun(t, "migrate", "--postgres-url", url)
@@ -160,13 +220,14 @@ func testLeastPrivilege(t *testing.T, store string) {
 		t.Fatalf("tags list: %q, want orders and payments with step 100", tagsBefore)
 	}
 
-	serveFlags := []string{"--nats-url", workerURL, "--nats-js-url", jsURL}
+	serveFlags := []string{"--nats-url", workerURL, "--nats-js-url", jsURL,
+		"--nats-inbox-prefix", inbox("dispenser"), "--nats-js-inbox-prefix", inbox("dispenser-js")}
 	if store == "postgres" {
 		serveFlags = append(serveFlags, storeFlags...)
 	}
 	logs := startServe(t, serveFlags...)
 	violations := make(chan error, 16)
-	app, err := nats.Connect(base, nats.UserInfo("orders-app", "app-secret"),
+	app, err := nats.Connect(base, nats.UserInfo("orders-app", "orders-app-secret"), inboxOpt("orders-app"),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			select {
 			case violations <- err:
@@ -213,19 +274,19 @@ func testLeastPrivilege(t *testing.T, store string) {
 		}
 	}
 
-	if _, err := nats.Connect(base, nats.UserInfo("orders-app", "wrong")); !errors.Is(err, nats.ErrAuthorization) {
+	if _, err := nats.Connect(base, nats.UserInfo("orders-app", "wrong"), inboxOpt("orders-app")); !errors.Is(err, nats.ErrAuthorization) {
 		t.Errorf("connect with a wrong password: %v, want an authorization error", err)
 	}
 
 	// Requesters cannot reach tag administration: the worker listens only
 	// on the ID endpoints, its subject for forwarded ID requests of ordered
 	// tags, micro's read-only $SRV subjects and its inboxes.
-	checkWorkerSubscriptions(t, ns)
+	checkWorkerSubscriptions(t, ns, inbox("dispenser"), inbox("dispenser-js"))
 
 	// micro's discovery handlers answer any reply subject; asked by a
 	// user who may, with JetStream API subjects as replies, they change
 	// nothing: the connection they answer on has no JetStream rights.
-	jsnc, err := nats.Connect(jsURL)
+	jsnc, err := nats.Connect(jsURL, inboxOpt("dispenser-js"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +305,7 @@ func testLeastPrivilege(t *testing.T, store string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mon, err := nats.Connect(base, nats.UserInfo("monitor", "monitor-secret"))
+	mon, err := nats.Connect(base, nats.UserInfo("ops", "ops-secret"), inboxOpt("ops"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,9 +362,11 @@ func tagSteps(list string) string {
 // checkWorkerSubscriptions fails the test if a connection of user dispenser
 // subscribes to anything but the ID endpoints, its subject for forwarded
 // requests, its direct subject (id.direct.*.<its own ID>), $SRV.PING, INFO
-// and STATS, and inboxes.
-func checkWorkerSubscriptions(t *testing.T, ns *server.Server) {
+// and STATS, and its inboxes (under inbox, "" for _INBOX; jsInbox for the
+// JetStream connection).
+func checkWorkerSubscriptions(t *testing.T, ns *server.Server, inbox, jsInbox string) {
 	t.Helper()
+	inbox, jsInbox = cmp.Or(inbox, "_INBOX"), cmp.Or(jsInbox, "_INBOX")
 	jz, err := ns.Connz(&server.ConnzOptions{Username: true, User: "dispenser-js", Subscriptions: true})
 	if err != nil {
 		t.Fatal(err)
@@ -315,7 +378,7 @@ func checkWorkerSubscriptions(t *testing.T, ns *server.Server) {
 		}
 		named++
 		for _, sub := range c.Subs {
-			if !strings.HasPrefix(sub, "_INBOX.") {
+			if !strings.HasPrefix(sub, jsInbox+".") {
 				t.Errorf("JetStream connection %q subscribes to %q: it must answer no requests", c.Name, sub)
 			}
 		}
@@ -339,7 +402,7 @@ func checkWorkerSubscriptions(t *testing.T, ns *server.Server) {
 				// ID requests for ordered tags forwarded by other workers
 			case len(tokens) == 4 && tokens[0] == "id" && tokens[1] == "direct" && tokens[2] == "*" && protocol.ValidTag(tokens[3]):
 				// its direct subject: requests for the ordered tags it owns
-			case tokens[0] == "_INBOX":
+			case tokens[0] == inbox:
 			default:
 				t.Errorf("worker connection %q subscribes to %q", c.Name, sub)
 			}

@@ -30,6 +30,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	var my mysqlstore.MySQL
 	var logLevel, logFormat string
 	natsFlags(fs, &c.NATS, "NATS server URL(s), comma-separated; empty starts an embedded nats-server with JetStream", true)
+	inboxFlag(fs, &c.InboxPrefix)
+	fs.StringVar(&c.JSInboxPrefix, "nats-js-inbox-prefix", "", "inbox prefix of the JetStream connection; empty: --nats-inbox-prefix")
 	fs.StringVar(&c.Embedded.Listen, "nats-listen", worker.DefaultListen, "address of the embedded nats-server (when --nats-url is empty)")
 	fs.StringVar(&c.Embedded.DataDir, "data-dir", worker.DefaultDataDir, "data directory of the embedded nats-server")
 	fs.StringVar(&c.Instance, "instance", "", "this worker's name, used as NATS connection name (default host name plus a random suffix)")

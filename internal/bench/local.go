@@ -263,7 +263,9 @@ func ensureTag(ctx context.Context, store segment.Store, name string, step int64
 
 // startBaseline serves subject with the ceiling of any ID service: a plain
 // queue subscription that answers with an atomic counter, parsing the count
-// and formatting the reply as the dispenser does.
+// and formatting the reply as the dispenser does, and echoing the request's
+// protocol.TokenHeader as a worker does (the Go client refuses a reply
+// without it).
 func startBaseline(nc *nats.Conn, subject string) error {
 	var counter atomic.Int64
 	var buf []byte // only the subscription's goroutine uses it
@@ -273,8 +275,12 @@ func startBaseline(nc *nats.Conn, subject string) error {
 		if err == nil && len(m.Header) > 0 {
 			format, err = protocol.ParseFormat(m.Header.Values(protocol.FormatHeader))
 		}
+		token := m.Header.Values(protocol.TokenHeader)
 		if err != nil {
 			reply := nats.NewMsg(m.Reply)
+			if token != nil {
+				reply.Header[protocol.TokenHeader] = token
+			}
 			reply.Header.Set(protocol.ErrorCodeHeader, protocol.CodeBadRequest)
 			reply.Header.Set(protocol.ErrorHeader, err.Error())
 			nc.PublishMsg(reply)
@@ -286,6 +292,10 @@ func startBaseline(nc *nats.Conn, subject string) error {
 			buf = protocol.AppendRanges(buf[:0], runs[:])
 		} else {
 			buf = protocol.AppendList(buf[:0], runs[:])
+		}
+		if token != nil {
+			nc.PublishMsg(&nats.Msg{Subject: m.Reply, Header: nats.Header{protocol.TokenHeader: token}, Data: buf})
+			return
 		}
 		nc.Publish(m.Reply, buf)
 	})

@@ -1,0 +1,4 @@
+package client
+
+// NewTokenForTest returns a request token, for benchmarks.
+func NewTokenForTest() string { return newToken() }

@@ -1,0 +1,205 @@
+package client_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// TestRepliesWithoutTheToken: a reply that does not carry the request's
+// token (protocol.TokenHeader) is not a reply to it, whatever it holds:
+// every call fails with ErrBadReply, uses none of its IDs and does not
+// retry it (an error reply included), prefetch refills too.
+func TestRepliesWithoutTheToken(t *testing.T) {
+	ns := testenv.NATS(t)
+	responder := testenv.Connect(t, ns)
+	nc := testenv.Connect(t, ns)
+	formatted := call{"Formatted", func(c *client.Client, ctx context.Context) ([]int64, error) {
+		s, err := c.Formatted(ctx, "orders", 1)
+		if s != nil {
+			return []int64{-1}, err
+		}
+		return nil, err
+	}}
+	prefetched := call{"Segment with prefetch", func(c *client.Client, ctx context.Context) ([]int64, error) {
+		return one(c.Segment(ctx, "orders"))
+	}}
+	tests := []struct {
+		name  string
+		call  call
+		token func(sent string) []string // the reply's token values
+		body  string
+		code  string // the reply's error code
+	}{
+		{"no token", segmentOne, func(string) []string { return nil }, "1", ""},
+		{"no token, batch", segmentN(3), func(string) []string { return nil }, "1-3", ""},
+		{"no token, snowflake", snowflakeOne, func(string) []string { return nil }, "7", ""},
+		{"no token, formatted", formatted, func(string) []string { return nil }, "ORD-1", ""},
+		{"no token, prefetch refill", prefetched, func(string) []string { return nil }, "1-10", ""},
+		{"no token, 503", segmentOne, func(string) []string { return nil }, "", protocol.CodeUnavailable},
+		{"empty token", segmentOne, func(string) []string { return []string{""} }, "1", ""},
+		{"another token", segmentOne, func(string) []string { return []string{"AAAAAAAAAAAAAAAAAAAAAA"} }, "1", ""},
+		{"another token, prefetch refill", prefetched, func(string) []string { return []string{"AAAAAAAAAAAAAAAAAAAAAA"} }, "1-10", ""},
+		{"the token and another", segmentOne, func(s string) []string { return []string{s, "x"} }, "1", ""},
+		{"the token twice", segmentOne, func(s string) []string { return []string{s, s} }, "1", ""},
+		{"the token's prefix", segmentOne, func(s string) []string { return []string{s[:len(s)-1]} }, "1", ""},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prefix := fmt.Sprintf("forged%d", i)
+			var seen atomic.Int64
+			sub, err := responder.Subscribe(prefix+".>", func(m *nats.Msg) {
+				seen.Add(1)
+				resp := &nats.Msg{Subject: m.Reply, Data: []byte(tt.body), Header: nats.Header{}}
+				if v := tt.token(m.Header.Get(protocol.TokenHeader)); v != nil {
+					resp.Header[protocol.TokenHeader] = v
+				}
+				if tt.code != "" {
+					resp.Header.Set(protocol.ErrorCodeHeader, tt.code)
+				}
+				_ = m.RespondMsg(resp)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = sub.Unsubscribe() })
+			if err := responder.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			opts := []client.Option{client.WithPrefix(prefix)}
+			if tt.call.name == prefetched.name {
+				opts = append(opts, client.WithPrefetch(10))
+			}
+			c := newClient(t, nc, opts...)
+			ids, err := within(t, tt.name, func(ctx context.Context) ([]int64, error) { return tt.call.do(c, ctx) })
+			if !errors.Is(err, client.ErrBadReply) || ids != nil {
+				t.Fatalf("%s: IDs %v, err %v; want ErrBadReply and no IDs", tt.call.name, ids, err)
+			}
+			if got := seen.Load(); got != 1 {
+				t.Errorf("%d requests sent, want 1: a reply without the token is not retried", got)
+			}
+		})
+	}
+}
+
+// TestForgedReplyWithObservedToken: a tenant that reads the victim's
+// inbox (today's documented `subscribe: ["_INBOX.>"]`) sees every earlier
+// reply and its token, and (from nats.go's clock-seeded request tokens)
+// can know the reply subject of the next request. A reply it publishes
+// there first, with any token it has seen, is refused: the victim's call
+// fails with ErrBadReply and holds none of the forged IDs; the tokens of
+// a thousand requests are all different.
+func TestForgedReplyWithObservedToken(t *testing.T) {
+	ns := testenv.NATS(t)
+	victim := testenv.Connect(t, ns)
+	attacker := testenv.Connect(t, ns)
+	worker := testenv.Connect(t, ns)
+
+	// The attacker reads every inbox and remembers every token it sees.
+	var mu sync.Mutex // protects tokens
+	tokens := map[string]bool{}
+	spy, err := attacker.Subscribe("_INBOX.>", func(m *nats.Msg) {
+		if v := m.Header.Get(protocol.TokenHeader); v != "" {
+			mu.Lock()
+			tokens[v] = true
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = spy.Unsubscribe() })
+	if err := attacker.Flush(); err != nil { // the server knows the spy before the first request
+		t.Fatal(err)
+	}
+	// The worker answers with IDs counting up, echoing the token; with
+	// forge set the attacker answers instead, at the request's reply
+	// subject (which it predicts; handed over here), with a token it saw.
+	var next atomic.Int64
+	var forge atomic.Bool
+	sub, err := worker.Subscribe("id.segment.>", func(m *nats.Msg) {
+		if forge.Load() {
+			mu.Lock()
+			seen := make([]string, 0, len(tokens))
+			for tok := range tokens {
+				seen = append(seen, tok)
+			}
+			mu.Unlock()
+			forged := &nats.Msg{Subject: m.Reply, Data: []byte("1"), Header: nats.Header{protocol.TokenHeader: seen[:1]}}
+			if err := attacker.PublishMsg(forged); err != nil {
+				t.Error(err)
+			}
+			return
+		}
+		_ = echo(m, fmt.Appendf(nil, "%d", next.Add(1)))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := worker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, victim)
+	ctx := context.Background()
+	const honest = 1000
+	for i := range honest {
+		id, err := c.Segment(ctx, "payments")
+		if err != nil || id != int64(i+1) {
+			t.Fatalf("request %d: %d, %v; want %d", i, id, err, i+1)
+		}
+	}
+	waitFor(t, "the attacker saw every token", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(tokens) == honest
+	})
+	forge.Store(true)
+	for range 20 {
+		if id, err := c.Segment(ctx, "payments"); !errors.Is(err, client.ErrBadReply) {
+			t.Fatalf("a forged reply with an observed token: %d, %v; want ErrBadReply (the victim already holds ID 1)", id, err)
+		}
+	}
+}
+
+// waitFor polls cond until it holds, for at most 30 s.
+func waitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// BenchmarkNewToken: what a request's token costs the client (compare
+// with BenchmarkRequest*: a request round trip is tens of microseconds).
+// crypto/rand.Text is the baseline: 128 bits straight from crypto/rand.
+func BenchmarkNewToken(b *testing.B) {
+	for _, bb := range []struct {
+		name string
+		f    func() string
+	}{{"chacha8", client.NewTokenForTest}, {"crypto-rand-text", rand.Text}} {
+		b.Run(bb.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					bb.f()
+				}
+			})
+		})
+	}
+}

@@ -1,0 +1,189 @@
+package dispenser_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// tokenReply sends msg with token in protocol.TokenHeader and returns the
+// reply; it fails the test unless the reply echoes exactly that token.
+func tokenReply(tb testing.TB, nc *nats.Conn, msg *nats.Msg, token string) *nats.Msg {
+	tb.Helper()
+	if msg.Header == nil {
+		msg.Header = nats.Header{}
+	}
+	msg.Header[protocol.TokenHeader] = []string{token}
+	resp, err := nc.RequestMsg(msg, 10*time.Second)
+	if err != nil {
+		tb.Fatalf("%s: %v", msg.Subject, err)
+	}
+	if got := resp.Header.Values(protocol.TokenHeader); len(got) != 1 || got[0] != token {
+		tb.Fatalf("%s: reply (code %q, body %q) carries %s %q, want exactly %q", msg.Subject,
+			resp.Header.Get(protocol.ErrorCodeHeader), resp.Data, protocol.TokenHeader, got, token)
+	}
+	return resp
+}
+
+// TestRepliesEchoToken: every reply to a request with protocol.TokenHeader
+// carries it back, with IDs or with an error, whichever path answers it:
+// inline, an ordered tag's owner for a request another worker forwarded,
+// the owner's direct subject, an error published by the owner. A request
+// without it gets replies without it; one with an unreadable token is
+// refused with 400 and nothing taken.
+func TestRepliesEchoToken(t *testing.T) {
+	st := newStack(t, map[string]int64{"plain": 10})
+	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
+		t.Fatal(err)
+	}
+	workers := []*orderedWorker{st.orderedWorker(t, "w0"), st.orderedWorker(t, "w1")}
+	nc := testenv.Connect(t, st.ns)
+	direct, owner := ownerOf(t, nc, workers, "seq")
+	nonOwner := workers[0]
+	if nonOwner == owner {
+		nonOwner = workers[1]
+	}
+
+	tests := []struct {
+		name     string
+		subject  string
+		body     string
+		hdr      nats.Header
+		wantCode string
+	}{
+		{name: "plain tag", subject: "id.segment.plain"},
+		{name: "plain tag, range, naming the worker", subject: "id.segment.plain", body: "5",
+			hdr: nats.Header{protocol.FormatHeader: {"range"}, protocol.WorkerHeader: {"1"}}},
+		{name: "unknown tag", subject: "id.segment.nope", wantCode: protocol.CodeNotFound},
+		{name: "bad count", subject: "id.segment.plain", body: "0", wantCode: protocol.CodeBadRequest},
+		{name: "bad count, naming the worker", subject: "id.segment.plain", body: "0", hdr: nats.Header{protocol.WorkerHeader: {"1"}},
+			wantCode: protocol.CodeBadRequest},
+		{name: "bad subject", subject: "id.segment.a.b", wantCode: protocol.CodeBadRequest},
+		{name: "ordered tag asking for the direct subject", subject: "id.segment.seq", hdr: nats.Header{protocol.DirectHeader: {"1"}}},
+		{name: "ordered tag on the direct subject", subject: direct},
+		{name: "direct subject, bad count", subject: direct, body: "x", wantCode: protocol.CodeBadRequest},
+		{name: "direct subject of a tag not owned", subject: protocol.DirectSubject("id", "plain", owner.name), wantCode: protocol.CodeMisdirected},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			token := "tok" + string(rune('A'+i)) + "-x_9"
+			resp := tokenReply(t, nc, &nats.Msg{Subject: tt.subject, Data: []byte(tt.body), Header: tt.hdr}, token)
+			if got := resp.Header.Get(protocol.ErrorCodeHeader); got != tt.wantCode {
+				t.Fatalf("code %q (%s), want %q", got, resp.Header.Get(protocol.ErrorHeader), tt.wantCode)
+			}
+		})
+	}
+
+	t.Run("forwarded to the owner", func(t *testing.T) {
+		// Requests on the queue group reach both workers; the non-owner
+		// forwards its share. Every reply echoes, until one was forwarded.
+		i := 0
+		waitUntil(t, "a request forwarded by "+nonOwner.name, func() bool {
+			i++
+			tokenReply(t, nc, &nats.Msg{Subject: "id.segment.seq"}, "fwd"+string(rune('a'+i%26)))
+			families, err := nonOwner.reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, _ := metricValue(families, "dispenser_ordered_forwarded_total", map[string]string{})
+			return f > 0
+		})
+	})
+
+	t.Run("forwarded lines", func(t *testing.T) {
+		// What the owner does with a forwarded line's token, IDs or
+		// error, published after its handler returned.
+		for _, tt := range []struct {
+			name, line, token, code string
+		}{
+			{"IDs", "2 range 0:fwdIDs", "fwdIDs", ""},
+			{"error", "0 list 1:fwdErr", "fwdErr", protocol.CodeBadRequest},
+		} {
+			inbox := nats.NewInbox()
+			sub, err := nc.SubscribeSync(inbox)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.Publish("id.owner."+owner.name+".seq", []byte(inbox+" "+tt.line+"\n")); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := sub.NextMsg(10 * time.Second)
+			if err != nil {
+				t.Fatalf("%s: %v", tt.name, err)
+			}
+			if got, code := resp.Header.Get(protocol.TokenHeader), resp.Header.Get(protocol.ErrorCodeHeader); got != tt.token || code != tt.code {
+				t.Errorf("%s: token %q, code %q; want %q, %q", tt.name, got, code, tt.token, tt.code)
+			}
+		}
+	})
+
+	t.Run("no token, no echo", func(t *testing.T) {
+		for _, subject := range []string{"id.segment.plain", "id.segment.seq", "id.segment.nope"} {
+			resp, err := nc.Request(subject, nil, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v := resp.Header.Values(protocol.TokenHeader); v != nil {
+				t.Errorf("%s: a request without %s got %q", subject, protocol.TokenHeader, v)
+			}
+		}
+	})
+
+	t.Run("unreadable token", func(t *testing.T) {
+		before, _ := request(t, nc, "id.segment.plain", "", nil)
+		for _, v := range [][]string{{""}, {"a.b"}, {"a", "b"}, {string(make([]byte, protocol.MaxTokenLen+1))}} {
+			msg := &nats.Msg{Subject: "id.segment.plain", Header: nats.Header{protocol.TokenHeader: v}}
+			resp, err := nc.RequestMsg(msg, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code := resp.Header.Get(protocol.ErrorCodeHeader); code != protocol.CodeBadRequest || resp.Header.Get(protocol.TokenHeader) != "" {
+				t.Errorf("token %q: code %q, token %q; want 400 without a token", v, code, resp.Header.Get(protocol.TokenHeader))
+			}
+		}
+		after, _ := request(t, nc, "id.segment.plain", "", nil)
+		if parseIDs(t, after)[0] != parseIDs(t, before)[0]+1 {
+			t.Errorf("IDs %s then %s: the refused requests took IDs", before, after)
+		}
+	})
+}
+
+// TestSnowflakeRepliesEchoToken: the snowflake endpoints echo the token
+// too.
+func TestSnowflakeRepliesEchoToken(t *testing.T) {
+	ns := testenv.NATS(t)
+	js, err := jetstream.New(testenv.Connect(t, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := snowflake.StartWorker(context.Background(), js, snowflake.WorkerSettings{Instance: "w1", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, ns), Snowflake: w, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+	nc := testenv.Connect(t, ns)
+	for _, tt := range []struct{ name, subject, body, code string }{
+		{"IDs", "id.snowflake", "3", ""},
+		{"bad count", "id.snowflake", "0", protocol.CodeBadRequest},
+		{"decode", "id.snowflake.decode", "123", ""},
+		{"decode garbage", "id.snowflake.decode", "abc", protocol.CodeBadRequest},
+	} {
+		resp := tokenReply(t, nc, &nats.Msg{Subject: tt.subject, Data: []byte(tt.body)}, "sf"+tt.code)
+		if code := resp.Header.Get(protocol.ErrorCodeHeader); code != tt.code {
+			t.Errorf("%s: code %q, want %q", tt.name, code, tt.code)
+		}
+	}
+}
