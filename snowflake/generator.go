@@ -351,7 +351,8 @@ func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
 // not fenced (its lease's monotonic validity or its timestamp bound is
 // passed), and its clock is not behind the last timestamp used by more than
 // MaxBackwards. It does not foresee ErrOverloaded, which passes within
-// milliseconds.
+// milliseconds. A lease it finds run out starts a fenced episode, as a
+// request would (stats, the log, a heartbeat asked for now).
 func (g *Generator) Servable() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -360,12 +361,17 @@ func (g *Generator) Servable() bool {
 	}
 	nowMs, mono := g.readLocked()
 	if g.leased && mono >= g.validUntil {
+		g.fenceLocked("no successful heartbeat within the lease")
 		return false
 	}
 	if g.clockMs-nowMs > g.maxBackMs {
 		return false
 	}
-	return max(nowMs, g.lastMs) < g.boundMs
+	if max(nowMs, g.lastMs) >= g.boundMs {
+		g.fenceLocked("timestamp bound of the lease reached")
+		return false
+	}
+	return true
 }
 
 // readLocked reads the clocks: wall time in ms since the epoch and, for a

@@ -453,6 +453,11 @@ func TestLeasedGenerator(t *testing.T) {
 	if wallMs := c.Now().UnixMilli() - DefaultEpoch.UnixMilli(); wallMs >= farBound-lease.Milliseconds() {
 		t.Fatalf("wall clock %d within a lease of the bound %d: the test needs it far below", wallMs, farBound)
 	}
+	// Servable sees it first (the service's watcher asks it before any
+	// request comes): the episode is counted all the same.
+	if g.Servable() {
+		t.Fatal("lease timed out: Servable() = true")
+	}
 	if _, err := g.Next(); !errors.Is(err, ErrFenced) {
 		t.Fatalf("lease timed out: got error %v, want ErrFenced", err)
 	}
@@ -460,6 +465,9 @@ func TestLeasedGenerator(t *testing.T) {
 		t.Errorf("stats: fenced %v episodes %d, want true 2", st.fenced, st.fenceEvents)
 	}
 	g.renew(farBound, c.Mono()+lease)
+	if !g.Servable() {
+		t.Fatal("after renewal: Servable() = false")
+	}
 	more, err := g.NextN(5)
 	if err != nil {
 		t.Fatalf("after renewal: %v", err)
