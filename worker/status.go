@@ -4,11 +4,11 @@ import (
 	_ "embed"
 	"io"
 	"net/http"
-	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dispenser-dev/dispenser/internal/buildinfo"
 	"github.com/dispenser-dev/dispenser/internal/htmlpage"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -31,7 +31,7 @@ type Status struct {
 	Now       time.Time
 	Instance  string
 	ServiceID string // the micro service's ID
-	Version   string // of the main module, from its build information
+	Version   string // the binary's (package internal/buildinfo), as the micro service reports it
 	// NATSURL and NATSStatus are those of the connection that serves
 	// requests, JetStreamURL and JetStreamStatus those of the one for
 	// the store and the leases. The URLs have no passwords.
@@ -76,7 +76,7 @@ func (s *Status) limit() {
 // copies the state of every tag in memory (SegmentStats) to list the first
 // StatusTagLimit by name.
 func (w *Worker) Status() *Status {
-	s := &Status{Now: time.Now(), Instance: w.cfg.Instance, Version: version(), Tags: w.SegmentStats()}
+	s := &Status{Now: time.Now(), Instance: w.cfg.Instance, Version: buildinfo.Version(), Tags: w.SegmentStats()}
 	if w.svc != nil {
 		s.ServiceID = w.svc.ID()
 	}
@@ -132,23 +132,4 @@ func counter(reg prometheus.Gatherer, name string) (bool, float64) {
 		return true, sum
 	}
 	return false, 0
-}
-
-// version returns the main module's version and, if known, its VCS
-// revision.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
-		}
-		if s.Key == "vcs.modified" && s.Value == "true" {
-			v += " (modified)"
-		}
-	}
-	return v
 }

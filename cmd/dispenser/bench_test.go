@@ -28,7 +28,11 @@ import (
 // from this test binary (benchChildEnv is set), the command line instead.
 func testMain(m *testing.M) int {
 	if os.Getenv(benchChildEnv) == "" {
-		return testenv.Run(m)
+		code := testenv.Run(m)
+		if binDir != "" { // dispenserBinary's build
+			os.RemoveAll(binDir)
+		}
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
