@@ -172,13 +172,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
+// idMethods are the methods that take IDs (every method, as Leaf maps
+// them, but those idMethod refuses), as a 405's Allow lists them.
+const idMethods = "GET, POST, PUT, PATCH, DELETE"
+
 // idMethod reports whether r's method may take IDs; it answers 405 if not.
 // A HEAD request would take an ID and drop it with the body.
 func idMethod(w http.ResponseWriter, r *http.Request) bool {
 	switch r.Method {
 	case http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodConnect:
-		w.Header().Set("Allow", "GET, POST")
-		http.Error(w, "method "+r.Method+" takes no IDs: use GET (or POST)", http.StatusMethodNotAllowed)
+		w.Header().Set("Allow", idMethods)
+		http.Error(w, "method "+r.Method+" takes no IDs: use GET (any of "+idMethods+" does, as Leaf maps every method)", http.StatusMethodNotAllowed)
 		return false
 	}
 	return true
