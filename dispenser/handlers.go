@@ -152,6 +152,7 @@ func (s *Service) handleDecode(req micro.Request) {
 		r.fail(fmt.Errorf("%w: %d is not a snowflake ID of layout %s (at most %d)", protocol.ErrBadCount, id, layout, layout.MaxID()))
 		return
 	}
+	s.metrics.observe(r.endpoint, "", "200", 0, r.start)
 	if err := req.RespondJSON(layout.Decode(id, s.cfg.Snowflake.Epoch())); err != nil {
 		s.cfg.Logger.Warn("dispenser: reply failed", "subject", req.Subject(), "err", err)
 	}

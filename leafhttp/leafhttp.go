@@ -110,6 +110,13 @@ type Settings struct {
 	// Logger receives failures to write a response. Default
 	// slog.Default().
 	Logger *slog.Logger
+	// Observe, if set, records every request answered (the worker's
+	// dispenser.Service.ObserveHTTP: the metrics with transport="http"):
+	// endpoint is the path's kind (segment, snowflake, snowflake_decode,
+	// cache, db, other), tag the segment tag (else ""), code the reply
+	// code (the HTTP status), ids the IDs handed out, start when the
+	// request arrived. A request whose client went away is not recorded.
+	Observe func(endpoint, tag, code string, ids int, start time.Time)
 }
 
 // Handler serves Leaf's HTTP API. It is safe for concurrent use.
@@ -161,15 +168,52 @@ const (
 // ServeHTTP implements http.Handler. The ID paths are matched before the
 // mux, which costs them a pattern match and the path value's copy.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var start time.Time
+	if h.s.Observe != nil {
+		start = time.Now()
+	}
 	if key, ok := strings.CutPrefix(r.URL.Path, segmentPrefix); ok {
-		h.serveSegment(w, r, key)
+		h.serveSegment(w, r, key, start)
 		return
 	}
 	if _, ok := strings.CutPrefix(r.URL.Path, snowflakePrefix); ok && h.s.Snowflake != nil {
-		h.serveSnowflake(w, r)
+		h.serveSnowflake(w, r, start)
 		return
 	}
-	h.mux.ServeHTTP(w, r)
+	if h.s.Observe == nil {
+		h.mux.ServeHTTP(w, r)
+		return
+	}
+	// The monitoring paths are few and rare: a writer that keeps the
+	// status costs them an allocation.
+	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	h.mux.ServeHTTP(sw, r)
+	endpoint := "other"
+	switch r.URL.Path {
+	case "/decodeSnowflakeId":
+		endpoint = "snowflake_decode"
+	case "/cache", "/db":
+		endpoint = r.URL.Path[1:]
+	}
+	h.s.Observe(endpoint, "", strconv.Itoa(sw.status), 0, start)
+}
+
+// statusWriter remembers the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
+// observe records a request of an ID path answered with code.
+func (h *Handler) observe(endpoint, tag, code string, ids int, start time.Time) {
+	if h.s.Observe != nil {
+		h.s.Observe(endpoint, tag, code, ids, start)
+	}
 }
 
 // idMethods are the methods that take IDs (every method, as Leaf maps
@@ -224,8 +268,9 @@ func parseQuery(r *http.Request) (map[string][]string, error) {
 }
 
 // serveSegment serves /api/segment/get/{key}: Leaf's LeafController.
-func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag string) {
+func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag string, start time.Time) {
 	if !idMethod(w, r) {
+		h.observe("segment", "", "405", 0, start)
 		return
 	}
 	n, format, err := h.params(r)
@@ -233,7 +278,7 @@ func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag strin
 		err = fmt.Errorf("%w %q: want %s", segment.ErrInvalidTag, truncate(tag, 64), protocol.TagRule)
 	}
 	if err != nil {
-		h.fail(w, r, segmentPath, err)
+		h.fail(w, r, segmentPath, err, tag, start)
 		return
 	}
 	ctx := r.Context()
@@ -248,11 +293,12 @@ func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag strin
 			err = errFormattedOrdered
 		}
 		if err != nil {
-			h.fail(w, r, segmentPath, err)
+			h.fail(w, r, segmentPath, err, tag, start)
 			return
 		}
 		bp := h.bufs.Get().(*[]byte)
 		h.write(w, bp, num.Append((*bp)[:0], runs))
+		h.observe("segment", tag, "200", n, start)
 		return
 	}
 	runs, err := h.s.Segments.Take(ctx, tag, n, arr[:0])
@@ -260,17 +306,19 @@ func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag strin
 		runs, err = h.s.Ordered.Take(ctx, tag, n)
 	}
 	if err != nil {
-		h.fail(w, r, segmentPath, err)
+		h.fail(w, r, segmentPath, err, tag, start)
 		return
 	}
 	bp := h.bufs.Get().(*[]byte)
 	h.write(w, bp, protocol.AppendRuns((*bp)[:0], format, runs))
+	h.observe("segment", tag, "200", n, start)
 }
 
 // serveSnowflake serves /api/snowflake/get/{key}; the key is ignored, as
 // by Leaf.
-func (h *Handler) serveSnowflake(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) serveSnowflake(w http.ResponseWriter, r *http.Request, start time.Time) {
 	if !idMethod(w, r) {
+		h.observe("snowflake", "", "405", 0, start)
 		return
 	}
 	n, format, err := h.params(r)
@@ -283,7 +331,7 @@ func (h *Handler) serveSnowflake(w http.ResponseWriter, r *http.Request) {
 		ids, err = h.s.Snowflake.AppendIDs(arr[:0], n)
 	}
 	if err != nil {
-		h.fail(w, r, snowflakePath, err)
+		h.fail(w, r, snowflakePath, err, "", start)
 		return
 	}
 	bp := h.bufs.Get().(*[]byte)
@@ -292,6 +340,7 @@ func (h *Handler) serveSnowflake(w http.ResponseWriter, r *http.Request) {
 	} else {
 		h.write(w, bp, protocol.AppendIDs((*bp)[:0], ids))
 	}
+	h.observe("snowflake", "", "200", n, start)
 }
 
 // write answers 200 with b, appended to the pooled buffer bp, which it

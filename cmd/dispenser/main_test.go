@@ -359,7 +359,7 @@ func TestMetricsAndHealth(t *testing.T) {
 		t.Fatalf("/metrics: %d", code)
 	}
 	for _, want := range []string{
-		`dispenser_ids_total{endpoint="segment",tag="orders"} 7`,
+		`dispenser_ids_total{endpoint="segment",tag="orders",transport="nats"} 7`,
 		`dispenser_segment_fetches_total{tag="orders"} 1`,
 		"dispenser_request_duration_seconds_bucket",
 		"dispenser_snowflake_lease_held 1",
