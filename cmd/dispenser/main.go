@@ -19,6 +19,7 @@ import (
 
 	"github.com/dispenser-dev/dispenser/internal/bench"
 	"github.com/dispenser-dev/dispenser/internal/buildinfo"
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 func main() {
@@ -29,7 +30,7 @@ func main() {
 		os.Exit(0)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "dispenser:", err)
+		fmt.Fprintln(os.Stderr, "dispenser:", protocol.Describe(err))
 		os.Exit(1)
 	}
 }
@@ -125,6 +126,14 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
+		// A duration as the text handler writes it ("312ms"), not as
+		// nanoseconds without a unit (slog's JSON default).
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)

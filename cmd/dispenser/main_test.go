@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -258,6 +259,9 @@ func TestServeAndShutDown(t *testing.T) {
 	if _, err := runCmd(t, "tags", "create", "orders", "--step", "100", "--postgres-url", url); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := runCmd(t, "tags", "create", "invoices", "--step", "10", "--ordered", "--postgres-url", url); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -281,6 +285,10 @@ func TestServeAndShutDown(t *testing.T) {
 	if body != "1\n2\n3" {
 		t.Fatalf("got %q, want 1..3; logs:\n%s", body, logs.String())
 	}
+	// This worker, the only one, owns the ordered tag once it served it.
+	if resp, err := nc.Request("id.segment.invoices", nil, 30*time.Second); err != nil || resp.Header.Get(micro.ErrorCodeHeader) != "" {
+		t.Fatalf("id.segment.invoices: %v %v; logs:\n%s", err, resp, logs.String())
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -290,12 +298,26 @@ func TestServeAndShutDown(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not stop")
 	}
+	// The log says what the shutdown gave back and released, and when
+	// the worker stopped: its last line.
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	for _, want := range []string{
+		`msg="released ordered tags to the other workers" count=1 tags=invoices`,
+		`msg="gave unissued segment IDs back to the store" tags=1 ids=97 ranges="orders 4-100"`,
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the shutdown's log lacks %s:\n%s", want, logs.String())
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, "msg=stopped shutdown=") {
+		t.Errorf("the log's last line is %q, want msg=stopped", last)
+	}
 	if _, err := nc.Request("id.segment.orders", nil, 200*time.Millisecond); err != nats.ErrNoResponders && err != nats.ErrTimeout {
 		t.Fatalf("after shutdown: err = %v, want no responders", err)
 	}
 	// The unissued rest of the segment was given back: the next ID is 4.
 	out, err := runCmd(t, "tags", "list", "--postgres-url", url)
-	if err != nil || !strings.Contains(out, "orders  4 ") {
+	if err != nil || !regexp.MustCompile(`(?m)^orders +4 `).MatchString(out) {
 		t.Fatalf("after give-back: %q, %v; want next ID 4", out, err)
 	}
 }

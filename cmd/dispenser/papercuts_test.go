@@ -13,7 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
 	"github.com/dispenser-dev/dispenser/internal/buildinfo"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -176,5 +180,89 @@ func TestEnvironmentScope(t *testing.T) {
 				t.Errorf("%s --help lists %s", strings.Join(cmd, " "), own)
 			}
 		}
+	}
+}
+
+// TestOperatorErrorText: the errors an operator reads (the binary's last
+// line, dispenser: …) and a client reads (an error reply's description)
+// are sentences said once: no package names of the code ("kv:",
+// "segment:", "protocol:"), no "dispenser: dispenser:".
+func TestOperatorErrorText(t *testing.T) {
+	bin := dispenserBinary(t)
+	listen := freeAddr(t)
+	p := startBinary(t, t.TempDir(), "--nats-listen", listen)
+	url := "nats://" + listen
+	p.serviceInfo(t, url, "segment", "snowflake", "snowflake_decode")
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // the binary's standard error
+	}{
+		{"invalid tag", []string{"tags", "create", "a.b", "--step", "5", "--nats-url", url},
+			`dispenser: create tag: invalid tag "a.b": want 1-128 characters of [A-Za-z0-9_-]`},
+		{"invalid step", []string{"tags", "create", "x", "--step", "0", "--nats-url", url},
+			`dispenser: create tag: "x": invalid step 0: want 1..2147483647`},
+		{"unknown tag", []string{"tags", "update", "nope", "--step", "5", "--nats-url", url},
+			`dispenser: update tag "nope": unknown tag`},
+		{"bad worker setting", []string{"--max-batch", "2000000", "--nats-url", url},
+			`dispenser: invalid configuration: --max-batch 2000000: want 1..1000000 (and a reply of 20 bytes per ID must fit the NATS max payload)`},
+		{"bad flag", []string{"tags", "create", "x", "--stp", "5"},
+			"dispenser: unknown flag: --stp\nrun 'dispenser tags create --help' for its flags"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, errOut, err := runBinary(t, nil, bin, tc.args...)
+			if err == nil {
+				t.Fatalf("dispenser %v succeeded, want: %s", tc.args, tc.want)
+			}
+			if got := strings.TrimRight(errOut, "\n"); got != tc.want {
+				t.Errorf("dispenser %v printed\n%s\nwant\n%s", tc.args, got, tc.want)
+			}
+		})
+	}
+
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	for _, tc := range []struct {
+		name, subject, body, format string
+		want                        string // the description
+	}{
+		{"decode not a number", "id.snowflake.decode", "abc", "", `bad snowflake ID: "abc" is not a non-negative decimal int64`},
+		{"decode negative", "id.snowflake.decode", "-5", "", `bad snowflake ID: "-5" is not a non-negative decimal int64`},
+		{"bad count", "id.segment.orders", "zero", "", `bad count "zero": want a decimal count in 1..10000`},
+		{"bad subject", "id.segment.a.b", "", "", `bad subject "id.segment.a.b": want id.segment.<tag>, tag 1-128 characters of [A-Za-z0-9_-]`},
+		{"bad format", "id.segment.orders", "", "xml", `bad header: Id-Format "xml": want list, range or formatted`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := nats.NewMsg(tc.subject)
+			msg.Data = []byte(tc.body)
+			if tc.format != "" {
+				msg.Header.Set(protocol.FormatHeader, tc.format)
+			}
+			resp, err := nc.RequestMsg(msg, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := resp.Header.Get(micro.ErrorHeader); got != tc.want {
+				t.Errorf("description %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestJSONLogDurations: --log-format json writes a duration as text with
+// its unit ("312ms"), not as nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	var out bytes.Buffer
+	log, err := newLogger(&out, "info", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("serving", "startup", 312*time.Millisecond)
+	if want := `"startup":"312ms"`; !strings.Contains(out.String(), want) {
+		t.Errorf("logged %s, want %s", out.String(), want)
 	}
 }
