@@ -628,9 +628,11 @@ func (w *Worker) close() error {
 		w.ns.WaitForShutdown()
 	}
 	err := errors.Join(errs...)
-	if err != nil {
+	switch {
+	case w.svc == nil: // it never served: New failed, and says why
+	case err != nil:
 		w.log.Warn("stopped; the graceful part of the shutdown failed", "shutdown", time.Since(t0).Round(time.Millisecond), "err", err)
-	} else {
+	default:
 		w.log.Info("stopped", "shutdown", time.Since(t0).Round(time.Millisecond))
 	}
 	return err
