@@ -4,7 +4,14 @@
 # image), then the image, from the repository root:
 #
 #   CGO_ENABLED=0 go build -o bin/dispenser ./cmd/dispenser
-#   podman build -t dispenser .
+#   podman build -t dispenser \
+#     --build-arg VERSION="$(bin/dispenser version | cut -d' ' -f2)" \
+#     --build-arg REVISION="$(git rev-parse HEAD)" .
+#
+# (A release build sets its version in the binary with
+# -ldflags "-X github.com/dispenser-dev/dispenser/internal/buildinfo.version=1.2.3";
+# VERSION is then what the binary prints, the version its micro service
+# reports.)
 #
 # (Not `-o dispenser`: the package directory dispenser/ is in the way, so go
 # build would write dispenser/dispenser.) .containerignore sends only
@@ -14,7 +21,14 @@
 # servers (docs/deploy.md). deploy/image_test.go builds and inspects it.
 FROM scratch
 
+# The binary's version (`dispenser version`, second field) and the VCS
+# revision built from, for the image's labels.
+ARG VERSION=unknown
+ARG REVISION=unknown
+
 LABEL org.opencontainers.image.title="dispenser" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.description="Unique 64-bit IDs over NATS: segment (leaf) and snowflake IDs from a NATS micro service" \
       org.opencontainers.image.source="https://github.com/dispenser-dev/dispenser"
 

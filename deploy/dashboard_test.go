@@ -135,6 +135,7 @@ func TestDashboardQueries(t *testing.T) {
 		Store:       pgstore.Postgres{URL: db.URL},
 		Logger:      slog.New(slog.DiscardHandler),
 		MetricsAddr: metrics,
+		HTTPAddr:    "127.0.0.1:0", // Leaf's HTTP API, for the panels of transport="http"
 		MetricsTags: []string{"orders", "invoices"},
 		// Small segments, so that the load fetches all the time.
 		Segment: segment.Settings{MaxStep: 20, MaxWait: 5 * time.Second},
@@ -145,7 +146,7 @@ func TestDashboardQueries(t *testing.T) {
 	t.Cleanup(func() { w.Close() })
 
 	base := startPrometheus(t, prom, metrics)
-	stop := load(t, testenv.Connect(t, ns))
+	stop := load(t, testenv.Connect(t, ns), "http://"+w.LeafAddr())
 	defer stop()
 
 	vars := strings.NewReplacer("$__rate_interval", "5s", "${job}", "dispenser", "$job", "dispenser",
@@ -226,8 +227,9 @@ func startPrometheus(t *testing.T, prom, target string) string {
 // load sends requests until the returned stop is called: segment IDs
 // (single and batches), an ordered tag, snowflake IDs and decodes, and
 // requests that fail (400, 404), so that every endpoint and code has
-// series.
-func load(t *testing.T, nc *nats.Conn) (stop func()) {
+// series; over NATS, and (the last of the goroutines) over Leaf's HTTP API
+// at leaf.
+func load(t *testing.T, nc *nats.Conn, leaf string) (stop func()) {
 	t.Helper()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -236,6 +238,23 @@ func load(t *testing.T, nc *nats.Conn) (stop func()) {
 		{"id.snowflake", ""}, {"id.snowflake", "5"}, {"id.snowflake.decode", "123456789"},
 		{"id.segment.orders", "zero"}, {"id.segment.unknown", ""},
 	}
+	paths := []string{"/api/segment/get/orders", "/api/segment/get/orders?count=7", "/api/segment/get/invoices",
+		"/api/snowflake/get/x?count=5", "/decodeSnowflakeId?snowflakeId=123456789", "/api/segment/get/unknown"}
+	wg.Go(func() {
+		for n := 0; ; n++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			resp, err := http.Get(leaf + paths[n%len(paths)])
+			if err != nil {
+				t.Errorf("GET %s: %v", paths[n%len(paths)], err)
+				return
+			}
+			resp.Body.Close()
+		}
+	})
 	for i := range 4 {
 		wg.Go(func() {
 			for n := i; ; n++ {

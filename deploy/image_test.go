@@ -63,7 +63,11 @@ func TestImage(t *testing.T) {
 		copyFile(t, filepath.Join("..", f), filepath.Join(ctx, f))
 	}
 	copyFile(t, "../go.mod", filepath.Join(ctx, "bin", "stray")) // must stay out
-	p.run("build", "--quiet", "-t", "localhost/dispenser-test", ctx)
+	// The build arguments the Dockerfile's comment gives: the version
+	// the binary prints and the revision.
+	version := strings.Fields(run(t, "", bin, "version"))[1]
+	revision := strings.TrimSpace(run(t, "", "git", "rev-parse", "HEAD"))
+	p.run("build", "--quiet", "-t", "localhost/dispenser-test", "--build-arg", "VERSION="+version, "--build-arg", "REVISION="+revision, ctx)
 
 	var inspect []struct {
 		Size   int64
@@ -97,6 +101,11 @@ func TestImage(t *testing.T) {
 	for _, l := range []string{"title", "source", "description"} {
 		if img.Config.Labels["org.opencontainers.image."+l] == "" {
 			t.Errorf("no label org.opencontainers.image.%s in %v", l, img.Config.Labels)
+		}
+	}
+	for l, want := range map[string]string{"version": version, "revision": revision} {
+		if got := img.Config.Labels["org.opencontainers.image."+l]; got != want {
+			t.Errorf("label org.opencontainers.image.%s = %q, want %q", l, got, want)
 		}
 	}
 	want, err := os.ReadFile(bin)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dispenser-dev/dispenser/internal/buildinfo"
 	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -34,7 +35,9 @@ type Config struct {
 	QueueGroup string
 	// MaxBatch is the most IDs one request may ask for. Default 10000.
 	MaxBatch int
-	// Version is the service version reported by micro. Default "0.1.0".
+	// Version is the service version reported by micro, a semantic
+	// version. Default: the binary's (package internal/buildinfo), the
+	// one `dispenser version` and the status page show.
 	Version string
 	// Store names the segment store (e.g. "postgres:host:5432/ids" or
 	// "kv:dispenser_segments"). It is published in the micro metadata under
@@ -109,7 +112,7 @@ func (cfg *Config) withDefaults() {
 	cfg.Prefix = cmp.Or(cfg.Prefix, protocol.DefaultPrefix)
 	cfg.QueueGroup = cmp.Or(cfg.QueueGroup, "dispenser")
 	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, 10000)
-	cfg.Version = cmp.Or(cfg.Version, "0.1.0")
+	cfg.Version = cmp.Or(cfg.Version, buildinfo.Version())
 	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, 2*time.Second)
 	cfg.WarmTimeout = cmp.Or(cfg.WarmTimeout, 10*time.Second)
 	if cfg.Logger == nil {

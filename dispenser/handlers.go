@@ -165,14 +165,15 @@ func (s *Service) handleDecode(ep *endpoint, req *nats.Msg, _ *scratch) {
 	body := strings.TrimSpace(string(req.Data))
 	id, err := strconv.ParseInt(body, 10, 64)
 	if err != nil || id < 0 {
-		r.fail(fmt.Errorf("%w: %q is not a snowflake ID (a non-negative decimal int64)", protocol.ErrBadCount, truncate(body, 64)))
+		r.fail(fmt.Errorf("%w: %q is not a non-negative decimal int64", protocol.ErrBadID, truncate(body, 64)))
 		return
 	}
 	layout := s.cfg.Snowflake.Layout()
 	if id > layout.MaxID() {
-		r.fail(fmt.Errorf("%w: %d is not a snowflake ID of layout %s (at most %d)", protocol.ErrBadCount, id, layout, layout.MaxID()))
+		r.fail(fmt.Errorf("%w: %d is above the largest ID of layout %s (%d)", protocol.ErrBadID, id, layout, layout.MaxID()))
 		return
 	}
+	s.metrics.observe(r.endpoint, "", "200", 0, r.start)
 	data, err := json.Marshal(layout.Decode(id, s.cfg.Snowflake.Epoch()))
 	if err == nil {
 		if hd := r.header(); len(hd) > 0 {

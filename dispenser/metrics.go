@@ -1,6 +1,7 @@
 package dispenser
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,17 +10,55 @@ import (
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
+// Transports: the values of the metrics' transport label. NATS is the
+// service's own endpoints; HTTP is Leaf's HTTP API of the same worker
+// (package leafhttp), which reports through Service.ObserveHTTP.
+const (
+	TransportNATS = "nats"
+	TransportHTTP = "http"
+)
+
+// Endpoints, the values of the metrics' endpoint label: the NATS
+// endpoint, or the kind of HTTP path (never the tag or the URL): segment
+// (/api/segment/get/), snowflake (/api/snowflake/get/), snowflake_decode
+// (/decodeSnowflakeId), cache, db, and other (any other path).
+var endpoints = [...]string{"segment", "snowflake", "snowflake_decode", "cache", "db", "other"}
+
+// codes are the reply codes whose counters are resolved once and kept
+// (metrics.counted): those of the protocol, and HTTP's 405. Another code
+// is looked up by its labels each time.
+var codes = [...]string{"200", "400", "404", "405", "410", "421", "500", "503"}
+
 // metrics are the service's Prometheus metrics. A nil *metrics records
 // nothing. Only the tags named in Config.MetricsTags get a label value of
 // their own, so that the number of series is bounded whatever the number of
-// tags.
+// tags; the endpoint label is a value of endpoints and transport one of
+// TransportNATS and TransportHTTP, so it stays bounded whatever the
+// requests.
+//
+// The hot path looks no labels up: a request's counters and histogram are
+// found by indexes (transport, endpoint, tag, code) in slots resolved on
+// first use, so that series appear only once they have a sample.
 type metrics struct {
-	requests *prometheus.CounterVec   // endpoint, tag, code
-	ids      *prometheus.CounterVec   // endpoint, tag
-	latency  *prometheus.HistogramVec // endpoint
-	named    map[string]bool          // Config.MetricsTags; read only
+	requests *prometheus.CounterVec   // transport, endpoint, tag, code
+	ids      *prometheus.CounterVec   // transport, endpoint, tag
+	latency  *prometheus.HistogramVec // transport, endpoint
+	named    map[string]int           // Config.MetricsTags, their index from 1 (0: all others); read only
+	tags     []string                 // the tag label of each index
+	// series[transport][endpoint][tag] and observers[transport][endpoint]
+	// hold the resolved series.
+	series    [2][len(endpoints)][]tagSeries
+	observers [2][len(endpoints)]atomic.Pointer[prometheus.Observer]
 	// collectors are what newMetrics registered.
 	collectors []prometheus.Collector
+}
+
+// tagSeries are the counters of one transport, endpoint and tag, each
+// resolved on first use. Two requests resolving one at once both store
+// the same series (a vector returns the one child of its labels).
+type tagSeries struct {
+	requests [len(codes)]atomic.Pointer[prometheus.Counter]
+	ids      atomic.Pointer[prometheus.Counter]
 }
 
 func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
@@ -29,21 +68,30 @@ func newMetrics(reg prometheus.Registerer, s *Service) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispenser_requests_total",
-			Help: "Requests answered, by endpoint, tag and reply code (200 for IDs).",
-		}, []string{"endpoint", "tag", "code"}),
+			Help: "Requests answered, by transport (nats, or http: Leaf's HTTP API), endpoint (or HTTP path kind), tag and reply code (200 for IDs).",
+		}, []string{"transport", "endpoint", "tag", "code"}),
 		ids: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dispenser_ids_total",
-			Help: "IDs handed out, by endpoint and tag.",
-		}, []string{"endpoint", "tag"}),
+			Help: "IDs handed out, by transport, endpoint and tag.",
+		}, []string{"transport", "endpoint", "tag"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dispenser_request_duration_seconds",
-			Help:    "Time from receiving a request to publishing its reply, including any wait for a segment.",
+			Help:    "Time from receiving a request to publishing (NATS) or writing (HTTP) its reply, including any wait for a segment, by transport and endpoint.",
 			Buckets: []float64{10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1},
-		}, []string{"endpoint"}),
-		named: map[string]bool{},
+		}, []string{"transport", "endpoint"}),
+		named: map[string]int{},
+		tags:  []string{""},
 	}
 	for _, t := range s.cfg.MetricsTags {
-		m.named[t] = true
+		if _, ok := m.named[t]; !ok {
+			m.named[t] = len(m.tags)
+			m.tags = append(m.tags, t)
+		}
+	}
+	for tr := range m.series {
+		for e := range m.series[tr] {
+			m.series[tr][e] = make([]tagSeries, len(m.tags))
+		}
 	}
 	cs := []prometheus.Collector{m.requests, m.ids, m.latency, refusedCollector{s}, servingCollector{s}}
 	if s.cfg.Segments != nil {
@@ -77,20 +125,88 @@ func (m *metrics) unregister(reg prometheus.Registerer) {
 	}
 }
 
-// observe records one answered request. tag is counted under its own label
-// value only if it is named in Config.MetricsTags, else under "".
+// endpointIndex returns the index in endpoints of an endpoint label value
+// (other for one not in it).
+func endpointIndex(e string) int {
+	switch e {
+	case "segment":
+		return 0
+	case "snowflake":
+		return 1
+	case "snowflake_decode":
+		return 2
+	case "cache":
+		return 3
+	case "db":
+		return 4
+	}
+	return len(endpoints) - 1
+}
+
+// codeIndex returns the index in codes of a reply code, or -1.
+func codeIndex(c string) int {
+	for i, k := range codes {
+		if k == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// observe records one request answered over NATS. tag is counted under
+// its own label value only if it is named in Config.MetricsTags, else
+// under "".
 func (m *metrics) observe(endpoint, tag, code string, ids int, start time.Time) {
+	m.record(0, endpoint, tag, code, ids, start)
+}
+
+// record records one answered request of transport tr (0 NATS, 1 HTTP).
+func (m *metrics) record(tr int, endpoint, tag, code string, ids int, start time.Time) {
 	if m == nil {
 		return
 	}
-	if !m.named[tag] {
-		tag = ""
+	transport := [2]string{TransportNATS, TransportHTTP}[tr]
+	e := endpointIndex(endpoint)
+	endpoint = endpoints[e]
+	ti := m.named[tag] // 0, "", for a tag not named
+	ts := &m.series[tr][e][ti]
+	// Each series is resolved by its labels once, then loaded from its
+	// slot (no closures: nothing here allocates once resolved).
+	if c := codeIndex(code); c < 0 {
+		m.requests.WithLabelValues(transport, endpoint, m.tags[ti], code).Inc()
+	} else if p := ts.requests[c].Load(); p != nil {
+		(*p).Inc()
+	} else {
+		ctr := m.requests.WithLabelValues(transport, endpoint, m.tags[ti], code)
+		ts.requests[c].Store(&ctr)
+		ctr.Inc()
 	}
-	m.requests.WithLabelValues(endpoint, tag, code).Inc()
 	if ids > 0 {
-		m.ids.WithLabelValues(endpoint, tag).Add(float64(ids))
+		if p := ts.ids.Load(); p != nil {
+			(*p).Add(float64(ids))
+		} else {
+			ctr := m.ids.WithLabelValues(transport, endpoint, m.tags[ti])
+			ts.ids.Store(&ctr)
+			ctr.Add(float64(ids))
+		}
 	}
-	m.latency.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+	d := time.Since(start).Seconds()
+	if p := m.observers[tr][e].Load(); p != nil {
+		(*p).Observe(d)
+	} else {
+		o := m.latency.WithLabelValues(transport, endpoint)
+		m.observers[tr][e].Store(&o)
+		o.Observe(d)
+	}
+}
+
+// ObserveHTTP records one request of Leaf's HTTP API (package leafhttp's
+// Settings.Observe): endpoint is the path's kind (segment, snowflake,
+// snowflake_decode, cache, db; anything else counts as other), code the
+// reply code (the HTTP status), ids how many IDs it handed out, start
+// when it arrived. It records nothing without Config.Registerer.
+func (s *Service) ObserveHTTP(endpoint, tag, code string, ids int, start time.Time) {
+	s.metrics.record(1, endpoint, tag, code, ids, start)
 }
 
 var refusedDesc = prometheus.NewDesc("dispenser_requests_refused_total",

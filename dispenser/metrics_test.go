@@ -39,13 +39,13 @@ func TestMetrics(t *testing.T) {
 		labels map[string]string
 		want   float64
 	}{
-		{"IDs issued", "dispenser_ids_total", map[string]string{"endpoint": "segment", "tag": "orders"}, 6},
-		{"good requests", "dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "orders", "code": "200"}, 2},
-		{"unknown tag", "dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "", "code": "404"}, 1},
-		{"bad count of a named tag", "dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "orders", "code": "400"}, 1},
+		{"IDs issued", "dispenser_ids_total", map[string]string{"transport": "nats", "endpoint": "segment", "tag": "orders"}, 6},
+		{"good requests", "dispenser_requests_total", map[string]string{"transport": "nats", "endpoint": "segment", "tag": "orders", "code": "200"}, 2},
+		{"unknown tag", "dispenser_requests_total", map[string]string{"transport": "nats", "endpoint": "segment", "tag": "", "code": "404"}, 1},
+		{"bad count of a named tag", "dispenser_requests_total", map[string]string{"transport": "nats", "endpoint": "segment", "tag": "orders", "code": "400"}, 1},
 		{"fetches", "dispenser_segment_fetches_total", map[string]string{"tag": "orders"}, 1},
 		{"step", "dispenser_segment_step", map[string]string{"tag": "orders"}, 100},
-		{"latency samples", "dispenser_request_duration_seconds", map[string]string{"endpoint": "segment"}, 4},
+		{"latency samples", "dispenser_request_duration_seconds", map[string]string{"transport": "nats", "endpoint": "segment"}, 4},
 	}
 	families, err := reg.Gather()
 	if err != nil {
@@ -93,7 +93,7 @@ func TestRequestsDuringStartAreCounted(t *testing.T) {
 	t.Cleanup(func() { svc.Stop(context.Background()) })
 	waitUntil(t, "a snowflake request counted", func() bool {
 		fams, err := reg.Gather()
-		v, ok := metricValue(fams, "dispenser_requests_total", map[string]string{"endpoint": "snowflake", "tag": "", "code": "200"})
+		v, ok := metricValue(fams, "dispenser_requests_total", map[string]string{"transport": "nats", "endpoint": "snowflake", "tag": "", "code": "200"})
 		return err == nil && ok && v > 0
 	})
 	close(stop)

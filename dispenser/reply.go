@@ -185,29 +185,29 @@ func (r replier) fail(err error) {
 // log instead.
 func (s *Service) Classify(err error) (code, desc string) {
 	switch {
-	case errors.Is(err, protocol.ErrBadCount), errors.Is(err, protocol.ErrBadHeader), errors.Is(err, protocol.ErrBadSubject),
+	case errors.Is(err, protocol.ErrBadCount), errors.Is(err, protocol.ErrBadID), errors.Is(err, protocol.ErrBadHeader), errors.Is(err, protocol.ErrBadSubject),
 		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),
 		errors.Is(err, snowflake.ErrInvalidCount):
-		return protocol.CodeBadRequest, err.Error()
+		return protocol.CodeBadRequest, protocol.Describe(err)
 	case errors.Is(err, segment.ErrNoFormat):
-		return protocol.CodeBadRequest, err.Error()
+		return protocol.CodeBadRequest, protocol.Describe(err)
 	case errors.Is(err, segment.ErrUnknownTag):
-		return protocol.CodeNotFound, err.Error()
+		return protocol.CodeNotFound, protocol.Describe(err)
 	case errors.Is(err, segment.ErrPeriodExpired):
 		s.cfg.Logger.Error("dispenser: a period asked for has expired: this worker's clock is far behind the store's", "err", err)
 		return protocol.CodeUnavailable, "the period asked for has expired: this worker's clock is behind; try again"
 	case errors.Is(err, segment.ErrExhausted):
-		return protocol.CodeGone, err.Error()
+		return protocol.CodeGone, protocol.Describe(err)
 	case errors.Is(err, segment.ErrClosed):
-		return protocol.CodeUnavailable, segment.ErrClosed.Error()
+		return protocol.CodeUnavailable, protocol.Describe(segment.ErrClosed)
 	case errors.Is(err, ordered.ErrNotOwner):
-		return protocol.CodeMisdirected, err.Error()
+		return protocol.CodeMisdirected, protocol.Describe(err)
 	case errors.Is(err, ordered.ErrOwnershipMoving):
-		return protocol.CodeUnavailable, err.Error() + "; try again"
+		return protocol.CodeUnavailable, protocol.Describe(err) + "; try again"
 	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
-		return protocol.CodeUnavailable, ordered.ErrOwnershipMoving.Error() + "; try again"
+		return protocol.CodeUnavailable, protocol.Describe(ordered.ErrOwnershipMoving) + "; try again"
 	case errors.Is(err, segment.ErrOrdered):
-		return protocol.CodeUnavailable, err.Error() + ": this worker serves no ordered tags"
+		return protocol.CodeUnavailable, protocol.Describe(err) + ": this worker serves no ordered tags"
 	case errors.Is(err, segment.ErrTagDeleted):
 		return protocol.CodeUnavailable, "the tag's record was deleted by hand: it is not created again until an operator restores it"
 	case errors.Is(err, kvbucket.ErrPurged), errors.Is(err, kvbucket.ErrRecreated):
@@ -215,15 +215,15 @@ func (s *Service) Classify(err error) (code, desc string) {
 		return protocol.CodeUnavailable, "the store's bucket was purged or recreated: an operator must restore it"
 	case errors.Is(err, segment.ErrUnavailable):
 		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
-		return protocol.CodeUnavailable, segment.ErrUnavailable.Error() + " (store slow or unreachable); try again"
+		return protocol.CodeUnavailable, protocol.Describe(segment.ErrUnavailable) + " (store slow or unreachable); try again"
 	case s.cfg.Snowflake != nil && s.cfg.Snowflake.Unavailable(err):
 		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
 		for _, e := range snowflakeUnavailable {
 			if errors.Is(err, e) {
-				return protocol.CodeUnavailable, e.Error()
+				return protocol.CodeUnavailable, protocol.Describe(e)
 			}
 		}
-		return protocol.CodeUnavailable, snowflake.ErrUnavailable.Error()
+		return protocol.CodeUnavailable, protocol.Describe(snowflake.ErrUnavailable)
 	}
 	s.cfg.Logger.Error("dispenser: unexpected error", "err", err)
 	return protocol.CodeInternal, "internal error"

@@ -58,7 +58,7 @@ func TestMetricSeriesBounded(t *testing.T) {
 		if families, err = reg.Gather(); err != nil {
 			t.Fatal(err)
 		}
-		if n, _ := metricValue(families, "dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "", "code": "200"}); n >= 299 || time.Now().After(deadline) {
+		if n, _ := metricValue(families, "dispenser_requests_total", map[string]string{"transport": "nats", "endpoint": "segment", "tag": "", "code": "200"}); n >= 299 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -84,8 +84,8 @@ func TestMetricSeriesBounded(t *testing.T) {
 	}{
 		{"dispenser_segment_tags", map[string]string{}, 300, 300},
 		{"dispenser_segment_all_fetches_total", map[string]string{}, 300, 600},
-		{"dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "", "code": "200"}, 299, 299},
-		{"dispenser_requests_total", map[string]string{"endpoint": "segment", "tag": "t0007", "code": "200"}, 1, 1},
+		{"dispenser_requests_total", map[string]string{"transport": "nats", "endpoint": "segment", "tag": "", "code": "200"}, 299, 299},
+		{"dispenser_requests_total", map[string]string{"transport": "nats", "endpoint": "segment", "tag": "t0007", "code": "200"}, 1, 1},
 		{"dispenser_segment_fetches_total", map[string]string{"tag": "t0007"}, 1, 2},
 	} {
 		if got, ok := metricValue(families, tt.metric, tt.labels); !ok || got < tt.min || got > tt.max {

@@ -83,13 +83,15 @@ type Error struct {
 	Description string `json:"description"`
 }
 
-// fail answers a failed ID request. A request whose client went away gets
-// nothing (and logs nothing).
-func (h *Handler) fail(w http.ResponseWriter, r *http.Request, p path, err error) {
+// fail answers a failed ID request of tag (for the metrics: "" if it
+// has none or is invalid) that arrived at start. A request whose client
+// went away gets nothing (and logs nothing, nor is it counted).
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, p path, err error, tag string, start time.Time) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return
 	}
 	code, desc := h.s.Classify(err)
+	h.observe([2]string{"segment", "snowflake"}[p], tag, code, 0, start)
 	leaf, status := h.leafCode(p, code)
 	writeJSON(w, h.s.Logger, status, Error{
 		Timestamp:   time.Now().UnixMilli(),

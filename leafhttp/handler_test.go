@@ -134,3 +134,32 @@ func TestNewRefusesBadSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestAllowListsTheMethodsThatAnswer: a 405 on an ID path names in Allow
+// exactly the methods that take IDs there (Leaf maps every method; HEAD,
+// OPTIONS, TRACE and CONNECT take none).
+func TestAllowListsTheMethodsThatAnswer(t *testing.T) {
+	h := newHandler(t, &fakeSegments{ready: true})
+	var answered []string
+	allow := map[string]bool{}
+	for _, m := range []string{"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE", "CONNECT"} {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest(m, "/api/segment/get/orders", nil))
+		if w.Code != http.StatusMethodNotAllowed {
+			answered = append(answered, m)
+			continue
+		}
+		for a := range strings.SplitSeq(w.Header().Get("Allow"), ",") {
+			allow[strings.TrimSpace(a)] = true
+		}
+	}
+	for _, m := range answered {
+		if !allow[m] {
+			t.Errorf("%s answers, but 405's Allow %v does not list it", m, allow)
+		}
+		delete(allow, m)
+	}
+	for m := range allow {
+		t.Errorf("405's Allow lists %s, which answers 405", m)
+	}
+}

@@ -114,6 +114,13 @@ type Settings struct {
 	// OnSnapshot, if not nil, is called with "cache" or "db" each time
 	// a view's snapshot is computed (tests count them).
 	OnSnapshot func(view string)
+	// Observe, if set, records every request answered (the worker's
+	// dispenser.Service.ObserveHTTP: the metrics with transport="http"):
+	// endpoint is the path's kind (segment, snowflake, snowflake_decode,
+	// cache, db, other), tag the segment tag (else ""), code the reply
+	// code (the HTTP status), ids the IDs handed out, start when the
+	// request arrived. A request whose client went away is not recorded.
+	Observe func(endpoint, tag, code string, ids int, start time.Time)
 }
 
 // Handler serves Leaf's HTTP API. It is safe for concurrent use.
@@ -174,24 +181,65 @@ const (
 // ServeHTTP implements http.Handler. The ID paths are matched before the
 // mux, which costs them a pattern match and the path value's copy.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var start time.Time
+	if h.s.Observe != nil {
+		start = time.Now()
+	}
 	if key, ok := strings.CutPrefix(r.URL.Path, segmentPrefix); ok {
-		h.serveSegment(w, r, key)
+		h.serveSegment(w, r, key, start)
 		return
 	}
 	if _, ok := strings.CutPrefix(r.URL.Path, snowflakePrefix); ok && h.s.Snowflake != nil {
-		h.serveSnowflake(w, r)
+		h.serveSnowflake(w, r, start)
 		return
 	}
-	h.mux.ServeHTTP(w, r)
+	if h.s.Observe == nil {
+		h.mux.ServeHTTP(w, r)
+		return
+	}
+	// The monitoring paths are few and rare: a writer that keeps the
+	// status costs them an allocation.
+	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	h.mux.ServeHTTP(sw, r)
+	endpoint := "other"
+	switch r.URL.Path {
+	case "/decodeSnowflakeId":
+		endpoint = "snowflake_decode"
+	case "/cache", "/db":
+		endpoint = r.URL.Path[1:]
+	}
+	h.s.Observe(endpoint, "", strconv.Itoa(sw.status), 0, start)
 }
+
+// statusWriter remembers the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
+// observe records a request of an ID path answered with code.
+func (h *Handler) observe(endpoint, tag, code string, ids int, start time.Time) {
+	if h.s.Observe != nil {
+		h.s.Observe(endpoint, tag, code, ids, start)
+	}
+}
+
+// idMethods are the methods that take IDs (every method, as Leaf maps
+// them, but those idMethod refuses), as a 405's Allow lists them.
+const idMethods = "GET, POST, PUT, PATCH, DELETE"
 
 // idMethod reports whether r's method may take IDs; it answers 405 if not.
 // A HEAD request would take an ID and drop it with the body.
 func idMethod(w http.ResponseWriter, r *http.Request) bool {
 	switch r.Method {
 	case http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodConnect:
-		w.Header().Set("Allow", "GET, POST")
-		http.Error(w, "method "+r.Method+" takes no IDs: use GET (or POST)", http.StatusMethodNotAllowed)
+		w.Header().Set("Allow", idMethods)
+		http.Error(w, "method "+r.Method+" takes no IDs: use GET (any of "+idMethods+" does, as Leaf maps every method)", http.StatusMethodNotAllowed)
 		return false
 	}
 	return true
@@ -233,8 +281,9 @@ func parseQuery(r *http.Request) (map[string][]string, error) {
 }
 
 // serveSegment serves /api/segment/get/{key}: Leaf's LeafController.
-func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag string) {
+func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag string, start time.Time) {
 	if !idMethod(w, r) {
+		h.observe("segment", "", "405", 0, start)
 		return
 	}
 	n, format, err := h.params(r)
@@ -242,7 +291,7 @@ func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag strin
 		err = fmt.Errorf("%w %q: want %s", segment.ErrInvalidTag, truncate(tag, 64), protocol.TagRule)
 	}
 	if err != nil {
-		h.fail(w, r, segmentPath, err)
+		h.fail(w, r, segmentPath, err, tag, start)
 		return
 	}
 	ctx := r.Context()
@@ -257,11 +306,12 @@ func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag strin
 			err = errFormattedOrdered
 		}
 		if err != nil {
-			h.fail(w, r, segmentPath, err)
+			h.fail(w, r, segmentPath, err, tag, start)
 			return
 		}
 		bp := h.bufs.Get().(*[]byte)
 		h.write(w, bp, num.Append((*bp)[:0], runs))
+		h.observe("segment", tag, "200", n, start)
 		return
 	}
 	runs, err := h.s.Segments.Take(ctx, tag, n, arr[:0])
@@ -269,17 +319,19 @@ func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag strin
 		runs, err = h.s.Ordered.Take(ctx, tag, n)
 	}
 	if err != nil {
-		h.fail(w, r, segmentPath, err)
+		h.fail(w, r, segmentPath, err, tag, start)
 		return
 	}
 	bp := h.bufs.Get().(*[]byte)
 	h.write(w, bp, protocol.AppendRuns((*bp)[:0], format, runs))
+	h.observe("segment", tag, "200", n, start)
 }
 
 // serveSnowflake serves /api/snowflake/get/{key}; the key is ignored, as
 // by Leaf.
-func (h *Handler) serveSnowflake(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) serveSnowflake(w http.ResponseWriter, r *http.Request, start time.Time) {
 	if !idMethod(w, r) {
+		h.observe("snowflake", "", "405", 0, start)
 		return
 	}
 	n, format, err := h.params(r)
@@ -292,7 +344,7 @@ func (h *Handler) serveSnowflake(w http.ResponseWriter, r *http.Request) {
 		ids, err = h.s.Snowflake.AppendIDs(arr[:0], n)
 	}
 	if err != nil {
-		h.fail(w, r, snowflakePath, err)
+		h.fail(w, r, snowflakePath, err, "", start)
 		return
 	}
 	bp := h.bufs.Get().(*[]byte)
@@ -301,6 +353,7 @@ func (h *Handler) serveSnowflake(w http.ResponseWriter, r *http.Request) {
 	} else {
 		h.write(w, bp, protocol.AppendIDs((*bp)[:0], ids))
 	}
+	h.observe("snowflake", "", "200", n, start)
 }
 
 // write answers 200 with b, appended to the pooled buffer bp, which it

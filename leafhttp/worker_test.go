@@ -535,3 +535,72 @@ func TestMonitorViews(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTPInMetrics: the requests of Leaf's HTTP API are in the service's
+// metrics with transport="http" and the path's kind as endpoint (never the
+// URL: an unknown path is "other", a tag not in --metrics-tags is ""),
+// beside the NATS requests (transport="nats").
+func TestHTTPInMetrics(t *testing.T) {
+	c := newCluster(t, stores[0], segment.Tag{Name: "orders", Step: 100})
+	port, err := testenv.ServerPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := "127.0.0.1:" + strconv.Itoa(port)
+	logs := &testenv.LogBuffer{}
+	w, err := worker.New(context.Background(), worker.Config{NATS: worker.NATS{URL: c.ns.ClientURL()}, Instance: "m",
+		Store: c.opener, Logger: logs.Logger(), HTTPAddr: "127.0.0.1:0", MetricsAddr: metricsAddr, MetricsTags: []string{"orders"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := w.Close(); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.Logf("worker log:\n%s", logs)
+		}
+	})
+	base := "http://" + w.LeafAddr()
+	for _, r := range []struct {
+		method, path string
+		status       int
+	}{
+		{"GET", "/api/segment/get/orders?count=5", 200},
+		{"POST", "/api/segment/get/orders", 200},
+		{"GET", "/api/segment/get/nope", 404},
+		{"HEAD", "/api/segment/get/orders", 405},
+		{"GET", "/api/snowflake/get/x?count=3", 200},
+		{"GET", "/decodeSnowflakeId?snowflakeId=1", 200},
+		{"GET", "/cache", 200},
+		{"GET", "/no/such/path", 404},
+	} {
+		if status, body, _ := get(t, r.method, base+r.path); status != r.status {
+			t.Fatalf("%s %s: %d %s, want %d", r.method, r.path, status, body, r.status)
+		}
+	}
+	natsIDs(t, c.nc, "id.segment.orders", 2)
+
+	_, metrics, _ := get(t, "GET", "http://"+metricsAddr+"/metrics")
+	for _, want := range []string{
+		`dispenser_ids_total{endpoint="segment",tag="orders",transport="http"} 6`,
+		`dispenser_ids_total{endpoint="segment",tag="orders",transport="nats"} 2`,
+		`dispenser_requests_total{code="200",endpoint="segment",tag="orders",transport="http"} 2`,
+		`dispenser_requests_total{code="200",endpoint="segment",tag="orders",transport="nats"} 1`,
+		`dispenser_requests_total{code="404",endpoint="segment",tag="",transport="http"} 1`,
+		`dispenser_requests_total{code="405",endpoint="segment",tag="",transport="http"} 1`,
+		`dispenser_ids_total{endpoint="snowflake",tag="",transport="http"} 3`,
+		`dispenser_requests_total{code="200",endpoint="snowflake_decode",tag="",transport="http"} 1`,
+		`dispenser_requests_total{code="200",endpoint="cache",tag="",transport="http"} 1`,
+		`dispenser_requests_total{code="404",endpoint="other",tag="",transport="http"} 1`,
+		`dispenser_request_duration_seconds_count{endpoint="segment",transport="http"} 4`,
+		`dispenser_request_duration_seconds_count{endpoint="segment",transport="nats"} 1`,
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(metrics, "no/such") || strings.Contains(metrics, `tag="nope"`) {
+		t.Errorf("/metrics has a label value from a URL:\n%s", metrics)
+	}
+}

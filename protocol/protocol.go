@@ -16,6 +16,8 @@ var (
 	ErrBadHeader = errors.New("protocol: bad header")
 	// ErrBadSubject means the subject does not name a valid tag.
 	ErrBadSubject = errors.New("protocol: bad subject")
+	// ErrBadID is a body of a decode request that is no snowflake ID.
+	ErrBadID = errors.New("protocol: bad snowflake ID")
 	// ErrNoReply means a request has no reply subject: nobody could receive
 	// its IDs.
 	ErrNoReply = errors.New("protocol: request without a reply subject")

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -923,7 +924,7 @@ func (a *Allocator) release(b *buffer) {
 	a.released.Add(1)
 	ctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
 	defer cancel()
-	if err := b.giveBack(ctx); err != nil {
+	if _, _, err := b.giveBack(ctx); err != nil {
 		a.log.Warn("segment: idle tag's IDs not given back; they are skipped", "tag", b.tag, "err", err)
 	}
 }
@@ -974,14 +975,22 @@ func (a *Allocator) Close(ctx context.Context) error {
 	tags := a.tags.all()
 	work := make(chan *buffer)
 	errs := make(chan error, len(tags))
+	type given struct {
+		tag        string
+		first, end int64
+	}
+	gave := make(chan given, len(tags))
 	var wg sync.WaitGroup
 	for range min(8, len(tags)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for b := range work {
-				if err := b.giveBack(ctx); err != nil {
+				first, end, err := b.giveBack(ctx)
+				if err != nil {
 					errs <- err
+				} else if end > first {
+					gave <- given{b.tag, first, end}
 				}
 			}
 		}()
@@ -992,6 +1001,25 @@ func (a *Allocator) Close(ctx context.Context) error {
 	close(work)
 	wg.Wait()
 	close(errs)
+	close(gave)
+	// One line says what went back to the store: how many tags and IDs,
+	// and the ranges of the first few tags by name.
+	var list []given
+	var ids int64
+	for g := range gave {
+		list, ids = append(list, g), ids+g.end-g.first
+	}
+	if len(list) > 0 {
+		slices.SortFunc(list, func(x, y given) int { return strings.Compare(x.tag, y.tag) })
+		var shown []string
+		for _, g := range list[:min(len(list), 10)] {
+			shown = append(shown, fmt.Sprintf("%s %d-%d", g.tag, g.first, g.end-1))
+		}
+		if len(list) > 10 {
+			shown = append(shown, fmt.Sprintf("and %d more", len(list)-10))
+		}
+		a.log.Info("gave unissued segment IDs back to the store", "tags", len(list), "ids", ids, "ranges", strings.Join(shown, ", "))
+	}
 	var all []error
 	for err := range errs {
 		all = append(all, err)

@@ -402,11 +402,13 @@ func (b *buffer) remove() {
 }
 
 // giveBack freezes b's segments and returns the unissued rest of the last
-// one to the store. It runs on Close, after all loaders have stopped.
-func (b *buffer) giveBack(ctx context.Context) error {
+// one to the store. It runs on Close, after all loaders have stopped. It
+// returns the IDs given back (first..end-1), none if the store kept them
+// (another worker fetched meanwhile: they are skipped).
+func (b *buffer) giveBack(ctx context.Context) (first, end int64, err error) {
 	cur, nxt := b.cur.Load(), b.next.Load()
 	if cur == nil {
-		return nil
+		return 0, 0, nil
 	}
 	if nxt == cur {
 		nxt = nil
@@ -421,14 +423,17 @@ func (b *buffer) giveBack(ctx context.Context) error {
 		}
 	}
 	if first >= last.end {
-		return nil
+		return 0, 0, nil
 	}
 	ok, err := b.a.store.GiveBack(ctx, b.tag, last.end, first)
 	if err != nil {
-		return fmt.Errorf("segment: giving back %d..%d of tag %q: %w", first, last.end-1, b.tag, err)
+		return 0, 0, fmt.Errorf("segment: giving back %d..%d of tag %q: %w", first, last.end-1, b.tag, err)
 	}
 	b.a.log.Debug("segment: give back", "tag", b.tag, "first", first, "end", last.end, "done", ok)
-	return nil
+	if !ok {
+		return 0, 0, nil
+	}
+	return first, last.end, nil
 }
 
 // wakeAll wakes the requests waiting on b. b.mu must be held.

@@ -49,6 +49,9 @@ func (w *Worker) serveLeaf(nopts NATS) error {
 	if w.sf != nil {
 		s.Snowflake = w.sf
 	}
+	if w.cfg.MetricsAddr != "" { // the service's metrics, transport="http"
+		s.Observe = w.svc.ObserveHTTP
+	}
 	h, err := leafhttp.New(s)
 	if err != nil {
 		ln.Close()

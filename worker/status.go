@@ -5,12 +5,12 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"runtime/debug"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dispenser-dev/dispenser/internal/buildinfo"
 	"github.com/dispenser-dev/dispenser/internal/htmlpage"
 	"github.com/dispenser-dev/dispenser/internal/redact"
 	"github.com/dispenser-dev/dispenser/ownership"
@@ -34,7 +34,7 @@ type Status struct {
 	Now       time.Time
 	Instance  string
 	ServiceID string // the micro service's ID
-	Version   string // of the main module, from its build information
+	Version   string // the binary's (package internal/buildinfo), as the micro service reports it
 	// NATSURL and NATSStatus are those of the connection that serves
 	// requests, JetStreamURL and JetStreamStatus those of the one for
 	// the store and the leases. The URLs have no passwords.
@@ -89,7 +89,7 @@ func (w *Worker) Status() *Status {
 
 // fullStatus returns the worker's state with every tag and owned tag.
 func (w *Worker) fullStatus() *Status {
-	s := &Status{Now: time.Now(), Instance: w.cfg.Instance, Version: version(), Tags: w.SegmentStats()}
+	s := &Status{Now: time.Now(), Instance: w.cfg.Instance, Version: buildinfo.Version(), Tags: w.SegmentStats()}
 	if w.svc != nil {
 		s.ServiceID = w.svc.ID()
 	}
@@ -169,23 +169,4 @@ func counter(reg prometheus.Gatherer, name string) (bool, float64) {
 		return true, sum
 	}
 	return false, 0
-}
-
-// version returns the main module's version and, if known, its VCS
-// revision.
-func version() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	v := bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
-		}
-		if s.Key == "vcs.modified" && s.Value == "true" {
-			v += " (modified)"
-		}
-	}
-	return v
 }

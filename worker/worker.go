@@ -648,6 +648,7 @@ func (w *Worker) Close() error {
 }
 
 func (w *Worker) close() error {
+	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownTimeout)
 	defer cancel()
 	var errs []error
@@ -671,7 +672,11 @@ func (w *Worker) close() error {
 	if w.owners != nil {
 		// Hand ordered tags over at once: stop serving them, release the
 		// leases. Requests for them from here on go to the new owners.
+		owned := w.owners.Stats().Owned
 		w.owners.Close()
+		if len(owned) > 0 {
+			w.log.Info("released ordered tags to the other workers", "count", len(owned), "tags", cutList(owned, 10))
+		}
 	}
 	if w.svc != nil {
 		errs = append(errs, w.svc.Stop(ctx))
@@ -701,7 +706,23 @@ func (w *Worker) close() error {
 	if w.ns != nil {
 		w.ns.Close() // after its clients; releases the data directory last
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	switch {
+	case w.svc == nil: // it never served: New failed, and says why
+	case err != nil:
+		w.log.Warn("stopped; the graceful part of the shutdown failed", "shutdown", time.Since(t0).Round(time.Millisecond), "err", err)
+	default:
+		w.log.Info("stopped", "shutdown", time.Since(t0).Round(time.Millisecond))
+	}
+	return err
+}
+
+// cutList writes up to n names, then how many more there are.
+func cutList(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return strings.Join(names[:n], ", ") + fmt.Sprintf(" and %d more", len(names)-n)
 }
 
 // serveHTTP serves /metrics, /healthz, /readyz and the status page

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/bench"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -28,12 +29,16 @@ import (
 // from this test binary (benchChildEnv is set), the command line instead.
 func testMain(m *testing.M) int {
 	if os.Getenv(benchChildEnv) == "" {
-		return testenv.Run(m)
+		code := testenv.Run(m)
+		if binDir != "" { // dispenserBinary's build
+			os.RemoveAll(binDir)
+		}
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "dispenser:", err)
+		fmt.Fprintln(os.Stderr, "dispenser:", protocol.Describe(err))
 		return 1
 	}
 	return 0

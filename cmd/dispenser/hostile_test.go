@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -45,7 +46,7 @@ func TestServeRefusesHostileConfigurations(t *testing.T) {
 				startPeer(t, ns)
 				return []string{"--snowflake-epoch", "2025-06-01T00:00:00Z"}
 			},
-			want: snowflake.ErrEpochMismatch.Error(),
+			want: protocol.Describe(snowflake.ErrEpochMismatch), // as the binary prints it
 		},
 		{
 			name: "lease bucket with a TTL",
@@ -77,7 +78,7 @@ func TestServeRefusesHostileConfigurations(t *testing.T) {
 				}
 				return nil
 			},
-			want: snowflake.ErrEpochLost.Error(),
+			want: protocol.Describe(snowflake.ErrEpochLost),
 		},
 		{
 			name: "segment bucket with a TTL",

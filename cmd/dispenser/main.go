@@ -3,7 +3,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -12,7 +11,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"slices"
 	"syscall"
 	// The IANA time zone database, so that tags with a reset period in a
@@ -20,6 +18,8 @@ import (
 	_ "time/tzdata"
 
 	"github.com/dispenser-dev/dispenser/internal/bench"
+	"github.com/dispenser-dev/dispenser/internal/buildinfo"
+	"github.com/dispenser-dev/dispenser/protocol"
 )
 
 func main() {
@@ -30,7 +30,7 @@ func main() {
 		os.Exit(0)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "dispenser:", err)
+		fmt.Fprintln(os.Stderr, "dispenser:", protocol.Describe(err))
 		os.Exit(1)
 	}
 }
@@ -48,15 +48,22 @@ usage:
   dispenser decode ID                print a snowflake ID's time, worker and sequence
   dispenser bench [flags]            measure throughput and latency against a baseline
   dispenser version                  print the version and the VCS revision built from
+                                     (also --version)
   dispenser help [command]           show a command's flags
 
-Every flag can also be set with an environment variable: --nats-url is
-DISPENSER_NATS_URL. Run "dispenser COMMAND --help" for a command's flags.
+serve's flags can also be set with environment variables (--nats-url is
+DISPENSER_NATS_URL), and so can the NATS connection, store, bucket and
+region flags of the other commands; a command's own settings (--step,
+--ordered, --format, …) cannot. Run "dispenser COMMAND --help" for a
+command's flags and their variables.
 `
 
 // run runs the command line args.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := "serve"
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		args[0] = "version"
+	}
 	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
@@ -85,29 +92,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stdout, usage)
 		return nil
 	default:
-		fmt.Fprint(stderr, usage)
-		return fmt.Errorf("unknown command %q", cmd)
+		return fmt.Errorf("unknown command %q\nrun 'dispenser help' for the commands", cmd)
 	}
 }
 
-// version prints the module's version and the VCS revision the binary
-// was built from, as the Go toolchain recorded them.
+// version prints the binary's version (package internal/buildinfo: the
+// one the micro service reports and the status page shows), the Go
+// version and the VCS revision built from, as the Go toolchain recorded it.
 func version(w io.Writer) error {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return errors.New("version: the binary carries no build information")
-	}
-	settings := map[string]string{}
-	for _, s := range bi.Settings {
-		settings[s.Key] = s.Value
-	}
-	fmt.Fprintf(w, "dispenser %s %s", cmp.Or(bi.Main.Version, "(devel)"), bi.GoVersion)
-	if rev := settings["vcs.revision"]; rev != "" {
-		fmt.Fprintf(w, " revision %s", rev)
-		if t := settings["vcs.time"]; t != "" {
-			fmt.Fprintf(w, " (%s)", t)
+	bi := buildinfo.Get()
+	fmt.Fprintf(w, "dispenser %s %s", bi.Version, bi.GoVersion)
+	if bi.Revision != "" {
+		fmt.Fprintf(w, " revision %s", bi.Revision)
+		if bi.Time != "" {
+			fmt.Fprintf(w, " (%s)", bi.Time)
 		}
-		if settings["vcs.modified"] == "true" {
+		if bi.Modified {
 			fmt.Fprint(w, " modified")
 		}
 	}
@@ -126,6 +126,14 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
+		// A duration as the text handler writes it ("312ms"), not as
+		// nanoseconds without a unit (slog's JSON default).
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -198,24 +199,22 @@ func TestOrderedTagCommands(t *testing.T) {
 			want: "created tag invoices: first ID 1, step 10, ordered yes", state: state{"invoices": "10 yes invoice numbers"}},
 		{name: "create plain", args: []string{"create", "orders", "--step", "20"},
 			want: "created tag orders: first ID 1, step 20, ordered no", state: state{"invoices": "10 yes invoice numbers", "orders": "20 no "}},
-		{name: "create with a bad flag value", args: []string{"create", "users", "--step", "5", "--ordered=maybe"}, wantErr: `invalid boolean value "maybe"`},
-		{name: "create with a bad environment value", args: []string{"create", "users", "--step", "5"}, env: "maybe", wantErr: "DISPENSER_ORDERED"},
+		{name: "create with a bad flag value", args: []string{"create", "users", "--step", "5", "--ordered=maybe"}, wantErr: `--ordered=maybe: want true or false`},
 		{name: "create ordered existing", args: []string{"create", "orders", "--step", "20", "--ordered"}, wantErr: "already exists"},
 		{name: "set on a plain tag, only --ordered", args: []string{"update", "orders", "--ordered=true"},
 			want: "updated tag orders: ordered yes", state: state{"invoices": "10 yes invoice numbers", "orders": "20 yes "}},
 		{name: "clear, step and description kept", args: []string{"update", "invoices", "--ordered=false"},
 			want: "updated tag invoices: ordered no", state: state{"invoices": "10 no invoice numbers", "orders": "20 yes "}},
-		{name: "bad value", args: []string{"update", "invoices", "--ordered=maybe"}, wantErr: `invalid boolean value "maybe"`},
+		{name: "bad value", args: []string{"update", "invoices", "--ordered=maybe"}, wantErr: `--ordered=maybe: want true or false`},
 		{name: "value without =", args: []string{"update", "invoices", "--ordered", "false"}, wantErr: "--ordered=false"},
-		{name: "empty value", args: []string{"update", "invoices", "--ordered="}, wantErr: "invalid boolean value"},
+		{name: "empty value", args: []string{"update", "invoices", "--ordered="}, wantErr: "--ordered=: want true or false"},
 		{name: "bare flag sets it", args: []string{"update", "invoices", "--ordered"},
 			want: "ordered yes", state: state{"invoices": "10 yes invoice numbers", "orders": "20 yes "}},
 		{name: "step only keeps it", args: []string{"update", "invoices", "--step", "30"},
 			want: "updated tag invoices: step 30", state: state{"invoices": "30 yes invoice numbers", "orders": "20 yes "}},
-		{name: "from the environment", args: []string{"update", "orders"}, env: "false",
-			want: "ordered no", state: state{"invoices": "30 yes invoice numbers", "orders": "20 no "}},
-		{name: "with other fields", args: []string{"update", "orders", "--ordered=1", "--step", "25", "--description", "order numbers"},
-			want: `step 25, description "order numbers", ordered yes`, state: state{"invoices": "30 yes invoice numbers", "orders": "25 yes order numbers"}},
+		{name: "an exported DISPENSER_ORDERED is not read", args: []string{"update", "orders"}, env: "false", wantErr: "nothing to change"},
+		{name: "with other fields", args: []string{"update", "orders", "--ordered=0", "--step", "25", "--description", "order numbers"},
+			want: `step 25, description "order numbers", ordered no`, state: state{"invoices": "30 yes invoice numbers", "orders": "25 no order numbers"}},
 		{name: "unknown tag", args: []string{"update", "nope", "--ordered=true"}, wantErr: "unknown tag"},
 		{name: "invalid tag", args: []string{"update", "a.b", "--ordered=false"}, wantErr: "invalid tag"},
 	}
@@ -261,6 +260,9 @@ func TestServeAndShutDown(t *testing.T) {
 	if _, err := runCmd(t, "tags", "create", "orders", "--step", "100", "--postgres-url", url); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := runCmd(t, "tags", "create", "invoices", "--step", "10", "--ordered", "--postgres-url", url); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -284,6 +286,10 @@ func TestServeAndShutDown(t *testing.T) {
 	if body != "1\n2\n3" {
 		t.Fatalf("got %q, want 1..3; logs:\n%s", body, logs.String())
 	}
+	// This worker, the only one, owns the ordered tag once it served it.
+	if resp, err := nc.Request("id.segment.invoices", nil, 30*time.Second); err != nil || resp.Header.Get(micro.ErrorCodeHeader) != "" {
+		t.Fatalf("id.segment.invoices: %v %v; logs:\n%s", err, resp, logs.String())
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -293,12 +299,26 @@ func TestServeAndShutDown(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not stop")
 	}
+	// The log says what the shutdown gave back and released, and when
+	// the worker stopped: its last line.
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	for _, want := range []string{
+		`msg="released ordered tags to the other workers" count=1 tags=invoices`,
+		`msg="gave unissued segment IDs back to the store" tags=1 ids=97 ranges="orders 4-100"`,
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the shutdown's log lacks %s:\n%s", want, logs.String())
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, "msg=stopped shutdown=") {
+		t.Errorf("the log's last line is %q, want msg=stopped", last)
+	}
 	if _, err := nc.Request("id.segment.orders", nil, 200*time.Millisecond); err != nats.ErrNoResponders && err != nats.ErrTimeout {
 		t.Fatalf("after shutdown: err = %v, want no responders", err)
 	}
 	// The unissued rest of the segment was given back: the next ID is 4.
 	out, err := runCmd(t, "tags", "list", "--postgres-url", url)
-	if err != nil || !strings.Contains(out, "orders  4 ") {
+	if err != nil || !regexp.MustCompile(`(?m)^orders +4 `).MatchString(out) {
 		t.Fatalf("after give-back: %q, %v; want next ID 4", out, err)
 	}
 }
@@ -362,7 +382,7 @@ func TestMetricsAndHealth(t *testing.T) {
 		t.Fatalf("/metrics: %d", code)
 	}
 	for _, want := range []string{
-		`dispenser_ids_total{endpoint="segment",tag="orders"} 7`,
+		`dispenser_ids_total{endpoint="segment",tag="orders",transport="nats"} 7`,
 		`dispenser_segment_fetches_total{tag="orders"} 1`,
 		"dispenser_request_duration_seconds_bucket",
 		"dispenser_snowflake_lease_held 1",

@@ -125,7 +125,7 @@ func TestTagsImport(t *testing.T) {
 	}{
 		{"no margin", []string{"--from-mysql-url", dsn}, "--margin is required"},
 		{"negative margin", []string{"--from-mysql-url", dsn, "--margin", "-5"}, "--margin is required"},
-		{"margin not a number", []string{"--from-mysql-url", dsn, "--margin", "lots"}, "invalid value"},
+		{"margin not a number", []string{"--from-mysql-url", dsn, "--margin", "lots"}, "--margin=lots: want a whole number"},
 		{"no source", []string{"--margin", "10"}, "--from-mysql-url is required"},
 		{"bad source", []string{"--from-mysql-url", "leaf.example", "--margin", "10"}, "--from-mysql-url: mysql: DSN"},
 		{"an argument", []string{"orders", "--from-mysql-url", dsn, "--margin", "10"}, "want no arguments"},
