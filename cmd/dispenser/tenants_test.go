@@ -336,7 +336,10 @@ func testHostileTenants(t *testing.T, d tenantDeployment, block string) {
 			t.Errorf("bucket %s changed by the attack: before %v, after %v (%v)", bucket, b, a, ok)
 		}
 	}
-	t.Logf("%s: the victim made %d calls; the attacker sent %d hostile messages to %d targets and read %d messages", d.name, calls.Load(), len(hostile), len(targets), len(spied))
+	spyMu.Lock()
+	read := len(spied)
+	spyMu.Unlock()
+	t.Logf("%s: the victim made %d calls; the attacker sent %d hostile messages to %d targets and read %d messages", d.name, calls.Load(), len(hostile), len(targets), read)
 }
 
 // respPrefix returns nc's response inbox prefix: <inbox prefix>.<random>,
