@@ -69,8 +69,12 @@ func TestBenchSmoke(t *testing.T) {
 	if len(rep.Runs) != 32 {
 		t.Errorf("%d runs, want 32", len(rep.Runs))
 	}
+	// Every run got IDs, each checked. How many requests fell into a
+	// run's 300 ms window is speed, which a smoke run does not judge: on a
+	// machine at a load of 20, the ordered run through the Go client (p50
+	// above 200 ms) once had none in it, with 856 IDs checked.
 	for _, r := range rep.Runs {
-		if r.Requests == 0 || r.Checked == 0 {
+		if r.Checked == 0 {
 			t.Errorf("%s %s: %d requests, %d IDs checked", r.Endpoint, r.Label, r.Requests, r.Checked)
 		}
 	}
