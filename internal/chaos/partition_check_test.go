@@ -262,3 +262,69 @@ func availabilityTable(l *load, fl *faultLog, sides []faultSides) string {
 	tw.Flush()
 	return b.String()
 }
+
+// checkNo503 returns the 503s of plain-tag and snowflake requests that a
+// worker able to serve could have answered (issue 37): a worker that cannot
+// serve an endpoint is not in its queue group, and hands on what reached
+// it in the moment before it left, so a 503 is a finding unless no worker
+// the client could reach was able to serve: the client's node was on the
+// cut side of a fault while it lasted (from its start to its heal), a
+// bridge was on (leader elections flap on every node), the leases were too
+// short to ride out a leader election (snowflakeExcused, short mode), or
+// the request was sent in an excused interval (a worker killed and
+// started again). After a heal nothing excuses a 503, on any node: a
+// worker that comes back joins only once it can serve. Ordered tags are
+// left out: an owner move answers 503 by design (docs/ordered-tags.md).
+// One message per subject and node, with the count and an example.
+func checkNo503(l *load, fl *faultLog, sides []faultSides, describe func(string) string) []string {
+	excused := func(c *client, sent int64) bool {
+		for w, s := range sides {
+			win := fl.windows[w]
+			end := s.healed
+			if end == 0 {
+				end = win.end
+			}
+			if sent < win.start || (end != 0 && sent >= end) {
+				continue
+			}
+			if slices.Contains(s.cut, c.node) || win.kind == "bridge" || c.target.snowflake && s.snowflakeExcused ||
+				inWindow(sent, s.excused) {
+				return true
+			}
+		}
+		return false
+	}
+	type key struct {
+		subject string
+		node    int
+	}
+	count := map[key]int{}
+	example := map[key]string{}
+	var keys []key
+	for _, c := range l.clients {
+		if c.target.ordered {
+			continue
+		}
+		for _, f := range c.fails {
+			if f.kind != protocol.CodeUnavailable || excused(c, f.sent) {
+				continue
+			}
+			k := key{c.target.name, c.node}
+			if count[k] == 0 {
+				keys = append(keys, k)
+				by := "no worker named"
+				if f.worker != "" {
+					by = "from " + describe(f.worker)
+				}
+				example[k] = fmt.Sprintf("sent at %.3fs during %s (%s): %s", float64(f.sent)/1e9, fl.attribute(f.sent), by, f.err)
+			}
+			count[k]++
+		}
+	}
+	var out []string
+	for _, k := range keys {
+		out = append(out, fmt.Sprintf("%d %s requests of clients on n%d answered 503 while a worker able to serve them was reachable, e.g. %s",
+			count[k], k.subject, k.node, example[k]))
+	}
+	return out
+}

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,5 +166,65 @@ func TestAvailabilityTable(t *testing.T) {
 		if !strings.Contains(strings.Join(strings.Fields(table), " "), want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
+	}
+}
+
+// TestCheckNo503 feeds checkNo503 the records of a service whose workers
+// stay in the queue group while they cannot serve: a 503 on the majority
+// side, after a heal on any node, or in calm must be reported; one on the
+// cut side while the fault lasts, during a bridge, of snowflake with
+// leases too short to ride out an election, of an ordered tag, or a
+// timeout must not. Against a checkNo503 that excused every 503 after
+// the fault began (not only on the cut side and until the heal), the
+// "majority" and "after the heal" cases fail; against one that reported
+// every 503, the excused cases fail.
+func TestCheckNo503(t *testing.T) {
+	fl := &faultLog{l: &load{}, grace: time.Second, windows: []window{
+		{kind: "isolate", start: sec(10), end: sec(30)}, {kind: "bridge", start: sec(40), end: sec(50)}}}
+	sides := []faultSides{
+		{cut: []int{0}, cutName: "minority", restName: "majority", healed: sec(25), excused: [][2]int64{{sec(20), sec(21)}}},
+		{cut: []int{1, 2}, cutName: "A-B", restName: "rest", healed: sec(48)},
+	}
+	tests := []struct {
+		name  string
+		node  int
+		tg    target
+		fails []failure
+		sides func(s []faultSides)
+		want  string // a finding containing it; "" for none
+	}{
+		{name: "majority", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(14), kind: "503", worker: "w0"}},
+			want: "1 snowflake requests of clients on n1 answered 503"},
+		{name: "after the heal, on the healed node", node: 0, tg: segmentTarget("p"), fails: []failure{{sent: sec(26), kind: "503"}},
+			want: "1 p requests of clients on n0"},
+		{name: "in calm", node: 2, tg: segmentTarget("p"), fails: []failure{{sent: sec(2), kind: "503"}, {sent: sec(3), kind: "503"}},
+			want: "2 p requests of clients on n2"},
+		{name: "cut side while it lasts", node: 0, tg: segmentTarget("p"), fails: []failure{{sent: sec(14), kind: "503"}}},
+		{name: "bridge", node: 0, tg: snowflakeTarget, fails: []failure{{sent: sec(45), kind: "503"}}},
+		{name: "excused interval", node: 1, tg: segmentTarget("p"), fails: []failure{{sent: sec(20.5), kind: "503"}}},
+		{name: "short leases", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(14), kind: "503"}},
+			sides: func(s []faultSides) { s[0].snowflakeExcused = true }},
+		{name: "short leases excuse nothing after the heal", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(27), kind: "503"}},
+			sides: func(s []faultSides) { s[0].snowflakeExcused = true }, want: "1 snowflake requests"},
+		{name: "ordered", node: 1, tg: orderedTarget("o", 1), fails: []failure{{sent: sec(14), kind: "503"}}},
+		{name: "timeout", node: 1, tg: segmentTarget("p"), fails: []failure{{sent: sec(14), kind: "timeout"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := &load{index: map[string]int32{}}
+			c := nodeClient(l, tt.tg, tt.node)
+			c.fails = tt.fails
+			s := slices.Clone(sides)
+			if tt.sides != nil {
+				tt.sides(s)
+			}
+			got := checkNo503(l, fl, s, func(id string) string { return id })
+			switch {
+			case tt.want == "" && len(got) > 0:
+				t.Fatalf("checkNo503 = %q, want no finding", got)
+			case tt.want != "" && (len(got) != 1 || !strings.Contains(got[0], tt.want)):
+				t.Fatalf("checkNo503 = %q, want one finding containing %q", got, tt.want)
+			}
+		})
 	}
 }

@@ -899,6 +899,9 @@ func (p *partition) report() {
 	for _, e := range checkSides(p.load, p.log, p.sides, p.fleet.describe) {
 		t.Error(e)
 	}
+	for _, e := range checkNo503(p.load, p.log, p.sides, p.fleet.describe) {
+		t.Error(e)
+	}
 	for _, e := range checkHealed(p.loopers, p.heals, healBound(p.lease)) {
 		t.Error(e)
 	}
