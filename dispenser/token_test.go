@@ -139,7 +139,33 @@ func TestRepliesEchoToken(t *testing.T) {
 	})
 
 	t.Run("unreadable token", func(t *testing.T) {
-		before, _ := request(t, nc, "id.segment.plain", "", nil)
+		// The last ID each worker handed out before, and the first after:
+		// consecutive on both, or a refused request took IDs.
+		// firstByWorker asks until each worker answered once, and
+		// returns each one's first ID.
+		firstByWorker := func() map[string]int64 {
+			seen := map[string]int64{}
+			for len(seen) < len(workers) {
+				resp, err := nc.RequestMsg(&nats.Msg{Subject: "id.segment.plain", Header: nats.Header{protocol.WorkerHeader: {"1"}}}, 10*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				w := resp.Header.Get(protocol.WorkerHeader)
+				if _, ok := seen[w]; !ok {
+					seen[w] = parseIDs(t, string(resp.Data))[0]
+				}
+			}
+			return seen
+		}
+		// Before: keep asking until each worker answered, keeping its last.
+		before := map[string]int64{}
+		for len(before) < len(workers) {
+			resp, err := nc.RequestMsg(&nats.Msg{Subject: "id.segment.plain", Header: nats.Header{protocol.WorkerHeader: {"1"}}}, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before[resp.Header.Get(protocol.WorkerHeader)] = parseIDs(t, string(resp.Data))[0]
+		}
 		for _, v := range [][]string{{""}, {"a.b"}, {"a", "b"}, {string(make([]byte, protocol.MaxTokenLen+1))}} {
 			msg := &nats.Msg{Subject: "id.segment.plain", Header: nats.Header{protocol.TokenHeader: v}}
 			resp, err := nc.RequestMsg(msg, 10*time.Second)
@@ -150,9 +176,12 @@ func TestRepliesEchoToken(t *testing.T) {
 				t.Errorf("token %q: code %q, token %q; want 400 without a token", v, code, resp.Header.Get(protocol.TokenHeader))
 			}
 		}
-		after, _ := request(t, nc, "id.segment.plain", "", nil)
-		if parseIDs(t, after)[0] != parseIDs(t, before)[0]+1 {
-			t.Errorf("IDs %s then %s: the refused requests took IDs", before, after)
+		// After: the first ID each worker hands out.
+		after := firstByWorker()
+		for w, id := range after {
+			if id != before[w]+1 {
+				t.Errorf("worker %s: IDs %d then %d: the refused requests took IDs", w, before[w], id)
+			}
 		}
 	})
 }
