@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/worker"
 )
 
 // natscliVersion is the NATS CLI (github.com/nats-io/natscli) the README's
@@ -127,13 +130,35 @@ func startBinary(t *testing.T, dir string, args ...string) *process {
 // first.
 func (p *process) serviceInfo(t *testing.T, url string, want ...string) micro.Info {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	deadline := time.Now().Add(60 * time.Second)
+	var nc *nats.Conn
+	defer func() {
+		if nc != nil {
+			nc.Close()
+		}
+	}()
 	for {
+		// A worker with an embedded nats-server answers $SRV only to its
+		// own key (worker.KeyFile in its data directory), which it writes
+		// once its server is up: connect with it once it is there.
+		if nc == nil {
+			opts := []nats.Option{nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(20 * time.Millisecond)}
+			key, embedded := p.keyFile()
+			if _, err := os.Stat(key); embedded && err != nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			} else if embedded {
+				opt, err := nats.NkeyOptionFromSeed(key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				opts = append(opts, opt)
+			}
+			var err error
+			if nc, err = nats.Connect(url, opts...); err != nil {
+				t.Fatal(err)
+			}
+		}
 		select {
 		case err := <-p.done:
 			p.done <- err
@@ -160,6 +185,31 @@ func (p *process) serviceInfo(t *testing.T, url string, want ...string) micro.In
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// keyFile returns where the worker writes its embedded nats-server's key
+// (its --data-dir, default ./dispenser-data, in its directory), and
+// whether it runs one (no --nats-url).
+func (p *process) keyFile() (string, bool) {
+	dir, embedded := worker.DefaultDataDir, true
+	args := p.cmd.Args[1:]
+	for i, a := range args {
+		name, value, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !ok && i+1 < len(args) {
+			value = args[i+1]
+		}
+		switch {
+		case !strings.HasPrefix(a, "-"):
+		case name == "data-dir":
+			dir = value
+		case name == "nats-url" && value != "":
+			embedded = false
+		}
+	}
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(p.cmd.Dir, dir)
+	}
+	return filepath.Join(dir, worker.KeyFile), embedded
 }
 
 // runBinary runs a command line of a tool (the dispenser binary or the

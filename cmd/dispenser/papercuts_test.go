@@ -95,8 +95,9 @@ func TestVersionEverywhere(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	code, page := httpGet(t, "http://"+metrics+"/status")
-	want := `<th class="name">version</th><td class="name">` + html.EscapeString(v) + `</td>`
-	if code != 200 || !strings.Contains(page, want) {
+	// html/template writes + as &#43;: compare the text, unescaped.
+	want := `<th class="name">version</th><td class="name">` + v + `</td>`
+	if code != 200 || !strings.Contains(html.UnescapeString(page), want) {
 		t.Errorf("/status (%d) does not show version %s as %q:\n%s", code, v, want, page)
 	}
 }
@@ -193,17 +194,20 @@ func TestOperatorErrorText(t *testing.T) {
 	p := startBinary(t, t.TempDir(), "--nats-listen", listen)
 	url := "nats://" + listen
 	p.serviceInfo(t, url, "segment", "snowflake", "snowflake_decode")
+	// The embedded server lets only the worker's key administer it, and
+	// requesters without it ask only for well-formed subjects.
+	key, _ := p.keyFile()
 
 	for _, tc := range []struct {
 		name string
 		args []string
 		want string // the binary's standard error
 	}{
-		{"invalid tag", []string{"tags", "create", "a.b", "--step", "5", "--nats-url", url},
+		{"invalid tag", []string{"tags", "create", "a.b", "--step", "5", "--nats-url", url, "--nats-nkey", key},
 			`dispenser: create tag: invalid tag "a.b": want 1-128 characters of [A-Za-z0-9_-]`},
-		{"invalid step", []string{"tags", "create", "x", "--step", "0", "--nats-url", url},
+		{"invalid step", []string{"tags", "create", "x", "--step", "0", "--nats-url", url, "--nats-nkey", key},
 			`dispenser: create tag: "x": invalid step 0: want 1..2147483647`},
-		{"unknown tag", []string{"tags", "update", "nope", "--step", "5", "--nats-url", url},
+		{"unknown tag", []string{"tags", "update", "nope", "--step", "5", "--nats-url", url, "--nats-nkey", key},
 			`dispenser: update tag "nope": unknown tag`},
 		{"bad worker setting", []string{"--max-batch", "2000000", "--nats-url", url},
 			`dispenser: invalid configuration: --max-batch 2000000: want 1..1000000 (and a reply of 20 bytes per ID must fit the NATS max payload)`},
@@ -221,7 +225,11 @@ func TestOperatorErrorText(t *testing.T) {
 		})
 	}
 
-	nc, err := nats.Connect(url)
+	opt, err := nats.NkeyOptionFromSeed(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
