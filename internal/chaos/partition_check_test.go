@@ -169,7 +169,10 @@ func checkFailureKinds(l *load, fl *faultLog, sides []faultSides) []string {
 	}
 	for _, c := range l.clients {
 		for _, f := range c.fails {
-			if partitionFailureKinds[f.kind] || f.kind == "no responders" && cutOff(c.node, f.got) {
+			// No responders: the client's node was cut off, or, for
+			// snowflake, no worker could issue (each left the queue
+			// group: what a 503 said before).
+			if partitionFailureKinds[f.kind] || f.kind == "no responders" && (cutOff(c.node, f.got) || c.target.snowflake) {
 				continue
 			}
 			if count[f.kind] == 0 {
@@ -273,10 +276,15 @@ func availabilityTable(l *load, fl *faultLog, sides []faultSides) string {
 // short to ride out a leader election (snowflakeExcused, short mode), or
 // the request was sent in an excused interval (a worker killed and
 // started again). After a heal nothing excuses a 503, on any node: a
-// worker that comes back joins only once it can serve. Ordered tags are
-// left out: an owner move answers 503 by design (docs/ordered-tags.md).
-// One message per subject and node, with the count and an example.
-func checkNo503(l *load, fl *faultLog, sides []faultSides, describe func(string) string) []string {
+// worker that comes back joins only once it can serve; but leases too
+// short to ride out an election keep snowflake fenced until the workers
+// lease again, so with snowflakeExcused its excuse lasts until afterHeal
+// past the heal (the heal bound). For snowflake, "no responders" counts as
+// a 503: a worker that cannot issue leaves the queue group, so when none
+// can, nobody answers. Ordered tags are left out: an owner move answers
+// 503 by design (docs/ordered-tags.md). One message per subject and node,
+// with the count and an example.
+func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Duration, describe func(string) string) []string {
 	excused := func(c *client, sent int64) bool {
 		for w, s := range sides {
 			win := fl.windows[w]
@@ -284,11 +292,14 @@ func checkNo503(l *load, fl *faultLog, sides []faultSides, describe func(string)
 			if end == 0 {
 				end = win.end
 			}
-			if sent < win.start || (end != 0 && sent >= end) {
-				continue
-			}
-			if slices.Contains(s.cut, c.node) || win.kind == "bridge" || c.target.snowflake && s.snowflakeExcused ||
-				inWindow(sent, s.excused) {
+			short := c.target.snowflake && s.snowflakeExcused
+			switch {
+			case sent < win.start:
+			case end == 0 || sent < end:
+				if slices.Contains(s.cut, c.node) || win.kind == "bridge" || short || inWindow(sent, s.excused) {
+					return true
+				}
+			case short && sent < end+int64(afterHeal):
 				return true
 			}
 		}
@@ -306,7 +317,8 @@ func checkNo503(l *load, fl *faultLog, sides []faultSides, describe func(string)
 			continue
 		}
 		for _, f := range c.fails {
-			if f.kind != protocol.CodeUnavailable || excused(c, f.sent) {
+			unavailable := f.kind == protocol.CodeUnavailable || c.target.snowflake && f.kind == "no responders"
+			if !unavailable || excused(c, f.sent) {
 				continue
 			}
 			k := key{c.target.name, c.node}
@@ -323,7 +335,7 @@ func checkNo503(l *load, fl *faultLog, sides []faultSides, describe func(string)
 	}
 	var out []string
 	for _, k := range keys {
-		out = append(out, fmt.Sprintf("%d %s requests of clients on n%d answered 503 while a worker able to serve them was reachable, e.g. %s",
+		out = append(out, fmt.Sprintf("%d %s requests of clients on n%d answered 503 (or no responders) while a worker able to serve them was reachable, e.g. %s",
 			count[k], k.subject, k.node, example[k]))
 	}
 	return out

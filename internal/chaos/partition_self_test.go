@@ -204,8 +204,12 @@ func TestCheckNo503(t *testing.T) {
 		{name: "excused interval", node: 1, tg: segmentTarget("p"), fails: []failure{{sent: sec(20.5), kind: "503"}}},
 		{name: "short leases", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(14), kind: "503"}},
 			sides: func(s []faultSides) { s[0].snowflakeExcused = true }},
-		{name: "short leases excuse nothing after the heal", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(27), kind: "503"}},
+		{name: "short leases, until the heal bound", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(27), kind: "no responders"}},
+			sides: func(s []faultSides) { s[0].snowflakeExcused = true }},
+		{name: "short leases excuse nothing after the heal bound", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(30), kind: "503"}},
 			sides: func(s []faultSides) { s[0].snowflakeExcused = true }, want: "1 snowflake requests"},
+		{name: "no responders on the majority", node: 2, tg: snowflakeTarget, fails: []failure{{sent: sec(14), kind: "no responders"}},
+			want: "1 snowflake requests of clients on n2"},
 		{name: "ordered", node: 1, tg: orderedTarget("o", 1), fails: []failure{{sent: sec(14), kind: "503"}}},
 		{name: "timeout", node: 1, tg: segmentTarget("p"), fails: []failure{{sent: sec(14), kind: "timeout"}}},
 	}
@@ -218,7 +222,7 @@ func TestCheckNo503(t *testing.T) {
 			if tt.sides != nil {
 				tt.sides(s)
 			}
-			got := checkNo503(l, fl, s, func(id string) string { return id })
+			got := checkNo503(l, fl, s, 4*time.Second, func(id string) string { return id })
 			switch {
 			case tt.want == "" && len(got) > 0:
 				t.Fatalf("checkNo503 = %q, want no finding", got)
