@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -294,12 +295,29 @@ func (s *Service) snowflakeServable() bool {
 const handOffWait = 2 * time.Second
 
 // maxHops is the most workers a request is handed through: each that could
-// not serve it names itself in protocol.HopHeader; once maxHops did, the
-// last answers 503. With the snowflake endpoint's unsubscription ahead of
-// the request (handOff) a request never comes back to a worker that left;
-// a segment request may (its worker stays in the group), and then spends
-// a hop.
-const maxHops = 3
+// not serve it names itself in protocol.HopHeader; once maxHops different
+// workers did, the last answers 503. With the snowflake endpoint's
+// unsubscription ahead of the request (handOff) a request never comes
+// back to a worker that left; a segment request may (its worker stays in
+// the group: the queue group picks at random), and is handed on again at
+// once (handedBefore), up to maxHandOffs hand-offs in all: with two
+// workers, one unable to serve, a request then fails only if the group
+// picks that one sixteen times in a row (2^-16).
+const (
+	maxHops     = 3
+	maxHandOffs = 16
+)
+
+// tooManyHops reports whether a request whose protocol.HopHeader is hops
+// has been handed on as often as it may be.
+func tooManyHops(hops string) bool {
+	if hops == "" {
+		return false
+	}
+	list := strings.Split(hops, ",")
+	slices.Sort(list)
+	return len(list) >= maxHandOffs || len(slices.Compact(list)) >= maxHops
+}
 
 // unservable reports whether err means this worker cannot serve the request
 // while another worker might: its snowflake generator cannot issue (no
@@ -360,7 +378,7 @@ func (s *Service) failOrHandOff(r replier, err error) {
 // server has the unsubscription before the request, so the group gives it
 // to another worker. With no other worker (no responders) or no reply
 // within handOffWait, it answers err itself (503); a request already
-// handed through maxHops workers is answered, never handed on again. Nothing
+// handed through maxHops workers (or maxHandOffs times) is answered, never handed on again. Nothing
 // was taken for the request here but IDs of a batch cut short, which are
 // skipped (a gap); an ID the other worker took for a reply that came too
 // late is a gap too: handing on never duplicates.
@@ -371,7 +389,7 @@ func (s *Service) handOff(r replier, err error) bool {
 			"subject", ep.subject, "err", err)
 	}
 	hops := req.Header.Get(protocol.HopHeader)
-	if strings.Count(hops, ",")+1 >= maxHops && hops != "" {
+	if tooManyHops(hops) {
 		return false
 	}
 	msg := &nats.Msg{Subject: req.Subject, Data: req.Data, Header: make(nats.Header, len(req.Header)+1)}

@@ -235,6 +235,19 @@ func New(cfg Config) (*Service, error) {
 func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding, error) {
 	cfg := s.cfg
 	b := &binding{conn: nc, baseSub: nc.NumSubscriptions(), id: nuid.Next()}
+	// The endpoints exist before discovery, which lists them, answers;
+	// they join their queue groups below.
+	b.seg = newEndpoint(nc, "segment", cfg.Prefix+".segment.>", cfg.QueueGroup, // dotted tags get their 400
+		map[string]string{"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range"},
+		s.handleSegment)
+	if cfg.Snowflake != nil {
+		b.sf = newEndpoint(nc, "snowflake", cfg.Prefix+".snowflake", cfg.QueueGroup,
+			map[string]string{"description": "snowflake IDs: body empty or a count N; header Id-Format: list|range"},
+			s.handleSnowflake)
+		b.decode = newEndpoint(nc, "snowflake_decode", cfg.Prefix+".snowflake.decode", cfg.QueueGroup,
+			map[string]string{"description": "body a snowflake ID; replies JSON with time, worker and sequence"},
+			s.handleDecode)
+	}
 	b.disc = &discovery{
 		identity: micro.ServiceIdentity{Name: Name, ID: b.id, Version: cfg.Version,
 			Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases,
@@ -265,16 +278,7 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 			return nil, fmt.Errorf("dispenser: %w", err)
 		}
 	}
-	b.seg = newEndpoint(nc, "segment", cfg.Prefix+".segment.>", cfg.QueueGroup, // dotted tags get their 400
-		map[string]string{"description": "IDs of a tag: body empty or a count N; header Id-Format: list|range"},
-		s.handleSegment)
 	if cfg.Snowflake != nil {
-		b.sf = newEndpoint(nc, "snowflake", cfg.Prefix+".snowflake", cfg.QueueGroup,
-			map[string]string{"description": "snowflake IDs: body empty or a count N; header Id-Format: list|range"},
-			s.handleSnowflake)
-		b.decode = newEndpoint(nc, "snowflake_decode", cfg.Prefix+".snowflake.decode", cfg.QueueGroup,
-			map[string]string{"description": "body a snowflake ID; replies JSON with time, worker and sequence"},
-			s.handleDecode)
 		err = b.decode.join()
 		if err == nil && s.snowflakeServable() {
 			err = b.sf.join()
