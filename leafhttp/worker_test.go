@@ -93,7 +93,11 @@ func (c *cluster) start(tb testing.TB, name string) (*worker.Worker, string) {
 	tb.Helper()
 	logs := &testenv.LogBuffer{}
 	w, err := worker.New(context.Background(), worker.Config{NATS: worker.NATS{URL: c.ns.ClientURL()}, Instance: name,
-		Store: c.opener, Logger: logs.Logger(), HTTPAddr: "127.0.0.1:0", Owners: worker.Owners{Lease: time.Second}})
+		Store: c.opener, Logger: logs.Logger(), HTTPAddr: "127.0.0.1:0", Owners: worker.Owners{Lease: time.Second},
+		// The tests check what is handed out, not how fast: a request
+		// waits for its segment (the default 100 ms got a 503 on a
+		// machine at a load of 20, step 50 on PostgreSQL).
+		Segment: segment.Settings{MaxWait: 5 * time.Second}})
 	if err != nil {
 		tb.Fatalf("worker %s: %v", name, err)
 	}
