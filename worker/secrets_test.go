@@ -1,13 +1,11 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,24 +15,6 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
-
-// lockedBuffer is a log sink safe for the worker's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex // protects b
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestSecretsNotLogged: a worker given a NATS URL with a user and password
 // (the way before --nats-password-file) logs it masked, in text and JSON
@@ -49,7 +29,7 @@ func TestSecretsNotLogged(t *testing.T) {
 	url := "nats://alice:" + password + "@" + ns.Addr().String()
 	for _, format := range []string{"text", "json"} {
 		t.Run(format, func(t *testing.T) {
-			logs := &lockedBuffer{}
+			logs := &testenv.LogBuffer{}
 			h := slog.Handler(slog.NewTextHandler(logs, nil))
 			if format == "json" {
 				h = slog.NewJSONHandler(logs, nil)
@@ -106,7 +86,7 @@ func (p pingFails) OpenStore(ctx context.Context, js jetstream.JetStream, env St
 func TestReadyzHidesTheStoreError(t *testing.T) {
 	ns := testenv.StartNATS(t, testenv.NATSOptions(t.TempDir()))
 	t.Cleanup(ns.Shutdown)
-	logs := &lockedBuffer{}
+	logs := &testenv.LogBuffer{}
 	w, err := New(context.Background(), Config{NATS: NATS{URL: ns.ClientURL()}, Logger: slog.New(slog.NewTextHandler(logs, nil)),
 		Store: pingFails{}, NoSnowflake: true, MetricsAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second})
 	if err != nil {
