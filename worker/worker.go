@@ -590,11 +590,18 @@ func (w *Worker) close() error {
 	w.moves.Wait()
 	if w.owners != nil {
 		// Hand ordered tags over at once: stop serving them, release the
-		// leases. Requests for them from here on go to the new owners.
-		w.owners.Close()
+		// leases, claim none. Requests for them from here on go to the
+		// new owners, those this worker still receives until its
+		// endpoints stop included: it keeps following the owners until
+		// then (closing the leases here made each of those wait for an
+		// owner it could no longer see, and fail 503 after 2 s).
+		w.owners.HandOver()
 	}
 	if w.svc != nil {
 		errs = append(errs, w.svc.Stop(ctx))
+	}
+	if w.owners != nil {
+		w.owners.Close()
 	}
 	// Giving segments back and releasing the lease only save IDs and time
 	// for a successor; failing them (store or NATS down) is safe, so it is
