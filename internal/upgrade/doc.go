@@ -6,10 +6,13 @@
 // the current version's `migrate` runs first (as the Helm chart's hook
 // does), then every worker is replaced by a current one, one at a time
 // (the rolling upgrade), then by a previous one again (the rollback).
-// Checked: no ID twice, the ordered tag's IDs increasing across both
-// versions, no failed request through the Go client, and no failed plain
-// or snowflake request of clients without retries; their failed ordered
-// requests are counted (at most those in flight when the owner moves).
+// The clients are those of before the upgrade (clients are upgraded
+// after the workers): plain requests without a reply token, with the Go
+// client's retry policy or without retries. Checked: no ID twice, the
+// ordered tag's IDs increasing across both versions, no failed request
+// with retries, and no failed plain or snowflake request without; failed
+// ordered requests are counted (while current workers stop, at most those
+// in flight when an owner hands the tag over).
 //
 // The previous version's binary is kept in the user's cache directory,
 // keyed by commit and Go version; building it the first time takes a

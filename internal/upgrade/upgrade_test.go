@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -23,6 +24,7 @@ import (
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/faultnet"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -149,7 +151,7 @@ func (f *fleet) start(bin, version string, node int) *proc {
 		// A release by a worker of the previous version can fail when it
 		// races the heartbeat it cancels ("ownership: release failed"),
 		// leaving the tag without an owner for two leases: 10 s, not the
-		// default 30 s, which the Go clients' 30 s would not ride out.
+		// default 30 s, which the retrying clients' 30 s would not ride out.
 		"--ordered-lease", "5s")
 	p.cmd.Env = workerEnv()
 	p.cmd.Stdout, p.cmd.Stderr = lf, lf
@@ -280,9 +282,61 @@ func statsOf(nc *nats.Conn, id string) (requests map[string]int, owned []string,
 // subjects of the load: a plain tag, an ordered tag, snowflake IDs.
 var subjects = []string{"plain", "orders", "snowflake"}
 
-// load requests IDs of every subject from two clients on every node, one
-// with the Go client's retries and direct subjects, and one without
-// either, and records every reply.
+// requester asks for one ID at a time as the clients a rolling upgrade
+// and its rollback serve: those of before the upgrade (clients are
+// upgraded after the workers, and rolled back before them: operations.md)
+// such as the previous version's Go client, a client of another language
+// or the nats CLI. A plain request on the service's subject: no reply
+// token, no direct subject. With retries it follows the Go client's
+// policy: an attempt without a reply within client.AttemptTimeout, no
+// responders or a 503 is sent again after a short backoff (5 ms doubling
+// to 200 ms) until 30 s are over; without, it fails at its first failure
+// or after 5 s.
+type requester struct {
+	nc      *nats.Conn
+	retries bool
+}
+
+// errUnavailable is a 503 reply.
+var errUnavailable = errors.New("503")
+
+func (r requester) id(subject string) (int64, error) {
+	timeout := 5 * time.Second
+	if r.retries {
+		timeout = 30 * time.Second
+	}
+	deadline := time.Now().Add(timeout)
+	backoff := 5 * time.Millisecond
+	for {
+		attempt := time.Until(deadline)
+		if r.retries {
+			attempt = min(attempt, client.AttemptTimeout)
+		}
+		msg, err := r.nc.Request(subject, nil, attempt)
+		if err == nil {
+			if code := msg.Header.Get(micro.ErrorCodeHeader); code == protocol.CodeUnavailable {
+				err = fmt.Errorf("%w: %s", errUnavailable, msg.Header.Get(micro.ErrorHeader))
+			} else if code != "" {
+				return 0, fmt.Errorf("%s: %s", code, msg.Header.Get(micro.ErrorHeader))
+			} else {
+				runs, err := protocol.ParseIDs(msg.Data, 1, protocol.FormatList, 1)
+				if err != nil {
+					return 0, err
+				}
+				return runs[0].First, nil
+			}
+		}
+		retryable := errors.Is(err, errUnavailable) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)
+		if !r.retries || !retryable || time.Now().Add(backoff).After(deadline) {
+			return 0, err
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// load requests IDs of every subject from two requesters on every node,
+// one with retries and one without, and records every reply.
 type load struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -318,19 +372,7 @@ func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 				t.Fatal(err)
 			}
 			t.Cleanup(nc.Close)
-			opts := []client.Option{client.WithTimeout(30 * time.Second)}
-			if !retries {
-				// As a client of another language or the nats CLI:
-				// no retries, and no direct subject (a Go client sends
-				// an ordered tag's requests straight to the owner it
-				// learnt, which would hide a second owner).
-				opts = []client.Option{client.WithTimeout(5 * time.Second), client.WithoutRetries(), client.WithoutDirect()}
-			}
-			cl, err := client.New(nc, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(cl.Close)
+			cl := requester{nc: nc, retries: retries}
 			for _, subject := range subjects {
 				l.wg.Go(func() {
 					for ctx.Err() == nil {
@@ -341,9 +383,9 @@ func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 						var id int64
 						var err error
 						if subject == "snowflake" {
-							id, err = cl.Snowflake(context.Background())
+							id, err = cl.id("id.snowflake")
 						} else {
-							id, err = cl.Segment(context.Background(), subject)
+							id, err = cl.id("id.segment." + subject)
 						}
 						on := at
 						if now := nc.ConnectedServerName(); now != at {
@@ -443,8 +485,8 @@ const previousSanityBound = 100
 // at a time (both versions serve side by side meanwhile), and then each by
 // one of the previous version again (the rollback, which needs nothing
 // but the previous binaries: migrations only add). No ID is handed out
-// twice, the ordered tag's IDs increase across versions, the Go client
-// (with its retries) sees no failure, and clients without retries see no
+// twice, the ordered tag's IDs increase across versions, clients with the
+// Go client's retry policy see no failure, and clients without retries see no
 // failed plain or snowflake request (in long mode: but those of a client
 // on a server being restarted, in flight when it closes the client's
 // connection). Their failed ordered requests are counted by half: while
@@ -547,7 +589,7 @@ func TestRollingUpgrade(t *testing.T) {
 	defer l.mu.Unlock()
 	for _, s := range subjects {
 		if fails := l.retried[s]; len(fails) > 0 {
-			t.Errorf("through the Go client: %s: %d requests failed, e.g. %s", s, len(fails), fails[0])
+			t.Errorf("with retries: %s: %d requests failed, e.g. %s", s, len(fails), fails[0])
 		}
 	}
 	if len(l.dups) > 0 {
