@@ -1270,9 +1270,7 @@ func (l *Leases) HandOver() {
 	l.mu.Unlock()
 	l.hbCancel()
 	<-l.done
-	tags := l.Owned()
 	l.releaseAll()
-	l.log.Info("ownership: handed the tags over", "tags", tags)
 }
 
 // HandingOver reports whether HandOver ran and Close has not: this worker
