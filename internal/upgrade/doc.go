@@ -11,8 +11,8 @@
 // client's retry policy or without retries. Checked: no ID twice, the
 // ordered tag's IDs increasing across both versions, no failed request
 // with retries, and no failed plain or snowflake request without; failed
-// ordered requests are counted (while current workers stop, at most those
-// in flight when an owner hands the tag over).
+// ordered requests are counted (while current workers stop, bounded by
+// those in flight when an owner hands the tag over).
 //
 // The previous version's binary is kept in the user's cache directory,
 // keyed by commit and Go version; building it the first time takes a

@@ -467,8 +467,10 @@ func (l *load) waitFor(t *testing.T, n int) {
 // ownerMoveBound is the most ordered-tag requests the clients without
 // retries (three, one request in flight each) may see fail per owner move
 // of the current version: those in flight when it hands the tag over and
-// finds no new owner within a short wait (ordered.handOverWait), one per
-// client. Stopping a worker that does not own the tag fails none.
+// finds no new owner within a short wait (ordered.handOverWait), usually
+// one per client (once, in long mode, one client got three around one
+// hand-over and the others none). Stopping a worker that does not own the
+// tag fails none.
 const ownerMoveBound = 3
 
 // previousSanityBound bounds the ordered-tag failures of clients without
@@ -490,7 +492,7 @@ const previousSanityBound = 100
 // failed plain or snowflake request (in long mode: but those of a client
 // on a server being restarted, in flight when it closes the client's
 // connection). Their failed ordered requests are counted by half: while
-// current workers stop, at most one per client per owner stopped (those
+// current workers stop, at most ownerMoveBound per owner stopped (those
 // in flight at its hand-over; none at the stop of a worker that owns
 // nothing); while previous workers stop, whatever that version fails
 // (logged, bounded only against an outage). Each worker that runs answers
