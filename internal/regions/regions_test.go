@@ -570,7 +570,7 @@ func TestSharedStore(t *testing.T) {
 	// region's side of the cut). Classified by its start, such a request
 	// failed the healthy phase in about three of ten runs, "about 6 s
 	// after the owner took the tag", which is when the healthy phase
-	// ends: each had started 4 to 19 ms before the cut (docs/regions.md).
+	// ends: each had started 5 to 78 ms before the cut (docs/regions.md).
 	// It must have been on its way then, not stuck for long before: a
 	// failed call in flight at the cut started at most inFlightBound
 	// before it. Plain and snowflake calls in flight then are answered
