@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -9,10 +10,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -164,6 +167,52 @@ func TestRetriesAfterSilentAttempt(t *testing.T) {
 			t.Cleanup(func() { w.stop(t) })
 			if err := <-done; (err == nil) != tt.ok {
 				t.Fatalf("Segment after a silent attempt: %v, want success %v", err, tt.ok)
+			}
+		})
+	}
+}
+
+// TestRetriesAnOrderedTagsMove: what a worker answers while an ordered
+// tag's owner moves, a 503 ("owner is changing", issue 37), is hidden by a
+// Client's retries: the request is sent again and answered; WithoutRetries
+// returns ErrUnavailable. (A request lost in flight at the move is a
+// silent attempt: TestRetriesAfterSilentAttempt.)
+func TestRetriesAnOrderedTagsMove(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts []client.Option
+		want error
+	}{
+		{name: "retries"},
+		{name: "without retries", opts: []client.Option{client.WithoutRetries()}, want: client.ErrUnavailable},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := testenv.NATS(t)
+			wnc := testenv.Connect(t, ns)
+			var asked atomic.Int32
+			// A worker whose first answer is the move's 503, then an ID.
+			if _, err := wnc.QueueSubscribe("id.segment.ledger", "dispenser", func(msg *nats.Msg) {
+				reply := nats.NewMsg(msg.Reply)
+				if asked.Add(1) == 1 {
+					reply.Header.Set(protocol.ErrorCodeHeader, protocol.CodeUnavailable)
+					reply.Header.Set(protocol.ErrorHeader, `dispenser: ordered tag's owner is changing: "ledger" is not owned here any more; try again`)
+				} else {
+					reply.Data = []byte("42")
+				}
+				_ = msg.RespondMsg(reply)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := wnc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			c := newClient(t, testenv.Connect(t, ns), append([]client.Option{client.WithoutDirect()}, tt.opts...)...)
+			id, err := c.Segment(context.Background(), "ledger")
+			switch {
+			case tt.want == nil && (err != nil || id != 42):
+				t.Fatalf("Segment during a move: %d, %v; want 42 after a retry", id, err)
+			case tt.want != nil && !errors.Is(err, tt.want):
+				t.Fatalf("Segment during a move without retries: %d, %v; want %v", id, err, tt.want)
 			}
 		})
 	}

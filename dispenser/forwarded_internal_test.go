@@ -254,3 +254,92 @@ func TestNoOwnerCounted(t *testing.T) {
 		}
 	}
 }
+
+// handingOverOwners is the Owners of a worker on its way out
+// (ownership.Leases.HandOver): it owns nothing and claims nothing; after
+// its first newOwnerAfter looks the tag has a new owner, "id.owner.b".
+// handing says whether it reports HandingOver.
+type handingOverOwners struct {
+	handing       bool
+	looks         atomic.Int32
+	newOwnerAfter int32
+}
+
+func (o *handingOverOwners) Owns(string) bool  { return false }
+func (o *handingOverOwners) HandingOver() bool { return o.handing }
+func (o *handingOverOwners) Cached(tag string) (ownership.Route, bool) {
+	if o.looks.Add(1) > o.newOwnerAfter {
+		return ownership.Route{Owner: "b", Subject: "id.owner.b"}, true
+	}
+	return ownership.Route{}, false
+}
+func (o *handingOverOwners) Route(ctx context.Context, tag string) (ownership.Route, error) {
+	r, _ := o.Cached(tag)
+	return r, nil
+}
+func (o *handingOverOwners) Claim(context.Context, string) (ownership.Route, error) {
+	return ownership.Route{}, ownership.ErrClosed
+}
+func (o *handingOverOwners) Stats() ownership.Stats { return ownership.Stats{} }
+
+// TestForwardedToAWorkerHandingOver: a request forwarded to a worker that
+// has just handed the tag over on its way out (the sender's route older
+// than the hand-over) goes on to the new owner once there is one, instead
+// of failing with 503; a worker that is not handing over (it lost the tag,
+// say) still answers 503. Seen failing before the hand-over existed: the
+// request was answered 503 ("is not owned here any more"), which a client
+// without retries saw at every owner move of a rolling restart
+// (internal/upgrade).
+func TestForwardedToAWorkerHandingOver(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handing bool
+		want    string // "forwarded" or the error code
+	}{
+		{name: "handing over", handing: true, want: "forwarded"},
+		{name: "not handing over", handing: false, want: protocol.CodeUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns, _ := orderedService(t, &handingOverOwners{handing: tc.handing, newOwnerAfter: 3}, 100)
+			nc := testenv.Connect(t, ns)
+			// The request forwarded on, or an answer: one channel.
+			out := make(chan *nats.Msg, 8)
+			for _, subject := range []string{"id.owner.b.seq", "_INBOX.ho"} {
+				if _, err := nc.ChanSubscribe(subject, out); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			msg := &nats.Msg{Subject: "id.owner.a.seq", Data: []byte("_INBOX.ho 1 list 0\n"), Header: nats.Header{protocol.ForwardedHeader: []string{"c"}}}
+			if err := nc.PublishMsg(msg); err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			select {
+			case m := <-out:
+				switch {
+				case m.Subject == "id.owner.b.seq" && strings.HasPrefix(string(m.Data), "_INBOX.ho 1 list"):
+					got = "forwarded"
+				case m.Subject == "id.owner.b.seq":
+					t.Fatalf("forwarded %q, want the request to _INBOX.ho", m.Data)
+				case m.Header.Get(micro.ErrorCodeHeader) == "":
+					t.Fatalf("answered %q here, by a worker that owns nothing", m.Data)
+				default:
+					got = m.Header.Get(micro.ErrorCodeHeader)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("neither forwarded nor answered within 10 s")
+			}
+			if got != tc.want {
+				t.Fatalf("the forwarded request: %s, want %s", got, tc.want)
+			}
+			select {
+			case m := <-out:
+				t.Errorf("a second message for one request: %s %q %v", m.Subject, m.Data, m.Header)
+			case <-time.After(200 * time.Millisecond):
+			}
+		})
+	}
+}

@@ -345,6 +345,11 @@ func (t *Tags[R]) park(r R, tag string, p *segment.Pending) {
 	}()
 }
 
+// handOverWait bounds how long a worker that handed its tags over waits
+// for another worker to claim one, for a request it still holds: a claim
+// takes a few bucket round trips once a request reaches another worker.
+const handOverWait = 500 * time.Millisecond
+
 // Backoff between looks for an ordered tag's owner. Owners answers what it
 // already knows without I/O and reads the bucket once per tag at a time,
 // so the requests for a tag whose owner died cost no more reads than one.
@@ -356,7 +361,19 @@ const (
 // route finds the owner of tag, claiming it if it has none, until the
 // wait runs out. It runs on a goroutine of its own.
 func (t *Tags[R]) route(r R, tag string) {
-	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Wait)
+	wait := t.cfg.Wait
+	if t.handingOver() {
+		// This worker handed its tags over on its way out and claims
+		// none: the new owner is whichever other worker claims the tag
+		// for a request that reaches it. Were every request parked
+		// here (clients that each wait for their answer), none would
+		// reach another worker, and all would wait out the whole wait
+		// (seen in internal/upgrade: 2 s without an owner after each
+		// hand-over, every client failed). So a short wait, then 503:
+		// a client's retry goes elsewhere.
+		wait = min(wait, handOverWait)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	backoff := routeRetryMin
 	for {
@@ -377,7 +394,7 @@ func (t *Tags[R]) route(r R, tag string) {
 		select {
 		case <-ctx.Done():
 			t.noOwner.Add(1)
-			t.cfg.Replies.Fail(r, fmt.Errorf("%w: %q has no owner within %v", ErrOwnershipMoving, tag, t.cfg.Wait))
+			t.cfg.Replies.Fail(r, fmt.Errorf("%w: %q has no owner within %v", ErrOwnershipMoving, tag, wait))
 			return
 		case <-time.After(backoff):
 		}
@@ -408,12 +425,38 @@ func (t *Tags[R]) handleForwarded(msg *nats.Msg) {
 			t.cfg.Replies.Fail(r, perr)
 		case f.N < 1 || f.N > t.cfg.MaxBatch:
 			t.cfg.Replies.Fail(r, fmt.Errorf("%w: %d", protocol.ErrBadCount, f.N))
+		case !t.cfg.Owners.Owns(tag) && t.handingOver():
+			// This worker handed its tags over on its way out, after
+			// the sender last saw it as the owner: the request goes
+			// on to the new owner (this worker claims nothing any
+			// more), instead of failing as it would have at every
+			// owner move. Nothing was taken here; the request is
+			// held by one worker at a time and answered once.
+			r = t.cfg.Replies.Detach(r)
+			t.parked.Add(1)
+			go func() {
+				defer t.parked.Done()
+				t.route(r, tag)
+			}()
 		case !t.cfg.Owners.Owns(tag):
 			t.cfg.Replies.Fail(r, fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
 		default:
 			t.takeOwned(r, tag)
 		}
 	}
+}
+
+// HandingOver is what an Owners implements if it can hand its tags over
+// and keep following the owners (*ownership.Leases, on a worker's way
+// out): while it reports true, requests forwarded here go on to the new
+// owner rather than fail.
+type HandingOver interface {
+	HandingOver() bool
+}
+
+func (t *Tags[R]) handingOver() bool {
+	h, ok := t.cfg.Owners.(HandingOver)
+	return ok && h.HandingOver()
 }
 
 // handleDirect serves requests a requester sent to this worker's direct

@@ -209,7 +209,11 @@ type Leases struct {
 
 	ctx    context.Context // owned; canceled by Close
 	cancel context.CancelFunc
-	done   chan struct{} // heartbeat loop exited
+	// hbCtx is the heartbeat loop's, a child of ctx, canceled by
+	// HandOver too: the watcher outlives the heartbeats.
+	hbCtx    context.Context
+	hbCancel context.CancelFunc
+	done     chan struct{} // heartbeat loop exited
 	// flights runs one claim or read per tag at a time.
 	flights singleflight.Group
 
@@ -222,7 +226,7 @@ type Leases struct {
 	// hbFailStreak counts heartbeat rounds failed in a row (heartbeatFailed).
 	hbFailStreak atomic.Uint64
 
-	mu sync.Mutex // protects owned, routes, failed, reread and closed
+	mu sync.Mutex // protects owned, routes, failed, reread, closed and handingOver
 	// owned holds the leases this worker holds, valid or not.
 	owned map[string]*held
 	// routes caches, per tag, the newest key value read or written.
@@ -234,6 +238,9 @@ type Leases struct {
 	// the cache said was settled (rereadEvery).
 	reread map[string]time.Duration
 	closed bool
+	// handingOver is set by HandOver: no claim succeeds from then on,
+	// and no lease is held; the watcher keeps the routes current.
+	handingOver bool
 }
 
 // rereadEvery spaces Claim's reads of a key the cache says is settled: the
@@ -317,6 +324,7 @@ func start(ctx context.Context, kv jetstream.KeyValue, s Settings) (*Leases, err
 		reread: map[string]time.Duration{},
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.hbCtx, l.hbCancel = context.WithCancel(l.ctx)
 	// Watch before serving, so that no change after Open is missed.
 	w, err := kv.WatchAll(l.ctx, jetstream.UpdatesOnly())
 	if err != nil {
@@ -580,7 +588,7 @@ func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 	}
 	now, mono := l.cfg.Now(), l.mono()
 	l.mu.Lock()
-	closed, f := l.closed, l.failed[tag]
+	closed, f := l.closed || l.handingOver, l.failed[tag]
 	s, known := l.routes[tag]
 	known = known && !s.stale
 	l.mu.Unlock()
@@ -785,7 +793,7 @@ func (l *Leases) claimOnce(ctx context.Context, tag string) (Route, error) {
 	h := &held{rev: newRev, rec: rec}
 	h.fence.Extend(g, l.cfg.Lease)
 	l.mu.Lock()
-	closed := l.closed
+	closed := l.closed || l.handingOver
 	l.mu.Unlock()
 	if closed {
 		l.release(tag, h)
@@ -796,7 +804,7 @@ func (l *Leases) claimOnce(ctx context.Context, tag string) (Route, error) {
 		l.cfg.OnAcquire(tag)
 	}
 	l.mu.Lock()
-	if l.closed {
+	if l.closed || l.handingOver {
 		l.mu.Unlock()
 		l.release(tag, h)
 		return Route{}, ErrClosed
@@ -962,7 +970,7 @@ func (l *Leases) run() {
 	var retry <-chan time.Time
 	for {
 		select {
-		case <-l.ctx.Done():
+		case <-l.hbCtx.Done():
 			return
 		case <-t.C:
 		case <-retry:
@@ -996,21 +1004,21 @@ func (l *Leases) heartbeat() (retry bool) {
 		return false
 	}
 	sort.Strings(tags)
-	ctx, cancel := context.WithTimeout(l.ctx, l.terms.Attempt())
+	ctx, cancel := context.WithTimeout(l.hbCtx, l.terms.Attempt())
 	err := l.checkStream(ctx)
 	cancel()
 	if err != nil {
-		if errors.Is(err, ErrBucketRecreated) || l.ctx.Err() != nil {
+		if errors.Is(err, ErrBucketRecreated) || l.hbCtx.Err() != nil {
 			return false
 		}
 		l.heartbeatFailed(err)
 		return true
 	}
-	ctx, cancel = context.WithTimeout(l.ctx, l.terms.Attempt())
+	ctx, cancel = context.WithTimeout(l.hbCtx, l.terms.Attempt())
 	_, err = l.raiseLongest(ctx)
 	cancel()
 	if err != nil {
-		if l.ctx.Err() != nil {
+		if l.hbCtx.Err() != nil {
 			return false
 		}
 		l.heartbeatFailed(err)
@@ -1057,7 +1065,7 @@ func (l *Leases) renew(tag string) (retry bool) {
 	if h == nil || l.recreated.Load() {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(l.ctx, l.terms.Attempt())
+	ctx, cancel := context.WithTimeout(l.hbCtx, l.terms.Attempt())
 	defer cancel()
 	var rec record
 	g, err := l.terms.Write(ctx, l.kv, tag, rev, func(now time.Time) ([]byte, error) {
@@ -1078,7 +1086,7 @@ func (l *Leases) renew(tag string) (retry bool) {
 		}
 		h.fence.Extend(g, l.cfg.Lease)
 		return false
-	case l.ctx.Err() != nil:
+	case l.hbCtx.Err() != nil:
 		return false // closing
 	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
 		l.lose(tag, h, "its key was deleted or purged")
@@ -1089,14 +1097,14 @@ func (l *Leases) renew(tag string) (retry bool) {
 	}
 	// The key changed under us. If our own earlier write landed after all
 	// (its answer was lost), adopt its revision; else we lost the key.
-	rctx, rcancel := context.WithTimeout(l.ctx, l.terms.Attempt())
+	rctx, rcancel := context.WithTimeout(l.hbCtx, l.terms.Attempt())
 	defer rcancel()
 	e, err := l.latest(rctx, tag)
 	if err != nil {
-		if l.ctx.Err() == nil {
+		if l.hbCtx.Err() == nil {
 			l.heartbeatFailed(fmt.Errorf("read lease: %w", err), "tag", tag)
 		}
-		return l.ctx.Err() == nil
+		return l.hbCtx.Err() == nil
 	}
 	s := seenOf(e)
 	l.mu.Lock()
@@ -1165,16 +1173,40 @@ func (l *Leases) release(tag string, h *held) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Lease)
 	defer cancel()
-	g, err := l.terms.Write(ctx, l.kv, tag, rev, func(now time.Time) ([]byte, error) {
-		rec.Heartbeat, rec.Expires, rec.Released = now, now, true
-		return json.Marshal(rec)
-	})
-	if err != nil {
+	for adopted := 0; ; adopted++ {
+		g, err := l.terms.Write(ctx, l.kv, tag, rev, func(now time.Time) ([]byte, error) {
+			rec.Heartbeat, rec.Expires, rec.Released = now, now, true
+			return json.Marshal(rec)
+		})
+		if err == nil {
+			l.remember(tag, seen{rev: g.Rev, rec: rec, put: true})
+			return
+		}
+		if kvbucket.Conflict(err) && adopted < maxReleaseAdopts {
+			// A renewal of this session that landed after its answer
+			// was given up (Close and HandOver cancel a heartbeat round
+			// under way) moved the key on: release at its revision.
+			// Only this session's own record is adopted, by a
+			// compare-and-swap on its revision, so nobody else's
+			// lease is ever overwritten. Without this, the tag stayed
+			// without an owner until the lease ran out and one more
+			// (TestReleaseAfterALandedRenewal).
+			e, rerr := l.latest(ctx, tag)
+			if rerr == nil && e != nil && e.Operation() == jetstream.KeyValuePut {
+				if s := seenOf(e); s.put && s.rec.Session == l.session && !s.rec.Released && s.rev > rev {
+					rev, rec = s.rev, s.rec
+					continue
+				}
+			}
+		}
 		l.log.Warn("ownership: release failed; the tag moves once the lease expires", "tag", tag, "err", err)
 		return
 	}
-	l.remember(tag, seen{rev: g.Rev, rec: rec, put: true})
 }
+
+// maxReleaseAdopts bounds how many newer revisions of its own record a
+// release adopts (one is what a cancelled renewal leaves).
+const maxReleaseAdopts = 3
 
 // Owned returns the tags this worker holds valid leases for, sorted.
 func (l *Leases) Owned() []string {
@@ -1217,8 +1249,41 @@ func (l *Leases) Stats() Stats {
 	}
 }
 
-// Close stops the heartbeats and releases every lease held, so that other
-// workers take the tags over at once. The caller has stopped serving.
+// HandOver hands every tag this worker holds over at once, as Close does,
+// and claims none from then on (Claim returns ErrClosed), but keeps
+// watching the bucket: Route and Cached stay current, so that a worker
+// shutting down forwards the ordered requests it still receives to the
+// new owners instead of failing them. Close follows it.
+//
+// Safety: as Close: the heartbeats stop before the releases (no renewal
+// writes behind a release), every lease is revoked before it is released,
+// and a claim that was under way sees handingOver, under l.mu, either
+// before it records its lease (it releases it itself) or after (the
+// release here finds it).
+func (l *Leases) HandOver() {
+	l.mu.Lock()
+	if l.closed || l.handingOver {
+		l.mu.Unlock()
+		return
+	}
+	l.handingOver = true
+	l.mu.Unlock()
+	l.hbCancel()
+	<-l.done
+	l.releaseAll()
+}
+
+// HandingOver reports whether HandOver ran and Close has not: this worker
+// holds no lease and claims none, and its routes are current.
+func (l *Leases) HandingOver() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.handingOver && !l.closed
+}
+
+// Close stops the heartbeats and the watcher and releases every lease
+// held, so that other workers take the tags over at once. The caller has
+// stopped serving.
 func (l *Leases) Close() {
 	l.mu.Lock()
 	if l.closed {
@@ -1229,6 +1294,12 @@ func (l *Leases) Close() {
 	l.mu.Unlock()
 	l.cancel()
 	<-l.done
+	l.releaseAll()
+}
+
+// releaseAll releases every lease held, valid or fenced; the heartbeat
+// loop has stopped.
+func (l *Leases) releaseAll() {
 	for _, tag := range l.Owned() {
 		l.Release(tag)
 	}

@@ -220,6 +220,43 @@ func TestCloseReleasesAll(t *testing.T) {
 	}
 }
 
+// TestHandOverKeepsRoutes: a worker shutting down hands its tags over at
+// once and claims none, but still knows where their requests go: after
+// another worker takes the tag over, the first routes to it (Close stops
+// the watcher, and its routes with it).
+func TestHandOverKeepsRoutes(t *testing.T) {
+	kv := newBucket(t)
+	a, b := newWorker(t, kv, "a", 0), newWorker(t, kv, "b", 0)
+	claim(t, a, "orders")
+	a.HandOver()
+	if a.Owns("orders") {
+		t.Fatal("a owns orders after HandOver")
+	}
+	if _, err := a.Claim(context.Background(), "invoices"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a's Claim after HandOver: %v, want ErrClosed", err)
+	}
+	if r := claim(t, b, "orders"); !r.Self {
+		t.Fatalf("b after a's hand-over: %+v, want Self", r)
+	}
+	waitFor(t, "a routes orders to b", func() bool {
+		r, err := a.Route(context.Background(), "orders")
+		if err != nil {
+			t.Fatalf("a's Route after HandOver: %v", err)
+		}
+		return r.Subject == "owner.b"
+	})
+	if r, ok := a.Cached("orders"); !ok || r.Subject != "owner.b" {
+		t.Errorf("a's Cached after HandOver: %+v, %v; want owner.b", r, ok)
+	}
+	a.mu.Lock()
+	lost := slices.Clone(a.lost)
+	a.mu.Unlock()
+	if !slices.Equal(lost, []string{"orders"}) {
+		t.Errorf("a's OnLose calls %v, want [orders]", lost)
+	}
+	a.Close() // after HandOver, as the worker does
+}
+
 // TestDeletedKey: a key deleted by hand counts as a lease that expired
 // DeletedKeyMargin after it was deleted: not claimable at once, since its
 // owner may still serve, nor a lease later as the old code had it.
@@ -657,5 +694,30 @@ func TestClaimReadsAStaleCache(t *testing.T) {
 	b.mu.Unlock()
 	if r := claim(t, b, "orders"); r.Owner != "c" {
 		t.Fatalf("b's Claim with a stale cache = %+v, want the route to c", r)
+	}
+}
+
+// TestReleaseAfterALandedRenewal: a renewal whose answer was given up (a
+// heartbeat round cancelled by Close) may still land, moving the key past
+// the revision the owner knows. The release must still hand the tag over
+// at once: seen failing before the release adopted its own newer record
+// ("ownership: release failed; ... key revision mismatch" in a rolling
+// upgrade, the tag then without an owner for two leases): b's claim right
+// after a's Close found a live lease.
+func TestReleaseAfterALandedRenewal(t *testing.T) {
+	kv := newBucket(t)
+	a, b := newWorker(t, kv, "a", 0), newWorker(t, kv, "b", 0)
+	claim(t, a, "orders")
+	// The renewal that landed unanswered: a's own record, written again.
+	e, err := kv.Get(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Update(context.Background(), "orders", e.Value(), e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if r := claim(t, b, "orders"); !r.Self {
+		t.Fatalf("b's claim right after a closed: %+v, want Self (a's release must land)", r)
 	}
 }

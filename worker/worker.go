@@ -671,15 +671,22 @@ func (w *Worker) close() error {
 	w.moves.Wait()
 	if w.owners != nil {
 		// Hand ordered tags over at once: stop serving them, release the
-		// leases. Requests for them from here on go to the new owners.
+		// leases, claim none. Requests for them from here on go to the
+		// new owners, those this worker still receives until its
+		// endpoints stop included: it keeps following the owners until
+		// then (closing the leases here made each of those wait for an
+		// owner it could no longer see, and fail 503 after 2 s).
 		owned := w.owners.Stats().Owned
-		w.owners.Close()
+		w.owners.HandOver()
 		if len(owned) > 0 {
 			w.log.Info("released ordered tags to the other workers", "count", len(owned), "tags", cutList(owned, 10))
 		}
 	}
 	if w.svc != nil {
 		errs = append(errs, w.svc.Stop(ctx))
+	}
+	if w.owners != nil {
+		w.owners.Close()
 	}
 	// Giving segments back and releasing the lease only save IDs and time
 	// for a successor; failing them (store or NATS down) is safe, so it is
