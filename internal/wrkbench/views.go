@@ -18,8 +18,9 @@ package main
 // single-ID load, `wrk -t1 -cC --latency` on /api/segment/get/hot for
 // -duration, twice: alone ("quiet"), and while a view client in this
 // process loops over the -views on -view-connections connections (each
-// connection asks for them in turn, as fast as they come; "views"). Which
-// of the two goes first alternates from round to round. It prints each
+// connection asks for them in turn, as fast as they come; "views"; with
+// sets of views separated by ";", a phase for each). The order of the
+// phases rotates from round to round. It prints each
 // round's p50, p99 and p99.9 of the single-ID load in both phases, their
 // ratio (views over quiet), the worker's CPU time a second (from /proc)
 // and the views the client got a second, and the medians over the rounds.
@@ -49,17 +50,18 @@ const ViewsCommand = "views"
 
 // viewWorker is one dispenser binary under test, running.
 type viewWorker struct {
-	name, bin        string
-	dir              string
-	http, metrics    string // host:port
-	cmd              *exec.Cmd
-	stderr           *lockedBuffer
-	done             chan struct{} // closed when cmd has exited
-	waitErr          error         // set before done is closed
-	warmed           time.Duration
-	quiet, withViews []phase
-	refused          int64        // views answered with another status than 200 while measured
-	ratios           [3][]float64 // p50, p99, p99.9: views over quiet
+	name, bin     string
+	dir           string
+	http, metrics string // host:port
+	cmd           *exec.Cmd
+	stderr        *lockedBuffer
+	done          chan struct{} // closed when cmd has exited
+	waitErr       error         // set before done is closed
+	warmed        time.Duration
+	quiet         []phase
+	withViews     [][]phase      // by set of views
+	refused       int64          // views answered with another status than 200 while measured
+	ratios        [][3][]float64 // by set of views: p50, p99, p99.9, views over quiet
 }
 
 // phase is one measurement of the single-ID load: wrk's figures, the
@@ -105,7 +107,7 @@ func viewsMain(args []string) error {
 	tags := fs.Int("tags", 100_000, "warm tags in each worker")
 	conns := fs.Int("connections", 4, "wrk's keep-alive connections for the single-ID load")
 	viewConns := fs.Int("view-connections", 4, "connections of the view client, each looping over the -views in turn")
-	viewList := fs.String("views", "/cache,/db?format=json,/status", "comma-separated views the view client loops (/status is on --metrics-addr, the others on --http-addr)")
+	viewList := fs.String("views", "/cache,/db?format=json,/status", "comma-separated views the view client loops (/status is on --metrics-addr, the others on --http-addr); several sets separated by ; are measured in phases of their own")
 	d := fs.Duration("duration", 5*time.Second, "measured time of each phase in each round")
 	rounds := fs.Int("rounds", 5, "rounds")
 	if err := fs.Parse(args); err != nil {
@@ -114,14 +116,26 @@ func viewsMain(args []string) error {
 	if len(workers) == 0 {
 		return errors.New("no -worker NAME=PATH given")
 	}
-	views := strings.Split(*viewList, ",")
+	var sets [][]string
+	var setNames []string
+	for set := range strings.SplitSeq(*viewList, ";") {
+		sets, setNames = append(sets, strings.Split(set, ",")), append(setNames, "views "+set)
+	}
+	if len(sets) == 1 {
+		setNames[0] = "views"
+	}
 	if *tags < 1 || *conns < 1 || *viewConns < 1 || *rounds < 1 || *d < time.Second {
 		return errors.New("-tags, -connections, -view-connections and -rounds must be positive, -duration at least 1s")
 	}
-	for _, v := range views {
-		if !strings.HasPrefix(v, "/") {
-			return fmt.Errorf("-views: %q is not a path", v)
+	for _, set := range sets {
+		for _, v := range set {
+			if !strings.HasPrefix(v, "/") {
+				return fmt.Errorf("-views: %q is not a path", v)
+			}
 		}
+	}
+	for _, w := range workers {
+		w.withViews, w.ratios = make([][]phase, len(sets)), make([][3][]float64, len(sets))
 	}
 	wrk, err := exec.LookPath("wrk")
 	if err != nil {
@@ -168,7 +182,7 @@ func viewsMain(args []string) error {
 		}
 	}
 	fmt.Printf("single-ID load: wrk -t1 -c%d -d%v --latency %s; views: %d connections looping %s; %d rounds\n",
-		*conns, *d, "/api/segment/get/hot", *viewConns, strings.Join(views, ", "), *rounds)
+		*conns, *d, "/api/segment/get/hot", *viewConns, *viewList, *rounds)
 	for r := range *rounds {
 		order := slices.Clone(workers)
 		for range r % len(order) {
@@ -179,29 +193,41 @@ func viewsMain(args []string) error {
 			if w.exited() {
 				return exitedWhy(errors.New("a worker exited"))
 			}
-			order := [][]string{nil, views}
-			if r%2 == 1 {
-				order[0], order[1] = order[1], order[0]
+			// The phases: quiet (-1) and each set of views, in an
+			// order that rotates from round to round.
+			phases := []int{-1}
+			for i := range sets {
+				phases = append(phases, i)
 			}
-			var quiet, loud phase
-			for _, vs := range order {
+			for range r % len(phases) {
+				phases = append(phases[1:], phases[0])
+			}
+			got := map[int]phase{}
+			for _, i := range phases {
+				var vs []string
+				if i >= 0 {
+					vs = sets[i]
+				}
 				ph, err := w.measure(wrk, *conns, *viewConns, *d, vs)
 				if err != nil {
 					return exitedWhy(fmt.Errorf("%s: %w", w.name, err))
 				}
-				if vs != nil {
-					loud = ph
-				} else {
-					quiet = ph
+				got[i] = ph
+			}
+			quiet := got[-1]
+			w.quiet = append(w.quiet, quiet)
+			fmt.Printf("  %-8s quiet: %6.0f req/s p50 %5.0f p99 %6.0f p99.9 %6.0f µs cpu %.2f\n",
+				w.name, quiet.rps, quiet.p50, quiet.p99, quiet.p999, quiet.cpu)
+			for i := range sets {
+				loud := got[i]
+				w.withViews[i] = append(w.withViews[i], loud)
+				ratio := [3]float64{loud.p50 / quiet.p50, loud.p99 / quiet.p99, loud.p999 / quiet.p999}
+				for j := range ratio {
+					w.ratios[i][j] = append(w.ratios[i][j], ratio[j])
 				}
+				fmt.Printf("  %-8s %s (%.1f/s): %6.0f req/s p50 %5.0f p99 %6.0f p99.9 %6.0f µs cpu %.2f | p99 %.1fx\n",
+					w.name, setNames[i], loud.views, loud.rps, loud.p50, loud.p99, loud.p999, loud.cpu, ratio[1])
 			}
-			w.quiet, w.withViews = append(w.quiet, quiet), append(w.withViews, loud)
-			ratio := [3]float64{loud.p50 / quiet.p50, loud.p99 / quiet.p99, loud.p999 / quiet.p999}
-			for i := range ratio {
-				w.ratios[i] = append(w.ratios[i], ratio[i])
-			}
-			fmt.Printf("  %-8s quiet: %6.0f req/s p50 %5.0f p99 %6.0f p99.9 %6.0f µs cpu %.2f | views %5.1f/s: %6.0f req/s p50 %5.0f p99 %6.0f p99.9 %6.0f µs cpu %.2f | p99 %.1fx\n",
-				w.name, quiet.rps, quiet.p50, quiet.p99, quiet.p999, quiet.cpu, loud.views, loud.rps, loud.p50, loud.p99, loud.p999, loud.cpu, ratio[1])
 		}
 	}
 	fmt.Printf("\nmedians (ranges) over %d rounds; latencies in µs; cpu: the worker's CPU seconds a second; ratio: with views over quiet, in the same round\n", *rounds)
@@ -214,21 +240,23 @@ func viewsMain(args []string) error {
 		}
 		return medianRange(v, digits)
 	}
-	for _, w := range workers {
-		for _, ph := range []struct {
-			name string
-			ps   []phase
-		}{{"quiet", w.quiet}, {"views", w.withViews}} {
-			vps := "–"
-			if ph.name == "views" {
-				vps = col(ph.ps, 1, func(p phase) float64 { return p.views })
-			}
-			fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, ph.name,
-				col(ph.ps, 0, func(p phase) float64 { return p.rps }), col(ph.ps, 0, func(p phase) float64 { return p.p50 }),
-				col(ph.ps, 0, func(p phase) float64 { return p.p99 }), col(ph.ps, 0, func(p phase) float64 { return p.p999 }),
-				col(ph.ps, 2, func(p phase) float64 { return p.cpu }), vps)
+	row := func(w *viewWorker, name string, ps []phase, views bool) {
+		vps := "–"
+		if views {
+			vps = col(ps, 1, func(p phase) float64 { return p.views })
 		}
-		fmt.Printf("| %s | ratio | | %s | %s | %s | | |\n", w.name, medianRange(w.ratios[0], 1), medianRange(w.ratios[1], 1), medianRange(w.ratios[2], 1))
+		fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, name,
+			col(ps, 0, func(p phase) float64 { return p.rps }), col(ps, 0, func(p phase) float64 { return p.p50 }),
+			col(ps, 0, func(p phase) float64 { return p.p99 }), col(ps, 0, func(p phase) float64 { return p.p999 }),
+			col(ps, 2, func(p phase) float64 { return p.cpu }), vps)
+	}
+	for _, w := range workers {
+		row(w, "quiet", w.quiet, false)
+		for i := range sets {
+			row(w, setNames[i], w.withViews[i], true)
+			fmt.Printf("| %s | ratio | | %s | %s | %s | | |\n", w.name,
+				medianRange(w.ratios[i][0], 1), medianRange(w.ratios[i][1], 1), medianRange(w.ratios[i][2], 1))
+		}
 	}
 	for _, w := range workers {
 		if w.refused > 0 {
