@@ -54,3 +54,24 @@ func BenchmarkHandler(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkViewPage: one page of /cache and /db from a warm snapshot of
+// 100,000 tags (a recomputation a second falls in the loop too), as a
+// client looping a view gets it; the end-to-end measurement beside the
+// single-ID load is `go run ./internal/wrkbench views`.
+func BenchmarkViewPage(b *testing.B) {
+	h := newViewHandler(b, 100_000, nil)
+	for _, path := range []string{"/cache", "/cache?format=json", "/db", "/db?format=json"} {
+		b.Run(path, func(b *testing.B) {
+			req := httptest.NewRequest(http.MethodGet, path, nil)
+			b.ReportAllocs()
+			for b.Loop() {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				if rec.Code != http.StatusOK {
+					b.Fatalf("%d %s", rec.Code, rec.Body)
+				}
+			}
+		})
+	}
+}

@@ -18,6 +18,10 @@
 // round and the medians, with each path's ratio to its own transport's
 // bare handler in the same round.
 //
+// `wrkbench views` measures what a client looping the monitoring views
+// costs the single-ID load over HTTP, in dispenser binaries built from
+// the commits to compare (see views.go).
+//
 // Needs wrk (Debian: apt-get install --no-install-recommends wrk). It is
 // not part of go test.
 package main
@@ -51,6 +55,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == ViewsCommand {
+		if err := viewsMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "wrkbench views:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == bench.LoadCommand {
 		if err := load(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, err)
