@@ -279,13 +279,15 @@ func availabilityTable(l *load, fl *faultLog, sides []faultSides) string {
 // worker that comes back joins only once it can serve; but leases too
 // short to ride out an election keep snowflake fenced until the workers
 // lease again, so with snowflakeExcused its excuse lasts until afterHeal
-// past the heal (the heal bound). For snowflake, "no responders" counts as
+// past the heal (the heal bound); and a healed node's clients get no
+// responders for snowflake until its routes are back (its own worker left
+// the group while it was cut off), also until afterHeal. For snowflake, "no responders" counts as
 // a 503: a worker that cannot issue leaves the queue group, so when none
 // can, nobody answers. Ordered tags are left out: an owner move answers
 // 503 by design (docs/ordered-tags.md). One message per subject and node,
 // with the count and an example.
 func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Duration, describe func(string) string) []string {
-	excused := func(c *client, sent int64) bool {
+	excused := func(c *client, f failure) bool {
 		for w, s := range sides {
 			win := fl.windows[w]
 			end := s.healed
@@ -293,13 +295,17 @@ func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Durati
 				end = win.end
 			}
 			short := c.target.snowflake && s.snowflakeExcused
+			// A healed node's routes come back seconds after the heal;
+			// until then its clients reach only its own worker, which
+			// left the snowflake group while it was cut off.
+			rejoining := c.target.snowflake && f.kind == "no responders" && slices.Contains(s.cut, c.node)
 			switch {
-			case sent < win.start:
-			case end == 0 || sent < end:
-				if slices.Contains(s.cut, c.node) || win.kind == "bridge" || short || inWindow(sent, s.excused) {
+			case f.sent < win.start:
+			case end == 0 || f.sent < end:
+				if slices.Contains(s.cut, c.node) || win.kind == "bridge" || short || inWindow(f.sent, s.excused) {
 					return true
 				}
-			case short && sent < end+int64(afterHeal):
+			case (short || rejoining) && f.sent < end+int64(afterHeal):
 				return true
 			}
 		}
@@ -318,7 +324,7 @@ func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Durati
 		}
 		for _, f := range c.fails {
 			unavailable := f.kind == protocol.CodeUnavailable || c.target.snowflake && f.kind == "no responders"
-			if !unavailable || excused(c, f.sent) {
+			if !unavailable || excused(c, f) {
 				continue
 			}
 			k := key{c.target.name, c.node}
