@@ -52,7 +52,8 @@ func keys(tb testing.TB, data []byte) []string {
 func TestDiscoveryAsMicro(t *testing.T) {
 	ns := testenv.NATS(t)
 	svc := startSnowflakeService(t, ns, newDownSnowflake(t, 1))
-	ref, err := micro.AddService(testenv.Connect(t, ns), micro.Config{Name: "reference", Version: "1.0.0",
+	refConn := testenv.Connect(t, ns)
+	ref, err := micro.AddService(refConn, micro.Config{Name: "reference", Version: "1.0.0",
 		Metadata: map[string]string{"k": "v"}, StatsHandler: func(*micro.Endpoint) any { return map[string]int{"x": 1} }})
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +61,9 @@ func TestDiscoveryAsMicro(t *testing.T) {
 	defer ref.Stop()
 	if err := ref.AddEndpoint("e", micro.HandlerFunc(func(r micro.Request) { r.Respond(nil) }), micro.WithEndpointSubject("ref.e"),
 		micro.WithEndpointMetadata(map[string]string{"description": "d"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := refConn.Flush(); err != nil { // the server knows the endpoint
 		t.Fatal(err)
 	}
 	nc := testenv.Connect(t, ns)

@@ -286,7 +286,11 @@ func availabilityTable(l *load, fl *faultLog, sides []faultSides) string {
 // can, nobody answers. Ordered tags are left out: an owner move answers
 // 503 by design (docs/ordered-tags.md). One message per subject and node,
 // with the count and an example.
-func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Duration, describe func(string) string) []string {
+//
+// shortLeases says the run's leases are too short to ride out a leader
+// election (rideOutLease): every fault may then fence snowflake workers
+// on any side, as snowflakeExcused says of one.
+func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Duration, shortLeases bool, describe func(string) string) []string {
 	excused := func(c *client, f failure) bool {
 		for w, s := range sides {
 			win := fl.windows[w]
@@ -294,7 +298,7 @@ func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Durati
 			if end == 0 {
 				end = win.end
 			}
-			short := c.target.snowflake && s.snowflakeExcused
+			short := c.target.snowflake && (s.snowflakeExcused || shortLeases)
 			// A healed node's routes come back seconds after the heal;
 			// until then its clients reach only its own worker, which
 			// left the snowflake group while it was cut off.

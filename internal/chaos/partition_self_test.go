@@ -186,13 +186,17 @@ func TestCheckNo503(t *testing.T) {
 		{cut: []int{1, 2}, cutName: "A-B", restName: "rest", healed: sec(48)},
 	}
 	tests := []struct {
-		name  string
-		node  int
-		tg    target
-		fails []failure
-		sides func(s []faultSides)
-		want  string // a finding containing it; "" for none
+		name        string
+		node        int
+		tg          target
+		fails       []failure
+		sides       func(s []faultSides)
+		shortLeases bool
+		want        string // a finding containing it; "" for none
 	}{
+		{name: "short leases, any fault", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(14), kind: "no responders"}}, shortLeases: true},
+		{name: "short leases excuse no plain tag", node: 1, tg: segmentTarget("p"), fails: []failure{{sent: sec(14), kind: "503"}}, shortLeases: true,
+			want: "1 p requests of clients on n1"},
 		{name: "majority", node: 1, tg: snowflakeTarget, fails: []failure{{sent: sec(14), kind: "503", worker: "w0"}},
 			want: "1 snowflake requests of clients on n1 answered 503"},
 		{name: "after the heal, on the healed node", node: 0, tg: segmentTarget("p"), fails: []failure{{sent: sec(26), kind: "503"}},
@@ -225,7 +229,7 @@ func TestCheckNo503(t *testing.T) {
 			if tt.sides != nil {
 				tt.sides(s)
 			}
-			got := checkNo503(l, fl, s, 4*time.Second, func(id string) string { return id })
+			got := checkNo503(l, fl, s, 4*time.Second, tt.shortLeases, func(id string) string { return id })
 			switch {
 			case tt.want == "" && len(got) > 0:
 				t.Fatalf("checkNo503 = %q, want no finding", got)

@@ -899,7 +899,7 @@ func (p *partition) report() {
 	for _, e := range checkSides(p.load, p.log, p.sides, p.fleet.describe) {
 		t.Error(e)
 	}
-	for _, e := range checkNo503(p.load, p.log, p.sides, healBound(p.lease), p.fleet.describe) {
+	for _, e := range checkNo503(p.load, p.log, p.sides, healBound(p.lease), p.lease < rideOutLease, p.fleet.describe) {
 		t.Error(e)
 	}
 	for _, e := range checkHealed(p.loopers, p.heals, healBound(p.lease)) {
