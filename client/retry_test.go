@@ -14,7 +14,7 @@ import (
 
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/dispenser"
-	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"

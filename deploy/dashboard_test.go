@@ -21,7 +21,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"

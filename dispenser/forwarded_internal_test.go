@@ -289,7 +289,7 @@ func (o *handingOverOwners) Stats() ownership.Stats { return ownership.Stats{} }
 // say) still answers 503. Seen failing before the hand-over existed: the
 // request was answered 503 ("is not owned here any more"), which a client
 // without retries saw at every owner move of a rolling restart
-// (internal/upgrade).
+// (internal/tests/upgrade).
 func TestForwardedToAWorkerHandingOver(t *testing.T) {
 	for _, tc := range []struct {
 		name    string

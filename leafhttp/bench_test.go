@@ -26,7 +26,7 @@ func (c *counterSegments) Take(_ context.Context, _ string, n int, dst []segment
 
 // BenchmarkHandler: Leaf's segment path against a bare handler answering
 // an atomic counter, both through one ResponseRecorder per request; the
-// end-to-end measurement with wrk is internal/wrkbench.
+// end-to-end measurement with wrk is internal/tests/wrkbench.
 func BenchmarkHandler(b *testing.B) {
 	var c atomic.Int64
 	bare := http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
@@ -58,7 +58,7 @@ func BenchmarkHandler(b *testing.B) {
 // BenchmarkViewPage: one page of /cache and /db from a warm snapshot of
 // 100,000 tags (a recomputation a second falls in the loop too), as a
 // client looping a view gets it; the end-to-end measurement beside the
-// single-ID load is `go run ./internal/wrkbench views`.
+// single-ID load is `go run ./internal/tests/wrkbench views`.
 func BenchmarkViewPage(b *testing.B) {
 	h := newViewHandler(b, 100_000, nil)
 	for _, path := range []string{"/cache", "/cache?format=json", "/db", "/db?format=json"} {

@@ -368,7 +368,7 @@ func (t *Tags[R]) route(r R, tag string) {
 		// for a request that reaches it. Were every request parked
 		// here (clients that each wait for their answer), none would
 		// reach another worker, and all would wait out the whole wait
-		// (seen in internal/upgrade: 2 s without an owner after each
+		// (seen in internal/tests/upgrade: 2 s without an owner after each
 		// hand-over, every client failed). So a short wait, then 503:
 		// a client's retry goes elsewhere.
 		wait = min(wait, handOverWait)

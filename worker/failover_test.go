@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/client"
-	"github.com/dispenser-dev/dispenser/internal/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 )

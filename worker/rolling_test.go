@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/client"
-	"github.com/dispenser-dev/dispenser/internal/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/snowflake"

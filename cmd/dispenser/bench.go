@@ -10,13 +10,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/internal/bench"
+	"github.com/dispenser-dev/dispenser/bench"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/worker"
 )
 
 // `dispenser bench` and its hidden load generator command: the flags are
-// parsed here, the harness is package internal/bench, which starts the
+// parsed here, the harness is package bench, which starts the
 // workers of its local set-up with package worker, as serve does.
 
 // benchChildEnv marks the processes that `dispenser bench` starts from

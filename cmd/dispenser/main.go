@@ -17,7 +17,7 @@ import (
 	// named zone work where the system has none (a static container image).
 	_ "time/tzdata"
 
-	"github.com/dispenser-dev/dispenser/internal/bench"
+	"github.com/dispenser-dev/dispenser/bench"
 	"github.com/dispenser-dev/dispenser/internal/buildinfo"
 	"github.com/dispenser-dev/dispenser/protocol"
 )

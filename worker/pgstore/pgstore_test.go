@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
-	"github.com/dispenser-dev/dispenser/internal/faultnet"
-	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"

@@ -114,8 +114,8 @@
 //
 // Run it with
 //
-//	go test -race ./internal/chaos/                 # short mode, 160-180 s on 2 cores
-//	DISPENSER_CHAOS_LONG=1 go test -timeout 30m ./internal/chaos/
+//	go test -race ./internal/tests/chaos/                 # short mode, 160-180 s on 2 cores
+//	DISPENSER_CHAOS_LONG=1 go test -timeout 30m ./internal/tests/chaos/
 //
 // Environment variables:
 //

@@ -23,7 +23,7 @@ import (
 
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/dispenser"
-	"github.com/dispenser-dev/dispenser/internal/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )

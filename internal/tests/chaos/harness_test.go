@@ -26,7 +26,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
-	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"

@@ -3,7 +3,7 @@ package main
 // The views benchmark: what a client looping the monitoring views costs
 // the single-ID load over HTTP.
 //
-//	go run ./internal/wrkbench views -worker NAME=PATH [-worker NAME=PATH ...]
+//	go run ./internal/tests/wrkbench views -worker NAME=PATH [-worker NAME=PATH ...]
 //	    [-tags 100000] [-connections 4] [-view-connections 4]
 //	    [-views /cache,/db?format=json,/status] [-duration 5s] [-rounds 5]
 //

@@ -182,7 +182,7 @@ func goBuild(dir, out string) error {
 // statSources stats the module's source files, so that go test's result
 // cache, which keys on the files a test looked at, runs the test again
 // when cmd/dispenser or what it imports changes (the test binary does not
-// contain them; see internal/chaos).
+// contain them; see internal/tests/chaos).
 func statSources(root string) {
 	filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {

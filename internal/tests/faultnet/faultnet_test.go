@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/internal/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
 )
 
 // quiet is how long a read waits to show that nothing arrives. It is not

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/client"
-	"github.com/dispenser-dev/dispenser/internal/faultnet"
-	"github.com/dispenser-dev/dispenser/internal/testdb"
+	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/snowflake"

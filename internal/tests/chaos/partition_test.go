@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/dispenser-dev/dispenser/internal/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
 	"github.com/dispenser-dev/dispenser/lease"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"

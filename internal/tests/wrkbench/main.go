@@ -3,7 +3,7 @@
 // an atomic counter (the limit of HTTP in this process), and the NATS
 // endpoints with dispenser's own load generator at the same concurrency:
 //
-//	go run ./internal/wrkbench [-connections 64] [-duration 5s] [-rounds 5]
+//	go run ./internal/tests/wrkbench [-connections 64] [-duration 5s] [-rounds 5]
 //
 // It starts, in its own process, an embedded nats-server, a worker (as
 // `dispenser serve` runs one, KV store, tag "bench" with step 1,000,000,
@@ -49,7 +49,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/dispenser-dev/dispenser/internal/bench"
+	"github.com/dispenser-dev/dispenser/bench"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/worker"
 )
