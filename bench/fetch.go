@@ -6,9 +6,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/witness"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
 )
 
@@ -44,7 +44,7 @@ func (e *env) measureFetch(ctx context.Context, postgresURL string, n int) (*Fet
 	}
 	var plain, witnessed []float64
 	for i := range 2 * n {
-		var st segment.Store = pg
+		var st tagmodel.Store = pg
 		if i%2 == 1 {
 			st = w
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
 )
@@ -187,7 +188,7 @@ func createTags(ctx context.Context, js jetstream.JetStream, tag, postgresURL st
 // default KV bucket or PostgreSQL (migrated), without the witness (bench
 // only creates tags with it), and returns it with the function that closes
 // it.
-func openStore(ctx context.Context, js jetstream.JetStream, postgresURL string) (segment.Store, func(), error) {
+func openStore(ctx context.Context, js jetstream.JetStream, postgresURL string) (tagmodel.Store, func(), error) {
 	var opener worker.StoreOpener = worker.KV{}
 	if postgresURL != "" {
 		opener = pgstore.Postgres{URL: postgresURL, Migrate: true, NoWitness: true}
@@ -204,7 +205,7 @@ func openStore(ctx context.Context, js jetstream.JetStream, postgresURL string) 
 }
 
 // openStore opens the store of e's service under test (see openStore).
-func (e *env) openStore(ctx context.Context, postgresURL string) (segment.Store, func(), error) {
+func (e *env) openStore(ctx context.Context, postgresURL string) (tagmodel.Store, func(), error) {
 	return openStore(ctx, e.js, postgresURL)
 }
 
@@ -243,16 +244,16 @@ func (e *env) Close() error {
 }
 
 // ensureTag creates a tag with step, or sets the step of an existing one.
-func ensureTag(ctx context.Context, store segment.Store, name string, step int64) error {
-	admin, ok := store.(segment.Admin)
+func ensureTag(ctx context.Context, store tagmodel.Store, name string, step int64) error {
+	admin, ok := store.(tagmodel.Admin)
 	if !ok {
 		return fmt.Errorf("the store cannot create tags (%T)", store)
 	}
-	err := admin.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1, Description: "dispenser bench"})
-	if errors.Is(err, segment.ErrTagExists) {
-		var t segment.Tag
+	err := admin.CreateTag(ctx, tagmodel.Tag{Name: name, Step: step, MaxID: 1, Description: "dispenser bench"})
+	if errors.Is(err, tagmodel.ErrTagExists) {
+		var t tagmodel.Tag
 		if t, err = store.Tag(ctx, name); err == nil && t.Step != step {
-			err = admin.UpdateTag(ctx, name, segment.TagUpdate{Step: &step})
+			err = admin.UpdateTag(ctx, name, tagmodel.Update{Step: &step})
 		}
 	}
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker"
 )
 
@@ -126,17 +127,17 @@ func (e *env) startOrdered(ctx context.Context, postgresURL string, maxWait time
 
 // ensureOrderedTag creates an ordered tag with step, or makes an existing
 // tag ordered with step.
-func ensureOrderedTag(ctx context.Context, store segment.Store, name string, step int64) error {
-	admin, ok := store.(segment.Admin)
+func ensureOrderedTag(ctx context.Context, store tagmodel.Store, name string, step int64) error {
+	admin, ok := store.(tagmodel.Admin)
 	if !ok {
 		return fmt.Errorf("the store cannot create tags (%T)", store)
 	}
-	err := admin.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1, Ordered: true, Description: "dispenser bench, ordered"})
-	if errors.Is(err, segment.ErrTagExists) {
-		var t segment.Tag
+	err := admin.CreateTag(ctx, tagmodel.Tag{Name: name, Step: step, MaxID: 1, Ordered: true, Description: "dispenser bench, ordered"})
+	if errors.Is(err, tagmodel.ErrTagExists) {
+		var t tagmodel.Tag
 		if t, err = store.Tag(ctx, name); err == nil && (!t.Ordered || t.Step != step) {
 			ordered := true
-			err = admin.UpdateTag(ctx, name, segment.TagUpdate{Step: &step, Ordered: &ordered})
+			err = admin.UpdateTag(ctx, name, tagmodel.Update{Step: &step, Ordered: &ordered})
 		}
 	}
 	if err != nil {

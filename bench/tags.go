@@ -17,6 +17,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // The tags run (issue 12: many tags). One `dispenser serve` worker in a
@@ -33,7 +34,7 @@ import (
 //     warm tag;
 //   - the size of its /metrics scrape with all of them warm;
 //   - the time of one refresh of the tag list by an allocator in this
-//     process on the same store (incremental: segment.ChangeLister), with
+//     process on the same store (incremental: tagmodel.ChangeLister), with
 //     tagsChanged tags changed since the last, against a full listing of
 //     the store (what every refresh cost before);
 //   - request latency while the worker refreshes every tagsRefresh with
@@ -152,7 +153,7 @@ func blockRates(done []time.Duration, block int) []float64 {
 // with storeTags tags bt_0... created in one statement if missing (their
 // update_time set a day back, so that they are no recent change); else the
 // KV bucket tagsBucket, empty (the local set-up's nats-server is new).
-func (e *env) tagsStore(ctx context.Context, postgresURL string, storeTags int) (segment.Store, func(), error) {
+func (e *env) tagsStore(ctx context.Context, postgresURL string, storeTags int) (tagmodel.Store, func(), error) {
 	if postgresURL == "" {
 		st, err := kv.New(ctx, e.js, kv.Settings{Bucket: tagsBucket})
 		if err != nil {
@@ -336,7 +337,7 @@ func (e *env) measureTags(ctx context.Context, postgresURL string, newTags, stor
 
 // measureRefresh times refreshes of an allocator on st and a full listing
 // of st, filling r's refresh fields.
-func measureRefresh(ctx context.Context, st segment.Store, r *TagsResult) error {
+func measureRefresh(ctx context.Context, st tagmodel.Store, r *TagsResult) error {
 	a, err := segment.New(segment.Settings{Store: st, RefreshInterval: time.Hour, FetchTimeout: time.Minute,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -375,8 +376,8 @@ func measureRefresh(ctx context.Context, st segment.Store, r *TagsResult) error 
 
 // changeTags changes the description of n of the first total tags (from a
 // random-looking start), so that they show as changed to a refresh.
-func changeTags(ctx context.Context, st segment.Store, total, n int, what string) error {
-	admin, ok := st.(segment.Admin)
+func changeTags(ctx context.Context, st tagmodel.Store, total, n int, what string) error {
+	admin, ok := st.(tagmodel.Admin)
 	if !ok {
 		return fmt.Errorf("the store cannot change tags (%T)", st)
 	}
@@ -387,7 +388,7 @@ func changeTags(ctx context.Context, st segment.Store, total, n int, what string
 	}
 	desc := "dispenser bench " + what + " " + time.Now().Format(time.RFC3339Nano)
 	return parallel(ctx, names, 8, func(tag string) error {
-		if err := admin.UpdateTag(ctx, tag, segment.TagUpdate{Description: &desc}); err != nil {
+		if err := admin.UpdateTag(ctx, tag, tagmodel.Update{Description: &desc}); err != nil {
 			return fmt.Errorf("changing tag %s: %w", tag, err)
 		}
 		return nil
@@ -397,7 +398,7 @@ func changeTags(ctx context.Context, st segment.Store, total, n int, what string
 // churn changes tagsChurn tags every tagsRefresh until ctx ends, so that
 // the measured worker's refreshes have changes to apply; it returns how
 // many it changed and the first error.
-func churn(ctx context.Context, st segment.Store, total int) (int, error) {
+func churn(ctx context.Context, st tagmodel.Store, total int) (int, error) {
 	changed := 0
 	t := time.NewTicker(tagsRefresh)
 	defer t.Stop()

@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -134,7 +134,7 @@ func TestMeasureRefreshAndChurn(t *testing.T) {
 	}
 	const n = 20
 	for i := range n {
-		if err := st.CreateTag(ctx, segment.Tag{Name: tagName(i), Step: 10, MaxID: 1}); err != nil {
+		if err := st.CreateTag(ctx, tagmodel.Tag{Name: tagName(i), Step: 10, MaxID: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}

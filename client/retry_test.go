@@ -17,13 +17,14 @@ import (
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
 // restartable is one worker that a test stops and starts again, on one
 // store and one NATS server.
 type restartable struct {
-	store segment.Store
+	store tagmodel.Store
 	ns    *server.Server
 	alloc *segment.Allocator
 	svc   *dispenser.Service

@@ -14,7 +14,7 @@ import (
 
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/protocol"
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -165,7 +165,7 @@ func clientLoad(tb testing.TB, st *stack, tag string, clients, plain int, stop <
 // Allocator.TakeOwned and replying, no Owns before or after).
 func TestDirectThroughOwnershipMoves(t *testing.T) {
 	st := newStack(t, nil)
-	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
+	if err := st.store.CreateTag(context.Background(), tagmodel.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
 		t.Fatal(err)
 	}
 	workers := []*orderedWorker{st.orderedWorker(t, "w0"), st.orderedWorker(t, "w1"), st.orderedWorker(t, "w2")}
@@ -219,7 +219,7 @@ func TestDirectThroughOwnershipMoves(t *testing.T) {
 func TestDirectRefusals(t *testing.T) {
 	st := newStack(t, map[string]int64{"plain": 10})
 	for _, tag := range []string{"seq", "other"} {
-		if err := st.store.CreateTag(context.Background(), segment.Tag{Name: tag, Step: 10, MaxID: 1, Ordered: true}); err != nil {
+		if err := st.store.CreateTag(context.Background(), tagmodel.Tag{Name: tag, Step: 10, MaxID: 1, Ordered: true}); err != nil {
 			t.Fatal(err)
 		}
 	}

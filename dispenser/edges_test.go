@@ -14,6 +14,7 @@ import (
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -24,7 +25,7 @@ import (
 func TestExhaustedTagIs410(t *testing.T) {
 	const start = 9223372036854775000
 	st := newStack(t, map[string]int64{"other": 10})
-	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "edge", Step: 100, MaxID: start}); err != nil {
+	if err := st.store.CreateTag(context.Background(), tagmodel.Tag{Name: "edge", Step: 100, MaxID: start}); err != nil {
 		t.Fatal(err)
 	}
 	st.worker(t, segment.Settings{})
@@ -132,7 +133,7 @@ func TestFullBatchFits(t *testing.T) {
 	t.Cleanup(ns.Shutdown)
 	st := newStack(t, nil)
 	const start = 1_000_000_000_000_000_000 // 19 digits
-	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "wide", Step: 100000, MaxID: start}); err != nil {
+	if err := st.store.CreateTag(context.Background(), tagmodel.Tag{Name: "wide", Step: 100000, MaxID: start}); err != nil {
 		t.Fatal(err)
 	}
 	alloc, err := segment.New(segment.Settings{Store: st.store, Logger: quiet})

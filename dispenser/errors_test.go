@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -50,7 +51,7 @@ func TestWorkerHeader(t *testing.T) {
 
 // downStore is the real store behind a switch that makes it unreachable.
 type downStore struct {
-	segment.Store
+	tagmodel.Store
 	down atomic.Bool
 }
 
@@ -63,9 +64,9 @@ func (d *downStore) Tags(ctx context.Context) ([]string, error) {
 	return d.Store.Tags(ctx)
 }
 
-func (d *downStore) Tag(ctx context.Context, name string) (segment.Tag, error) {
+func (d *downStore) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
 	if d.down.Load() {
-		return segment.Tag{}, errDown
+		return tagmodel.Tag{}, errDown
 	}
 	return d.Store.Tag(ctx, name)
 }
@@ -96,10 +97,10 @@ func TestUnavailableDescriptionIsGeneric(t *testing.T) {
 }
 
 // failingFetch fails every fetch with an error that names an address.
-type failingFetch struct{ segment.Store }
+type failingFetch struct{ tagmodel.Store }
 
-func (f *failingFetch) Fetch(context.Context, string, int64) (segment.Allocation, error) {
-	return segment.Allocation{}, errors.New("dial tcp 10.0.0.7:5432: connection refused")
+func (f *failingFetch) Fetch(context.Context, string, int64) (tagmodel.Allocation, error) {
+	return tagmodel.Allocation{}, errors.New("dial tcp 10.0.0.7:5432: connection refused")
 }
 
 // brokenSnowflake fails with an error the service does not know.

@@ -20,6 +20,7 @@ import (
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -51,7 +52,7 @@ func orderedService(t *testing.T, owners ordered.Owners, maxBatch int, opts ...f
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := store.CreateTag(ctx, segment.Tag{Name: "seq", Step: 1000, MaxID: 1, Ordered: true}); err != nil {
+	if err := store.CreateTag(ctx, tagmodel.Tag{Name: "seq", Step: 1000, MaxID: 1, Ordered: true}); err != nil {
 		t.Fatal(err)
 	}
 	alloc, err := segment.New(segment.Settings{Store: store, Logger: slog.New(slog.DiscardHandler)})

@@ -18,6 +18,7 @@ import (
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -263,15 +264,15 @@ func TestZeroUnavailableCheckFires(t *testing.T) {
 // cutStore is a segment store a test can take down for one worker: Fetch
 // fails while down, as from a worker cut from its database.
 type cutStore struct {
-	segment.Store
+	tagmodel.Store
 	down atomic.Bool
 }
 
 var errCutStore = errors.New("test: store unreachable from this worker")
 
-func (d *cutStore) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+func (d *cutStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	if d.down.Load() {
-		return segment.Allocation{}, errCutStore
+		return tagmodel.Allocation{}, errCutStore
 	}
 	return d.Store.Fetch(ctx, tag, step)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -89,8 +90,8 @@ type orderedWorker struct {
 // its allocator sees a tag made ordered.
 type changeRecorder struct{ *recorder }
 
-func (r changeRecorder) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
-	return r.Store.(segment.ChangeLister).Changes(ctx, cursor)
+func (r changeRecorder) Changes(ctx context.Context, cursor int64) ([]tagmodel.Change, int64, error) {
+	return r.Store.(tagmodel.ChangeLister).Changes(ctx, cursor)
 }
 
 // orderedOptions change an orderedWorker's settings before it starts.
@@ -104,7 +105,7 @@ type orderedOptions struct {
 
 func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*orderedOptions)) *orderedWorker {
 	tb.Helper()
-	rec := &recorder{Store: st.store, allocs: map[string][]segment.Allocation{}}
+	rec := &recorder{Store: st.store, allocs: map[string][]tagmodel.Allocation{}}
 	o := orderedOptions{alloc: segment.Settings{Logger: quiet, MaxWait: 5 * time.Second, MaxStep: 100}}
 	for _, opt := range opts {
 		opt(&o)
@@ -213,7 +214,7 @@ func checkUnique(tb testing.TB, obs []observation) {
 // the same workers, do not (the checker catches that).
 func TestOrderedTagIsLinearizable(t *testing.T) {
 	st := newStack(t, map[string]int64{"plain": 100})
-	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "seq", Step: 100, MaxID: 1, Ordered: true}); err != nil {
+	if err := st.store.CreateTag(context.Background(), tagmodel.Tag{Name: "seq", Step: 100, MaxID: 1, Ordered: true}); err != nil {
 		t.Fatal(err)
 	}
 	// Nothing fails over here: a long lease, so that a busy machine that
@@ -266,7 +267,7 @@ func TestOrderedTagIsLinearizable(t *testing.T) {
 // that), and the next owner stops gracefully. The IDs stay linearizable.
 func TestOrderedTagHandover(t *testing.T) {
 	st := newStack(t, nil)
-	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
+	if err := st.store.CreateTag(context.Background(), tagmodel.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
 		t.Fatal(err)
 	}
 	workers := []*orderedWorker{st.orderedWorker(t, "w0"), st.orderedWorker(t, "w1"), st.orderedWorker(t, "w2")}
@@ -378,7 +379,7 @@ func takeOwnedIDs(tb testing.TB, alloc *segment.Allocator, tag string, n int) []
 // mechanism).
 func TestReclaimedTagServedOnlyAfterReset(t *testing.T) {
 	st := newStack(t, nil)
-	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
+	if err := st.store.CreateTag(context.Background(), tagmodel.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
 		t.Fatal(err)
 	}
 	var hold sync.Mutex
@@ -515,7 +516,7 @@ func loadUntil(tb testing.TB, st *stack, subject string, clients int, stop time.
 func TestSwitchToOrderedBound(t *testing.T) {
 	st := newStack(t, nil)
 	ctx := context.Background()
-	if err := st.store.CreateTag(ctx, segment.Tag{Name: "seq", Step: 100000, MaxID: 1}); err != nil {
+	if err := st.store.CreateTag(ctx, tagmodel.Tag{Name: "seq", Step: 100000, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	settings := func(refresh time.Duration) func(*orderedOptions) {
@@ -540,7 +541,7 @@ func TestSwitchToOrderedBound(t *testing.T) {
 	done := make(chan []observation)
 	go func() { done <- loadUntil(t, st, "id.segment.seq", 8, stop) }()
 	ordered := true
-	if err := st.store.UpdateTag(ctx, "seq", segment.TagUpdate{Ordered: &ordered}); err != nil {
+	if err := st.store.UpdateTag(ctx, "seq", tagmodel.Update{Ordered: &ordered}); err != nil {
 		t.Fatal(err)
 	}
 	if err := w0.alloc.Refresh(ctx); err != nil {
@@ -612,12 +613,12 @@ func checkLinearizableFrom(obs []observation, from time.Time) (violations int, e
 }
 
 // lastAlloc returns the last segment of tag the worker fetched.
-func lastAlloc(r *recorder, tag string) segment.Allocation {
+func lastAlloc(r *recorder, tag string) tagmodel.Allocation {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a := r.allocs[tag]
 	if len(a) == 0 {
-		return segment.Allocation{}
+		return tagmodel.Allocation{}
 	}
 	return a[len(a)-1]
 }
@@ -631,7 +632,7 @@ func lastAlloc(r *recorder, tag string) segment.Allocation {
 func TestDeadOwnerLookupsBounded(t *testing.T) {
 	st := newStack(t, nil)
 	ctx := context.Background()
-	if err := st.store.CreateTag(ctx, segment.Tag{Name: "seq", Step: 100, MaxID: 1, Ordered: true}); err != nil {
+	if err := st.store.CreateTag(ctx, tagmodel.Tag{Name: "seq", Step: 100, MaxID: 1, Ordered: true}); err != nil {
 		t.Fatal(err)
 	}
 	w := st.orderedWorker(t, "w1", func(o *orderedOptions) { o.owners.Lease = time.Second })

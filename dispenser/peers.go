@@ -9,9 +9,10 @@ import (
 	"slices"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/dispenser-dev/dispenser/segment"
 )
 
 // PrefixMetadata and QueueGroupMetadata are the micro metadata keys naming a

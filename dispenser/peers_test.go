@@ -16,6 +16,7 @@ import (
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -23,7 +24,7 @@ import (
 // its store and queue group only (the store behind is the same KV bucket).
 type peerSetup struct {
 	ns    *server.Server
-	store segment.Store
+	store tagmodel.Store
 }
 
 func newPeerSetup(t *testing.T) *peerSetup {

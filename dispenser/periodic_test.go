@@ -17,6 +17,7 @@ import (
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -40,15 +41,15 @@ func TestFormattedOverNATS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	orders := segment.Tag{Name: "orders", Step: 10, MaxID: 1, Reset: segment.ResetDay, TimeZone: "Asia/Shanghai",
+	orders := tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay, TimeZone: "Asia/Shanghai",
 		Format: "ORD-{date:20060102}-{seq:6}"}
-	plain := segment.Tag{Name: "plain", Step: 10, MaxID: 1}
+	plain := tagmodel.Tag{Name: "plain", Step: 10, MaxID: 1}
 	stores := []struct {
 		name string
-		open func(t *testing.T, st *stack) segment.Store
+		open func(t *testing.T, st *stack) tagmodel.Store
 	}{
-		{"postgres", func(t *testing.T, st *stack) segment.Store { return st.store }},
-		{"kv", func(t *testing.T, st *stack) segment.Store {
+		{"postgres", func(t *testing.T, st *stack) tagmodel.Store { return st.store }},
+		{"kv", func(t *testing.T, st *stack) tagmodel.Store {
 			js, err := jetstream.New(testenv.Connect(t, st.ns))
 			if err != nil {
 				t.Fatal(err)
@@ -64,8 +65,8 @@ func TestFormattedOverNATS(t *testing.T) {
 		t.Run(sto.name, func(t *testing.T) {
 			st := newStack(t, nil)
 			st.other = sto.open(t, st)
-			for _, tag := range []segment.Tag{orders, plain} {
-				if err := st.other.(segment.Admin).CreateTag(context.Background(), tag); err != nil {
+			for _, tag := range []tagmodel.Tag{orders, plain} {
+				if err := st.other.(tagmodel.Admin).CreateTag(context.Background(), tag); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -109,7 +110,7 @@ func TestFormattedOverNATS(t *testing.T) {
 // numbers of a daily tag while the time crosses midnight: no formatted
 // number twice among all replies, and both days are served.
 func TestSkewedWorkersAcrossMidnightOverNATS(t *testing.T) {
-	tag := segment.Tag{Name: "orders", Step: 5, MaxID: 1, Reset: segment.ResetDay, Format: "{date:20060102}{seq:6}"}
+	tag := tagmodel.Tag{Name: "orders", Step: 5, MaxID: 1, Reset: tagmodel.ResetDay, Format: "{date:20060102}{seq:6}"}
 	for _, sto := range []string{"postgres", "kv"} {
 		t.Run(sto, func(t *testing.T) {
 			st := newStack(t, nil)
@@ -124,7 +125,7 @@ func TestSkewedWorkersAcrossMidnightOverNATS(t *testing.T) {
 			} else {
 				st.other = st.store
 			}
-			if err := st.other.(segment.Admin).CreateTag(context.Background(), tag); err != nil {
+			if err := st.other.(tagmodel.Admin).CreateTag(context.Background(), tag); err != nil {
 				t.Fatal(err)
 			}
 			midnight := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)

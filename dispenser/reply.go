@@ -13,6 +13,7 @@ import (
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // replier answers one request, by publishing on the connection the service
@@ -186,17 +187,17 @@ func (r replier) fail(err error) {
 func (s *Service) Classify(err error) (code, desc string) {
 	switch {
 	case errors.Is(err, protocol.ErrBadCount), errors.Is(err, protocol.ErrBadID), errors.Is(err, protocol.ErrBadHeader), errors.Is(err, protocol.ErrBadSubject),
-		errors.Is(err, segment.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),
+		errors.Is(err, tagmodel.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),
 		errors.Is(err, snowflake.ErrInvalidCount):
 		return protocol.CodeBadRequest, protocol.Describe(err)
 	case errors.Is(err, segment.ErrNoFormat):
 		return protocol.CodeBadRequest, protocol.Describe(err)
-	case errors.Is(err, segment.ErrUnknownTag):
+	case errors.Is(err, tagmodel.ErrUnknownTag):
 		return protocol.CodeNotFound, protocol.Describe(err)
-	case errors.Is(err, segment.ErrPeriodExpired):
+	case errors.Is(err, tagmodel.ErrPeriodExpired):
 		s.cfg.Logger.Error("dispenser: a period asked for has expired: this worker's clock is far behind the store's", "err", err)
 		return protocol.CodeUnavailable, "the period asked for has expired: this worker's clock is behind; try again"
-	case errors.Is(err, segment.ErrExhausted):
+	case errors.Is(err, tagmodel.ErrExhausted):
 		return protocol.CodeGone, protocol.Describe(err)
 	case errors.Is(err, segment.ErrClosed):
 		return protocol.CodeUnavailable, protocol.Describe(segment.ErrClosed)
@@ -208,7 +209,7 @@ func (s *Service) Classify(err error) (code, desc string) {
 		return protocol.CodeUnavailable, protocol.Describe(ordered.ErrOwnershipMoving) + "; try again"
 	case errors.Is(err, segment.ErrOrdered):
 		return protocol.CodeUnavailable, protocol.Describe(err) + ": this worker serves no ordered tags"
-	case errors.Is(err, segment.ErrTagDeleted):
+	case errors.Is(err, tagmodel.ErrTagDeleted):
 		return protocol.CodeUnavailable, "the tag's record was deleted by hand: it is not created again until an operator restores it"
 	case errors.Is(err, kvbucket.ErrPurged), errors.Is(err, kvbucket.ErrRecreated):
 		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)

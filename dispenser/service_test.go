@@ -21,6 +21,7 @@ import (
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -34,7 +35,7 @@ type stack struct {
 	pool  *pgxpool.Pool
 	store *postgres.Store
 	// other, if set, is the store of the stack's workers instead of store.
-	other segment.Store
+	other tagmodel.Store
 }
 
 func newStack(tb testing.TB, tags map[string]int64) *stack {
@@ -45,12 +46,12 @@ func newStack(tb testing.TB, tags map[string]int64) *stack {
 
 // recorder wraps the real store and remembers the segments one worker got.
 type recorder struct {
-	segment.Store
+	tagmodel.Store
 	mu     sync.Mutex // protects allocs
-	allocs map[string][]segment.Allocation
+	allocs map[string][]tagmodel.Allocation
 }
 
-func (r *recorder) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+func (r *recorder) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	a, err := r.Store.Fetch(ctx, tag, step)
 	if err == nil {
 		r.mu.Lock()
@@ -81,11 +82,11 @@ type worker struct {
 
 func (st *stack) worker(tb testing.TB, s segment.Settings) *worker {
 	tb.Helper()
-	var store segment.Store = st.store
+	var store tagmodel.Store = st.store
 	if st.other != nil {
 		store = st.other
 	}
-	rec := &recorder{Store: store, allocs: map[string][]segment.Allocation{}}
+	rec := &recorder{Store: store, allocs: map[string][]tagmodel.Allocation{}}
 	s.Store = rec
 	s.Logger = quiet
 	alloc, err := segment.New(s)

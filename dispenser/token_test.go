@@ -10,8 +10,8 @@ import (
 
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/protocol"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -42,7 +42,7 @@ func tokenReply(tb testing.TB, nc *nats.Conn, msg *nats.Msg, token string) *nats
 // refused with 400 and nothing taken.
 func TestRepliesEchoToken(t *testing.T) {
 	st := newStack(t, map[string]int64{"plain": 10})
-	if err := st.store.CreateTag(context.Background(), segment.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
+	if err := st.store.CreateTag(context.Background(), tagmodel.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
 		t.Fatal(err)
 	}
 	workers := []*orderedWorker{st.orderedWorker(t, "w0"), st.orderedWorker(t, "w1")}

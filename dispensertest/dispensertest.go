@@ -39,6 +39,7 @@ import (
 
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker"
 )
 
@@ -120,11 +121,11 @@ func Start(o Options) (_ *Server, err error) {
 	tags := slices.Clone(o.Tags) // defaults filled in, the caller's slice left alone
 	for i, t := range tags {
 		t.Step, t.Start = cmp.Or(t.Step, DefaultStep), cmp.Or(t.Start, 1)
-		if err := segment.CheckTag(t.Name); err != nil {
+		if err := tagmodel.CheckTag(t.Name); err != nil {
 			return nil, fmt.Errorf("%w: Tags[%d]: %w", ErrOptions, i, err)
 		}
-		if t.Step < 1 || t.Step > segment.MaxStepLimit || t.Start < 1 {
-			return nil, fmt.Errorf("%w: tag %s: step %d, start %d: want a step of 1..%d and a start of at least 1", ErrOptions, t.Name, t.Step, t.Start, segment.MaxStepLimit)
+		if t.Step < 1 || t.Step > tagmodel.MaxStepLimit || t.Start < 1 {
+			return nil, fmt.Errorf("%w: tag %s: step %d, start %d: want a step of 1..%d and a start of at least 1", ErrOptions, t.Name, t.Step, t.Start, tagmodel.MaxStepLimit)
 		}
 		tags[i] = t
 	}
@@ -188,7 +189,7 @@ func (s *Server) createTags(ctx context.Context, tags []Tag) error {
 		return err
 	}
 	for _, t := range tags {
-		if err := st.CreateTag(ctx, segment.Tag{Name: t.Name, Step: t.Step, MaxID: t.Start, Ordered: t.Ordered, Description: "dispensertest"}); err != nil {
+		if err := st.CreateTag(ctx, tagmodel.Tag{Name: t.Name, Step: t.Step, MaxID: t.Start, Ordered: t.Ordered, Description: "dispensertest"}); err != nil {
 			return fmt.Errorf("creating tag %s: %w", t.Name, err)
 		}
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // Segments takes segment IDs and describes the tags' buffers;
@@ -71,10 +72,10 @@ type Snowflake interface {
 	Layout() snowflake.Layout
 }
 
-// Rows reads the store's rows for /db; a segment.Store implements it.
+// Rows reads the store's rows for /db; a tagmodel.Store implements it.
 type Rows interface {
 	Tags(ctx context.Context) ([]string, error)
-	Tag(ctx context.Context, name string) (segment.Tag, error)
+	Tag(ctx context.Context, name string) (tagmodel.Tag, error)
 }
 
 // Errors of package leafhttp.
@@ -288,7 +289,7 @@ func (h *Handler) serveSegment(w http.ResponseWriter, r *http.Request, tag strin
 	}
 	n, format, err := h.params(r)
 	if err == nil && !protocol.ValidTag(tag) {
-		err = fmt.Errorf("%w %q: want %s", segment.ErrInvalidTag, truncate(tag, 64), protocol.TagRule)
+		err = fmt.Errorf("%w %q: want %s", tagmodel.ErrInvalidTag, truncate(tag, 64), protocol.TagRule)
 	}
 	if err != nil {
 		h.fail(w, r, segmentPath, err, tag, start)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dispenser-dev/dispenser/internal/htmlpage"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // Leaf's monitoring views, LeafMonitorController's /cache and /db: HTML
@@ -209,7 +210,7 @@ func (h *Handler) readRows(ctx context.Context, names []string, p htmlpage.Page)
 	rows := make([]DB, 0, to-from)
 	for _, name := range names[from:to] {
 		t, err := h.s.Rows.Tag(ctx, name)
-		if errors.Is(err, segment.ErrUnknownTag) {
+		if errors.Is(err, tagmodel.ErrUnknownTag) {
 			continue // removed meanwhile
 		}
 		if err != nil {

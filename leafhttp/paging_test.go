@@ -15,14 +15,15 @@ import (
 
 	"github.com/dispenser-dev/dispenser/leafhttp"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // fakeRows is a store of tags for /db.
 type fakeRows struct{ names []string }
 
 func (f fakeRows) Tags(context.Context) ([]string, error) { return f.names, nil }
-func (f fakeRows) Tag(_ context.Context, name string) (segment.Tag, error) {
-	return segment.Tag{Name: name, MaxID: 1, Step: 1}, nil
+func (f fakeRows) Tag(_ context.Context, name string) (tagmodel.Tag, error) {
+	return tagmodel.Tag{Name: name, MaxID: 1, Step: 1}, nil
 }
 
 // manyTags returns n tags, not in order.

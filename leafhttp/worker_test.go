@@ -26,6 +26,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
@@ -37,13 +38,13 @@ func TestMain(m *testing.M) { os.Exit(testenv.Run(m)) }
 // workers and its Admin for the test's tags.
 type store struct {
 	name   string
-	opener func(tb testing.TB, ns *server.Server) (worker.StoreOpener, segment.Admin, segment.Store)
+	opener func(tb testing.TB, ns *server.Server) (worker.StoreOpener, tagmodel.Admin, tagmodel.Store)
 }
 
 // stores are the two segment stores: the JetStream KV bucket and
 // PostgreSQL (a real server from testenv).
 var stores = []store{
-	{"kv", func(tb testing.TB, ns *server.Server) (worker.StoreOpener, segment.Admin, segment.Store) {
+	{"kv", func(tb testing.TB, ns *server.Server) (worker.StoreOpener, tagmodel.Admin, tagmodel.Store) {
 		tb.Helper()
 		js, err := jetstream.New(testenv.Connect(tb, ns))
 		if err != nil {
@@ -55,7 +56,7 @@ var stores = []store{
 		}
 		return worker.KV{}, st, st
 	}},
-	{"postgres", func(tb testing.TB, _ *server.Server) (worker.StoreOpener, segment.Admin, segment.Store) {
+	{"postgres", func(tb testing.TB, _ *server.Server) (worker.StoreOpener, tagmodel.Admin, tagmodel.Store) {
 		tb.Helper()
 		db := testdb.New(tb, nil)
 		return pgstore.Postgres{URL: db.URL}, db.Store, db.Store
@@ -68,11 +69,11 @@ type cluster struct {
 	ns     *server.Server
 	nc     *nats.Conn // the test's requests
 	opener worker.StoreOpener
-	admin  segment.Admin
-	rows   segment.Store
+	admin  tagmodel.Admin
+	rows   tagmodel.Store
 }
 
-func newCluster(tb testing.TB, st store, tags ...segment.Tag) *cluster {
+func newCluster(tb testing.TB, st store, tags ...tagmodel.Tag) *cluster {
 	tb.Helper()
 	ns := testenv.NATS(tb)
 	c := &cluster{ns: ns, nc: testenv.Connect(tb, ns)}
@@ -210,7 +211,7 @@ func tryNATSIDs(nc *nats.Conn, subject string, n int) ([]int64, error) {
 func TestLeafClient(t *testing.T) {
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
-			c := newCluster(t, st, segment.Tag{Name: "orders", Step: 1000, MaxID: 100})
+			c := newCluster(t, st, tagmodel.Tag{Name: "orders", Step: 1000, MaxID: 100})
 			w, base := c.start(t, "leaf-client")
 			var got []int64
 			for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodGet} {
@@ -270,7 +271,7 @@ func TestIDsOverHTTPAndNATSUnique(t *testing.T) {
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
 			// A small step: the workers fetch many segments meanwhile.
-			c := newCluster(t, st, segment.Tag{Name: "orders", Step: 50})
+			c := newCluster(t, st, tagmodel.Tag{Name: "orders", Step: 50})
 			var bases []string
 			for i := range 2 {
 				_, base := c.start(t, fmt.Sprintf("unique-%d", i))
@@ -329,7 +330,7 @@ func TestIDsOverHTTPAndNATSUnique(t *testing.T) {
 // over the HTTP API of two workers and over NATS strictly increase: the
 // HTTP path keeps the tag's promise, whichever worker owns it.
 func TestOrderedTagOverHTTP(t *testing.T) {
-	c := newCluster(t, stores[0], segment.Tag{Name: "ledger", Step: 100, Ordered: true})
+	c := newCluster(t, stores[0], tagmodel.Tag{Name: "ledger", Step: 100, Ordered: true})
 	var bases []string
 	for i := range 2 {
 		_, base := c.start(t, fmt.Sprintf("ordered-%d", i))
@@ -366,7 +367,7 @@ func TestOrderedTagOverHTTP(t *testing.T) {
 // format, as Id-Format: formatted does over NATS; without it the same tag
 // answers plain numbers, continuing one sequence.
 func TestFormattedOverHTTP(t *testing.T) {
-	c := newCluster(t, stores[0], segment.Tag{Name: "invoice", Step: 100, Reset: segment.ResetDay, Format: "INV-{date:20060102}-{seq:6}"})
+	c := newCluster(t, stores[0], tagmodel.Tag{Name: "invoice", Step: 100, Reset: tagmodel.ResetDay, Format: "INV-{date:20060102}-{seq:6}"})
 	_, base := c.start(t, "formatted")
 	before := time.Now().UTC().Format("20060102")
 	status, body, _ := get(t, http.MethodGet, base+"/api/segment/get/invoice?format=formatted&count=2")
@@ -395,7 +396,7 @@ func leafError(tb testing.TB, body string) leafhttp.Error {
 // error, in Leaf's shape where Leaf has one, and take no ID: the tag's
 // next ID afterwards is the one before them.
 func TestHostileRequests(t *testing.T) {
-	c := newCluster(t, stores[0], segment.Tag{Name: "orders", Step: 1000})
+	c := newCluster(t, stores[0], tagmodel.Tag{Name: "orders", Step: 1000})
 	_, base := c.start(t, "hostile")
 	long := strings.Repeat("a", 129)
 	for _, tt := range []struct {
@@ -475,7 +476,7 @@ func TestHostileRequests(t *testing.T) {
 func TestMonitorViews(t *testing.T) {
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
-			c := newCluster(t, st, segment.Tag{Name: "orders", Step: 1000, MaxID: 10}, segment.Tag{Name: "idle", Step: 7, MaxID: 5})
+			c := newCluster(t, st, tagmodel.Tag{Name: "orders", Step: 1000, MaxID: 10}, tagmodel.Tag{Name: "idle", Step: 7, MaxID: 5})
 			_, base := c.start(t, "monitor")
 			natsIDs(t, c.nc, "id.segment.orders", 3) // 10, 11, 12
 			status, body, h := get(t, http.MethodGet, base+"/cache", "Accept", "application/json")
@@ -545,7 +546,7 @@ func TestMonitorViews(t *testing.T) {
 // URL: an unknown path is "other", a tag not in --metrics-tags is ""),
 // beside the NATS requests (transport="nats").
 func TestHTTPInMetrics(t *testing.T) {
-	c := newCluster(t, stores[0], segment.Tag{Name: "orders", Step: 100})
+	c := newCluster(t, stores[0], tagmodel.Tag{Name: "orders", Step: 100})
 	port, err := testenv.ServerPort()
 	if err != nil {
 		t.Fatal(err)

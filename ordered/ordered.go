@@ -17,6 +17,7 @@ import (
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // Errors of package ordered.
@@ -406,7 +407,7 @@ func (t *Tags[R]) route(r R, tag string) {
 // the owner of their ordered tag, on <Subject>.<tag>.
 func (t *Tags[R]) handleForwarded(msg *nats.Msg) {
 	tag := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
-	valid := segment.ValidTag(tag)
+	valid := tagmodel.ValidTag(tag)
 	// One string for the whole message: the reply subjects are slices of it.
 	for line := range strings.Lines(string(msg.Data)) {
 		f, perr := protocol.ParseForward(strings.TrimSuffix(line, "\n"))
@@ -473,7 +474,7 @@ func (t *Tags[R]) handleDirect(msg *nats.Msg) {
 	tag := strings.TrimSuffix(strings.TrimPrefix(msg.Subject, t.directPrefix), "."+t.cfg.Direct)
 	r, err := t.cfg.Replies.Direct(msg, tag)
 	switch {
-	case !segment.ValidTag(tag):
+	case !tagmodel.ValidTag(tag):
 		t.cfg.Replies.Fail(r, fmt.Errorf("%w %q", protocol.ErrBadSubject, msg.Subject))
 	case err != nil:
 		t.cfg.Replies.Fail(r, err)

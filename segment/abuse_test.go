@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +22,7 @@ func TestAutoCreateBounded(t *testing.T) {
 		}
 	}
 	for i := 3; i < 10; i++ {
-		if _, err := a.Take(context.Background(), fmt.Sprintf("t%d", i), 1, nil); !errors.Is(err, ErrUnknownTag) {
+		if _, err := a.Take(context.Background(), fmt.Sprintf("t%d", i), 1, nil); !errors.Is(err, tagmodel.ErrUnknownTag) {
 			t.Fatalf("t%d, beyond the bound: err = %v, want ErrUnknownTag", i, err)
 		}
 	}
@@ -45,7 +46,7 @@ func TestNegativeCacheEvictsOne(t *testing.T) {
 	a := newAllocator(t, Settings{Store: st, NegativeTTL: time.Hour, MaxWait: time.Minute})
 	ctx := context.Background()
 	for i := range negativeCacheMax + 1 {
-		if _, err := a.Take(ctx, fmt.Sprintf("u%d", i), 1, nil); !errors.Is(err, ErrUnknownTag) {
+		if _, err := a.Take(ctx, fmt.Sprintf("u%d", i), 1, nil); !errors.Is(err, tagmodel.ErrUnknownTag) {
 			t.Fatalf("u%d: err = %v, want ErrUnknownTag", i, err)
 		}
 	}
@@ -68,7 +69,7 @@ type blockingTags struct {
 	started chan struct{}
 }
 
-func (s *blockingTags) Tag(ctx context.Context, name string) (Tag, error) {
+func (s *blockingTags) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
 	s.mu.Lock()
 	s.running++
 	s.most = max(s.most, s.running)

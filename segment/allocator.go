@@ -1,7 +1,3 @@
-// Package segment hands out per-tag ID sequences in the style of Meituan's
-// Leaf-segment: each tag's range is taken from a Store one segment at a time,
-// and two in-memory segments per tag (a double buffer) let the next segment
-// arrive in the background while the current one is spent.
 package segment
 
 import (
@@ -19,12 +15,13 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // Settings configures an Allocator. Zero values mean the documented defaults.
 type Settings struct {
 	// Store holds the tags' sequences. Required.
-	Store Store
+	Store tagmodel.Store
 	// PrefetchRatio is the fraction of the current segment that may be used
 	// before the next segment is fetched in the background. Default 0.1, as
 	// in Leaf; it must be in (0, 1].
@@ -91,7 +88,7 @@ type Settings struct {
 	// (Regions): with more than one region, a value v is handed out as
 	// v×Regions.Count + Regions.Region. The store must record the same
 	// settings (CheckRegions). Default: one region, IDs are the values.
-	Regions Regions
+	Regions tagmodel.Regions
 	// Verify, if set, is called before a fetch until it first returns
 	// nil; until then every fetch fails with its error, and nothing is
 	// fetched. A worker that could not check its store's region settings
@@ -160,7 +157,7 @@ type Run = protocol.Run
 // keeps up with a burst within a few fetches, and returns to single steps
 // within seconds once the burst is over.
 type Allocator struct {
-	store           Store
+	store           tagmodel.Store
 	ratio           float64
 	maxWait         time.Duration
 	coldWait        time.Duration // Settings.ColdWait, at least maxWait
@@ -189,7 +186,7 @@ type Allocator struct {
 	ready  atomic.Bool   // the tag list has been loaded once
 	loaded chan struct{} // closed when ready turns true
 	// regions maps store values to this region's IDs (Settings.Regions).
-	regions Regions
+	regions tagmodel.Regions
 	// verify is Settings.Verify; verified is set once it returned nil.
 	verify   func(ctx context.Context) error
 	verified atomic.Bool
@@ -198,6 +195,8 @@ type Allocator struct {
 	// tags maps tag names to the buffers of the tags in use.
 	tags *tagMap
 
+	// Lock order: refreshMu, then tags.mu (a tagMap's), then mu; no other
+	// lock is taken while a buffer's mu is held.
 	refreshMu sync.Mutex // serializes Refresh; protects cursor
 	cursor    int64      // ChangeLister cursor of the last refresh
 
@@ -250,8 +249,8 @@ func New(s Settings) (*Allocator, error) {
 	if s.MaxStep == 0 {
 		s.MaxStep = 1_000_000
 	}
-	if s.MaxStep < 1 || s.MaxStep > MaxStepLimit {
-		return nil, fmt.Errorf("%w: MaxStep %d: want 1..%d", ErrInvalidStep, s.MaxStep, MaxStepLimit)
+	if s.MaxStep < 1 || s.MaxStep > tagmodel.MaxStepLimit {
+		return nil, fmt.Errorf("%w: MaxStep %d: want 1..%d", tagmodel.ErrInvalidStep, s.MaxStep, tagmodel.MaxStepLimit)
 	}
 	if s.MaxDepth == 0 {
 		s.MaxDepth = DefaultMaxDepth
@@ -259,10 +258,10 @@ func New(s Settings) (*Allocator, error) {
 	if s.MaxDepth < 1 || s.MaxDepth > MaxDepthLimit {
 		return nil, fmt.Errorf("segment: MaxDepth %d: want 1..%d", s.MaxDepth, MaxDepthLimit)
 	}
-	if s.AutoCreateStep < 0 || s.AutoCreateStep > MaxStepLimit {
-		return nil, fmt.Errorf("%w: AutoCreateStep %d: want 0..%d", ErrInvalidStep, s.AutoCreateStep, MaxStepLimit)
+	if s.AutoCreateStep < 0 || s.AutoCreateStep > tagmodel.MaxStepLimit {
+		return nil, fmt.Errorf("%w: AutoCreateStep %d: want 0..%d", tagmodel.ErrInvalidStep, s.AutoCreateStep, tagmodel.MaxStepLimit)
 	}
-	if _, ok := s.Store.(Admin); s.AutoCreateStep > 0 && !ok {
+	if _, ok := s.Store.(tagmodel.Admin); s.AutoCreateStep > 0 && !ok {
 		return nil, errors.New("segment: AutoCreateStep needs a Store that implements Admin")
 	}
 	if err := s.Regions.Check(); err != nil {
@@ -532,7 +531,7 @@ func (a *Allocator) takeSlow(ctx context.Context, tag string, n int, dst []Run, 
 // learns its Numbering here if it asked for one. A period name is served
 // from its own buffer without asking the store about it.
 func (a *Allocator) takeSlowFor(ctx context.Context, tag string, n int, dst []Run, deadline time.Time, owned bool, p *Pending) ([]Run, error) {
-	if err := CheckName(tag); err != nil {
+	if err := tagmodel.CheckName(tag); err != nil {
 		return dst, err
 	}
 	b, err := a.buffer(ctx, tag, deadline)
@@ -563,10 +562,10 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 	if b := a.tags.get(tag); b != nil {
 		return b, nil
 	}
-	if !ValidTag(tag) {
+	if !tagmodel.ValidTag(tag) {
 		// A period name (takeSlowFor checked it): its first fetch creates
 		// the period's row or finds it, and fails if the tag is gone.
-		return a.addTag(Tag{Name: tag}, nil), nil
+		return a.addTag(tagmodel.Tag{Name: tag}, nil), nil
 	}
 	a.mu.Lock()
 	closed := a.closed
@@ -576,7 +575,7 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 		return nil, ErrClosed
 	}
 	if neg && a.now().Before(exp) {
-		return nil, fmt.Errorf("%w %q", ErrUnknownTag, tag)
+		return nil, fmt.Errorf("%w %q", tagmodel.ErrUnknownTag, tag)
 	}
 	ch := a.lookup.DoChan(tag, func() (any, error) {
 		lctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
@@ -588,10 +587,10 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 			return nil, fmt.Errorf("%w: looking up tag %q: too many lookups at once", ErrUnavailable, tag)
 		}
 		t, err := a.store.Tag(lctx, tag)
-		if errors.Is(err, ErrUnknownTag) && a.autoCreateStep > 0 {
+		if errors.Is(err, tagmodel.ErrUnknownTag) && a.autoCreateStep > 0 {
 			err = a.autoCreate(lctx, tag)
 		}
-		if errors.Is(err, ErrUnknownTag) {
+		if errors.Is(err, tagmodel.ErrUnknownTag) {
 			a.mu.Lock()
 			if len(a.negative) >= negativeCacheMax {
 				for old := range a.negative { // an arbitrary one
@@ -601,7 +600,7 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 			}
 			a.negative[tag] = a.now().Add(a.negativeTTL)
 			a.mu.Unlock()
-			return nil, fmt.Errorf("%w %q", ErrUnknownTag, tag)
+			return nil, fmt.Errorf("%w %q", tagmodel.ErrUnknownTag, tag)
 		}
 		if err != nil {
 			if a.ctx.Err() != nil {
@@ -643,16 +642,16 @@ func (a *Allocator) autoCreate(ctx context.Context, tag string) error {
 			a.log.Warn("segment: not creating tags on first use any more: this worker created the most it may (--auto-create-max); create them with the admin commands",
 				"tag", tag, "max", a.autoCreateMax)
 		}
-		return fmt.Errorf("%w %q", ErrUnknownTag, tag)
+		return fmt.Errorf("%w %q", tagmodel.ErrUnknownTag, tag)
 	}
-	err := a.store.(Admin).CreateTag(ctx, Tag{Name: tag, Step: a.autoCreateStep, MaxID: 1, Description: "created on first use"})
+	err := a.store.(tagmodel.Admin).CreateTag(ctx, tagmodel.Tag{Name: tag, Step: a.autoCreateStep, MaxID: 1, Description: "created on first use"})
 	if err != nil && bounded {
 		a.autoCreated.Add(-1) // counts only the tags this allocator created
 	}
 	switch {
 	case err == nil:
 		a.log.Info("segment: created tag on first use", "tag", tag, "step", a.autoCreateStep)
-	case errors.Is(err, ErrTagExists):
+	case errors.Is(err, tagmodel.ErrTagExists):
 		return nil // another worker created it first
 	}
 	return err
@@ -662,7 +661,7 @@ func (a *Allocator) autoCreate(ctx context.Context, tag string) error {
 // and records whether the tag is ordered. A new buffer is marked before it
 // is in the map: a request that finds it never takes an ordered tag for a
 // plain one.
-func (a *Allocator) addTag(t Tag, spec *tagSpec) *buffer {
+func (a *Allocator) addTag(t tagmodel.Tag, spec *tagSpec) *buffer {
 	tag, ordered := t.Name, t.Ordered
 	b, added := a.tags.add(tag, func() *buffer {
 		b := newBuffer(a, tag)
@@ -705,7 +704,7 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 			return dst, ErrClosed
 		}
 		if removed {
-			return dst, fmt.Errorf("%w %q", ErrUnknownTag, b.tag)
+			return dst, fmt.Errorf("%w %q", tagmodel.ErrUnknownTag, b.tag)
 		}
 		if !owned && b.ordered.Load() {
 			// Turned ordered while the request waited: its owner
@@ -727,7 +726,7 @@ func (a *Allocator) wait(ctx context.Context, b *buffer, n int, dst []Run, deadl
 		}
 		if exhausted {
 			// The buffers are spent and the store has no more: final.
-			return dst, fmt.Errorf("%w %q: its next segment would pass 2^63-1", ErrExhausted, b.tag)
+			return dst, fmt.Errorf("%w %q: its next segment would pass 2^63-1", tagmodel.ErrExhausted, b.tag)
 		}
 		if wake == nil {
 			// Make the channel only now, and try again with it taken:
@@ -765,7 +764,7 @@ func (a *Allocator) refreshLoop() {
 	var pruned time.Time
 	for {
 		next := a.refreshInterval
-		if pp, ok := a.store.(PeriodPruner); ok && time.Since(pruned) >= pruneInterval {
+		if pp, ok := a.store.(tagmodel.PeriodPruner); ok && time.Since(pruned) >= pruneInterval {
 			pruned = time.Now()
 			ctx, cancel := context.WithTimeout(a.ctx, a.fetchTimeout)
 			if n, err := pp.PrunePeriods(ctx); err != nil && a.ctx.Err() == nil {
@@ -805,7 +804,7 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 	defer cancel()
 	a.refreshMu.Lock()
 	defer a.refreshMu.Unlock()
-	cl, ok := a.store.(ChangeLister)
+	cl, ok := a.store.(tagmodel.ChangeLister)
 	if ok {
 		changes, next, err := cl.Changes(ctx, a.cursor)
 		switch {
@@ -852,7 +851,7 @@ func (a *Allocator) Refresh(ctx context.Context) error {
 }
 
 // apply applies one change from a ChangeLister.
-func (a *Allocator) apply(c TagChange) {
+func (a *Allocator) apply(c tagmodel.Change) {
 	b := a.tags.get(c.Tag.Name)
 	if c.Deleted {
 		a.orderedSince(c.Tag.Name, false, time.Time{})
@@ -1056,7 +1055,7 @@ const WarmMax = 256
 // warm loads tag's buffer and waits for its first segment; it reports
 // whether the tag has one.
 func (a *Allocator) warm(ctx context.Context, tag string) bool {
-	if !ValidTag(tag) {
+	if !tagmodel.ValidTag(tag) {
 		return false
 	}
 	deadline := a.now().Add(a.fetchTimeout)
@@ -1095,4 +1094,15 @@ func (a *Allocator) warm(ctx context.Context, tag string) bool {
 			return false
 		}
 	}
+}
+
+// fetch fetches from the store once Settings.Verify has passed.
+func (a *Allocator) fetch(ctx context.Context, tag string, size int64) (tagmodel.Allocation, error) {
+	if a.verify != nil && !a.verified.Load() {
+		if err := a.verify(ctx); err != nil {
+			return tagmodel.Allocation{}, err
+		}
+		a.verified.Store(true)
+	}
+	return a.store.Fetch(ctx, tag, size)
 }

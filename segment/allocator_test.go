@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"log/slog"
 	"math"
 	"slices"
@@ -17,7 +18,7 @@ import (
 // failed and counted.
 type memStore struct {
 	mu       sync.Mutex // protects the fields below
-	tags     map[string]*Tag
+	tags     map[string]*tagmodel.Tag
 	fetches  []fetchCall
 	inFlight map[string]int
 	maxIn    int // most concurrent fetches of one tag seen
@@ -38,16 +39,16 @@ type fetchCall struct {
 	step int64
 }
 
-func newMemStore(tb testing.TB, tags ...Tag) *memStore {
+func newMemStore(tb testing.TB, tags ...tagmodel.Tag) *memStore {
 	tb.Helper()
-	s := &memStore{tags: map[string]*Tag{}, inFlight: map[string]int{}}
+	s := &memStore{tags: map[string]*tagmodel.Tag{}, inFlight: map[string]int{}}
 	for _, t := range tags {
 		s.tags[t.Name] = &t
 	}
 	return s
 }
 
-func (s *memStore) Fetch(ctx context.Context, tag string, step int64) (Allocation, error) {
+func (s *memStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	s.mu.Lock()
 	s.inFlight[tag]++
 	s.maxIn = max(s.maxIn, s.inFlight[tag])
@@ -63,41 +64,41 @@ func (s *memStore) Fetch(ctx context.Context, tag string, step int64) (Allocatio
 		select {
 		case <-gate:
 		case <-ctx.Done():
-			return Allocation{}, ctx.Err()
+			return tagmodel.Allocation{}, ctx.Err()
 		}
 	}
 	if fail != nil {
-		return Allocation{}, fail
+		return tagmodel.Allocation{}, fail
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.tags[tag]
-	if parent, key, ok := SplitPeriodName(tag); ok && t == nil {
+	if parent, key, ok := tagmodel.SplitPeriodName(tag); ok && t == nil {
 		// A period's first fetch creates its row from its tag's start
 		// and step (the Store contract).
 		p := s.tags[parent]
 		if p == nil {
-			return Allocation{}, fmt.Errorf("mem: %w", ErrUnknownTag)
+			return tagmodel.Allocation{}, fmt.Errorf("mem: %w", tagmodel.ErrUnknownTag)
 		}
-		if p.Reset == ResetNone || len(key) != p.Reset.keyLen() {
-			return Allocation{}, fmt.Errorf("mem: %w: %q is no period of %q", ErrInvalidArgument, key, parent)
+		if p.Reset == tagmodel.ResetNone || len(key) != p.Reset.KeyLen() {
+			return tagmodel.Allocation{}, fmt.Errorf("mem: %w: %q is no period of %q", tagmodel.ErrInvalidArgument, key, parent)
 		}
-		t = &Tag{Name: tag, MaxID: p.MaxID, Step: p.Step}
+		t = &tagmodel.Tag{Name: tag, MaxID: p.MaxID, Step: p.Step}
 		s.tags[tag] = t
 	}
 	if t == nil {
-		return Allocation{}, fmt.Errorf("mem: %w", ErrUnknownTag)
+		return tagmodel.Allocation{}, fmt.Errorf("mem: %w", tagmodel.ErrUnknownTag)
 	}
-	if t.Reset != ResetNone {
-		return Allocation{}, fmt.Errorf("mem: %w: %q has a reset period: its periods are fetched, not it", ErrInvalidArgument, tag)
+	if t.Reset != tagmodel.ResetNone {
+		return tagmodel.Allocation{}, fmt.Errorf("mem: %w: %q has a reset period: its periods are fetched, not it", tagmodel.ErrInvalidArgument, tag)
 	}
 	if step <= 0 {
 		step = t.Step
 	}
 	if t.MaxID > math.MaxInt64-step {
-		return Allocation{}, fmt.Errorf("mem: %w", ErrExhausted)
+		return tagmodel.Allocation{}, fmt.Errorf("mem: %w", tagmodel.ErrExhausted)
 	}
-	a := Allocation{Start: t.MaxID, End: t.MaxID + step, TagStep: t.Step}
+	a := tagmodel.Allocation{Start: t.MaxID, End: t.MaxID + step, TagStep: t.Step}
 	t.MaxID += step
 	return a, nil
 }
@@ -110,7 +111,7 @@ func (s *memStore) Tags(ctx context.Context) ([]string, error) {
 	}
 	var names []string
 	for n := range s.tags {
-		if ValidTag(n) { // not a period's row
+		if tagmodel.ValidTag(n) { // not a period's row
 			names = append(names, n)
 		}
 	}
@@ -124,7 +125,7 @@ func (s *memStore) Tags(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-func (s *memStore) Tag(ctx context.Context, name string) (Tag, error) {
+func (s *memStore) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
 	s.mu.Lock()
 	if f := s.onTag; f != nil {
 		s.mu.Unlock()
@@ -134,11 +135,11 @@ func (s *memStore) Tag(ctx context.Context, name string) (Tag, error) {
 	defer s.mu.Unlock()
 	s.lookups++
 	if s.fail != nil {
-		return Tag{}, s.fail
+		return tagmodel.Tag{}, s.fail
 	}
 	t := s.tags[name]
 	if t == nil {
-		return Tag{}, fmt.Errorf("mem: %w", ErrUnknownTag)
+		return tagmodel.Tag{}, fmt.Errorf("mem: %w", tagmodel.ErrUnknownTag)
 	}
 	return *t, nil
 }
@@ -225,6 +226,9 @@ func expand(runs []Run) []int64 {
 	return ids
 }
 
+// ptr returns a pointer to a copy of v.
+func ptr[T any](v T) *T { return &v }
+
 // eventually polls cond until it holds, failing after 10 s.
 func eventually(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
@@ -246,7 +250,7 @@ func seq(from, n int64) []int64 {
 }
 
 func TestTakeSequentialAndSwitch(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 10})
 	// MaxDepth 1: one step per fetch, however fast the IDs go.
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxDepth: 1})
 	var got []int64
@@ -262,7 +266,7 @@ func TestTakeSequentialAndSwitch(t *testing.T) {
 }
 
 func TestPrefetchAtThreshold(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 100})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 100})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 100, PrefetchRatio: 0.5})
 	take(t, a, "a", 1) // first fetch
 	take(t, a, "a", 49)
@@ -287,7 +291,7 @@ func TestPrefetchAtThreshold(t *testing.T) {
 }
 
 func TestBatchAcrossBoundary(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10}, Tag{Name: "b", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10}, tagmodel.Tag{Name: "b", MaxID: 1, Step: 10})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10, PrefetchRatio: 0.5})
 	take(t, a, "a", 1) // fetches 1..10; half of it not yet used: no prefetch
 	// Another worker fetches 11..20, so a's next segment is not contiguous.
@@ -314,7 +318,7 @@ func TestBatchAcrossBoundary(t *testing.T) {
 }
 
 func TestSingleLoaderAndUniqueness(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 50}, Tag{Name: "b", MaxID: 1, Step: 7})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 50}, tagmodel.Tag{Name: "b", MaxID: 1, Step: 7})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 200, MaxWait: 5 * time.Second})
 	const workers, per = 16, 2000
 	var mu sync.Mutex
@@ -364,7 +368,7 @@ func TestSingleLoaderAndUniqueness(t *testing.T) {
 }
 
 func TestWaitThenUnavailable(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})
 	gate := make(chan struct{})
 	st.set(func(s *memStore) { s.gate = gate })
 	a := newAllocator(t, Settings{Store: st, MaxWait: 20 * time.Millisecond})
@@ -387,7 +391,7 @@ func TestWaitThenUnavailable(t *testing.T) {
 }
 
 func TestFailedFetchNeverReady(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})
 	// PrefetchRatio 1: the next segment is fetched only once this one is spent.
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10, PrefetchRatio: 1, MaxWait: 20 * time.Millisecond, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond})
 	take(t, a, "a", 10)
@@ -412,7 +416,7 @@ func TestFailedFetchNeverReady(t *testing.T) {
 // A batch that cannot be had while the store is down must not drain the
 // buffer that keeps serving smaller requests.
 func TestFailedBatchKeepsTheBuffer(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 100})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 100})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 100, PrefetchRatio: 1, MaxWait: 20 * time.Millisecond, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond})
 	take(t, a, "a", 10)
 	st.set(func(s *memStore) { s.fail = errors.New("database is down") })
@@ -433,7 +437,7 @@ func TestDynamicStep(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 100})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 100})
 	a := newAllocator(t, Settings{Store: st, Now: clock, MaxStep: 800, PrefetchRatio: 1})
 	spend := func() {
 		t.Helper()
@@ -474,7 +478,7 @@ func TestUnknownTagNegativeCache(t *testing.T) {
 	a := newAllocator(t, Settings{Store: st, Now: clock, NegativeTTL: time.Second})
 	eventually(t, "tag list", a.Ready)
 	for range 10 {
-		if _, err := a.Take(context.Background(), "nope", 1, nil); !errors.Is(err, ErrUnknownTag) {
+		if _, err := a.Take(context.Background(), "nope", 1, nil); !errors.Is(err, tagmodel.ErrUnknownTag) {
 			t.Fatalf("err = %v, want ErrUnknownTag", err)
 		}
 	}
@@ -482,13 +486,13 @@ func TestUnknownTagNegativeCache(t *testing.T) {
 		t.Fatalf("lookups = %d, want 1 (the rest from the negative cache)", n)
 	}
 	// A tag created after start-up works at once...
-	st.set(func(s *memStore) { s.tags["fresh"] = &Tag{Name: "fresh", MaxID: 1, Step: 10} })
+	st.set(func(s *memStore) { s.tags["fresh"] = &tagmodel.Tag{Name: "fresh", MaxID: 1, Step: 10} })
 	if got := take(t, a, "fresh", 1); got[0] != 1 {
 		t.Fatalf("new tag: got %v, want [1]", got)
 	}
 	// ...and an unknown one is asked about again once the cache entry expired.
-	st.set(func(s *memStore) { s.tags["nope"] = &Tag{Name: "nope", MaxID: 5, Step: 10} })
-	if _, err := a.Take(context.Background(), "nope", 1, nil); !errors.Is(err, ErrUnknownTag) {
+	st.set(func(s *memStore) { s.tags["nope"] = &tagmodel.Tag{Name: "nope", MaxID: 5, Step: 10} })
+	if _, err := a.Take(context.Background(), "nope", 1, nil); !errors.Is(err, tagmodel.ErrUnknownTag) {
 		t.Fatalf("within the TTL: err = %v, want ErrUnknownTag", err)
 	}
 	mu.Lock()
@@ -500,14 +504,14 @@ func TestUnknownTagNegativeCache(t *testing.T) {
 }
 
 func TestRemovedTagStopsBeingServed(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10}, Tag{Name: "b", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10}, tagmodel.Tag{Name: "b", MaxID: 1, Step: 10})
 	a := newAllocator(t, Settings{Store: st})
 	take(t, a, "a", 1)
 	st.set(func(s *memStore) { delete(s.tags, "a") })
 	if err := a.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Take(context.Background(), "a", 1, nil); !errors.Is(err, ErrUnknownTag) {
+	if _, err := a.Take(context.Background(), "a", 1, nil); !errors.Is(err, tagmodel.ErrUnknownTag) {
 		t.Fatalf("err = %v, want ErrUnknownTag", err)
 	}
 	if got := take(t, a, "b", 1); got[0] != 1 {
@@ -516,7 +520,7 @@ func TestRemovedTagStopsBeingServed(t *testing.T) {
 }
 
 func TestRefreshKeepsTagsLearnedMeanwhile(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})
 	a := newAllocator(t, Settings{Store: st})
 	eventually(t, "tag list", a.Ready)
 	gate, listed := make(chan struct{}), make(chan struct{})
@@ -525,7 +529,7 @@ func TestRefreshKeepsTagsLearnedMeanwhile(t *testing.T) {
 	go func() { done <- a.Refresh(context.Background()) }()
 	<-listed // Refresh holds a listing without b
 	// A tag created after the listing is looked up and served...
-	st.set(func(s *memStore) { s.tags["b"] = &Tag{Name: "b", MaxID: 1, Step: 10} })
+	st.set(func(s *memStore) { s.tags["b"] = &tagmodel.Tag{Name: "b", MaxID: 1, Step: 10} })
 	take(t, a, "b", 1)
 	close(gate)
 	if err := <-done; err != nil {
@@ -538,7 +542,7 @@ func TestRefreshKeepsTagsLearnedMeanwhile(t *testing.T) {
 }
 
 func TestBadInputChangesNothing(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})
 	a := newAllocator(t, Settings{Store: st})
 	eventually(t, "tag list", a.Ready)
 	tests := []struct {
@@ -549,11 +553,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}{
 		{"zero count", "a", 0, ErrInvalidCount},
 		{"negative count", "a", -3, ErrInvalidCount},
-		{"empty tag", "", 1, ErrInvalidTag},
-		{"dot in tag", "a.b", 1, ErrInvalidTag},
-		{"wildcard", "*", 1, ErrInvalidTag},
-		{"sql", "a';drop table leaf_alloc;--", 1, ErrInvalidTag},
-		{"too long", string(make([]byte, 129)), 1, ErrInvalidTag},
+		{"empty tag", "", 1, tagmodel.ErrInvalidTag},
+		{"dot in tag", "a.b", 1, tagmodel.ErrInvalidTag},
+		{"wildcard", "*", 1, tagmodel.ErrInvalidTag},
+		{"sql", "a';drop table leaf_alloc;--", 1, tagmodel.ErrInvalidTag},
+		{"too long", string(make([]byte, 129)), 1, tagmodel.ErrInvalidTag},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -571,7 +575,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 }
 
 func TestSlowTagDoesNotDelayOthers(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "slow", MaxID: 1, Step: 10}, Tag{Name: "fast", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "slow", MaxID: 1, Step: 10}, tagmodel.Tag{Name: "fast", MaxID: 1, Step: 10})
 	a := newAllocator(t, Settings{Store: st, MaxWait: time.Minute})
 	take(t, a, "fast", 1)
 	gate := make(chan struct{})
@@ -613,7 +617,7 @@ func TestCloseGivesBack(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
+			st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})
 			a, err := New(Settings{Store: st, PrefetchRatio: 1})
 			if err != nil {
 				t.Fatal(err)
@@ -645,7 +649,7 @@ func TestCloseGivesBack(t *testing.T) {
 // times over one store: no ID twice across the restarts, and every Close
 // gives back exactly what was not handed out.
 func TestCloseUnderLoadNeverDuplicates(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 20})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 20})
 	var mu sync.Mutex // protects all
 	all := map[int64]bool{}
 	for round := range 5 {
@@ -734,7 +738,7 @@ func TestNewRejectsBadSettings(t *testing.T) {
 }
 
 func BenchmarkTakeOne(b *testing.B) {
-	st := newMemStore(b, Tag{Name: "orders", MaxID: 1, Step: 1_000_000})
+	st := newMemStore(b, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 1_000_000})
 	a := newAllocator(b, Settings{Store: st})
 	take(b, a, "orders", 1)
 	ctx := context.Background()
@@ -749,7 +753,7 @@ func BenchmarkTakeOne(b *testing.B) {
 }
 
 func BenchmarkTakeNow(b *testing.B) {
-	st := newMemStore(b, Tag{Name: "orders", MaxID: 1, Step: 1_000_000})
+	st := newMemStore(b, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 1_000_000})
 	a := newAllocator(b, Settings{Store: st})
 	take(b, a, "orders", 1)
 	var runs [2]Run
@@ -762,7 +766,7 @@ func BenchmarkTakeNow(b *testing.B) {
 }
 
 func BenchmarkTakeOneParallel(b *testing.B) {
-	st := newMemStore(b, Tag{Name: "orders", MaxID: 1, Step: 1_000_000})
+	st := newMemStore(b, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 1_000_000})
 	a := newAllocator(b, Settings{Store: st})
 	take(b, a, "orders", 1)
 	ctx := context.Background()
@@ -781,17 +785,17 @@ func BenchmarkTakeOneParallel(b *testing.B) {
 // adminStore is a memStore that can create tags.
 type adminStore struct{ *memStore }
 
-func (s adminStore) CreateTag(ctx context.Context, t Tag) error {
+func (s adminStore) CreateTag(ctx context.Context, t tagmodel.Tag) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.tags[t.Name] != nil {
-		return ErrTagExists
+		return tagmodel.ErrTagExists
 	}
 	s.tags[t.Name] = &t
 	return nil
 }
 
-func (s adminStore) UpdateTag(ctx context.Context, name string, u TagUpdate) error {
+func (s adminStore) UpdateTag(ctx context.Context, name string, u tagmodel.Update) error {
 	return errors.New("not used")
 }
 
@@ -807,7 +811,7 @@ func TestAutoCreateTags(t *testing.T) {
 	if got := st.maxID("fresh"); got != 11 {
 		t.Fatalf("max_id = %d, want 11 (one segment of the auto-create step)", got)
 	}
-	if _, err := a.Take(context.Background(), "bad.tag", 1, nil); !errors.Is(err, ErrInvalidTag) {
+	if _, err := a.Take(context.Background(), "bad.tag", 1, nil); !errors.Is(err, tagmodel.ErrInvalidTag) {
 		t.Fatalf("invalid tag: err = %v, want ErrInvalidTag", err)
 	}
 }
@@ -816,8 +820,8 @@ func TestAutoCreateTags(t *testing.T) {
 // look up, so that the first request of each is served from memory; it
 // skips unknown and ordered tags, and gives up when its context ends.
 func TestWarm(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", Step: 10, MaxID: 1}, Tag{Name: "b", Step: 10, MaxID: 1},
-		Tag{Name: "o", Step: 10, MaxID: 1, Ordered: true}, Tag{Name: "stuck", Step: 10, MaxID: 1})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", Step: 10, MaxID: 1}, tagmodel.Tag{Name: "b", Step: 10, MaxID: 1},
+		tagmodel.Tag{Name: "o", Step: 10, MaxID: 1, Ordered: true}, tagmodel.Tag{Name: "stuck", Step: 10, MaxID: 1})
 	a := newAllocator(t, Settings{Store: st})
 	gate := make(chan struct{})
 	st.set(func(s *memStore) { s.gate = gate })

@@ -2,6 +2,7 @@ package segment
 
 import (
 	"context"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"strings"
 	"testing"
 )
@@ -10,7 +11,7 @@ import (
 // request subject, as the NATS handler has it: a string of its own, not
 // the map key.
 func BenchmarkTakeOneSubject(b *testing.B) {
-	st := newMemStore(b, Tag{Name: "orders", MaxID: 1, Step: 1_000_000})
+	st := newMemStore(b, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 1_000_000})
 	a := newAllocator(b, Settings{Store: st})
 	take(b, a, "orders", 1)
 	subject := strings.Clone("id.segment.orders")

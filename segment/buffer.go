@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"math"
 	"strings"
 	"sync"
@@ -156,7 +157,7 @@ func (b *buffer) take(n int, dst []Run) ([]Run, int) {
 			}
 		}
 		if first, got := seg.takeUpTo(k); got > 0 {
-			dst = b.a.regions.appendRuns(dst, first, got)
+			dst = appendRegionRuns(b.a.regions, dst, first, got)
 			if first+got > seg.threshold {
 				b.prefetch()
 			}
@@ -235,10 +236,10 @@ func (b *buffer) load() {
 		if err == nil && (alloc.Start < 1 || alloc.End <= alloc.Start || alloc.TagStep < 1) {
 			err = fmt.Errorf("segment: store returned a bad allocation %+v for tag %q", alloc, b.tag)
 		}
-		if err == nil && alloc.End-1 > a.regions.maxValue() {
+		if err == nil && alloc.End-1 > a.regions.MaxValue() {
 			// Its IDs (value × regions + region) would pass 2^63-1; the
 			// segment is skipped.
-			err = fmt.Errorf("%w: segment %d..%d of tag %q, as IDs of %s", ErrExhausted, alloc.Start, alloc.End-1, b.tag, a.regions)
+			err = fmt.Errorf("%w: segment %d..%d of tag %q, as IDs of %s", tagmodel.ErrExhausted, alloc.Start, alloc.End-1, b.tag, a.regions)
 		}
 		if a.onFetch != nil {
 			a.onFetch(b.tag, latency, err)
@@ -247,7 +248,7 @@ func (b *buffer) load() {
 			b.publish(alloc, step, latency)
 			return
 		}
-		exhausted := errors.Is(err, ErrExhausted)
+		exhausted := errors.Is(err, tagmodel.ErrExhausted)
 		if exhausted && size > 0 {
 			// The dynamic step (or several steps) no longer fits below
 			// 2^63-1; the tag's own step may.
@@ -256,7 +257,7 @@ func (b *buffer) load() {
 			b.mu.Unlock()
 			continue
 		}
-		gone := errors.Is(err, ErrUnknownTag)
+		gone := errors.Is(err, tagmodel.ErrUnknownTag)
 		b.mu.Lock()
 		b.lastErr = err
 		b.lastLatency = latency
@@ -342,7 +343,7 @@ func (b *buffer) nextDepth(step int64, now time.Time) int64 {
 	if step <= 0 {
 		d = 1
 	}
-	d = max(min(d, b.a.maxDepth, MaxStepLimit/max(step, 1)), 1)
+	d = max(min(d, b.a.maxDepth, tagmodel.MaxStepLimit/max(step, 1)), 1)
 	b.depth = d
 	return d
 }
@@ -350,7 +351,7 @@ func (b *buffer) nextDepth(step int64, now time.Time) int64 {
 // publish makes a fetched allocation the next (or first) segment and wakes
 // the waiters. step is the step in force that the fetch asked for (0: the
 // tag's own step).
-func (b *buffer) publish(alloc Allocation, step int64, latency time.Duration) {
+func (b *buffer) publish(alloc tagmodel.Allocation, step int64, latency time.Duration) {
 	size := alloc.End - alloc.Start
 	seg := &segment{
 		start:     alloc.Start,
@@ -442,4 +443,18 @@ func (b *buffer) wakeAll() {
 		close(b.wake)
 		b.wake = nil
 	}
+}
+
+// appendRegionRuns appends the IDs of the store values first..first+n-1 to dst:
+// one run without regions, a run of one ID per value with them (the IDs of
+// a region are Count apart).
+func appendRegionRuns(r tagmodel.Regions, dst []Run, first, n int64) []Run {
+	if !r.Split() {
+		return append(dst, Run{First: first, Last: first + n - 1})
+	}
+	for v := first; v < first+n; v++ {
+		id := r.ID(v)
+		dst = append(dst, Run{First: id, Last: id})
+	}
+	return dst
 }

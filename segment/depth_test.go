@@ -2,6 +2,7 @@ package segment
 
 import (
 	"context"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"math"
 	"slices"
 	"sync"
@@ -32,7 +33,7 @@ func fetchSizes(st *memStore, tag string) []int64 {
 // the burst assertion fails; without the calm halving the last one does.
 func TestDepthFollowsBursts(t *testing.T) {
 	const step, maxDepth, burst = 10, 16, 40
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: step})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: step})
 	gate := make(chan struct{})
 	st.set(func(s *memStore) { s.gate = gate })
 	var mu sync.Mutex
@@ -147,7 +148,7 @@ func TestDepthFollowsBursts(t *testing.T) {
 func TestDepthAtTheEndOfTheRange(t *testing.T) {
 	const step = 10
 	start := int64(math.MaxInt64 - 95)
-	st := newMemStore(t, Tag{Name: "edge", MaxID: start, Step: step})
+	st := newMemStore(t, tagmodel.Tag{Name: "edge", MaxID: start, Step: step})
 	a := newAllocator(t, Settings{Store: st, MaxStep: step, MaxDepth: 64, MaxWait: time.Minute})
 	var mu sync.Mutex
 	seen := map[int64]bool{}

@@ -3,6 +3,7 @@ package segment
 import (
 	"context"
 	"errors"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"log/slog"
 	"math"
 	"sync"
@@ -16,7 +17,7 @@ import (
 // again, while other tags go on.
 func TestExhaustedTagAtMaxInt64(t *testing.T) {
 	const start = math.MaxInt64 - 250
-	st := newMemStore(t, Tag{Name: "edge", MaxID: start, Step: 100}, Tag{Name: "other", MaxID: 1, Step: 100})
+	st := newMemStore(t, tagmodel.Tag{Name: "edge", MaxID: start, Step: 100}, tagmodel.Tag{Name: "other", MaxID: 1, Step: 100})
 	a := newAllocator(t, Settings{Store: st})
 	seen := map[int64]bool{}
 	var err error
@@ -36,7 +37,7 @@ func TestExhaustedTagAtMaxInt64(t *testing.T) {
 			seen[id] = true
 		}
 	}
-	if !errors.Is(err, ErrExhausted) {
+	if !errors.Is(err, tagmodel.ErrExhausted) {
 		t.Fatalf("after %d IDs: err = %v, want ErrExhausted", len(seen), err)
 	}
 	// Two segments of the tag's own step fit below 2^63-1; the dynamic
@@ -46,10 +47,10 @@ func TestExhaustedTagAtMaxInt64(t *testing.T) {
 	}
 	fetches := st.fetchCount("edge")
 	for range 100 {
-		if _, err := a.Take(context.Background(), "edge", 1, nil); !errors.Is(err, ErrExhausted) {
+		if _, err := a.Take(context.Background(), "edge", 1, nil); !errors.Is(err, tagmodel.ErrExhausted) {
 			t.Fatalf("again: err = %v, want ErrExhausted", err)
 		}
-		if _, err := a.Take(context.Background(), "edge", 7, nil); !errors.Is(err, ErrExhausted) {
+		if _, err := a.Take(context.Background(), "edge", 7, nil); !errors.Is(err, tagmodel.ErrExhausted) {
 			t.Fatalf("batch: err = %v, want ErrExhausted", err)
 		}
 	}
@@ -71,7 +72,7 @@ func TestExhaustedTagAtMaxInt64(t *testing.T) {
 // 2^63-1: runs end exactly where the store's allocations end.
 func TestBatchesNearMaxInt64(t *testing.T) {
 	const start = math.MaxInt64 - 300
-	st := newMemStore(t, Tag{Name: "edge", MaxID: start, Step: 100})
+	st := newMemStore(t, tagmodel.Tag{Name: "edge", MaxID: start, Step: 100})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 100})
 	var got []int64
 	var err error
@@ -88,7 +89,7 @@ func TestBatchesNearMaxInt64(t *testing.T) {
 		}
 		got = append(got, expand(runs)...)
 	}
-	if !errors.Is(err, ErrExhausted) {
+	if !errors.Is(err, tagmodel.ErrExhausted) {
 		t.Fatalf("err = %v, want ErrExhausted", err)
 	}
 	for i, id := range got {
@@ -108,7 +109,7 @@ func TestBatchesNearMaxInt64(t *testing.T) {
 // MaxInt64/2 in the cursor, which is an ID below such a segment).
 func TestCloseFreezesHighIDs(t *testing.T) {
 	const start = 1<<62 + 5
-	st := newMemStore(t, Tag{Name: "high", MaxID: start, Step: 1000})
+	st := newMemStore(t, tagmodel.Tag{Name: "high", MaxID: start, Step: 1000})
 	a, err := New(Settings{Store: st, Logger: discard})
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +220,7 @@ func TestOneDeadlineForLookupAndWait(t *testing.T) {
 			// A tag created after the list loaded is looked up, and the
 			// lookup uses up the whole wait (by the allocator's clock).
 			st.set(func(s *memStore) {
-				s.tags["slow"] = &Tag{Name: "slow", MaxID: 1, Step: 10}
+				s.tags["slow"] = &tagmodel.Tag{Name: "slow", MaxID: 1, Step: 10}
 				s.onTag = func() { mu.Lock(); now = now.Add(maxWait + time.Millisecond); mu.Unlock() }
 			})
 			done := make(chan error, 1)
@@ -253,7 +254,7 @@ func TestRemovedTagMidBatch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})
+			st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})
 			ratio := 1.0
 			if tt.nextReady {
 				ratio = 0.05
@@ -265,7 +266,7 @@ func TestRemovedTagMidBatch(t *testing.T) {
 			}
 			st.set(func(s *memStore) { delete(s.tags, "a") })
 			runs, err := a.Take(context.Background(), "a", 25, nil)
-			if !errors.Is(err, ErrUnknownTag) {
+			if !errors.Is(err, tagmodel.ErrUnknownTag) {
 				t.Fatalf("err = %v, want ErrUnknownTag", err)
 			}
 			var taken int64
@@ -277,7 +278,7 @@ func TestRemovedTagMidBatch(t *testing.T) {
 			}
 			// The tag comes back where the store left it.
 			maxID := 1 + 10*int64(st.fetchCount("a")-1) // the failed fetch allocated nothing
-			st.set(func(s *memStore) { s.tags["a"] = &Tag{Name: "a", MaxID: maxID, Step: 10} })
+			st.set(func(s *memStore) { s.tags["a"] = &tagmodel.Tag{Name: "a", MaxID: maxID, Step: 10} })
 			eventually(t, "the tag to be dropped", func() bool { return !a.Known("a") })
 			got := take(t, a, "a", 5)
 			last := runs

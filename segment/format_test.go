@@ -3,6 +3,7 @@ package segment
 import (
 	"context"
 	"errors"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"os"
 	"regexp"
 	"strings"
@@ -20,45 +21,45 @@ func TestParseFormatProvesDates(t *testing.T) {
 	tests := []struct {
 		name     string
 		template string
-		reset    Reset
+		reset    tagmodel.Reset
 		wantErr  error  // nil: accepted
 		wantMsg  string // in the error
 	}{
-		{name: "YYYYMMDD", template: "ORD-{date:20060102}-{seq:6}", reset: ResetDay},
-		{name: "day of the year", template: "ORD-{date:2006002}-{seq:6}", reset: ResetDay},
-		{name: "month name", template: "INV-{date:Jan2006}-{seq:5}", reset: ResetMonth},
-		{name: "month name in a daily date", template: "{date:02Jan2006}{seq}", reset: ResetDay},
-		{name: "weekday beside year, month and day", template: "{date:2006-01-02-Mon}-{seq}", reset: ResetDay},
-		{name: "year", template: "Y{date:2006}-{seq}", reset: ResetYear},
-		{name: "underscore before the year is a literal", template: "Y{date:_2006}-{seq}", reset: ResetYear},
-		{name: "month of a monthly tag", template: "M{date:200601}{seq}", reset: ResetMonth},
-		{name: "a daily date on a monthly tag", template: "M{date:20060102}{seq}", reset: ResetMonth},
+		{name: "YYYYMMDD", template: "ORD-{date:20060102}-{seq:6}", reset: tagmodel.ResetDay},
+		{name: "day of the year", template: "ORD-{date:2006002}-{seq:6}", reset: tagmodel.ResetDay},
+		{name: "month name", template: "INV-{date:Jan2006}-{seq:5}", reset: tagmodel.ResetMonth},
+		{name: "month name in a daily date", template: "{date:02Jan2006}{seq}", reset: tagmodel.ResetDay},
+		{name: "weekday beside year, month and day", template: "{date:2006-01-02-Mon}-{seq}", reset: tagmodel.ResetDay},
+		{name: "year", template: "Y{date:2006}-{seq}", reset: tagmodel.ResetYear},
+		{name: "underscore before the year is a literal", template: "Y{date:_2006}-{seq}", reset: tagmodel.ResetYear},
+		{name: "month of a monthly tag", template: "M{date:200601}{seq}", reset: tagmodel.ResetMonth},
+		{name: "a daily date on a monthly tag", template: "M{date:20060102}{seq}", reset: tagmodel.ResetMonth},
 
-		{name: "weekday instead of year (issue 34)", template: "ORD-{date:Mon0102}-{seq:4}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
-		{name: "no year", template: "{date:0102}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
-		{name: "month name without year", template: "{date:Jan}{seq}", reset: ResetMonth, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
-		{name: "no day on a daily tag", template: "{date:200601}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
-		{name: "no month on a monthly tag", template: "{date:2006}{seq}", reset: ResetMonth, wantErr: ErrInvalidArgument, wantMsg: "for all time"},
-		{name: "two-digit year", template: "{date:060102}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "two-digit year"},
-		{name: "two-digit year and weekday (unique in a 400-year cycle only)", template: "{date:Mon060102}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "two-digit year"},
-		{name: "two-digit year on a yearly tag", template: "{date:06}{seq}", reset: ResetYear, wantErr: ErrInvalidArgument, wantMsg: "two-digit year"},
-		{name: "day padded with a space (issue 34)", template: "ORD-{date:2006-01-_2}-{seq:4}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "space"},
-		{name: "day of the year padded with spaces", template: "{date:2006__2}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "space"},
-		{name: "unpadded month and day", template: "{date:2006-1-2}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "width"},
-		{name: "long month name", template: "{date:January2006}{seq}", reset: ResetMonth, wantErr: ErrInvalidArgument, wantMsg: "width"},
-		{name: "long weekday name", template: "{date:20060102Monday}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "width"},
-		{name: "hour", template: "{date:2006010215}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time of day"},
-		{name: "minute", template: "{date:20060102-04}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time of day"},
-		{name: "AM or PM", template: "{date:20060102PM}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time of day"},
-		{name: "fractional seconds", template: "{date:20060102.000}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time of day"},
-		{name: "zone abbreviation", template: "{date:20060102MST}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time zone"},
-		{name: "zone offset", template: "{date:20060102-0700}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time zone"},
-		{name: "ISO 8601 zone", template: "{date:20060102Z07:00}{seq}", reset: ResetDay, wantErr: ErrInvalidArgument, wantMsg: "time zone"},
+		{name: "weekday instead of year (issue 34)", template: "ORD-{date:Mon0102}-{seq:4}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "no year", template: "{date:0102}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "month name without year", template: "{date:Jan}{seq}", reset: tagmodel.ResetMonth, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "no day on a daily tag", template: "{date:200601}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "no month on a monthly tag", template: "{date:2006}{seq}", reset: tagmodel.ResetMonth, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "for all time"},
+		{name: "two-digit year", template: "{date:060102}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "two-digit year"},
+		{name: "two-digit year and weekday (unique in a 400-year cycle only)", template: "{date:Mon060102}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "two-digit year"},
+		{name: "two-digit year on a yearly tag", template: "{date:06}{seq}", reset: tagmodel.ResetYear, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "two-digit year"},
+		{name: "day padded with a space (issue 34)", template: "ORD-{date:2006-01-_2}-{seq:4}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "space"},
+		{name: "day of the year padded with spaces", template: "{date:2006__2}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "space"},
+		{name: "unpadded month and day", template: "{date:2006-1-2}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "width"},
+		{name: "long month name", template: "{date:January2006}{seq}", reset: tagmodel.ResetMonth, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "width"},
+		{name: "long weekday name", template: "{date:20060102Monday}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "width"},
+		{name: "hour", template: "{date:2006010215}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "time of day"},
+		{name: "minute", template: "{date:20060102-04}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "time of day"},
+		{name: "AM or PM", template: "{date:20060102PM}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "time of day"},
+		{name: "fractional seconds", template: "{date:20060102.000}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "time of day"},
+		{name: "zone abbreviation", template: "{date:20060102MST}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "time zone"},
+		{name: "zone offset", template: "{date:20060102-0700}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "time zone"},
+		{name: "ISO 8601 zone", template: "{date:20060102Z07:00}{seq}", reset: tagmodel.ResetDay, wantErr: tagmodel.ErrInvalidArgument, wantMsg: "time zone"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, zone := range []string{"UTC", "America/New_York", "Asia/Kolkata"} {
-				_, err := ParseFormat(tt.template, tt.reset, mustLoc(t, zone))
+				_, err := tagmodel.ParseFormat(tt.template, tt.reset, mustLoc(t, zone))
 				if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
 					t.Fatalf("ParseFormat(%q, %s, %s) = %v, want %v", tt.template, tt.reset, zone, err, tt.wantErr)
 				}
@@ -79,7 +80,7 @@ func TestWeekdayLayoutRepeats(t *testing.T) {
 	if a != b || a != "ORD-Thu0101-" {
 		t.Fatalf("2026-01-01 prints %q and 2032-01-01 %q, want both ORD-Thu0101-", a, b)
 	}
-	if _, err := ParseFormat("ORD-{date:Mon0102}-{seq:4}", ResetDay, time.UTC); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := tagmodel.ParseFormat("ORD-{date:Mon0102}-{seq:4}", tagmodel.ResetDay, time.UTC); !errors.Is(err, tagmodel.ErrInvalidArgument) {
 		t.Fatalf("ParseFormat of a layout that prints them alike = %v, want ErrInvalidArgument", err)
 	}
 }
@@ -89,28 +90,28 @@ func TestWeekdayLayoutRepeats(t *testing.T) {
 // were written in the old format, and a new head could write others
 // alike; a removed format would let any format be set later.
 func TestFormatChange(t *testing.T) {
-	plain := Tag{Name: "orders", Step: 10, MaxID: 1, Format: "ORD-{seq}"}
-	daily := Tag{Name: "orders", Step: 10, MaxID: 1, Reset: ResetDay, Format: "D{date:20060102}{seq}"}
+	plain := tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1, Format: "ORD-{seq}"}
+	daily := tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay, Format: "D{date:20060102}{seq}"}
 	tests := []struct {
 		name    string
-		tag     Tag
-		u       TagUpdate
+		tag     tagmodel.Tag
+		u       tagmodel.Update
 		wantErr error // nil: accepted
 	}{
-		{name: "first format", tag: Tag{Name: "orders", Step: 10, MaxID: 1}, u: TagUpdate{Format: ptr("ORD-{seq}")}},
-		{name: "same format again", tag: plain, u: TagUpdate{Format: ptr("ORD-{seq}")}},
-		{name: "width of seq", tag: plain, u: TagUpdate{Format: ptr("ORD-{seq:8}")}},
-		{name: "width of seq of a daily tag", tag: daily, u: TagUpdate{Format: ptr("D{date:20060102}{seq:6}")}},
-		{name: "time zone of a formatted daily tag", tag: daily, u: TagUpdate{TimeZone: ptr("Asia/Shanghai")}},
-		{name: "prefix grown", tag: plain, u: TagUpdate{Format: ptr("ORD-1{seq}")}, wantErr: ErrInvalidArgument},
-		{name: "another prefix", tag: plain, u: TagUpdate{Format: ptr("INV-{seq}")}, wantErr: ErrInvalidArgument},
-		{name: "format removed", tag: plain, u: TagUpdate{Format: ptr("")}, wantErr: ErrInvalidArgument},
-		{name: "date layout changed", tag: daily, u: TagUpdate{Format: ptr("D{date:2006002}{seq}")}, wantErr: ErrInvalidArgument},
-		{name: "reset set on a formatted tag", tag: plain, u: TagUpdate{Reset: ptr(ResetDay), Format: ptr("ORD-{date:20060102}-{seq}")}, wantErr: ErrInvalidArgument},
+		{name: "first format", tag: tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1}, u: tagmodel.Update{Format: ptr("ORD-{seq}")}},
+		{name: "same format again", tag: plain, u: tagmodel.Update{Format: ptr("ORD-{seq}")}},
+		{name: "width of seq", tag: plain, u: tagmodel.Update{Format: ptr("ORD-{seq:8}")}},
+		{name: "width of seq of a daily tag", tag: daily, u: tagmodel.Update{Format: ptr("D{date:20060102}{seq:6}")}},
+		{name: "time zone of a formatted daily tag", tag: daily, u: tagmodel.Update{TimeZone: ptr("Asia/Shanghai")}},
+		{name: "prefix grown", tag: plain, u: tagmodel.Update{Format: ptr("ORD-1{seq}")}, wantErr: tagmodel.ErrInvalidArgument},
+		{name: "another prefix", tag: plain, u: tagmodel.Update{Format: ptr("INV-{seq}")}, wantErr: tagmodel.ErrInvalidArgument},
+		{name: "format removed", tag: plain, u: tagmodel.Update{Format: ptr("")}, wantErr: tagmodel.ErrInvalidArgument},
+		{name: "date layout changed", tag: daily, u: tagmodel.Update{Format: ptr("D{date:2006002}{seq}")}, wantErr: tagmodel.ErrInvalidArgument},
+		{name: "reset set on a formatted tag", tag: plain, u: tagmodel.Update{Reset: ptr(tagmodel.ResetDay), Format: ptr("ORD-{date:20060102}-{seq}")}, wantErr: tagmodel.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ApplyUpdate(tt.tag, tt.u)
+			got, err := tagmodel.ApplyUpdate(tt.tag, tt.u)
 			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
 				t.Fatalf("ApplyUpdate of %q = %v, want %v", tt.tag.Format, err, tt.wantErr)
 			}
@@ -126,20 +127,20 @@ func TestFormatChange(t *testing.T) {
 // 2026-01-01 in D{date:20060102}{seq} and 15 of 2026-01-10 in
 // D{date:2006002}{seq}.
 func TestFormatChangesThatRepeat(t *testing.T) {
-	write := func(template string, r Reset, day time.Time, seq int64) string {
+	write := func(template string, r tagmodel.Reset, day time.Time, seq int64) string {
 		t.Helper()
-		f, err := ParseFormat(template, r, time.UTC)
+		f, err := tagmodel.ParseFormat(template, r, time.UTC)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return string(f.AppendNumber(nil, f.Head(day), seq))
 	}
 	var none time.Time
-	if a, b := write("ORD-{seq}", ResetNone, none, 115), write("ORD-1{seq}", ResetNone, none, 15); a != b {
+	if a, b := write("ORD-{seq}", tagmodel.ResetNone, none, 115), write("ORD-1{seq}", tagmodel.ResetNone, none, 15); a != b {
 		t.Errorf("ORD-{seq} writes 115 as %q, ORD-1{seq} 15 as %q: want them alike", a, b)
 	}
 	jan1, jan10 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 1, 10, 0, 0, 0, 0, time.UTC)
-	if a, b := write("D{date:20060102}{seq}", ResetDay, jan1, 5), write("D{date:2006002}{seq}", ResetDay, jan10, 15); a != b {
+	if a, b := write("D{date:20060102}{seq}", tagmodel.ResetDay, jan1, 5), write("D{date:2006002}{seq}", tagmodel.ResetDay, jan10, 15); a != b {
 		t.Errorf("5 of 2026-01-01 is %q, 15 of 2026-01-10 %q: want them alike", a, b)
 	}
 }
@@ -148,7 +149,7 @@ func TestFormatChangesThatRepeat(t *testing.T) {
 // format this one refuses serves its plain numbers and refuses formatted
 // ones, instead of printing ORD-Thu0101-0001 again six years later.
 func TestStoredUnprovableFormat(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 10, Reset: ResetDay, Format: "ORD-{date:Mon0102}-{seq:4}"})
+	st := newMemStore(t, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 10, Reset: tagmodel.ResetDay, Format: "ORD-{date:Mon0102}-{seq:4}"})
 	c := &clock{now: time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)}
 	a := newAllocator(t, Settings{Store: st, Now: c.Now, MaxWait: time.Minute})
 	if got := take(t, a, "orders", 1); len(got) != 1 || got[0] != 1 {
@@ -159,7 +160,7 @@ func TestStoredUnprovableFormat(t *testing.T) {
 		runs, err = p.Wait(context.Background())
 		num = p.Numbering()
 	}
-	if !errors.Is(err, ErrInvalidArgument) {
+	if !errors.Is(err, tagmodel.ErrInvalidArgument) {
 		t.Fatalf("formatted: %q, %v; want ErrInvalidArgument", num.Append(nil, runs), err)
 	}
 	if !strings.Contains(err.Error(), "create a new tag") {
@@ -186,15 +187,15 @@ func TestDocumentedFormats(t *testing.T) {
 			continue
 		}
 		rows++
-		r, err := ParseReset(m[2])
+		r, err := tagmodel.ParseReset(m[2])
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = ParseFormat(m[1], r, time.UTC)
+		_, err = tagmodel.ParseFormat(m[1], r, time.UTC)
 		if accepted := m[3] == "accepted"; accepted != (err == nil) {
 			t.Errorf("the doc says %s with reset %s is %s; ParseFormat: %v", m[1], m[2], m[3], err)
 		}
-		if err != nil && !errors.Is(err, ErrInvalidArgument) {
+		if err != nil && !errors.Is(err, tagmodel.ErrInvalidArgument) {
 			t.Errorf("%s: %v is not ErrInvalidArgument", m[1], err)
 		}
 	}
@@ -216,11 +217,11 @@ func TestDocumentedFormats(t *testing.T) {
 		if m := resetFlag.FindStringSubmatch(c); m != nil {
 			reset = m[1]
 		}
-		r, err := ParseReset(reset)
+		r, err := tagmodel.ParseReset(reset)
 		if err != nil {
 			t.Fatalf("%s: %v", c, err)
 		}
-		if _, err := ParseFormat(f[1], r, time.UTC); err != nil {
+		if _, err := tagmodel.ParseFormat(f[1], r, time.UTC); err != nil {
 			t.Errorf("the doc's command %q: %v", c, err)
 		}
 	}

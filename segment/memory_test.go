@@ -2,6 +2,7 @@ package segment
 
 import (
 	"context"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"runtime"
 	"strconv"
 	"testing"
@@ -26,21 +27,21 @@ type statelessStore struct{}
 
 const statelessStep = 10
 
-func (statelessStore) Fetch(ctx context.Context, tag string, step int64) (Allocation, error) {
-	return Allocation{Start: 1, End: 1 + statelessStep, TagStep: statelessStep}, nil
+func (statelessStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
+	return tagmodel.Allocation{Start: 1, End: 1 + statelessStep, TagStep: statelessStep}, nil
 }
 
 func (statelessStore) Tags(ctx context.Context) ([]string, error) { return nil, nil }
 
-func (statelessStore) Tag(ctx context.Context, name string) (Tag, error) {
-	return Tag{Name: name, MaxID: 1, Step: statelessStep}, nil
+func (statelessStore) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
+	return tagmodel.Tag{Name: name, MaxID: 1, Step: statelessStep}, nil
 }
 
 func (statelessStore) GiveBack(ctx context.Context, tag string, end, first int64) (bool, error) {
 	return false, nil
 }
 
-func (statelessStore) Changes(ctx context.Context, cursor int64) ([]TagChange, int64, error) {
+func (statelessStore) Changes(ctx context.Context, cursor int64) ([]tagmodel.Change, int64, error) {
 	return nil, 1, nil
 }
 

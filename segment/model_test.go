@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -36,7 +37,7 @@ const (
 // fails and delays fetches on demand, and reports exhaustion exactly.
 type modelStore struct {
 	mu     sync.Mutex // protects the fields below
-	tags   map[string]*Tag
+	tags   map[string]*tagmodel.Tag
 	allocs map[string][][2]int64 // per tag, every [start, end) ever allocated
 	fails  int                   // the next fails fetches fail
 	delay  time.Duration         // each fetch sleeps this long
@@ -46,7 +47,7 @@ type modelStore struct {
 
 var errModelDown = errors.New("model: store down")
 
-func (s *modelStore) Fetch(ctx context.Context, tag string, step int64) (Allocation, error) {
+func (s *modelStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	s.mu.Lock()
 	delay := s.delay
 	fail := s.fails > 0
@@ -58,26 +59,26 @@ func (s *modelStore) Fetch(ctx context.Context, tag string, step int64) (Allocat
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
-			return Allocation{}, ctx.Err()
+			return tagmodel.Allocation{}, ctx.Err()
 		}
 	}
 	if fail {
-		return Allocation{}, errModelDown
+		return tagmodel.Allocation{}, errModelDown
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.tags[tag]
 	if t == nil {
-		return Allocation{}, fmt.Errorf("model: %w", ErrUnknownTag)
+		return tagmodel.Allocation{}, fmt.Errorf("model: %w", tagmodel.ErrUnknownTag)
 	}
 	if step <= 0 {
 		step = t.Step
 	}
 	if t.MaxID > math.MaxInt64-step {
 		s.exhausted[tag] = true
-		return Allocation{}, fmt.Errorf("model: %w", ErrExhausted)
+		return tagmodel.Allocation{}, fmt.Errorf("model: %w", tagmodel.ErrExhausted)
 	}
-	a := Allocation{Start: t.MaxID, End: t.MaxID + step, TagStep: t.Step}
+	a := tagmodel.Allocation{Start: t.MaxID, End: t.MaxID + step, TagStep: t.Step}
 	t.MaxID = a.End
 	s.allocs[tag] = append(s.allocs[tag], [2]int64{a.Start, a.End})
 	return a, nil
@@ -93,18 +94,18 @@ func (s *modelStore) Tags(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-func (s *modelStore) Tag(ctx context.Context, name string) (Tag, error) {
+func (s *modelStore) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.tags[name]
 	if t == nil {
-		return Tag{}, fmt.Errorf("model: %w", ErrUnknownTag)
+		return tagmodel.Tag{}, fmt.Errorf("model: %w", tagmodel.ErrUnknownTag)
 	}
 	return *t, nil
 }
 
 func (s *modelStore) GiveBack(ctx context.Context, tag string, end, first int64) (bool, error) {
-	if err := CheckGiveBack(end, first); err != nil {
+	if err := tagmodel.CheckGiveBack(end, first); err != nil {
 		return false, err
 	}
 	s.mu.Lock()
@@ -147,7 +148,7 @@ type modelRun struct {
 	last    []map[string]int64
 	seen    map[string]map[int64]bool // per tag, every ID handed out
 	names   []string
-	removed map[string]Tag // tags removed from the store, as they were
+	removed map[string]tagmodel.Tag // tags removed from the store, as they were
 	issued  int
 }
 
@@ -175,8 +176,8 @@ func TestModel(t *testing.T) {
 
 func runModel(tb testing.TB, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	st := &modelStore{tags: map[string]*Tag{}, allocs: map[string][][2]int64{}, exhausted: map[string]bool{}}
-	m := &modelRun{tb: tb, rng: rng, st: st, maxWait: 20 * time.Millisecond, seen: map[string]map[int64]bool{}, removed: map[string]Tag{}}
+	st := &modelStore{tags: map[string]*tagmodel.Tag{}, allocs: map[string][][2]int64{}, exhausted: map[string]bool{}}
+	m := &modelRun{tb: tb, rng: rng, st: st, maxWait: 20 * time.Millisecond, seen: map[string]map[int64]bool{}, removed: map[string]tagmodel.Tag{}}
 	for i := range 3 {
 		name := fmt.Sprintf("t%d", i)
 		step := int64(1 + rng.IntN(20))
@@ -184,7 +185,7 @@ func runModel(tb testing.TB, seed uint64, steps int) {
 		if i > 0 && rng.IntN(2) == 0 { // near 2^63-1
 			start = math.MaxInt64 - step*int64(rng.IntN(6)) - int64(rng.IntN(int(step)))
 		}
-		st.tags[name] = &Tag{Name: name, MaxID: start, Step: step}
+		st.tags[name] = &tagmodel.Tag{Name: name, MaxID: start, Step: step}
 		m.names = append(m.names, name)
 	}
 	for range 1 + rng.IntN(3) {
@@ -340,8 +341,8 @@ func (m *modelRun) checkIDs(i int, tag string, n int, runs []Run, err error) {
 	tb.Helper()
 	switch {
 	case err == nil:
-	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrUnknownTag):
-	case errors.Is(err, ErrExhausted):
+	case errors.Is(err, ErrUnavailable), errors.Is(err, tagmodel.ErrUnknownTag):
+	case errors.Is(err, tagmodel.ErrExhausted):
 		if !m.st.spent(tag) {
 			tb.Fatalf("tag %s: ErrExhausted, but the store can still fetch its step", tag)
 		}

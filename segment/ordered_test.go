@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"runtime"
 	"sync"
 	"testing"
@@ -15,7 +16,7 @@ import (
 // next TakeOwned start from a segment fetched after it.
 func TestOrderedTagsOnlyForTheOwner(t *testing.T) {
 	ctx := context.Background()
-	st := newMemStore(t, Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true}, Tag{Name: "plain", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true}, tagmodel.Tag{Name: "plain", MaxID: 1, Step: 10})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10})
 	_, p, err := a.TakeNow("o", 1, nil)
 	if err == nil && p != nil {
@@ -76,11 +77,11 @@ func TestOrderedTagsOnlyForTheOwner(t *testing.T) {
 type lateStore struct {
 	*memStore
 	mu      sync.Mutex // protects fetched and hold
-	fetched chan Allocation
+	fetched chan tagmodel.Allocation
 	hold    chan struct{}
 }
 
-func (s *lateStore) Fetch(ctx context.Context, tag string, step int64) (Allocation, error) {
+func (s *lateStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	alloc, err := s.memStore.Fetch(ctx, tag, step)
 	s.mu.Lock()
 	fetched, hold := s.fetched, s.hold
@@ -101,8 +102,8 @@ func (s *lateStore) Fetch(ctx context.Context, tag string, step int64) (Allocati
 // 1 after another owner's segment had started at 11.
 func TestResetDiscardsSegmentFetchedBefore(t *testing.T) {
 	ctx := context.Background()
-	mem := newMemStore(t, Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true})
-	fetched, hold := make(chan Allocation, 1), make(chan struct{})
+	mem := newMemStore(t, tagmodel.Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true})
+	fetched, hold := make(chan tagmodel.Allocation, 1), make(chan struct{})
 	st := &lateStore{memStore: mem, fetched: fetched, hold: hold}
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxWait: time.Minute})
 	_, p, err := a.TakeOwned("o", 1, nil)
@@ -157,7 +158,7 @@ func (c *fakeNow) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unl
 func TestSwitchWindowRefetch(t *testing.T) {
 	ctx := context.Background()
 	clk := &fakeNow{t: time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)}
-	mem := newMemStore(t, Tag{Name: "o", MaxID: 1, Step: 1000})
+	mem := newMemStore(t, tagmodel.Tag{Name: "o", MaxID: 1, Step: 1000})
 	a := newAllocator(t, Settings{Store: mem, MaxStep: 1000, Now: clk.Now, RefreshInterval: time.Hour})
 	if got := take(t, a, "o", 1); got[0] != 1 {
 		t.Fatalf("plain: %v, want [1]", got)
@@ -165,7 +166,7 @@ func TestSwitchWindowRefetch(t *testing.T) {
 	mem.mu.Lock()
 	mem.tags["o"].Ordered = true
 	mem.mu.Unlock()
-	a.apply(TagChange{Tag: Tag{Name: "o", Step: 1000, Ordered: true}}) // this worker's refresh
+	a.apply(tagmodel.Change{Tag: tagmodel.Tag{Name: "o", Step: 1000, Ordered: true}}) // this worker's refresh
 	owned := func() int64 {
 		t.Helper()
 		runs, p, err := a.TakeOwned("o", 1, nil)
@@ -205,7 +206,7 @@ func TestSwitchWindowRefetch(t *testing.T) {
 func TestOrderedTagNeverServedAsPlainWhileLookedUp(t *testing.T) {
 	ctx := context.Background()
 	for round := range 300 {
-		mem := newMemStore(t, Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true})
+		mem := newMemStore(t, tagmodel.Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true})
 		a := newAllocator(t, Settings{Store: mem, MaxStep: 10, MaxWait: time.Second, RefreshInterval: time.Hour})
 		var wg sync.WaitGroup
 		var mu sync.Mutex // protects got
@@ -248,8 +249,8 @@ func TestOrderedTagNeverServedAsPlainWhileLookedUp(t *testing.T) {
 // segment. The old code served it from the segment when it arrived.
 func TestWaitingPlainRequestOfTagTurnedOrdered(t *testing.T) {
 	ctx := context.Background()
-	mem := newMemStore(t, Tag{Name: "o", MaxID: 1, Step: 10})
-	fetched, hold := make(chan Allocation, 1), make(chan struct{})
+	mem := newMemStore(t, tagmodel.Tag{Name: "o", MaxID: 1, Step: 10})
+	fetched, hold := make(chan tagmodel.Allocation, 1), make(chan struct{})
 	st := &lateStore{memStore: mem, fetched: fetched, hold: hold}
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxWait: time.Minute, RefreshInterval: time.Hour})
 	_, p, err := a.TakeNow("o", 1, nil)
@@ -265,7 +266,7 @@ func TestWaitingPlainRequestOfTagTurnedOrdered(t *testing.T) {
 		waited <- err
 	}()
 	<-fetched
-	a.apply(TagChange{Tag: Tag{Name: "o", Step: 10, Ordered: true}})
+	a.apply(tagmodel.Change{Tag: tagmodel.Tag{Name: "o", Step: 10, Ordered: true}})
 	close(hold)
 	if err := <-waited; !errors.Is(err, ErrOrdered) {
 		t.Fatalf("a plain request waiting when its tag turned ordered: %v, want ErrOrdered", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"log/slog"
 	"slices"
 	"sync"
@@ -18,7 +19,7 @@ type partialStore struct {
 	maxID    int64
 	step     int64
 	down     bool
-	fetched  []Allocation
+	fetched  []tagmodel.Allocation
 	gaveBack []int64 // firstUnissued of each give-back that took
 }
 
@@ -30,19 +31,19 @@ func (s *partialStore) setDown(down bool) {
 	s.down = down
 }
 
-func (s *partialStore) Fetch(ctx context.Context, tag string, step int64) (Allocation, error) {
+func (s *partialStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if tag != "a" {
-		return Allocation{}, fmt.Errorf("partial store: %w", ErrUnknownTag)
+		return tagmodel.Allocation{}, fmt.Errorf("partial store: %w", tagmodel.ErrUnknownTag)
 	}
 	if s.down {
-		return Allocation{}, errPartialDown
+		return tagmodel.Allocation{}, errPartialDown
 	}
 	if step <= 0 {
 		step = s.step
 	}
-	a := Allocation{Start: s.maxID, End: s.maxID + step, TagStep: s.step}
+	a := tagmodel.Allocation{Start: s.maxID, End: s.maxID + step, TagStep: s.step}
 	s.maxID += step
 	s.fetched = append(s.fetched, a)
 	return a, nil
@@ -50,13 +51,13 @@ func (s *partialStore) Fetch(ctx context.Context, tag string, step int64) (Alloc
 
 func (s *partialStore) Tags(ctx context.Context) ([]string, error) { return []string{"a"}, nil }
 
-func (s *partialStore) Tag(ctx context.Context, name string) (Tag, error) {
+func (s *partialStore) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if name != "a" {
-		return Tag{}, fmt.Errorf("partial store: %w", ErrUnknownTag)
+		return tagmodel.Tag{}, fmt.Errorf("partial store: %w", tagmodel.ErrUnknownTag)
 	}
-	return Tag{Name: "a", MaxID: s.maxID, Step: s.step}, nil
+	return tagmodel.Tag{Name: "a", MaxID: s.maxID, Step: s.step}, nil
 }
 
 func (s *partialStore) GiveBack(ctx context.Context, tag string, end, first int64) (bool, error) {

@@ -3,6 +3,7 @@ package segment
 import (
 	"context"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -10,17 +11,17 @@ import (
 
 // ErrNoFormat means a request asked for formatted numbers of a tag that
 // has no format (Tag.Format).
-var ErrNoFormat = fmt.Errorf("%w: the tag has no format (dispenser tags update TAG --format TEMPLATE)", ErrInvalidArgument)
+var ErrNoFormat = fmt.Errorf("%w: the tag has no format (dispenser tags update TAG --format TEMPLATE)", tagmodel.ErrInvalidArgument)
 
 // tagSpec is what a tag's settings say about serving it beyond its step:
 // its reset period, time zone and format. A buffer's spec is set before the
 // buffer is in the tag map and never changes; a change of the settings
 // drops the buffer (apply), so that the next request looks the tag up.
 type tagSpec struct {
-	reset    Reset
+	reset    tagmodel.Reset
 	loc      *time.Location
-	template string  // Tag.Format as stored
-	format   *Format // nil: no format, or one this worker cannot prove (formatErr)
+	template string           // Tag.Format as stored
+	format   *tagmodel.Format // nil: no format, or one this worker cannot prove (formatErr)
 	// formatErr refuses formatted numbers of a tag whose stored format
 	// ParseFormat refuses (written by an older version: see newSpec).
 	formatErr error
@@ -33,14 +34,14 @@ type tagSpec struct {
 
 // periodState is one period of a tag with a reset period, as served.
 type periodState struct {
-	Period
+	tagmodel.Period
 	name       string // PeriodName(tag, Key): its buffer's and row's name
 	head       string // the format's Head for the period; "" without format
 	start, end int64  // Start and End in UnixNano
 }
 
 // newSpec returns the spec of t, nil for a tag without reset period or
-// format (most tags). A tag whose settings do not pass CheckPeriodic (a
+// format (most tags). A tag whose settings do not pass Tag.Periodic (a
 // store changed by hand) is an error.
 //
 // A stored format that ParseFormat refuses is not: it was written by an
@@ -52,32 +53,32 @@ type periodState struct {
 // prove unique. The way out is a new tag with an accepted format: the
 // format of a tag can only be changed in the width of {seq}
 // (ApplyUpdate).
-func newSpec(t Tag) (*tagSpec, error) {
-	if t.Reset == ResetNone && t.Format == "" && t.TimeZone == "" {
+func newSpec(t tagmodel.Tag) (*tagSpec, error) {
+	if t.Reset == tagmodel.ResetNone && t.Format == "" && t.TimeZone == "" {
 		return nil, nil
 	}
 	unformatted := t
 	unformatted.Format = ""
-	p, err := CheckPeriodic(unformatted)
+	p, err := unformatted.Periodic()
 	if err != nil {
 		return nil, err
 	}
 	s := &tagSpec{reset: p.Reset, loc: p.Location, template: t.Format}
 	if t.Format != "" {
-		if s.format, err = ParseFormat(t.Format, p.Reset, p.Location); err != nil {
+		if s.format, err = tagmodel.ParseFormat(t.Format, p.Reset, p.Location); err != nil {
 			s.formatErr = fmt.Errorf("%w; its formatted numbers are refused (its plain ones are served): create a new tag with a format that tags create accepts", err)
 		}
 	}
-	if s.format != nil && s.reset == ResetNone {
+	if s.format != nil && s.reset == tagmodel.ResetNone {
 		s.head = s.format.Head(time.Time{})
 	}
 	return s, nil
 }
 
 // same reports whether t's settings are those of s (nil: none).
-func (s *tagSpec) same(t Tag) bool {
+func (s *tagSpec) same(t tagmodel.Tag) bool {
 	if s == nil {
-		return t.Reset == ResetNone && t.Format == "" && t.TimeZone == ""
+		return t.Reset == tagmodel.ResetNone && t.Format == "" && t.TimeZone == ""
 	}
 	return s.reset == t.Reset && s.template == t.Format && s.loc.String() == cmpOr(t.TimeZone, "UTC")
 }
@@ -90,7 +91,7 @@ func cmpOr(a, b string) string {
 }
 
 // periodic reports whether s is the spec of a tag with a reset period.
-func (s *tagSpec) periodic() bool { return s != nil && s.reset != ResetNone }
+func (s *tagSpec) periodic() bool { return s != nil && s.reset != tagmodel.ResetNone }
 
 // at returns the period of tag that holds now.
 func (s *tagSpec) at(tag string, now time.Time) *periodState {
@@ -99,7 +100,7 @@ func (s *tagSpec) at(tag string, now time.Time) *periodState {
 		return ps
 	}
 	p := s.reset.PeriodAt(now, s.loc)
-	ps := &periodState{Period: p, name: PeriodName(tag, p.Key), start: p.Start.UnixNano(), end: p.End.UnixNano()}
+	ps := &periodState{Period: p, name: tagmodel.PeriodName(tag, p.Key), start: p.Start.UnixNano(), end: p.End.UnixNano()}
 	if s.format != nil {
 		ps.head = s.format.Head(p.Start)
 	}
@@ -109,7 +110,7 @@ func (s *tagSpec) at(tag string, now time.Time) *periodState {
 
 // Numbering writes numbers out as a tag's format says, for one period.
 type Numbering struct {
-	format *Format
+	format *tagmodel.Format
 	head   string
 }
 
@@ -198,7 +199,7 @@ func (a *Allocator) periodBuffer(b *buffer) (*periodState, *buffer) {
 	if pb := a.tags.get(ps.name); pb != nil {
 		return ps, pb
 	}
-	return ps, a.addTag(Tag{Name: ps.name}, nil)
+	return ps, a.addTag(tagmodel.Tag{Name: ps.name}, nil)
 }
 
 // takePeriodSlow is takeSlow's part for a tag with a reset period: it
@@ -221,7 +222,7 @@ func (a *Allocator) takePeriodSlow(ctx context.Context, b *buffer, n int, dst []
 
 // parentTag returns the tag of a period name, or name itself.
 func parentTag(name string) string {
-	if tag, _, ok := SplitPeriodName(name); ok {
+	if tag, _, ok := tagmodel.SplitPeriodName(name); ok {
 		return tag
 	}
 	return name

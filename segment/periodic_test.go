@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +15,7 @@ import (
 
 func mustLoc(tb testing.TB, name string) *time.Location {
 	tb.Helper()
-	loc, err := LoadLocation(name)
+	loc, err := tagmodel.LoadLocation(name)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -28,22 +29,22 @@ func TestPeriodAt(t *testing.T) {
 	ny, sh := mustLoc(t, "America/New_York"), mustLoc(t, "Asia/Shanghai")
 	tests := []struct {
 		name     string
-		reset    Reset
+		reset    tagmodel.Reset
 		at       time.Time
 		loc      *time.Location
 		key      string
 		duration time.Duration
 	}{
-		{"UTC day", ResetDay, time.Date(2026, 11, 24, 23, 59, 59, 999e6, time.UTC), time.UTC, "20261124", 24 * time.Hour},
-		{"UTC next day", ResetDay, time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC), time.UTC, "20261125", 24 * time.Hour},
-		{"UTC+8: 16:00 UTC is the next day", ResetDay, time.Date(2026, 11, 24, 16, 0, 0, 0, time.UTC), sh, "20261125", 24 * time.Hour},
-		{"UTC+8: 15:59:59.999 UTC is still today", ResetDay, time.Date(2026, 11, 24, 15, 59, 59, 999e6, time.UTC), sh, "20261124", 24 * time.Hour},
-		{"spring forward: a 23-hour day", ResetDay, time.Date(2026, 3, 8, 12, 0, 0, 0, ny), ny, "20260308", 23 * time.Hour},
-		{"fall back: a 25-hour day", ResetDay, time.Date(2026, 11, 1, 1, 30, 0, 0, ny), ny, "20261101", 25 * time.Hour},
-		{"month", ResetMonth, time.Date(2026, 2, 28, 23, 0, 0, 0, time.UTC), time.UTC, "202602", 28 * 24 * time.Hour},
-		{"month in a leap year", ResetMonth, time.Date(2028, 2, 29, 23, 0, 0, 0, time.UTC), time.UTC, "202802", 29 * 24 * time.Hour},
-		{"year", ResetYear, time.Date(2026, 12, 31, 23, 59, 59, 0, time.UTC), time.UTC, "2026", 365 * 24 * time.Hour},
-		{"year with a DST change inside", ResetYear, time.Date(2026, 7, 1, 0, 0, 0, 0, ny), ny, "2026", 365 * 24 * time.Hour},
+		{"UTC day", tagmodel.ResetDay, time.Date(2026, 11, 24, 23, 59, 59, 999e6, time.UTC), time.UTC, "20261124", 24 * time.Hour},
+		{"UTC next day", tagmodel.ResetDay, time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC), time.UTC, "20261125", 24 * time.Hour},
+		{"UTC+8: 16:00 UTC is the next day", tagmodel.ResetDay, time.Date(2026, 11, 24, 16, 0, 0, 0, time.UTC), sh, "20261125", 24 * time.Hour},
+		{"UTC+8: 15:59:59.999 UTC is still today", tagmodel.ResetDay, time.Date(2026, 11, 24, 15, 59, 59, 999e6, time.UTC), sh, "20261124", 24 * time.Hour},
+		{"spring forward: a 23-hour day", tagmodel.ResetDay, time.Date(2026, 3, 8, 12, 0, 0, 0, ny), ny, "20260308", 23 * time.Hour},
+		{"fall back: a 25-hour day", tagmodel.ResetDay, time.Date(2026, 11, 1, 1, 30, 0, 0, ny), ny, "20261101", 25 * time.Hour},
+		{"month", tagmodel.ResetMonth, time.Date(2026, 2, 28, 23, 0, 0, 0, time.UTC), time.UTC, "202602", 28 * 24 * time.Hour},
+		{"month in a leap year", tagmodel.ResetMonth, time.Date(2028, 2, 29, 23, 0, 0, 0, time.UTC), time.UTC, "202802", 29 * 24 * time.Hour},
+		{"year", tagmodel.ResetYear, time.Date(2026, 12, 31, 23, 59, 59, 0, time.UTC), time.UTC, "2026", 365 * 24 * time.Hour},
+		{"year with a DST change inside", tagmodel.ResetYear, time.Date(2026, 7, 1, 0, 0, 0, 0, ny), ny, "2026", 365 * 24 * time.Hour},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -70,36 +71,36 @@ func TestParseFormat(t *testing.T) {
 	tests := []struct {
 		name     string
 		template string
-		reset    Reset
+		reset    tagmodel.Reset
 		wantErr  bool
 	}{
-		{"the issue's example", "ORD-{date:20060102}-{seq:6}", ResetDay, false},
-		{"date only", "{date:20060102}{seq}", ResetDay, false},
-		{"month", "INV{date:200601}{seq:5}", ResetMonth, false},
-		{"plain tag, prefix only", "ORD-{seq:8}", ResetNone, false},
-		{"no seq", "ORD-{date:20060102}", ResetDay, true},
-		{"seq not last", "{seq}-{date:20060102}", ResetDay, true},
-		{"a daily tag without its date", "ORD-{seq:6}", ResetDay, true},
-		{"date without year", "{date:0102}{seq}", ResetDay, true},
-		{"date of variable width", "{date:2006-1-2}{seq}", ResetDay, true},
-		{"month layout for a daily tag", "{date:200601}{seq}", ResetDay, true},
-		{"date on a tag without periods", "{date:20060102}{seq}", ResetNone, true},
-		{"two dates", "{date:2006}{date:20060102}{seq}", ResetDay, true},
-		{"space", "ORD {seq}", ResetNone, true},
-		{"newline", "ORD\n{seq}", ResetNone, true},
-		{"unknown field", "{tag}{seq}", ResetNone, true},
-		{"unclosed", "{seq", ResetNone, true},
-		{"width zero", "{seq:0}", ResetNone, true},
-		{"width too large", "{seq:20}", ResetNone, true},
-		{"too long", strings.Repeat("x", 65) + "{seq}", ResetNone, true},
+		{"the issue's example", "ORD-{date:20060102}-{seq:6}", tagmodel.ResetDay, false},
+		{"date only", "{date:20060102}{seq}", tagmodel.ResetDay, false},
+		{"month", "INV{date:200601}{seq:5}", tagmodel.ResetMonth, false},
+		{"plain tag, prefix only", "ORD-{seq:8}", tagmodel.ResetNone, false},
+		{"no seq", "ORD-{date:20060102}", tagmodel.ResetDay, true},
+		{"seq not last", "{seq}-{date:20060102}", tagmodel.ResetDay, true},
+		{"a daily tag without its date", "ORD-{seq:6}", tagmodel.ResetDay, true},
+		{"date without year", "{date:0102}{seq}", tagmodel.ResetDay, true},
+		{"date of variable width", "{date:2006-1-2}{seq}", tagmodel.ResetDay, true},
+		{"month layout for a daily tag", "{date:200601}{seq}", tagmodel.ResetDay, true},
+		{"date on a tag without periods", "{date:20060102}{seq}", tagmodel.ResetNone, true},
+		{"two dates", "{date:2006}{date:20060102}{seq}", tagmodel.ResetDay, true},
+		{"space", "ORD {seq}", tagmodel.ResetNone, true},
+		{"newline", "ORD\n{seq}", tagmodel.ResetNone, true},
+		{"unknown field", "{tag}{seq}", tagmodel.ResetNone, true},
+		{"unclosed", "{seq", tagmodel.ResetNone, true},
+		{"width zero", "{seq:0}", tagmodel.ResetNone, true},
+		{"width too large", "{seq:20}", tagmodel.ResetNone, true},
+		{"too long", strings.Repeat("x", 65) + "{seq}", tagmodel.ResetNone, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ParseFormat(tt.template, tt.reset, time.UTC)
+			_, err := tagmodel.ParseFormat(tt.template, tt.reset, time.UTC)
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("ParseFormat(%q, %s) = %v, want error %v", tt.template, tt.reset, err, tt.wantErr)
 			}
-			if err != nil && !errors.Is(err, ErrInvalidArgument) {
+			if err != nil && !errors.Is(err, tagmodel.ErrInvalidArgument) {
 				t.Fatalf("error %v does not wrap ErrInvalidArgument", err)
 			}
 		})
@@ -109,7 +110,7 @@ func TestParseFormat(t *testing.T) {
 // TestFormatNeverWraps: a number longer than its padding keeps all its
 // digits.
 func TestFormatNeverWraps(t *testing.T) {
-	f, err := ParseFormat("ORD-{date:20060102}-{seq:3}", ResetDay, time.UTC)
+	f, err := tagmodel.ParseFormat("ORD-{date:20060102}-{seq:3}", tagmodel.ResetDay, time.UTC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +155,7 @@ func takeFormatted(tb testing.TB, a *Allocator, tag string, n int) []string {
 // where it stopped.
 func TestPeriodsRestartAtTheirEnd(t *testing.T) {
 	sh := mustLoc(t, "Asia/Shanghai")
-	st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 10, Reset: ResetDay, TimeZone: "Asia/Shanghai", Format: "ORD-{date:20060102}-{seq:4}"})
+	st := newMemStore(t, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 10, Reset: tagmodel.ResetDay, TimeZone: "Asia/Shanghai", Format: "ORD-{date:20060102}-{seq:4}"})
 	c := &clock{now: time.Date(2026, 11, 24, 23, 59, 59, 998e6, sh)}
 	a := newAllocator(t, Settings{Store: st, Now: c.Now, MaxWait: time.Minute})
 
@@ -187,7 +188,7 @@ func TestPeriodsRestartAtTheirEnd(t *testing.T) {
 // TestFormattedErrors: a tag without a format, and an ordered tag, refuse
 // formatted numbers and take nothing.
 func TestFormattedErrors(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "plain", MaxID: 1, Step: 10}, Tag{Name: "fmt", MaxID: 1, Step: 10, Format: "F{seq:3}"})
+	st := newMemStore(t, tagmodel.Tag{Name: "plain", MaxID: 1, Step: 10}, tagmodel.Tag{Name: "fmt", MaxID: 1, Step: 10, Format: "F{seq:3}"})
 	a := newAllocator(t, Settings{Store: st})
 	for _, tag := range []string{"plain", "plain"} { // unknown, then known
 		_, _, p, err := a.TakeNowNumbered(tag, 1, nil)
@@ -213,7 +214,7 @@ func TestFormattedErrors(t *testing.T) {
 // the number is written, instead of the period it was taken in, makes it
 // fail: a worker behind prints its yesterday's numbers with today's date.)
 func TestWorkersWithSkewedClocksAcrossMidnight(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 5, Reset: ResetDay, Format: "{date:20060102}{seq:6}"})
+	st := newMemStore(t, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 5, Reset: tagmodel.ResetDay, Format: "{date:20060102}{seq:6}"})
 	midnight := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
 	var base atomic.Int64 // the true time, UnixNano
 	base.Store(midnight.Add(-200 * time.Millisecond).UnixNano())
@@ -254,7 +255,7 @@ func TestWorkersWithSkewedClocksAcrossMidnight(t *testing.T) {
 // TestPeriodTagRemoved: a tag with periods that is removed from the store
 // stops being served with ErrUnknownTag, its periods too.
 func TestPeriodTagRemoved(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 1, Reset: ResetDay})
+	st := newMemStore(t, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 1, Reset: tagmodel.ResetDay})
 	c := &clock{now: time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)}
 	a := newAllocator(t, Settings{Store: st, Now: c.Now, MaxStep: 1, MaxDepth: 1})
 	take(t, a, "orders", 1)
@@ -265,7 +266,7 @@ func TestPeriodTagRemoved(t *testing.T) {
 	if err := a.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Take(context.Background(), "orders", 5, nil); !errors.Is(err, ErrUnknownTag) {
+	if _, err := a.Take(context.Background(), "orders", 5, nil); !errors.Is(err, tagmodel.ErrUnknownTag) {
 		t.Fatalf("err = %v, want ErrUnknownTag", err)
 	}
 	_ = fmt.Sprint
@@ -276,7 +277,7 @@ func TestPeriodTagRemoved(t *testing.T) {
 // it), is never fetched. (Warming the tag's own buffer instead retried a
 // refused fetch until the allocator closed: Warm returned 0.)
 func TestWarmPeriodicTag(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "daily", MaxID: 1, Step: 10, Reset: ResetDay})
+	st := newMemStore(t, tagmodel.Tag{Name: "daily", MaxID: 1, Step: 10, Reset: tagmodel.ResetDay})
 	c := &clock{now: time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)}
 	a := newAllocator(t, Settings{Store: st, Now: c.Now})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

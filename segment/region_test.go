@@ -3,6 +3,7 @@ package segment
 import (
 	"context"
 	"errors"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"math"
 	"slices"
 	"sync"
@@ -13,13 +14,13 @@ import (
 // TestRegionsMapIDs: with regions, each store value v is handed out as
 // v×count+region, in singles and batches across segments; a region's IDs
 // increase, and three regions whose stores hand out the same values never
-// share an ID. (With appendRuns ignoring the regions, every region hands
+// share an ID. (With appendRegionRuns ignoring the regions, every region hands
 // out 1, 2, 3, … and the test fails.)
 func TestRegionsMapIDs(t *testing.T) {
 	seen := map[int64]int{}
 	for region := range 3 {
-		st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 10})
-		a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxDepth: 1, Regions: Regions{Count: 3, Region: region}})
+		st := newMemStore(t, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 10})
+		a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxDepth: 1, Regions: tagmodel.Regions{Count: 3, Region: region}})
 		var got []int64
 		for _, n := range []int{1, 1, 7, 15, 1, 4} {
 			got = append(got, take(t, a, "orders", n)...)
@@ -43,44 +44,44 @@ func TestRegionsMapIDs(t *testing.T) {
 // TestRegionsExhausted: a segment whose IDs would pass 2^63-1 once mapped
 // is not served: the tag is exhausted, nothing wraps around.
 func TestRegionsExhausted(t *testing.T) {
-	r := Regions{Count: 4, Region: 3}
-	top := r.maxValue()
+	r := tagmodel.Regions{Count: 4, Region: 3}
+	top := r.MaxValue()
 	if top*4+3 < 0 || (top+1)*4+3 > 0 {
-		t.Fatalf("maxValue %d is not the largest value that maps below 2^63", top)
+		t.Fatalf("MaxValue %d is not the largest value that maps below 2^63", top)
 	}
-	st := newMemStore(t, Tag{Name: "orders", MaxID: top - 4, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "orders", MaxID: top - 4, Step: 10})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxDepth: 1, Regions: r})
 	_, err := a.Take(t.Context(), "orders", 1, nil)
-	if !errors.Is(err, ErrExhausted) && !errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, tagmodel.ErrExhausted) && !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Take = %v, want ErrExhausted (or ErrUnavailable)", err)
 	}
 	eventually(t, "the tag exhausted", func() bool {
 		_, err := a.Take(t.Context(), "orders", 1, nil)
-		return errors.Is(err, ErrExhausted)
+		return errors.Is(err, tagmodel.ErrExhausted)
 	})
 	if top > math.MaxInt64/4 {
-		t.Fatalf("maxValue %d above 2^63/4", top)
+		t.Fatalf("MaxValue %d above 2^63/4", top)
 	}
 }
 
 func TestRegionsCheck(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		r    Regions
+		r    tagmodel.Regions
 		ok   bool
 	}{
-		{"zero", Regions{}, true},
-		{"one", Regions{Count: 1}, true},
-		{"last of three", Regions{Count: 3, Region: 2}, true},
-		{"region beyond", Regions{Count: 3, Region: 3}, false},
-		{"negative region", Regions{Count: 3, Region: -1}, false},
-		{"negative count", Regions{Count: -1}, false},
-		{"too many", Regions{Count: MaxRegions + 1}, false},
-		{"region without count", Regions{Region: 1}, false},
+		{"zero", tagmodel.Regions{}, true},
+		{"one", tagmodel.Regions{Count: 1}, true},
+		{"last of three", tagmodel.Regions{Count: 3, Region: 2}, true},
+		{"region beyond", tagmodel.Regions{Count: 3, Region: 3}, false},
+		{"negative region", tagmodel.Regions{Count: 3, Region: -1}, false},
+		{"negative count", tagmodel.Regions{Count: -1}, false},
+		{"too many", tagmodel.Regions{Count: tagmodel.MaxRegions + 1}, false},
+		{"region without count", tagmodel.Regions{Region: 1}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.r.Check()
-			if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrInvalidArgument)) {
+			if (err == nil) != tc.ok || (err != nil && !errors.Is(err, tagmodel.ErrInvalidArgument)) {
 				t.Fatalf("Check(%+v) = %v, want ok %v", tc.r, err, tc.ok)
 			}
 			if _, err := New(Settings{Store: newMemStore(t), Regions: tc.r}); (err == nil) != tc.ok {
@@ -95,7 +96,7 @@ func TestRegionsCheck(t *testing.T) {
 // tag's requests still give up after MaxWait. (With every wait bounded by
 // MaxWait, the first Take fails with ErrUnavailable.)
 func TestColdWait(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "far", MaxID: 1, Step: 5})
+	st := newMemStore(t, tagmodel.Tag{Name: "far", MaxID: 1, Step: 5})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 5, MaxDepth: 1, MaxWait: 20 * time.Millisecond, ColdWait: time.Minute})
 	eventually(t, "the tag list", a.Ready)
 	gate := make(chan struct{})
@@ -126,7 +127,7 @@ func TestBufferTime(t *testing.T) {
 	var mu sync.Mutex // protects now
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	st := newMemStore(t, Tag{Name: "far", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "far", MaxID: 1, Step: 10})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxDepth: 1000, BufferTime: 30 * time.Second, Now: clock})
 	for range 400 {
 		take(t, a, "far", 1)
@@ -153,13 +154,13 @@ func TestBufferTime(t *testing.T) {
 // again. (With fetch not calling Verify, the first Take succeeds while
 // Verify fails.)
 func TestVerifyBeforeFirstFetch(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "orders", MaxID: 1, Step: 10})
+	st := newMemStore(t, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 10})
 	var mu sync.Mutex // protects verifyErr, calls
-	verifyErr, calls := error(ErrRegionMismatch), 0
+	verifyErr, calls := error(tagmodel.ErrRegionMismatch), 0
 	a := newAllocator(t, Settings{Store: st, MaxWait: 20 * time.Millisecond, ColdWait: 20 * time.Millisecond, MaxStep: 10,
 		Verify: func(context.Context) error { mu.Lock(); defer mu.Unlock(); calls++; return verifyErr }})
 	_, err := a.Take(t.Context(), "orders", 1, nil)
-	if !errors.Is(err, ErrRegionMismatch) {
+	if !errors.Is(err, tagmodel.ErrRegionMismatch) {
 		t.Fatalf("Take while Verify fails = %v, want its error", err)
 	}
 	if n := st.fetchCount("orders"); n != 0 {

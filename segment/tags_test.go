@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -59,17 +60,17 @@ func TestTagMapAgainstAMap(t *testing.T) {
 type changeStore struct {
 	*memStore
 	cmu     sync.Mutex // protects the fields below
-	log     []TagChange
+	log     []tagmodel.Change
 	listing int // calls of Tags
 }
 
-func (s *changeStore) Changes(ctx context.Context, cursor int64) ([]TagChange, int64, error) {
+func (s *changeStore) Changes(ctx context.Context, cursor int64) ([]tagmodel.Change, int64, error) {
 	s.cmu.Lock()
 	defer s.cmu.Unlock()
 	if cursor == 0 {
 		return nil, int64(len(s.log)) + 1, nil
 	}
-	return append([]TagChange(nil), s.log[cursor-1:]...), int64(len(s.log)) + 1, nil
+	return append([]tagmodel.Change(nil), s.log[cursor-1:]...), int64(len(s.log)) + 1, nil
 }
 
 func (s *changeStore) Tags(ctx context.Context) ([]string, error) {
@@ -80,7 +81,7 @@ func (s *changeStore) Tags(ctx context.Context) ([]string, error) {
 }
 
 // change records t as changed (created or updated) in the store.
-func (s *changeStore) change(t Tag) {
+func (s *changeStore) change(t tagmodel.Tag) {
 	s.memStore.set(func(m *memStore) {
 		if cur := m.tags[t.Name]; cur != nil {
 			cur.Step = t.Step
@@ -89,24 +90,24 @@ func (s *changeStore) change(t Tag) {
 		}
 	})
 	s.cmu.Lock()
-	s.log = append(s.log, TagChange{Tag: t})
+	s.log = append(s.log, tagmodel.Change{Tag: t})
 	s.cmu.Unlock()
 }
 
 func TestIncrementalRefresh(t *testing.T) {
 	ctx := context.Background()
-	st := &changeStore{memStore: newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 10})}
+	st := &changeStore{memStore: newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})}
 	a := newAllocator(t, Settings{Store: st, NegativeTTL: time.Hour, RefreshInterval: time.Hour})
 	eventually(t, "the first refresh", a.Ready)
 	if got := take(t, a, "a", 1); got[0] != 1 {
 		t.Fatalf("a: %v, want 1", got)
 	}
 	// Unknown now, and remembered as unknown for an hour...
-	if _, err := a.Take(ctx, "new", 1, nil); !errors.Is(err, ErrUnknownTag) {
+	if _, err := a.Take(ctx, "new", 1, nil); !errors.Is(err, tagmodel.ErrUnknownTag) {
 		t.Fatalf("new before creation: %v, want ErrUnknownTag", err)
 	}
 	// ...unless a refresh sees it created.
-	st.change(Tag{Name: "new", MaxID: 1, Step: 10})
+	st.change(tagmodel.Tag{Name: "new", MaxID: 1, Step: 10})
 	if err := a.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func TestIncrementalRefresh(t *testing.T) {
 		t.Fatalf("new after the refresh: %v, want 1", got)
 	}
 	// A step raised by an operator takes effect at the next fetch.
-	st.change(Tag{Name: "a", Step: 500})
+	st.change(tagmodel.Tag{Name: "a", Step: 500})
 	if err := a.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func TestIncrementalRefresh(t *testing.T) {
 // drops its buffers; its next request brings it back from where it gave
 // back, and a tag in use is kept.
 func TestIdleTagReleased(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "idle", MaxID: 1, Step: 100}, Tag{Name: "busy", MaxID: 1, Step: 100})
+	st := newMemStore(t, tagmodel.Tag{Name: "idle", MaxID: 1, Step: 100}, tagmodel.Tag{Name: "busy", MaxID: 1, Step: 100})
 	// The event is the give-back itself: the tag leaves the tag map (Known)
 	// before its IDs are offered back, so waiting for !Known and then
 	// reading max_id raced with the give-back.
@@ -195,7 +196,7 @@ func TestIdleTagReleased(t *testing.T) {
 // TestTakeRacingWithRelease: requests racing with the release of their tag
 // never get an ID twice and never fail.
 func TestTakeRacingWithRelease(t *testing.T) {
-	st := newMemStore(t, Tag{Name: "a", MaxID: 1, Step: 7})
+	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 7})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 7})
 	seen := map[int64]bool{}
 	for round := range 200 {

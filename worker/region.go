@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // Region places a worker in one region of a NATS supercluster
@@ -32,11 +32,11 @@ func (r Region) On() bool { return r.Bits > 0 || r.Count > 1 }
 func (r Region) PerRegionStores() bool { return r.Count > 1 }
 
 // Segments are the allocator's region settings.
-func (r Region) Segments() segment.Regions {
+func (r Region) Segments() tagmodel.Regions {
 	if !r.PerRegionStores() {
-		return segment.Regions{}
+		return tagmodel.Regions{}
 	}
-	return segment.Regions{Count: r.Count, Region: r.N}
+	return tagmodel.Regions{Count: r.Count, Region: r.N}
 }
 
 // Name returns bucket with the region's suffix ("_r1") if bucket is
@@ -65,8 +65,8 @@ func (r Region) check() error {
 	switch {
 	case r.Bits < 0 || r.Bits > 9:
 		return fmt.Errorf("--region-bits %d: want 0..9 (at least one of the 10 snowflake worker bits stays the region's own)", r.Bits)
-	case r.Count < 0 || r.Count > segment.MaxRegions:
-		return fmt.Errorf("--regions %d: want 1..%d", r.Count, segment.MaxRegions)
+	case r.Count < 0 || r.Count > tagmodel.MaxRegions:
+		return fmt.Errorf("--regions %d: want 1..%d", r.Count, tagmodel.MaxRegions)
 	case r.N < 0:
 		return fmt.Errorf("--region %d: want 0 or more", r.N)
 	case r.N > 0 && !r.On():

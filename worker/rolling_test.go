@@ -17,6 +17,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 )
@@ -197,7 +198,7 @@ func TestRollingRestarts(t *testing.T) {
 	// to ride out). With steps of 100, a restarted worker's buffers
 	// (fresh, at the tag's own step) ran dry in a 3 s election and 503s
 	// reached clients on other servers.
-	for _, tag := range []segment.Tag{{Name: "plain", Step: 5000, MaxID: 1}, {Name: "orders", Step: 5000, MaxID: 1, Ordered: true}} {
+	for _, tag := range []tagmodel.Tag{{Name: "plain", Step: 5000, MaxID: 1}, {Name: "orders", Step: 5000, MaxID: 1, Ordered: true}} {
 		if err := store.CreateTag(ctx, tag); err != nil {
 			t.Fatal(err)
 		}

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -65,7 +65,7 @@ type pingFails struct{ KV }
 
 const storeSecretHost, storeSecretUser = "db-primary.internal.example", "dispenser_admin"
 
-type failingPing struct{ segment.Store }
+type failingPing struct{ tagmodel.Store }
 
 func (failingPing) Ping(context.Context) error {
 	return errors.New("failed to connect to `user=" + storeSecretUser + " database=ids`: " + storeSecretHost + ":5432: connection refused")

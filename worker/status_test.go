@@ -19,6 +19,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -127,7 +128,7 @@ func statusWorker(tb testing.TB) (*Worker, string) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	for _, tag := range []segment.Tag{{Name: "orders", Step: 1000, MaxID: 1}, {Name: "invoices", Step: 10, MaxID: 1, Ordered: true}} {
+	for _, tag := range []tagmodel.Tag{{Name: "orders", Step: 1000, MaxID: 1}, {Name: "invoices", Step: 10, MaxID: 1, Ordered: true}} {
 		if err := store.CreateTag(ctx, tag); err != nil {
 			tb.Fatal(err)
 		}

@@ -9,9 +9,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/witness"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // A StoreOpener opens the segment store a worker allocates from: KV (the
@@ -42,9 +42,9 @@ type StoreEnv struct {
 // Store is an open segment store.
 type Store struct {
 	// Store is what the allocator fetches from.
-	segment.Store
+	tagmodel.Store
 	// Admin creates and changes tags; nil if the store cannot.
-	Admin segment.Admin
+	Admin tagmodel.Admin
 	// Name identifies the store among the stores a queue group of workers
 	// could use (dispenser.Config.Store): workers of one queue group and
 	// prefix must share it.

@@ -42,6 +42,7 @@ import (
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 var (
@@ -200,12 +201,12 @@ func (c Config) validate() error {
 		err = fmt.Errorf("--max-batch %d: want 1..1000000 (and a reply of 20 bytes per ID must fit the NATS max payload)", c.MaxBatch)
 	case !(s.PrefetchRatio >= 0 && s.PrefetchRatio <= 1):
 		err = fmt.Errorf("--prefetch-ratio %v: want more than 0, at most 1", s.PrefetchRatio)
-	case s.MaxStep < 0 || s.MaxStep > segment.MaxStepLimit:
-		err = fmt.Errorf("--max-step %d: want 1..%d", s.MaxStep, segment.MaxStepLimit)
+	case s.MaxStep < 0 || s.MaxStep > tagmodel.MaxStepLimit:
+		err = fmt.Errorf("--max-step %d: want 1..%d", s.MaxStep, tagmodel.MaxStepLimit)
 	case s.MaxDepth < 0 || s.MaxDepth > segment.MaxDepthLimit:
 		err = fmt.Errorf("--max-depth %d: want 1..%d", s.MaxDepth, segment.MaxDepthLimit)
-	case s.AutoCreateStep < 0 || s.AutoCreateStep > segment.MaxStepLimit:
-		err = fmt.Errorf("--auto-create-step %d: want 1..%d", s.AutoCreateStep, segment.MaxStepLimit)
+	case s.AutoCreateStep < 0 || s.AutoCreateStep > tagmodel.MaxStepLimit:
+		err = fmt.Errorf("--auto-create-step %d: want 1..%d", s.AutoCreateStep, tagmodel.MaxStepLimit)
 	case s.MaxWait < 0 || s.ColdWait < 0 || s.BufferTime < 0 || s.FetchTimeout < 0 || s.RefreshInterval < 0 || s.NegativeTTL < 0 || c.ShutdownTimeout < 0:
 		err = errors.New("--max-wait, --cold-wait, --buffer-time, --fetch-timeout, --refresh-interval, --unknown-tag-ttl and --shutdown-timeout must be positive")
 	case c.Owners.Replicas < 0 || c.Owners.Replicas > 5:
@@ -509,14 +510,14 @@ func (w *Worker) start(ctx context.Context) error {
 }
 
 // checkRegions makes sure the store serves the worker's region settings
-// (segment.CheckRegions): a store per region records its region, and a
+// (tagmodel.CheckRegions): a store per region records its region, and a
 // worker of another region, or without regions, is refused. A store that
 // cannot be reached now is not an error (a worker starts while its
 // database is down): the returned func checks before the allocator's
 // first fetch (segment.Settings.Verify); nil if the check passed.
 func (w *Worker) checkRegions(ctx context.Context) (verify func(context.Context) error, err error) {
 	r := w.cfg.Region.Segments()
-	rs, ok := w.store.Admin.(segment.RegionStore)
+	rs, ok := w.store.Admin.(tagmodel.RegionStore)
 	if !ok {
 		if r.Count > 1 {
 			return nil, fmt.Errorf("%w: --regions: the store %s cannot record its region", ErrConfig, w.store.Name)
@@ -525,14 +526,14 @@ func (w *Worker) checkRegions(ctx context.Context) (verify func(context.Context)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	err = segment.CheckRegions(cctx, rs, r)
-	if err == nil || errors.Is(err, segment.ErrRegionMismatch) || errors.Is(err, segment.ErrInvalidArgument) {
+	err = tagmodel.CheckRegions(cctx, rs, r)
+	if err == nil || errors.Is(err, tagmodel.ErrRegionMismatch) || errors.Is(err, tagmodel.ErrInvalidArgument) {
 		return nil, err
 	}
 	w.log.Warn("cannot check the store's region settings now; starting anyway: the first fetch checks them", "err", err)
 	return func(ctx context.Context) error {
-		err := segment.CheckRegions(ctx, rs, r)
-		if errors.Is(err, segment.ErrRegionMismatch) {
+		err := tagmodel.CheckRegions(ctx, rs, r)
+		if errors.Is(err, tagmodel.ErrRegionMismatch) {
 			w.log.Error("the store belongs to another region: no segment is fetched from it", "err", err)
 		}
 		return err

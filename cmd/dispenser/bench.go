@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/bench"
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker"
 )
 
@@ -110,7 +110,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("bench: --tags-store %d: want at most 10000000", c.TagsStore)
 	}
 	c.TagsStore = max(c.TagsStore, c.Tags)
-	if !segment.ValidTag(c.Tag) {
+	if !tagmodel.ValidTag(c.Tag) {
 		return fmt.Errorf("bench: --tag %q: want 1-128 characters of [A-Za-z0-9_-]", c.Tag)
 	}
 	if c.URL != "" && c.PostgresURL != "" {

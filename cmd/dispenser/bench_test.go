@@ -19,8 +19,8 @@ import (
 
 	"github.com/dispenser-dev/dispenser/bench"
 	"github.com/dispenser-dev/dispenser/protocol"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 )
@@ -108,7 +108,7 @@ func TestBenchDeployment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.CreateTag(context.Background(), segment.Tag{Name: "orders", Step: 1000, MaxID: 1}); err != nil {
+	if err := st.CreateTag(context.Background(), tagmodel.Tag{Name: "orders", Step: 1000, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := worker.New(context.Background(), worker.Config{NATS: worker.NATS{URL: ns.ClientURL()}, Instance: "w1", ShutdownTimeout: 10 * time.Second,

@@ -20,12 +20,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/schema"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/witness"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/mysqlstore"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
@@ -256,7 +256,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.StringVar(&reset, "reset", "none", what+"reset period: day, month or year (numbers start again from --start every period, each period a row of its own), or none; once set it cannot change")
 		fs.StringVar(&timeZone, "time-zone", "", what+"IANA time zone the periods are counted in, e.g. Asia/Shanghai (empty: UTC)")
 		fs.StringVar(&format, "format", "", what+"number format, e.g. ORD-{date:20060102}-{seq:6} ({date:LAYOUT} required with a reset period; once set, only the width of {seq} may change; docs/business-numbers.md)")
-		fs.IntVar(&retention, "retention-days", 0, fmt.Sprintf("%sdays a period's row is kept after the period ended, 1..%d (0: %d)", what, segment.MaxRetentionDays, segment.DefaultRetentionDays))
+		fs.IntVar(&retention, "retention-days", 0, fmt.Sprintf("%sdays a period's row is kept after the period ended, 1..%d (0: %d)", what, tagmodel.MaxRetentionDays, tagmodel.DefaultRetentionDays))
 	}
 	switch sub {
 	case "list":
@@ -298,12 +298,12 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer closeStore()
 	// A store records its region settings before its first tag
-	// (segment.CheckRegions), so that workers of other settings are
-	// refused; tags list only reads them (segment.MatchRegions).
-	if rs, ok := st.Admin.(segment.RegionStore); ok {
-		check := segment.CheckRegions
+	// (tagmodel.CheckRegions), so that workers of other settings are
+	// refused; tags list only reads them (tagmodel.MatchRegions).
+	if rs, ok := st.Admin.(tagmodel.RegionStore); ok {
+		check := tagmodel.CheckRegions
 		if sub == "list" {
-			check = segment.MatchRegions
+			check = tagmodel.MatchRegions
 		}
 		if err := check(ctx, rs, sf.region.Segments()); err != nil {
 			return err
@@ -317,13 +317,13 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if !given["step"] {
 			return errors.New("tags create: --step is required")
 		}
-		t := segment.Tag{Name: pos[0], Step: step, MaxID: start, Description: desc, Ordered: ordered,
-			Reset: segment.Reset(reset), TimeZone: timeZone, Format: format, RetentionDays: retention}
+		t := tagmodel.Tag{Name: pos[0], Step: step, MaxID: start, Description: desc, Ordered: ordered,
+			Reset: tagmodel.Reset(reset), TimeZone: timeZone, Format: format, RetentionDays: retention}
 		if err := st.Admin.CreateTag(ctx, t); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d, ordered %s", pos[0], sf.region.Segments().ID(start), step, yesNo(ordered))
-		if r, _ := segment.ParseReset(reset); r != segment.ResetNone {
+		if r, _ := tagmodel.ParseReset(reset); r != tagmodel.ResetNone {
 			fmt.Fprintf(stdout, ", reset every %s (%s)", r, cmp.Or(timeZone, "UTC"))
 		}
 		if format != "" {
@@ -332,7 +332,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout)
 		return nil
 	default: // update
-		var u segment.TagUpdate
+		var u tagmodel.Update
 		var changes []string
 		if given["step"] {
 			u.Step = &step
@@ -347,7 +347,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			changes = append(changes, "ordered "+yesNo(ordered))
 		}
 		if given["reset"] {
-			r := segment.Reset(reset)
+			r := tagmodel.Reset(reset)
 			u.Reset = &r
 			changes = append(changes, "reset "+reset)
 		}
@@ -381,7 +381,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // (none, day, month, year), with TIME ZONE and RETENTION for a tag that
 // has one; FORMAT the number format, if any. NEXT ID of a tag with a reset
 // period is every period's start.
-func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Writer) error {
+func listTags(ctx context.Context, st tagmodel.Store, marks marker, stdout io.Writer) error {
 	names, err := st.Tags(ctx)
 	if err != nil {
 		return err
@@ -394,7 +394,7 @@ func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Wri
 	}
 	for _, name := range names {
 		t, err := st.Tag(ctx, name)
-		if errors.Is(err, segment.ErrUnknownTag) {
+		if errors.Is(err, tagmodel.ErrUnknownTag) {
 			continue // removed meanwhile
 		}
 		if err != nil {
@@ -416,9 +416,9 @@ func listTags(ctx context.Context, st segment.Store, marks marker, stdout io.Wri
 		// A tag with a reset period shows its time zone (UTC if none) and
 		// retention (the default if none); one without, none of them.
 		zone, retention := "", ""
-		if t.Reset != segment.ResetNone {
+		if t.Reset != tagmodel.ResetNone {
 			zone = cmp.Or(t.TimeZone, "UTC")
-			retention = fmt.Sprintf("%dd", cmp.Or(t.RetentionDays, segment.DefaultRetentionDays))
+			retention = fmt.Sprintf("%dd", cmp.Or(t.RetentionDays, tagmodel.DefaultRetentionDays))
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Step, yesNo(t.Ordered), t.Reset, zone, retention, t.Format,
 			t.UpdateTime.UTC().Format(time.RFC3339), t.Description)

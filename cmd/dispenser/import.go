@@ -8,7 +8,7 @@ import (
 	"math"
 	"sort"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker/mysqlstore"
 )
 
@@ -25,7 +25,7 @@ store flags: --postgres-url URL, --mysql-url DSN (another database), or --nats-u
 // raiser moves a tag's max_id up to at least a floor (segment/postgres and
 // segment/mysql have it).
 type raiser interface {
-	FetchAbove(ctx context.Context, tag string, floor, step int64) (segment.Allocation, int64, error)
+	FetchAbove(ctx context.Context, tag string, floor, step int64) (tagmodel.Allocation, int64, error)
 }
 
 // leafRow is a row of Leaf's leaf_alloc, Leaf's columns only.
@@ -117,8 +117,8 @@ func readLeafRows(ctx context.Context, dsn string) ([]leafRow, error) {
 }
 
 // importTag imports one Leaf row into the store and says what it did.
-func importTag(ctx context.Context, st segment.Store, admin segment.Admin, r leafRow, margin int64) (string, error) {
-	if err := segment.CheckTag(r.name); err != nil {
+func importTag(ctx context.Context, st tagmodel.Store, admin tagmodel.Admin, r leafRow, margin int64) (string, error) {
+	if err := tagmodel.CheckTag(r.name); err != nil {
 		return "", err
 	}
 	if r.maxID < 1 || r.maxID > math.MaxInt64-margin {
@@ -127,9 +127,9 @@ func importTag(ctx context.Context, st segment.Store, admin segment.Admin, r lea
 	start := r.maxID + margin
 	t, err := st.Tag(ctx, r.name)
 	switch {
-	case errors.Is(err, segment.ErrUnknownTag):
-		err := admin.CreateTag(ctx, segment.Tag{Name: r.name, Step: r.step, MaxID: start, Description: r.description})
-		if errors.Is(err, segment.ErrTagExists) {
+	case errors.Is(err, tagmodel.ErrUnknownTag):
+		err := admin.CreateTag(ctx, tagmodel.Tag{Name: r.name, Step: r.step, MaxID: start, Description: r.description})
+		if errors.Is(err, tagmodel.ErrTagExists) {
 			return "", fmt.Errorf("created meanwhile by someone else: run the import again")
 		}
 		if err != nil {

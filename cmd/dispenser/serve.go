@@ -15,6 +15,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/witness"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/mysqlstore"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
@@ -39,7 +40,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		c.MetricsTags = nil
 		for t := range strings.SplitSeq(v, ",") {
 			if t = strings.TrimSpace(t); t != "" {
-				if err := segment.CheckTag(t); err != nil {
+				if err := tagmodel.CheckTag(t); err != nil {
 					return err
 				}
 				c.MetricsTags = append(c.MetricsTags, t)
@@ -119,8 +120,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if !given["auto-create-tags"] && os.Getenv(envName("auto-create-tags")) == "" {
 		*autoCreate = c.NATS.URL == "" && pg.URL == "" && my.DSN == ""
 	}
-	if *autoCreateStep < 1 || *autoCreateStep > segment.MaxStepLimit {
-		return fmt.Errorf("--auto-create-step %d: want 1..%d", *autoCreateStep, segment.MaxStepLimit)
+	if *autoCreateStep < 1 || *autoCreateStep > tagmodel.MaxStepLimit {
+		return fmt.Errorf("--auto-create-step %d: want 1..%d", *autoCreateStep, tagmodel.MaxStepLimit)
 	}
 	if *autoCreate {
 		c.Segment.AutoCreateStep = *autoCreateStep
@@ -168,7 +169,7 @@ func checkFlags(c worker.Config, pg pgstore.Postgres) error {
 	case s.PrefetchRatio == 0:
 		return fmt.Errorf("--prefetch-ratio 0: want more than 0, at most 1")
 	case s.MaxStep == 0:
-		return fmt.Errorf("--max-step 0: want 1..%d", segment.MaxStepLimit)
+		return fmt.Errorf("--max-step 0: want 1..%d", tagmodel.MaxStepLimit)
 	case s.MaxDepth == 0:
 		return fmt.Errorf("--max-depth 0: want 1..%d", segment.MaxDepthLimit)
 	case s.MaxWait == 0 || s.FetchTimeout == 0 || s.RefreshInterval == 0 || s.NegativeTTL == 0 || c.ShutdownTimeout == 0:

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -47,7 +47,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := store.CreateTag(ctx, segment.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: "order numbers"}); err != nil {
+	if err := store.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: "order numbers"}); err != nil {
 		log.Fatal(err)
 	}
 	a, err := store.Fetch(ctx, "orders", 0) // 0: the tag's own step

@@ -14,6 +14,7 @@ import (
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -42,12 +43,12 @@ func openLogged(tb testing.TB, srv *server.Server) (*kv.Store, *logBuffer) {
 
 func mustCreate(tb testing.TB, s *kv.Store, name string, step int64) {
 	tb.Helper()
-	if err := s.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1}); err != nil {
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: name, Step: step, MaxID: 1}); err != nil {
 		tb.Fatalf("CreateTag(%q): %v", name, err)
 	}
 }
 
-func mustFetch(tb testing.TB, s *kv.Store, name string) segment.Allocation {
+func mustFetch(tb testing.TB, s *kv.Store, name string) tagmodel.Allocation {
 	tb.Helper()
 	a, err := s.Fetch(ctx, name, 0)
 	if err != nil {
@@ -84,11 +85,11 @@ func TestPurgedBucket(t *testing.T) {
 	purge(t, srv)
 
 	// The running Store: the tag is gone, and nothing is created.
-	if a, err := s.Fetch(ctx, "orders", 0); !errors.Is(err, kv.ErrBucketPurged) || errors.Is(err, segment.ErrUnknownTag) {
+	if a, err := s.Fetch(ctx, "orders", 0); !errors.Is(err, kv.ErrBucketPurged) || errors.Is(err, tagmodel.ErrUnknownTag) {
 		t.Errorf("Fetch after the purge = %+v, %v, want ErrBucketPurged and not ErrUnknownTag", a, err)
 	}
 	for _, name := range []string{"orders", "fresh"} {
-		if err := s.CreateTag(ctx, segment.Tag{Name: name, Step: 10, MaxID: 1}); !errors.Is(err, kv.ErrBucketPurged) {
+		if err := s.CreateTag(ctx, tagmodel.Tag{Name: name, Step: 10, MaxID: 1}); !errors.Is(err, kv.ErrBucketPurged) {
 			t.Errorf("CreateTag(%q) after the purge: %v, want ErrBucketPurged", name, err)
 		}
 	}
@@ -147,7 +148,7 @@ func TestTTLAddedAfterStart(t *testing.T) {
 			if a, err := s.Fetch(ctx, "orders", 0); !errors.Is(err, tt.want) {
 				t.Errorf("Fetch after the change = %+v, %v, want %v", a, err, tt.want)
 			}
-			if err := s.CreateTag(ctx, segment.Tag{Name: "fresh", Step: 10, MaxID: 1}); !errors.Is(err, tt.want) {
+			if err := s.CreateTag(ctx, tagmodel.Tag{Name: "fresh", Step: 10, MaxID: 1}); !errors.Is(err, tt.want) {
 				t.Errorf("CreateTag after the change: %v, want %v", err, tt.want)
 			}
 			checkLogged(t, log, "refusing to use a bucket", "nats stream edit")
@@ -178,7 +179,7 @@ func TestRecreatedBucket(t *testing.T) {
 	if a, err := old.Fetch(ctx, "orders", 0); !errors.Is(err, kv.ErrBucketRecreated) {
 		t.Errorf("Fetch on the re-created bucket = %+v, %v, want ErrBucketRecreated", a, err)
 	}
-	if err := old.CreateTag(ctx, segment.Tag{Name: "other", Step: 10, MaxID: 1}); !errors.Is(err, kv.ErrBucketRecreated) {
+	if err := old.CreateTag(ctx, tagmodel.Tag{Name: "other", Step: 10, MaxID: 1}); !errors.Is(err, kv.ErrBucketRecreated) {
 		t.Errorf("CreateTag on the re-created bucket: %v, want ErrBucketRecreated", err)
 	}
 	checkLogged(t, log, "was created at", "deleted the bucket")
@@ -222,11 +223,11 @@ func TestDeletedKeyNotCreatedAgain(t *testing.T) {
 			}
 			t.Cleanup(func() { other.Close(context.Background()) })
 			for range 3 {
-				if runs, err := other.Take(ctx, "orders", 1, nil); !errors.Is(err, segment.ErrTagDeleted) {
+				if runs, err := other.Take(ctx, "orders", 1, nil); !errors.Is(err, tagmodel.ErrTagDeleted) {
 					t.Fatalf("Take after the key was %s = %v, %v, want ErrTagDeleted", tt.name, runs, err)
 				}
 			}
-			if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); !errors.Is(err, segment.ErrTagDeleted) {
+			if err := s.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1}); !errors.Is(err, tagmodel.ErrTagDeleted) {
 				t.Fatalf("CreateTag after the key was %s: %v, want ErrTagDeleted", tt.name, err)
 			}
 			checkLogged(t, log, "refusing to create a tag whose key was deleted", "nats kv put "+kv.DefaultBucket+" orders")

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // A period of a tag with a reset period is a key of its own, its period
@@ -28,9 +28,9 @@ import (
 
 // fetchPeriod fetches a segment of the period name (tag's period key),
 // creating its key if missing.
-func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, step int64) (segment.Allocation, error) {
+func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, step int64) (tagmodel.Allocation, error) {
 	tv, _, err := s.read(ctx, tag)
-	if errors.Is(err, segment.ErrUnknownTag) {
+	if errors.Is(err, tagmodel.ErrUnknownTag) {
 		// A missing tag key means "deleted" only in a bucket that still
 		// holds what it held.
 		if herr := s.guard.CheckHeld(ctx); herr != nil {
@@ -38,73 +38,73 @@ func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, step int
 		}
 	}
 	if err != nil {
-		return segment.Allocation{}, err
+		return tagmodel.Allocation{}, err
 	}
 	p, err := tv.tag(tag).PeriodOfKey(key)
 	if err != nil {
-		return segment.Allocation{}, err
+		return tagmodel.Allocation{}, err
 	}
 	for range 3 {
 		a, err := s.fetchKey(ctx, name, step, &tv)
-		if !errors.Is(err, segment.ErrUnknownTag) {
+		if !errors.Is(err, tagmodel.ErrUnknownTag) {
 			return a, err
 		}
 		// The key is missing, or has a delete marker.
-		if segment.PeriodExpired(p.End, s.now(), tv.RetentionDays) {
-			return segment.Allocation{}, fmt.Errorf("%w: the period ended %s, more than %d days ago by this worker's clock, and has no key (pruned or never used); its numbers are not started again",
-				segment.ErrPeriodExpired, p.End.UTC().Format(time.RFC3339), cmp.Or(tv.RetentionDays, segment.DefaultRetentionDays))
+		if tagmodel.PeriodExpired(p.End, s.now(), tv.RetentionDays) {
+			return tagmodel.Allocation{}, fmt.Errorf("%w: the period ended %s, more than %d days ago by this worker's clock, and has no key (pruned or never used); its numbers are not started again",
+				tagmodel.ErrPeriodExpired, p.End.UTC().Format(time.RFC3339), cmp.Or(tv.RetentionDays, tagmodel.DefaultRetentionDays))
 		}
 		// A missing key is a new period only in a bucket that still
 		// holds what it held.
 		if err := s.guard.CheckHeld(ctx); err != nil {
-			return segment.Allocation{}, err
+			return tagmodel.Allocation{}, err
 		}
 		n := step
 		if n <= 0 {
 			n = tv.Step
 		}
 		if n <= 0 {
-			return segment.Allocation{}, fmt.Errorf("%w: the tag's stored step %d is not positive", segment.ErrInvalidStep, tv.Step)
+			return tagmodel.Allocation{}, fmt.Errorf("%w: the tag's stored step %d is not positive", tagmodel.ErrInvalidStep, tv.Step)
 		}
 		if tv.MaxID > math.MaxInt64-n {
-			return segment.Allocation{}, fmt.Errorf("%w: max_id would overflow int64", segment.ErrExhausted)
+			return tagmodel.Allocation{}, fmt.Errorf("%w: max_id would overflow int64", tagmodel.ErrExhausted)
 		}
 		end := p.End.UTC()
 		v := value{MaxID: tv.MaxID + n, Step: tv.Step, PeriodEnd: &end, UpdateTime: time.Now().UTC()}
 		b, err := json.Marshal(v)
 		if err != nil {
-			return segment.Allocation{}, err
+			return tagmodel.Allocation{}, err
 		}
 		rev, err := s.kv.Update(ctx, name, b, 0)
 		if err == nil {
 			if err := s.guard.Check(ctx); err != nil {
-				return segment.Allocation{}, err
+				return tagmodel.Allocation{}, err
 			}
 			s.remember(name, entry{v, rev})
-			return segment.Allocation{Start: tv.MaxID, End: v.MaxID, TagStep: tv.Step}, nil
+			return tagmodel.Allocation{Start: tv.MaxID, End: v.MaxID, TagStep: tv.Step}, nil
 		}
 		if !kvbucket.Conflict(err) {
-			return segment.Allocation{}, err
+			return tagmodel.Allocation{}, err
 		}
 		e, err := kvbucket.Latest(ctx, s.kv, name)
 		if err != nil {
-			return segment.Allocation{}, err
+			return tagmodel.Allocation{}, err
 		}
 		if e != nil && e.Operation() != jetstream.KeyValuePut {
-			return segment.Allocation{}, fmt.Errorf("%w: the period's key in bucket %q was %s at %s (pruned, or nats kv del), and with it the record of the numbers it handed out; "+
-				"they are not started again", segment.ErrTagDeleted, s.kv.Bucket(), kvbucket.MarkerVerb(e.Operation()), e.Created().UTC().Format(time.RFC3339Nano))
+			return tagmodel.Allocation{}, fmt.Errorf("%w: the period's key in bucket %q was %s at %s (pruned, or nats kv del), and with it the record of the numbers it handed out; "+
+				"they are not started again", tagmodel.ErrTagDeleted, s.kv.Bucket(), kvbucket.MarkerVerb(e.Operation()), e.Created().UTC().Format(time.RFC3339Nano))
 		}
 		// Another worker created it first: fetch from it.
 	}
-	return segment.Allocation{}, fmt.Errorf("kv: the period's key kept appearing and vanishing")
+	return tagmodel.Allocation{}, fmt.Errorf("kv: the period's key kept appearing and vanishing")
 }
 
 // PrunePeriods deletes the keys of periods that ended more than their
 // tag's retention ago by the Store's clock (Settings.Now), and returns how
 // many it deleted. It deletes, not purges: each key keeps its delete
 // marker, so the period is never created again (a fetch answers
-// segment.ErrPeriodExpired, or segment.ErrTagDeleted). The periods of a
-// deleted tag are kept segment.DefaultRetentionDays. It reads every key of
+// tagmodel.ErrPeriodExpired, or tagmodel.ErrTagDeleted). The periods of a
+// deleted tag are kept tagmodel.DefaultRetentionDays. It reads every key of
 // the bucket: call it no more often than periods end (hourly is plenty).
 func (s *Store) PrunePeriods(ctx context.Context) (int, error) {
 	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
@@ -132,9 +132,9 @@ func (s *Store) PrunePeriods(ctx context.Context) (int, error) {
 			if json.Unmarshal(e.Value(), &v) != nil {
 				continue // not ours
 			}
-			if tag, _, ok := segment.SplitPeriodName(e.Key()); ok && v.PeriodEnd != nil {
+			if tag, _, ok := tagmodel.SplitPeriodName(e.Key()); ok && v.PeriodEnd != nil {
 				periods = append(periods, period{e.Key(), tag, *v.PeriodEnd})
-			} else if segment.ValidTag(e.Key()) {
+			} else if tagmodel.ValidTag(e.Key()) {
 				retention[e.Key()] = v.RetentionDays
 			}
 		case <-ctx.Done():
@@ -143,7 +143,7 @@ func (s *Store) PrunePeriods(ctx context.Context) (int, error) {
 	}
 	now, n := s.now(), 0
 	for _, p := range periods {
-		if !segment.PeriodExpired(p.end, now, retention[p.tag]) {
+		if !tagmodel.PeriodExpired(p.end, now, retention[p.tag]) {
 			continue
 		}
 		if err := s.kv.Delete(ctx, p.key); err != nil {

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -18,17 +18,17 @@ func TestPeriodsByTheStoresClock(t *testing.T) {
 	srv := testenv.NATS(t)
 	late := newStore(t, srv, kv.Settings{Logger: quiet})
 	ahead := newStore(t, srv, kv.Settings{Logger: quiet, Now: func() time.Time { return time.Now().AddDate(0, 0, 10) }})
-	if err := late.CreateTag(ctx, segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay}); err != nil {
+	if err := late.CreateTag(ctx, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay}); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC()
-	today := segment.PeriodName("daily", segment.ResetDay.PeriodAt(now, time.UTC).Key)
-	yesterday := segment.PeriodName("daily", segment.ResetDay.PeriodAt(now.AddDate(0, 0, -1), time.UTC).Key)
-	want := segment.Allocation{Start: 1, End: 11, TagStep: 10}
+	today := tagmodel.PeriodName("daily", tagmodel.ResetDay.PeriodAt(now, time.UTC).Key)
+	yesterday := tagmodel.PeriodName("daily", tagmodel.ResetDay.PeriodAt(now.AddDate(0, 0, -1), time.UTC).Key)
+	want := tagmodel.Allocation{Start: 1, End: 11, TagStep: 10}
 	if a, err := late.Fetch(ctx, today, 0); err != nil || a != want {
 		t.Fatalf("Fetch(%s) = %+v, %v, want %+v", today, a, err, want)
 	}
-	if a, err := ahead.Fetch(ctx, yesterday, 0); !errors.Is(err, segment.ErrPeriodExpired) {
+	if a, err := ahead.Fetch(ctx, yesterday, 0); !errors.Is(err, tagmodel.ErrPeriodExpired) {
 		t.Errorf("Fetch(%s) by a clock 10 days ahead = %+v, %v, want ErrPeriodExpired", yesterday, a, err)
 	}
 	// An existing period's key serves on, whatever the clock.
@@ -44,7 +44,7 @@ func TestPeriodsByTheStoresClock(t *testing.T) {
 	if got := rawValueOrDeleted(t, bucket(t, srv, kv.DefaultBucket), today); got != "<deleted>" {
 		t.Errorf("pruned key %s holds %s, want a delete marker", today, got)
 	}
-	if a, err := late.Fetch(ctx, today, 0); !errors.Is(err, segment.ErrTagDeleted) {
+	if a, err := late.Fetch(ctx, today, 0); !errors.Is(err, tagmodel.ErrTagDeleted) {
 		t.Errorf("Fetch(%s) of a pruned period by a clock behind = %+v, %v, want ErrTagDeleted", today, a, err)
 	}
 	if a, err := late.Fetch(ctx, yesterday, 0); err != nil || a != want {
@@ -57,10 +57,10 @@ func TestPeriodsByTheStoresClock(t *testing.T) {
 func TestPeriodInPurgedBucket(t *testing.T) {
 	srv := testenv.NATS(t)
 	s := newStore(t, srv, kv.Settings{Logger: quiet})
-	if err := s.CreateTag(ctx, segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay}); err != nil {
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay}); err != nil {
 		t.Fatal(err)
 	}
-	today := segment.PeriodName("daily", segment.ResetDay.PeriodAt(time.Now(), time.UTC).Key)
+	today := tagmodel.PeriodName("daily", tagmodel.ResetDay.PeriodAt(time.Now(), time.UTC).Key)
 	if _, err := s.Fetch(ctx, today, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -82,20 +82,20 @@ func TestPeriodInPurgedBucket(t *testing.T) {
 func TestCachedWritesKeepEveryField(t *testing.T) {
 	srv := testenv.NATS(t)
 	s := newStore(t, srv, kv.Settings{Logger: quiet})
-	for _, tag := range []segment.Tag{
+	for _, tag := range []tagmodel.Tag{
 		{Name: "fmt", Step: 10, MaxID: 1, Format: "F{seq:4}"},
-		{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay, TimeZone: "Asia/Shanghai", Format: "D{date:20060102}{seq}", RetentionDays: 30},
+		{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay, TimeZone: "Asia/Shanghai", Format: "D{date:20060102}{seq}", RetentionDays: 30},
 	} {
 		if err := s.CreateTag(ctx, tag); err != nil {
 			t.Fatal(err)
 		}
 	}
-	loc, err := segment.LoadLocation("Asia/Shanghai")
+	loc, err := tagmodel.LoadLocation("Asia/Shanghai")
 	if err != nil {
 		t.Fatal(err)
 	}
-	period := segment.PeriodName("daily", segment.ResetDay.PeriodAt(time.Now(), loc).Key)
-	var last segment.Allocation
+	period := tagmodel.PeriodName("daily", tagmodel.ResetDay.PeriodAt(time.Now(), loc).Key)
+	var last tagmodel.Allocation
 	for range 3 {
 		if last, err = s.Fetch(ctx, "fmt", 0); err != nil {
 			t.Fatal(err)

@@ -33,7 +33,7 @@
 //     configuration is checked again after every write (ErrBucketTTL,
 //     ErrBucketLimits);
 //   - a tag's key deleted or purged by hand (nats kv del): the tag is not
-//     created again over its delete marker (segment.ErrTagDeleted) until
+//     created again over its delete marker (tagmodel.ErrTagDeleted) until
 //     its value is put back;
 //   - a tag's max_id lowered by hand below what this Store wrote: its
 //     fetches are refused (ErrMaxIDLowered).
@@ -53,7 +53,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -113,12 +113,12 @@ type Settings struct {
 	// Default slog.Default().
 	Logger *slog.Logger
 	// Now is the Store's clock, by which a missing period's row is
-	// expired (segment.PeriodExpired) and PrunePeriods prunes. Default
+	// expired (tagmodel.PeriodExpired) and PrunePeriods prunes. Default
 	// time.Now.
 	Now func() time.Time
 }
 
-// Store implements segment.Store and segment.Admin over a JetStream
+// Store implements tagmodel.Store and tagmodel.Admin over a JetStream
 // key-value bucket. It is safe for concurrent use, and any number of Stores
 // in any number of processes may share one bucket: every change is a
 // compare-and-swap on the tag's key, retried on conflict, so two fetches
@@ -206,8 +206,8 @@ type written struct {
 }
 
 var (
-	_ segment.Store = (*Store)(nil)
-	_ segment.Admin = (*Store)(nil)
+	_ tagmodel.Store = (*Store)(nil)
+	_ tagmodel.Admin = (*Store)(nil)
 )
 
 // New returns a Store over the bucket that s names, creating the bucket
@@ -256,7 +256,7 @@ type value struct {
 	Step        int64  `json:"step"`
 	Description string `json:"description"`
 	Ordered     bool   `json:"ordered,omitempty"` // absent: a plain tag
-	// The reset settings of a tag (segment.Tag's), absent for a tag
+	// The reset settings of a tag (tagmodel.Tag's), absent for a tag
 	// without a reset period.
 	Reset         string `json:"reset,omitempty"`
 	TimeZone      string `json:"time_zone,omitempty"`
@@ -268,16 +268,16 @@ type value struct {
 }
 
 // tag returns v as the tag name.
-func (v value) tag(name string) segment.Tag {
-	return segment.Tag{Name: name, MaxID: v.MaxID, Step: v.Step, Description: v.Description, Ordered: v.Ordered,
-		Reset: segment.Reset(v.Reset), TimeZone: v.TimeZone, Format: v.Format, RetentionDays: v.RetentionDays, UpdateTime: v.UpdateTime}
+func (v value) tag(name string) tagmodel.Tag {
+	return tagmodel.Tag{Name: name, MaxID: v.MaxID, Step: v.Step, Description: v.Description, Ordered: v.Ordered,
+		Reset: tagmodel.Reset(v.Reset), TimeZone: v.TimeZone, Format: v.Format, RetentionDays: v.RetentionDays, UpdateTime: v.UpdateTime}
 }
 
 // errNoChange makes modify return without writing.
 var errNoChange = errors.New("no change")
 
 // read returns the tag's value and revision; an unknown or deleted tag
-// yields segment.ErrUnknownTag.
+// yields tagmodel.ErrUnknownTag.
 //
 // A "not found" from KeyValue.Get, which any replica may answer (one behind
 // after a partition, or catching up), is checked with the stream leader
@@ -287,14 +287,14 @@ func (s *Store) read(ctx context.Context, tag string) (value, uint64, error) {
 	e, err := s.kv.Get(ctx, tag)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		if s.js == nil {
-			return value{}, 0, segment.ErrUnknownTag
+			return value{}, 0, tagmodel.ErrUnknownTag
 		}
 		l, err := kvbucket.LeaderLast(ctx, s.js, s.kv.Bucket(), tag)
 		switch {
 		case err != nil:
 			return value{}, 0, err
 		case l == nil || l.Op != jetstream.KeyValuePut:
-			return value{}, 0, segment.ErrUnknownTag
+			return value{}, 0, tagmodel.ErrUnknownTag
 		}
 		return decodeValue(l.Value, l.Revision)
 	}
@@ -426,25 +426,25 @@ func pause(ctx context.Context, attempt int) error {
 }
 
 // Fetch atomically advances the tag's max_id by step (the tag's own step if
-// step <= 0) and returns the IDs in between. Errors: segment.ErrInvalidTag,
-// segment.ErrInvalidStep (step above segment.MaxStepLimit, or the stored
-// step is not positive), segment.ErrUnknownTag, segment.ErrExhausted.
-func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
-	if err := segment.CheckName(tag); err != nil {
-		return segment.Allocation{}, fmt.Errorf("kv: fetch: %w", err)
+// step <= 0) and returns the IDs in between. Errors: tagmodel.ErrInvalidTag,
+// tagmodel.ErrInvalidStep (step above tagmodel.MaxStepLimit, or the stored
+// step is not positive), tagmodel.ErrUnknownTag, tagmodel.ErrExhausted.
+func (s *Store) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
+	if err := tagmodel.CheckName(tag); err != nil {
+		return tagmodel.Allocation{}, fmt.Errorf("kv: fetch: %w", err)
 	}
-	if step > segment.MaxStepLimit {
-		return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
+	if step > tagmodel.MaxStepLimit {
+		return tagmodel.Allocation{}, fmt.Errorf("kv: fetch %q: %w %d: want at most %d", tag, tagmodel.ErrInvalidStep, step, tagmodel.MaxStepLimit)
 	}
-	if t, key, ok := segment.SplitPeriodName(tag); ok {
+	if t, key, ok := tagmodel.SplitPeriodName(tag); ok {
 		a, err := s.fetchPeriod(ctx, tag, t, key, step)
 		if err != nil {
-			return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w", tag, err)
+			return tagmodel.Allocation{}, fmt.Errorf("kv: fetch %q: %w", tag, err)
 		}
 		return a, nil
 	}
 	a, err := s.fetchKey(ctx, tag, step, nil)
-	if errors.Is(err, segment.ErrUnknownTag) {
+	if errors.Is(err, tagmodel.ErrUnknownTag) {
 		// A tag served until now is gone: a missing key means "deleted"
 		// only in a bucket that still holds what it held.
 		if herr := s.guard.CheckHeld(ctx); herr != nil {
@@ -452,7 +452,7 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 		}
 	}
 	if err != nil {
-		return segment.Allocation{}, fmt.Errorf("kv: fetch %q: %w", tag, err)
+		return tagmodel.Allocation{}, fmt.Errorf("kv: fetch %q: %w", tag, err)
 	}
 	return a, nil
 }
@@ -461,12 +461,12 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 // of) a period's, by compare-and-swap. A period takes its tag's step
 // (as its default and TagStep, and stores it); a tag with a reset period
 // hands out nothing from its own key.
-func (s *Store) fetchKey(ctx context.Context, tag string, step int64, of *value) (segment.Allocation, error) {
-	var a segment.Allocation
+func (s *Store) fetchKey(ctx context.Context, tag string, step int64, of *value) (tagmodel.Allocation, error) {
+	var a tagmodel.Allocation
 	var wrote written
 	err := s.modify(ctx, tag, func(v *value, rev uint64) error {
 		if of == nil && v.Reset != "" {
-			return fmt.Errorf("%w: the tag has a reset period (%s): fetch its periods (%s)", segment.ErrInvalidArgument, v.Reset, segment.PeriodName(tag, "KEY"))
+			return fmt.Errorf("%w: the tag has a reset period (%s): fetch its periods (%s)", tagmodel.ErrInvalidArgument, v.Reset, tagmodel.PeriodName(tag, "KEY"))
 		}
 		if of != nil {
 			v.Step = of.Step
@@ -489,12 +489,12 @@ func (s *Store) fetchKey(ctx context.Context, tag string, step int64, of *value)
 			n = v.Step
 		}
 		if n <= 0 {
-			return fmt.Errorf("%w: the tag's stored step %d is not positive", segment.ErrInvalidStep, v.Step)
+			return fmt.Errorf("%w: the tag's stored step %d is not positive", tagmodel.ErrInvalidStep, v.Step)
 		}
 		if v.MaxID > math.MaxInt64-n {
-			return fmt.Errorf("%w: max_id would overflow int64", segment.ErrExhausted)
+			return fmt.Errorf("%w: max_id would overflow int64", tagmodel.ErrExhausted)
 		}
-		a = segment.Allocation{Start: v.MaxID, End: v.MaxID + n, TagStep: v.Step}
+		a = tagmodel.Allocation{Start: v.MaxID, End: v.MaxID + n, TagStep: v.Step}
 		v.MaxID = a.End
 		return nil
 	})
@@ -510,12 +510,12 @@ func (s *Store) fetchKey(ctx context.Context, tag string, step int64, of *value)
 // A max_id that is end again after other workers fetched and gave back is
 // not taken for it: the revision tells. An unknown tag, or one this Store
 // has not written, reports false. firstUnissued must be in 1..end
-// (segment.ErrInvalidArgument).
+// (tagmodel.ErrInvalidArgument).
 func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
-	if err := segment.CheckName(tag); err != nil {
+	if err := tagmodel.CheckName(tag); err != nil {
 		return false, fmt.Errorf("kv: give back: %w", err)
 	}
-	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
+	if err := tagmodel.CheckGiveBack(end, firstUnissued); err != nil {
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}
 	s.mu.Lock()
@@ -576,7 +576,7 @@ func (s *Store) Tags(ctx context.Context) ([]string, error) {
 			case e == nil: // all current keys seen
 				slices.Sort(names)
 				return slices.Compact(names), nil
-			case segment.ValidTag(e.Key()):
+			case tagmodel.ValidTag(e.Key()):
 				names = append(names, e.Key())
 			}
 		case <-ctx.Done():
@@ -585,33 +585,27 @@ func (s *Store) Tags(ctx context.Context) ([]string, error) {
 	}
 }
 
-// Tag looks up one tag. Errors: segment.ErrInvalidTag,
-// segment.ErrUnknownTag.
-func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
-	if err := segment.CheckTag(name); err != nil {
-		return segment.Tag{}, fmt.Errorf("kv: tag: %w", err)
+// Tag looks up one tag. Errors: tagmodel.ErrInvalidTag,
+// tagmodel.ErrUnknownTag.
+func (s *Store) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
+	if err := tagmodel.CheckTag(name); err != nil {
+		return tagmodel.Tag{}, fmt.Errorf("kv: tag: %w", err)
 	}
 	v, _, err := s.read(ctx, name)
 	if err != nil {
-		return segment.Tag{}, fmt.Errorf("kv: tag %q: %w", name, err)
+		return tagmodel.Tag{}, fmt.Errorf("kv: tag %q: %w", name, err)
 	}
 	return v.tag(name), nil
 }
 
 // CreateTag adds the tag t with step t.Step, first ID t.MaxID, t.Description
 // and t.Ordered. A deleted tag may be created again; it then starts over at
-// its new first ID. Errors: segment.ErrInvalidTag, segment.ErrInvalidStep
-// (step not in 1..segment.MaxStepLimit), segment.ErrInvalidArgument (first
-// ID < 1, description over segment.MaxDescription characters or not UTF-8
-// without NUL), segment.ErrTagExists (nothing changes).
-func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
-	if err := segment.CheckTagFields(t.Name, &t.Step, &t.Description); err != nil {
-		return fmt.Errorf("kv: create tag: %w", err)
-	}
-	if err := segment.CheckStart(t.MaxID); err != nil {
-		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
-	}
-	p, err := segment.CheckPeriodic(t)
+// its new first ID. Errors: tagmodel.ErrInvalidTag, tagmodel.ErrInvalidStep
+// (step not in 1..tagmodel.MaxStepLimit), tagmodel.ErrInvalidArgument (first
+// ID < 1, description over tagmodel.MaxDescription characters or not UTF-8
+// without NUL), tagmodel.ErrTagExists (nothing changes).
+func (s *Store) CreateTag(ctx context.Context, t tagmodel.Tag) error {
+	p, err := t.Check()
 	if err != nil {
 		return fmt.Errorf("kv: create tag: %w", err)
 	}
@@ -641,7 +635,7 @@ func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 }
 
 // createConflict tells why a key could not be created: it holds a value
-// (segment.ErrTagExists) or a delete or purge marker (segment.ErrTagDeleted,
+// (tagmodel.ErrTagExists) or a delete or purge marker (tagmodel.ErrTagDeleted,
 // logged once per marker).
 func (s *Store) createConflict(ctx context.Context, tag string) error {
 	e, err := kvbucket.Latest(ctx, s.kv, tag)
@@ -649,14 +643,14 @@ func (s *Store) createConflict(ctx context.Context, tag string) error {
 		return fmt.Errorf("kv: create tag %q: %w", tag, err)
 	}
 	if e == nil || e.Operation() == jetstream.KeyValuePut {
-		return fmt.Errorf("kv: create tag %q: %w", tag, segment.ErrTagExists)
+		return fmt.Errorf("kv: create tag %q: %w", tag, tagmodel.ErrTagExists)
 	}
 	verb := kvbucket.MarkerVerb(e.Operation())
 	err = fmt.Errorf("kv: create tag %q: %w: its key in bucket %q was %s at %s (nats kv del or purge, or DeleteTag), "+
 		"and with it the record of the IDs it handed out; created again from its start it would hand them out again, "+
 		"so it is not created; to serve it, put its value back above every ID it handed out: "+
 		"nats kv put %s %s '{\"max_id\":N,\"step\":S}'",
-		tag, segment.ErrTagDeleted, s.kv.Bucket(), verb, e.Created().UTC().Format(time.RFC3339Nano), s.kv.Bucket(), tag)
+		tag, tagmodel.ErrTagDeleted, s.kv.Bucket(), verb, e.Created().UTC().Format(time.RFC3339Nano), s.kv.Bucket(), tag)
 	s.logOnce(tag, e.Revision(), "kv: refusing to create a tag whose key was deleted", "tag", tag, "err", err)
 	return err
 }
@@ -682,16 +676,16 @@ func (s *Store) logOnce(tag string, key uint64, msg string, args ...any) {
 const maxLogged = 10000
 
 // UpdateTag sets the tag's fields of u that are not nil, in one
-// compare-and-swap on the value it checked (segment.ApplyUpdate: a reset
+// compare-and-swap on the value it checked (tagmodel.ApplyUpdate: a reset
 // period can be set, never changed or removed, and the settings are checked
 // together). It does not move max_id. Errors: as for CreateTag, and
-// segment.ErrUnknownTag.
-func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate) error {
-	if err := segment.CheckTagFields(name, u.Step, u.Description); err != nil {
+// tagmodel.ErrUnknownTag.
+func (s *Store) UpdateTag(ctx context.Context, name string, u tagmodel.Update) error {
+	if err := u.Check(name); err != nil {
 		return fmt.Errorf("kv: update tag: %w", err)
 	}
 	err := s.modify(ctx, name, func(v *value, _ uint64) error {
-		t, err := segment.ApplyUpdate(v.tag(name), u)
+		t, err := tagmodel.ApplyUpdate(v.tag(name), u)
 		if err != nil {
 			return err
 		}
@@ -707,11 +701,11 @@ func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate)
 
 // DeleteTag removes a tag: it is no longer listed or served, and its key
 // keeps a delete marker, so that CreateTag refuses to start it over
-// (segment.ErrTagDeleted) and hand out its IDs again; only a value put by
-// hand (nats kv put) brings it back. Errors: segment.ErrInvalidTag,
-// segment.ErrUnknownTag.
+// (tagmodel.ErrTagDeleted) and hand out its IDs again; only a value put by
+// hand (nats kv put) brings it back. Errors: tagmodel.ErrInvalidTag,
+// tagmodel.ErrUnknownTag.
 func (s *Store) DeleteTag(ctx context.Context, name string) error {
-	if err := segment.CheckTag(name); err != nil {
+	if err := tagmodel.CheckTag(name); err != nil {
 		return fmt.Errorf("kv: delete tag: %w", err)
 	}
 	if _, _, err := s.read(ctx, name); err != nil {
@@ -728,7 +722,7 @@ func (s *Store) DeleteTag(ctx context.Context, name string) error {
 // returns the bucket's last revision as the next cursor: it reads only what
 // changed. Cursor 0 lists nothing. A key written several times is listed
 // once per write.
-func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
+func (s *Store) Changes(ctx context.Context, cursor int64) ([]tagmodel.Change, int64, error) {
 	info, err := kvbucket.StreamInfo(ctx, s.kv)
 	if err != nil {
 		return nil, 0, fmt.Errorf("kv: changes: %w", err)
@@ -742,7 +736,7 @@ func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange,
 		return nil, 0, fmt.Errorf("kv: changes: %w", err)
 	}
 	defer w.Stop()
-	var out []segment.TagChange
+	var out []tagmodel.Change
 	for {
 		select {
 		case e, ok := <-w.Updates():
@@ -752,10 +746,10 @@ func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange,
 			if e == nil {
 				return out, last, nil
 			}
-			if !segment.ValidTag(e.Key()) {
+			if !tagmodel.ValidTag(e.Key()) {
 				continue
 			}
-			c := segment.TagChange{Tag: segment.Tag{Name: e.Key()}}
+			c := tagmodel.Change{Tag: tagmodel.Tag{Name: e.Key()}}
 			var v value
 			switch {
 			case e.Operation() != jetstream.KeyValuePut:

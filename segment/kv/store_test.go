@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/storetest"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -103,10 +103,10 @@ func TestSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	srv := testenv.StartNATS(t, testenv.NATSOptions(dir))
 	s := newStore(t, srv, kv.Settings{})
-	if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 100, MaxID: 1, Description: "order numbers"}); err != nil {
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 100, MaxID: 1, Description: "order numbers"}); err != nil {
 		t.Fatal(err)
 	}
-	var last segment.Allocation
+	var last tagmodel.Allocation
 	for range 3 {
 		a, err := s.Fetch(ctx, "orders", 0)
 		if err != nil {
@@ -128,7 +128,7 @@ func TestSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Fetch after restart: %v", err)
 	}
-	if want := (segment.Allocation{Start: last.End, End: last.End + 100, TagStep: 100}); a != want {
+	if want := (tagmodel.Allocation{Start: last.End, End: last.End + 100, TagStep: 100}); a != want {
 		t.Errorf("Fetch after restart = %+v, want %+v, continuing above %d", a, want, last.End)
 	}
 	if got, err := s.Tag(ctx, "orders"); err != nil || got.Description != "order numbers" || got.MaxID != a.End {
@@ -174,7 +174,7 @@ func TestNewKeepsExistingBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := newStore(t, srv, kv.Settings{}).CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
+	if err := newStore(t, srv, kv.Settings{}).CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	// Another Store, asking for memory storage, must neither change the
@@ -247,7 +247,7 @@ func TestValueFormat(t *testing.T) {
 	srv := testenv.NATS(t)
 	s := newStore(t, srv, kv.Settings{})
 	b := bucket(t, srv, kv.DefaultBucket)
-	if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: `say "hi"`}); err != nil {
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: `say "hi"`}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Fetch(ctx, "orders", 0); err != nil {
@@ -259,13 +259,13 @@ func TestValueFormat(t *testing.T) {
 	orderedKeys := []string{"description", "max_id", "ordered", "step", "update_time"}
 	tests := []struct {
 		name     string
-		update   *segment.TagUpdate // applied first, if any
+		update   *tagmodel.Update // applied first, if any
 		wantKeys []string
 	}{
 		{name: "plain", wantKeys: plainKeys},
-		{name: "made ordered", update: &segment.TagUpdate{Ordered: ptr(true)}, wantKeys: orderedKeys},
-		{name: "step changed, still ordered", update: &segment.TagUpdate{Step: ptr[int64](1000)}, wantKeys: orderedKeys},
-		{name: "made plain again", update: &segment.TagUpdate{Ordered: ptr(false)}, wantKeys: plainKeys},
+		{name: "made ordered", update: &tagmodel.Update{Ordered: ptr(true)}, wantKeys: orderedKeys},
+		{name: "step changed, still ordered", update: &tagmodel.Update{Step: ptr[int64](1000)}, wantKeys: orderedKeys},
+		{name: "made plain again", update: &tagmodel.Update{Ordered: ptr(false)}, wantKeys: plainKeys},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -333,9 +333,9 @@ func TestForeignValues(t *testing.T) {
 		step int64
 		want error // nil: an error wrapping none of the sentinels
 	}{
-		{name: "zero stored step", tag: "zero", want: segment.ErrInvalidStep},
-		{name: "negative stored step", tag: "negative", want: segment.ErrInvalidStep},
-		{name: "deleted", tag: "gone", want: segment.ErrUnknownTag},
+		{name: "zero stored step", tag: "zero", want: tagmodel.ErrInvalidStep},
+		{name: "negative stored step", tag: "negative", want: tagmodel.ErrInvalidStep},
+		{name: "deleted", tag: "gone", want: tagmodel.ErrUnknownTag},
 		{name: "malformed value", tag: "garbage"},
 		{name: "malformed value explicit step", tag: "garbage", step: 5},
 	}
@@ -349,7 +349,7 @@ func TestForeignValues(t *testing.T) {
 			if tt.want != nil && !errors.Is(err, tt.want) {
 				t.Errorf("got error %v, want %v", err, tt.want)
 			}
-			if tt.want == nil && (errors.Is(err, segment.ErrUnknownTag) || errors.Is(err, segment.ErrInvalidStep)) {
+			if tt.want == nil && (errors.Is(err, tagmodel.ErrUnknownTag) || errors.Is(err, tagmodel.ErrInvalidStep)) {
 				t.Errorf("got error %v, want one that does not claim an unknown tag or a bad step", err)
 			}
 			if after := rawValueOrDeleted(t, b, tt.tag); after != before {
@@ -359,7 +359,7 @@ func TestForeignValues(t *testing.T) {
 	}
 
 	// An explicit step still works on a tag with a bad stored step.
-	if a, err := s.Fetch(ctx, "zero", 5); err != nil || a != (segment.Allocation{Start: 100, End: 105, TagStep: 0}) {
+	if a, err := s.Fetch(ctx, "zero", 5); err != nil || a != (tagmodel.Allocation{Start: 100, End: 105, TagStep: 0}) {
 		t.Errorf("Fetch(zero, 5) = %+v, %v, want [100, 105) with TagStep 0", a, err)
 	}
 	// Only valid, live tags are listed.
@@ -384,7 +384,7 @@ func rawValueOrDeleted(tb testing.TB, b jetstream.KeyValue, key string) string {
 func TestCanceledContext(t *testing.T) {
 	srv := testenv.NATS(t)
 	s := newStore(t, srv, kv.Settings{})
-	if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	canceled, cancel := context.WithCancel(ctx)
@@ -411,7 +411,7 @@ func TestUnansweredWriteRetried(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := st.CreateTag(ctx, segment.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
+			if err := st.CreateTag(ctx, tagmodel.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
 				t.Fatal(err)
 			}
 			lossy := &testenv.UnansweredKV{}
@@ -448,13 +448,13 @@ func (laggingKV) Get(context.Context, string) (jetstream.KeyValueEntry, error) {
 
 // TestLaggingReplicaIsNotUnknownTag: a "not found" from a replica that is
 // behind does not make a tag unknown (404): the stream leader is asked.
-// Before, the lookup and the fetch failed with segment.ErrUnknownTag.
+// Before, the lookup and the fetch failed with tagmodel.ErrUnknownTag.
 func TestLaggingReplicaIsNotUnknownTag(t *testing.T) {
 	st, err := kv.New(ctx, newJS(t, testenv.NATS(t)), kv.Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.CreateTag(ctx, segment.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
+	if err := st.CreateTag(ctx, tagmodel.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	kv.WrapKeyValue(st, func(k jetstream.KeyValue) jetstream.KeyValue { return laggingKV{k} })
@@ -464,7 +464,7 @@ func TestLaggingReplicaIsNotUnknownTag(t *testing.T) {
 	if a, err := st.Fetch(ctx, "t", 0); err != nil || a.Start != 1 {
 		t.Fatalf("Fetch with a lagging replica: %+v, %v; want 1..10", a, err)
 	}
-	if _, err := st.Tag(ctx, "missing"); !errors.Is(err, segment.ErrUnknownTag) {
-		t.Fatalf("Tag(missing) = %v, want %v", err, segment.ErrUnknownTag)
+	if _, err := st.Tag(ctx, "missing"); !errors.Is(err, tagmodel.ErrUnknownTag) {
+		t.Fatalf("Tag(missing) = %v, want %v", err, tagmodel.ErrUnknownTag)
 	}
 }

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/internal/leafsql"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // BenchmarkFetch measures a dispenser fetch against Leaf's own (its two
@@ -29,7 +29,7 @@ func BenchmarkFetch(b *testing.B) {
 	db.SetMaxOpenConns(1)
 	s := mysql.New(db)
 	for _, tag := range []string{"leaf", "dispenser"} {
-		if err := s.CreateTag(ctx, segment.Tag{Name: tag, Step: 1000, MaxID: 1}); err != nil {
+		if err := s.CreateTag(ctx, tagmodel.Tag{Name: tag, Step: 1000, MaxID: 1}); err != nil {
 			b.Fatal(err)
 		}
 	}

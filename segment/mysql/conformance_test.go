@@ -7,9 +7,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
 	"github.com/dispenser-dev/dispenser/segment/storetest"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -53,7 +53,7 @@ func (s deletable) PutLegacyTag(ctx context.Context, name string, maxID, step in
 // DeleteTag deletes Leaf's row only, as an operator of Leaf would: the
 // store must cope with the dispenser_tag row left behind.
 func (s deletable) DeleteTag(ctx context.Context, name string) error {
-	if err := segment.CheckTag(name); err != nil {
+	if err := tagmodel.CheckTag(name); err != nil {
 		return fmt.Errorf("mysql: delete tag: %w", err)
 	}
 	res, err := s.DB().ExecContext(ctx, "DELETE FROM leaf_alloc WHERE biz_tag = ? AND CAST(biz_tag AS BINARY) = ?", name, name)
@@ -61,7 +61,7 @@ func (s deletable) DeleteTag(ctx context.Context, name string) error {
 		return fmt.Errorf("mysql: delete tag %q: %w", name, err)
 	}
 	if n, err := res.RowsAffected(); err != nil || n == 0 {
-		return fmt.Errorf("mysql: delete tag %q: %w (%v)", name, segment.ErrUnknownTag, err)
+		return fmt.Errorf("mysql: delete tag %q: %w (%v)", name, tagmodel.ErrUnknownTag, err)
 	}
 	return nil
 }

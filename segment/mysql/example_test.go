@@ -6,8 +6,8 @@ import (
 	"log"
 	"os"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // Open a store on Leaf's database, create the tables it lacks, create a
@@ -22,7 +22,7 @@ func Example() {
 	if _, err := mysql.Migrate(ctx, store.DB()); err != nil {
 		log.Fatal(err)
 	}
-	if err := store.CreateTag(ctx, segment.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: "order numbers"}); err != nil {
+	if err := store.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: "order numbers"}); err != nil {
 		log.Fatal(err)
 	}
 	a, err := store.Fetch(ctx, "orders", 0) // 0: the tag's own step

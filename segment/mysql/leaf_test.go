@@ -12,6 +12,7 @@ import (
 	"github.com/dispenser-dev/dispenser/internal/leafsql"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // idSet collects IDs per tag and remembers who got each first.
@@ -78,7 +79,7 @@ func TestSharedWithLeaf(t *testing.T) {
 	admin := mysql.New(openDB(t, dsn))
 	tags := []string{"orders", "users"}
 	for _, tag := range tags {
-		if err := admin.CreateTag(ctx, segment.Tag{Name: tag, Step: 50, MaxID: 1}); err != nil {
+		if err := admin.CreateTag(ctx, tagmodel.Tag{Name: tag, Step: 50, MaxID: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}

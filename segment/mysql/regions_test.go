@@ -9,6 +9,7 @@ import (
 	"github.com/dispenser-dev/dispenser/internal/leafsql"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // TestPerRegionRefusedBesideLeaf: per-region mode is refused on the MySQL
@@ -23,14 +24,14 @@ func TestPerRegionRefusedBesideLeaf(t *testing.T) {
 	dsn := newDB(t)
 	db := openDB(t, dsn)
 	store := mysql.New(db)
-	r := segment.Regions{Count: 2, Region: 1}
-	err := segment.CheckRegions(ctx, store, r)
+	r := tagmodel.Regions{Count: 2, Region: 1}
+	err := tagmodel.CheckRegions(ctx, store, r)
 	if err == nil {
 		servedTwice(t, dsn, store, r)
-		t.Fatalf("CheckRegions(%s) on leaf_alloc = nil, want refused with %v", r, segment.ErrInvalidArgument)
+		t.Fatalf("CheckRegions(%s) on leaf_alloc = nil, want refused with %v", r, tagmodel.ErrInvalidArgument)
 	}
-	if !errors.Is(err, segment.ErrInvalidArgument) {
-		t.Fatalf("CheckRegions(%s) on leaf_alloc = %v, want %v", r, err, segment.ErrInvalidArgument)
+	if !errors.Is(err, tagmodel.ErrInvalidArgument) {
+		t.Fatalf("CheckRegions(%s) on leaf_alloc = %v, want %v", r, err, tagmodel.ErrInvalidArgument)
 	}
 	if _, found, err := store.ReadRegions(ctx); err != nil || found {
 		t.Fatalf("after the refusal ReadRegions = found %v, %v; want nothing recorded", found, err)
@@ -43,22 +44,22 @@ func TestPerRegionRefusedBesideLeaf(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		r    segment.Regions
+		r    tagmodel.Regions
 	}{
 		{"its own settings", r},
-		{"one region", segment.Regions{}},
+		{"one region", tagmodel.Regions{}},
 	} {
-		if err := segment.CheckRegions(ctx, mysql.New(old), tc.r); !errors.Is(err, segment.ErrInvalidArgument) {
-			t.Errorf("%s: CheckRegions(%s) on a table recorded for per-region mode = %v, want %v", tc.name, tc.r, err, segment.ErrInvalidArgument)
+		if err := tagmodel.CheckRegions(ctx, mysql.New(old), tc.r); !errors.Is(err, tagmodel.ErrInvalidArgument) {
+			t.Errorf("%s: CheckRegions(%s) on a table recorded for per-region mode = %v, want %v", tc.name, tc.r, err, tagmodel.ErrInvalidArgument)
 		}
 	}
 }
 
 // servedTwice serves a tag created now from dispenser as region r and from
 // Leaf's own statements, and fails the test on an ID handed out by both.
-func servedTwice(t *testing.T, dsn string, store *mysql.Store, r segment.Regions) {
+func servedTwice(t *testing.T, dsn string, store *mysql.Store, r tagmodel.Regions) {
 	t.Helper()
-	if err := store.CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
+	if err := store.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	a, err := segment.New(segment.Settings{Store: store, Regions: r, MaxWait: 30 * time.Second, IdleTimeout: -1})

@@ -15,7 +15,7 @@ import (
 // database with COLLATE utf8mb4_bin so that tags differing only in case
 // are different tags, as everywhere else in dispenser (with a
 // case-insensitive collation they are one row, and creating the second
-// fails with segment.ErrTagExists).
+// fails with tagmodel.ErrTagExists).
 const LeafAllocDDL = "CREATE TABLE IF NOT EXISTS `leaf_alloc` (\n" +
 	"  `biz_tag` varchar(128)  NOT NULL DEFAULT '',\n" +
 	"  `max_id` bigint(20) NOT NULL DEFAULT '1',\n" +
@@ -69,7 +69,7 @@ const dispenserPeriodDDL = "CREATE TABLE IF NOT EXISTS `dispenser_period` (\n" +
 	") ENGINE=InnoDB"
 
 // dispenserRegionDDL is dispenser's table of the region settings of a
-// store per region (segment.Regions, docs/regions.md): one row at most, id
+// store per region (tagmodel.Regions, docs/regions.md): one row at most, id
 // 1.
 const dispenserRegionDDL = "CREATE TABLE IF NOT EXISTS `dispenser_region` (\n" +
 	"  `id` tinyint NOT NULL,\n" +

@@ -23,11 +23,11 @@ import (
 
 	driver "github.com/go-sql-driver/mysql"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
-// Store implements segment.Store, segment.Admin, segment.PeriodPruner and
-// segment.ChangeLister over leaf_alloc and dispenser's tables. It is safe
+// Store implements tagmodel.Store, tagmodel.Admin, tagmodel.PeriodPruner and
+// tagmodel.ChangeLister over leaf_alloc and dispenser's tables. It is safe
 // for concurrent use, and any number of Stores in any number of processes,
 // and any number of Leaf servers, may share one database.
 type Store struct {
@@ -48,10 +48,10 @@ type written struct {
 }
 
 var (
-	_ segment.Store        = (*Store)(nil)
-	_ segment.Admin        = (*Store)(nil)
-	_ segment.PeriodPruner = (*Store)(nil)
-	_ segment.ChangeLister = (*Store)(nil)
+	_ tagmodel.Store        = (*Store)(nil)
+	_ tagmodel.Admin        = (*Store)(nil)
+	_ tagmodel.PeriodPruner = (*Store)(nil)
+	_ tagmodel.ChangeLister = (*Store)(nil)
 )
 
 // OpenDB returns a database handle for dsn, a go-sql-driver DSN such as
@@ -194,19 +194,19 @@ const fetchAboveSQL = "UPDATE leaf_alloc SET max_id = GREATEST(max_id, ?) + IF(?
 // Fetch atomically advances the tag's max_id by step (the tag's own step if
 // step <= 0) and returns the IDs in between, in Leaf's transaction: UPDATE
 // leaf_alloc, then SELECT, and dispenser's version raised, in one
-// transaction. tag may be a period name (segment.PeriodName) of a tag
-// with a reset period. Errors: segment.ErrInvalidTag,
-// segment.ErrInvalidStep (step above segment.MaxStepLimit, or the stored
-// step is not positive), segment.ErrUnknownTag, segment.ErrExhausted,
-// segment.ErrInvalidArgument (a tag with a reset period, whose own row
+// transaction. tag may be a period name (tagmodel.PeriodName) of a tag
+// with a reset period. Errors: tagmodel.ErrInvalidTag,
+// tagmodel.ErrInvalidStep (step above tagmodel.MaxStepLimit, or the stored
+// step is not positive), tagmodel.ErrUnknownTag, tagmodel.ErrExhausted,
+// tagmodel.ErrInvalidArgument (a tag with a reset period, whose own row
 // hands out nothing; a period of a tag without one, or not one of its
-// periods), segment.ErrPeriodExpired.
-func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+// periods), tagmodel.ErrPeriodExpired.
+func (s *Store) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	if err := checkFetch(tag, step); err != nil {
-		return segment.Allocation{}, err
+		return tagmodel.Allocation{}, err
 	}
 	step = max(step, 0)
-	if t, key, ok := segment.SplitPeriodName(tag); ok {
+	if t, key, ok := tagmodel.SplitPeriodName(tag); ok {
 		a, _, err := s.fetchPeriod(ctx, tag, t, key, 0, step)
 		return a, err
 	}
@@ -219,15 +219,15 @@ func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 // fetches, in one transaction that first locks the row (SELECT … FOR
 // UPDATE) to read max_id as it was, which it returns with the segment.
 // Errors as for Fetch; floor must not be negative (ErrInvalidArgument).
-func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (segment.Allocation, int64, error) {
+func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (tagmodel.Allocation, int64, error) {
 	if err := checkFetch(tag, step); err != nil {
-		return segment.Allocation{}, 0, err
+		return tagmodel.Allocation{}, 0, err
 	}
 	if floor < 0 {
-		return segment.Allocation{}, 0, fmt.Errorf("mysql: fetch %q: %w: floor %d", tag, segment.ErrInvalidArgument, floor)
+		return tagmodel.Allocation{}, 0, fmt.Errorf("mysql: fetch %q: %w: floor %d", tag, tagmodel.ErrInvalidArgument, floor)
 	}
 	step = max(step, 0)
-	if t, key, ok := segment.SplitPeriodName(tag); ok {
+	if t, key, ok := tagmodel.SplitPeriodName(tag); ok {
 		return s.fetchPeriod(ctx, tag, t, key, floor, step)
 	}
 	return s.fetchTag(ctx, tag, floor, step)
@@ -235,11 +235,11 @@ func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (
 
 // checkFetch checks a fetch's tag (or period name) and step.
 func checkFetch(tag string, step int64) error {
-	if err := segment.CheckName(tag); err != nil {
+	if err := tagmodel.CheckName(tag); err != nil {
 		return fmt.Errorf("mysql: fetch: %w", err)
 	}
-	if step > segment.MaxStepLimit {
-		return fmt.Errorf("mysql: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
+	if step > tagmodel.MaxStepLimit {
+		return fmt.Errorf("mysql: fetch %q: %w %d: want at most %d", tag, tagmodel.ErrInvalidStep, step, tagmodel.MaxStepLimit)
 	}
 	return nil
 }
@@ -247,7 +247,7 @@ func checkFetch(tag string, step int64) error {
 // fetchTag fetches from a tag's own row; floor < 0: Leaf's statements as
 // they are, else from greatest(max_id, floor). It returns max_id as it was
 // if floor >= 0.
-func (s *Store) fetchTag(ctx context.Context, tag string, floor, step int64) (a segment.Allocation, before int64, err error) {
+func (s *Store) fetchTag(ctx context.Context, tag string, floor, step int64) (a tagmodel.Allocation, before int64, err error) {
 	var end, tagStep, version int64
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var res sql.Result
@@ -257,7 +257,7 @@ func (s *Store) fetchTag(ctx context.Context, tag string, floor, step int64) (a 
 		} else {
 			err = tx.QueryRowContext(ctx, "SELECT max_id FROM leaf_alloc WHERE "+byTag+" FOR UPDATE", tag, tag).Scan(&before)
 			if errors.Is(err, sql.ErrNoRows) {
-				return segment.ErrUnknownTag
+				return tagmodel.ErrUnknownTag
 			}
 			if err != nil {
 				return err
@@ -275,11 +275,11 @@ func (s *Store) fetchTag(ctx context.Context, tag string, floor, step int64) (a 
 			err := tx.QueryRowContext(ctx, "SELECT step FROM leaf_alloc WHERE "+byTag, tag, tag).Scan(&stored)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
-				return segment.ErrUnknownTag
+				return tagmodel.ErrUnknownTag
 			case err != nil:
 				return err
 			}
-			return fmt.Errorf("%w: the tag's stored step %d is not positive", segment.ErrInvalidStep, stored)
+			return fmt.Errorf("%w: the tag's stored step %d is not positive", tagmodel.ErrInvalidStep, stored)
 		}
 		if _, err := tx.ExecContext(ctx, "INSERT INTO dispenser_tag (biz_tag, version) VALUES (?, 1) ON DUPLICATE KEY UPDATE version = version + 1", tag); err != nil {
 			return err
@@ -294,18 +294,18 @@ WHERE l.biz_tag = ? AND CAST(l.biz_tag AS BINARY) = ?`, tag, tag, tag).Scan(&end
 		if reset.Valid {
 			// Rolled back: the row of a tag with a reset period hands out
 			// nothing.
-			return fmt.Errorf("%w: the tag has a reset period (%s): fetch its periods (%s)", segment.ErrInvalidArgument, reset.String, segment.PeriodName(tag, "KEY"))
+			return fmt.Errorf("%w: the tag has a reset period (%s): fetch its periods (%s)", tagmodel.ErrInvalidArgument, reset.String, tagmodel.PeriodName(tag, "KEY"))
 		}
 		return nil
 	})
 	if err != nil {
-		return segment.Allocation{}, 0, fetchError(tag, err)
+		return tagmodel.Allocation{}, 0, fetchError(tag, err)
 	}
 	s.remember(tag, written{end, version})
 	if step == 0 {
 		step = tagStep
 	}
-	return segment.Allocation{Start: end - step, End: end, TagStep: tagStep}, before, nil
+	return tagmodel.Allocation{Start: end - step, End: end, TagStep: tagStep}, before, nil
 }
 
 // fetchError maps the error of a fetch to package segment's.
@@ -314,7 +314,7 @@ func fetchError(tag string, err error) error {
 	case err == nil:
 		return nil
 	case isErr(err, errOutOfRange):
-		return fmt.Errorf("mysql: fetch %q: %w: max_id would overflow bigint", tag, segment.ErrExhausted)
+		return fmt.Errorf("mysql: fetch %q: %w: max_id would overflow bigint", tag, tagmodel.ErrExhausted)
 	}
 	return fmt.Errorf("mysql: fetch %q: %w", tag, err)
 }
@@ -326,12 +326,12 @@ func fetchError(tag string, err error) error {
 // impossible), and reports whether it did. It locks the leaf_alloc row
 // first, as a fetch does. An unknown tag, or one this Store has not
 // fetched, reports false. firstUnissued must be in 1..end
-// (segment.ErrInvalidArgument).
+// (tagmodel.ErrInvalidArgument).
 func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
-	if err := segment.CheckName(tag); err != nil {
+	if err := tagmodel.CheckName(tag); err != nil {
 		return false, fmt.Errorf("mysql: give back: %w", err)
 	}
-	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
+	if err := tagmodel.CheckGiveBack(end, firstUnissued); err != nil {
 		return false, fmt.Errorf("mysql: give back %q: %w", tag, err)
 	}
 	s.mu.Lock()
@@ -343,7 +343,7 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	given := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		given = false
-		if _, _, ok := segment.SplitPeriodName(tag); ok {
+		if _, _, ok := tagmodel.SplitPeriodName(tag); ok {
 			res, err := tx.ExecContext(ctx, "UPDATE dispenser_period SET max_id = ?, version = version + 1 WHERE biz_tag = ? AND max_id = ? AND version = ?",
 				firstUnissued, tag, end, w.version)
 			if err != nil {
@@ -408,7 +408,7 @@ func (s *Store) Tags(ctx context.Context) ([]string, error) {
 		if err := rows.Scan(&n); err != nil {
 			return nil, fmt.Errorf("mysql: list tags: %w", err)
 		}
-		if segment.ValidTag(n) {
+		if tagmodel.ValidTag(n) {
 			names = append(names, n)
 		}
 	}
@@ -429,27 +429,27 @@ FROM leaf_alloc l LEFT JOIN dispenser_tag d ON d.biz_tag = l.biz_tag `
 
 // scanTag reads a row of tagQuery, and the end of the latest period
 // pruned (NULL if none).
-func scanTag(row interface{ Scan(...any) error }) (segment.Tag, sql.NullTime, error) {
-	var t segment.Tag
+func scanTag(row interface{ Scan(...any) error }) (tagmodel.Tag, sql.NullTime, error) {
+	var t tagmodel.Tag
 	var reset string
 	var pruned sql.NullTime
 	err := row.Scan(&t.Name, &t.MaxID, &t.Step, &t.Description, &t.UpdateTime, &t.Ordered, &reset, &t.TimeZone, &t.Format, &t.RetentionDays, &pruned)
-	t.Reset = segment.Reset(reset)
+	t.Reset = tagmodel.Reset(reset)
 	return t, pruned, err
 }
 
-// Tag looks up one tag. Errors: segment.ErrInvalidTag,
-// segment.ErrUnknownTag.
-func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
-	if err := segment.CheckTag(name); err != nil {
-		return segment.Tag{}, fmt.Errorf("mysql: tag: %w", err)
+// Tag looks up one tag. Errors: tagmodel.ErrInvalidTag,
+// tagmodel.ErrUnknownTag.
+func (s *Store) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
+	if err := tagmodel.CheckTag(name); err != nil {
+		return tagmodel.Tag{}, fmt.Errorf("mysql: tag: %w", err)
 	}
 	t, _, err := scanTag(s.db.QueryRowContext(ctx, tagQuery+"WHERE "+byLTag, name, name))
 	if errors.Is(err, sql.ErrNoRows) {
-		return segment.Tag{}, fmt.Errorf("mysql: tag %q: %w", name, segment.ErrUnknownTag)
+		return tagmodel.Tag{}, fmt.Errorf("mysql: tag %q: %w", name, tagmodel.ErrUnknownTag)
 	}
 	if err != nil {
-		return segment.Tag{}, fmt.Errorf("mysql: tag %q: %w", name, err)
+		return tagmodel.Tag{}, fmt.Errorf("mysql: tag %q: %w", name, err)
 	}
 	return t, nil
 }
@@ -459,7 +459,7 @@ func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
 // set) is an invalid argument.
 func writeError(err error) error {
 	if isErr(err, errBadString) || isErr(err, errDataTooLong) {
-		return fmt.Errorf("%w: %w", segment.ErrInvalidArgument, err)
+		return fmt.Errorf("%w: %w", tagmodel.ErrInvalidArgument, err)
 	}
 	return err
 }
@@ -472,7 +472,7 @@ VALUES (?, ?, NULLIF(?, ''), NULLIF(?, ''), NULLIF(?, ''), NULLIF(?, 0))
 ON DUPLICATE KEY UPDATE ordered = ?, reset_period = NULLIF(?, ''), time_zone = NULLIF(?, ''), number_format = NULLIF(?, ''), retention_days = NULLIF(?, 0)`
 
 // putArgs are the arguments of putDispenserTag for t.
-func putArgs(t segment.Tag) []any {
+func putArgs(t tagmodel.Tag) []any {
 	f := []any{t.Ordered, string(t.Reset), t.TimeZone, t.Format, t.RetentionDays}
 	return append(append([]any{t.Name}, f...), f...)
 }
@@ -480,21 +480,15 @@ func putArgs(t segment.Tag) []any {
 // CreateTag adds the tag t with step t.Step, first ID t.MaxID, t.Description
 // (a row of leaf_alloc as Leaf would have it) and t.Ordered and the reset
 // settings (a row of dispenser_tag), in one transaction. Errors:
-// segment.ErrInvalidTag, segment.ErrInvalidStep (step not in
-// 1..segment.MaxStepLimit), segment.ErrInvalidArgument (first ID < 1,
-// description over segment.MaxDescription characters, not UTF-8 without
+// tagmodel.ErrInvalidTag, tagmodel.ErrInvalidStep (step not in
+// 1..tagmodel.MaxStepLimit), tagmodel.ErrInvalidArgument (first ID < 1,
+// description over tagmodel.MaxDescription characters, not UTF-8 without
 // NUL or not in the column's character set, reset settings that
-// segment.CheckPeriodic refuses), segment.ErrTagExists (also for a tag
+// Tag.Check refuses), tagmodel.ErrTagExists (also for a tag
 // differing only in case in a table with a case-insensitive collation;
 // nothing changes).
-func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
-	if err := segment.CheckTagFields(t.Name, &t.Step, &t.Description); err != nil {
-		return fmt.Errorf("mysql: create tag: %w", err)
-	}
-	if err := segment.CheckStart(t.MaxID); err != nil {
-		return fmt.Errorf("mysql: create tag %q: %w", t.Name, err)
-	}
-	p, err := segment.CheckPeriodic(t)
+func (s *Store) CreateTag(ctx context.Context, t tagmodel.Tag) error {
+	p, err := t.Check()
 	if err != nil {
 		return fmt.Errorf("mysql: create tag: %w", err)
 	}
@@ -502,7 +496,7 @@ func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, "INSERT INTO leaf_alloc (biz_tag, max_id, step, description) VALUES (?, ?, ?, ?)", t.Name, t.MaxID, t.Step, t.Description)
 		if isErr(err, errDupKey) {
-			return segment.ErrTagExists
+			return tagmodel.ErrTagExists
 		}
 		if err != nil {
 			return writeError(err)
@@ -518,25 +512,25 @@ func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 
 // UpdateTag sets the tag's fields of u that are not nil, and leaves the
 // others and max_id as they are. It reads the tag's rows with SELECT … FOR
-// UPDATE, checks the tag as updated (segment.CheckPeriodic) and writes
+// UPDATE, checks the tag as updated (tagmodel.Tag.Periodic) and writes
 // it, in one transaction, so that two updates never combine into settings
 // that neither checked, and no fetch runs in between. A tag's reset
 // period, once set, cannot be changed or removed. It sets the row's
 // update_time, so that Changes lists it. Errors: as for CreateTag, and
-// segment.ErrUnknownTag.
-func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate) error {
-	if err := segment.CheckTagFields(name, u.Step, u.Description); err != nil {
+// tagmodel.ErrUnknownTag.
+func (s *Store) UpdateTag(ctx context.Context, name string, u tagmodel.Update) error {
+	if err := u.Check(name); err != nil {
 		return fmt.Errorf("mysql: update tag: %w", err)
 	}
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		t, _, err := scanTag(tx.QueryRowContext(ctx, tagQuery+"WHERE "+byLTag+" FOR UPDATE", name, name))
 		if errors.Is(err, sql.ErrNoRows) {
-			return segment.ErrUnknownTag
+			return tagmodel.ErrUnknownTag
 		}
 		if err != nil {
 			return err
 		}
-		if t, err = segment.ApplyUpdate(t, u); err != nil {
+		if t, err = tagmodel.ApplyUpdate(t, u); err != nil {
 			return err
 		}
 		// A field u leaves alone is not written (a NULL description of a
@@ -574,7 +568,7 @@ const changesOverlap = 5 * time.Second
 // table has no index on update_time, so each call reads the whole table:
 // cheap for thousands of tags, not for millions. Deleted rows are not
 // seen: the allocator notices them at their next fetch.
-func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
+func (s *Store) Changes(ctx context.Context, cursor int64) ([]tagmodel.Change, int64, error) {
 	var now int64
 	if err := s.db.QueryRowContext(ctx, "SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)").Scan(&now); err != nil {
 		return nil, 0, fmt.Errorf("mysql: changes: %w", err)
@@ -588,14 +582,14 @@ func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange,
 		return nil, 0, fmt.Errorf("mysql: changes: %w", err)
 	}
 	defer rows.Close()
-	var out []segment.TagChange
+	var out []tagmodel.Change
 	for rows.Next() {
 		t, _, err := scanTag(rows)
 		if err != nil {
 			return nil, 0, fmt.Errorf("mysql: changes: %w", err)
 		}
-		if segment.ValidTag(t.Name) {
-			out = append(out, segment.TagChange{Tag: t})
+		if tagmodel.ValidTag(t.Name) {
+			out = append(out, tagmodel.Change{Tag: t})
 		}
 	}
 	if err := rows.Err(); err != nil {

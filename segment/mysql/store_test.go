@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -153,22 +153,22 @@ func TestCaseInsensitiveLeafTable(t *testing.T) {
 	for _, charset := range []string{"latin1", "utf8mb4 COLLATE utf8mb4_general_ci"} {
 		t.Run(charset, func(t *testing.T) {
 			s, db := newLegacyDB(t, charset)
-			if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
+			if err := s.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
 				t.Fatal(err)
 			}
 			before := snapshot(t, db)
 			_, err := s.Fetch(ctx, "Orders", 0)
-			checkErr(t, err, segment.ErrUnknownTag)
+			checkErr(t, err, tagmodel.ErrUnknownTag)
 			_, _, err = s.FetchAbove(ctx, "ORDERS", 100, 0)
-			checkErr(t, err, segment.ErrUnknownTag)
+			checkErr(t, err, tagmodel.ErrUnknownTag)
 			_, err = s.Tag(ctx, "ORDERS")
-			checkErr(t, err, segment.ErrUnknownTag)
-			checkErr(t, s.UpdateTag(ctx, "Orders", segment.TagUpdate{Step: new(int64(5))}), segment.ErrUnknownTag)
-			checkErr(t, s.CreateTag(ctx, segment.Tag{Name: "Orders", Step: 10, MaxID: 1}), segment.ErrTagExists)
+			checkErr(t, err, tagmodel.ErrUnknownTag)
+			checkErr(t, s.UpdateTag(ctx, "Orders", tagmodel.Update{Step: new(int64(5))}), tagmodel.ErrUnknownTag)
+			checkErr(t, s.CreateTag(ctx, tagmodel.Tag{Name: "Orders", Step: 10, MaxID: 1}), tagmodel.ErrTagExists)
 			if after := snapshot(t, db); after != before {
 				t.Errorf("operations on another case changed the tables:\nbefore:\n%s\nafter:\n%s", before, after)
 			}
-			if a, err := s.Fetch(ctx, "orders", 0); err != nil || a != (segment.Allocation{Start: 1, End: 11, TagStep: 10}) {
+			if a, err := s.Fetch(ctx, "orders", 0); err != nil || a != (tagmodel.Allocation{Start: 1, End: 11, TagStep: 10}) {
 				t.Errorf("Fetch(orders) = %+v, %v, want [1, 11)", a, err)
 			}
 		})
@@ -180,18 +180,18 @@ func TestCaseInsensitiveLeafTable(t *testing.T) {
 // changes nothing (strict mode, not a silent '?'); one it can is kept.
 func TestDescriptionOutsideCharset(t *testing.T) {
 	s, db := newLegacyDB(t, "latin1")
-	if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1, Description: "Bestellungen für Köln"}); err != nil {
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1, Description: "Bestellungen für Köln"}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := s.Tag(ctx, "orders"); err != nil || got.Description != "Bestellungen für Köln" {
 		t.Errorf("Tag(orders) = %+v, %v, want the description kept", got, err)
 	}
-	if err := s.UpdateTag(ctx, "orders", segment.TagUpdate{Description: new("Aufträge")}); err != nil {
+	if err := s.UpdateTag(ctx, "orders", tagmodel.Update{Description: new("Aufträge")}); err != nil {
 		t.Fatalf("UpdateTag with a description latin1 holds: %v", err)
 	}
 	before := snapshot(t, db)
-	checkErr(t, s.CreateTag(ctx, segment.Tag{Name: "snow", Step: 10, MaxID: 1, Description: "雪"}), segment.ErrInvalidArgument)
-	checkErr(t, s.UpdateTag(ctx, "orders", segment.TagUpdate{Description: new("订单"), Step: new(int64(7))}), segment.ErrInvalidArgument)
+	checkErr(t, s.CreateTag(ctx, tagmodel.Tag{Name: "snow", Step: 10, MaxID: 1, Description: "雪"}), tagmodel.ErrInvalidArgument)
+	checkErr(t, s.UpdateTag(ctx, "orders", tagmodel.Update{Description: new("订单"), Step: new(int64(7))}), tagmodel.ErrInvalidArgument)
 	if after := snapshot(t, db); after != before {
 		t.Errorf("refused writes changed the tables:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
@@ -207,12 +207,12 @@ func TestFetchNonPositiveStoredStep(t *testing.T) {
 	for _, name := range []string{"zero", "negative"} {
 		before := snapshot(t, db)
 		_, err := s.Fetch(ctx, name, 0)
-		checkErr(t, err, segment.ErrInvalidStep)
+		checkErr(t, err, tagmodel.ErrInvalidStep)
 		if after := snapshot(t, db); after != before {
 			t.Errorf("Fetch(%s, 0) changed the tables:\nbefore:\n%s\nafter:\n%s", name, before, after)
 		}
 	}
-	if got, err := s.Fetch(ctx, "zero", 5); err != nil || got != (segment.Allocation{Start: 100, End: 105, TagStep: 0}) {
+	if got, err := s.Fetch(ctx, "zero", 5); err != nil || got != (tagmodel.Allocation{Start: 100, End: 105, TagStep: 0}) {
 		t.Errorf("Fetch(zero, 5) = %+v, %v, want [100, 105)", got, err)
 	}
 }
@@ -222,18 +222,18 @@ func TestFetchNonPositiveStoredStep(t *testing.T) {
 // fetch.
 func TestFetchAbove(t *testing.T) {
 	s := mysql.New(openDB(t, newDB(t)))
-	if err := s.CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
 		name        string
 		floor, step int64
-		want        segment.Allocation
+		want        tagmodel.Allocation
 		before      int64
 	}{
-		{name: "floor above", floor: 500, want: segment.Allocation{Start: 500, End: 510, TagStep: 10}, before: 1},
-		{name: "floor below", floor: 3, step: 5, want: segment.Allocation{Start: 510, End: 515, TagStep: 10}, before: 510},
-		{name: "floor equal", floor: 515, want: segment.Allocation{Start: 515, End: 525, TagStep: 10}, before: 515},
+		{name: "floor above", floor: 500, want: tagmodel.Allocation{Start: 500, End: 510, TagStep: 10}, before: 1},
+		{name: "floor below", floor: 3, step: 5, want: tagmodel.Allocation{Start: 510, End: 515, TagStep: 10}, before: 510},
+		{name: "floor equal", floor: 515, want: tagmodel.Allocation{Start: 515, End: 525, TagStep: 10}, before: 515},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -244,9 +244,9 @@ func TestFetchAbove(t *testing.T) {
 		})
 	}
 	_, _, err := s.FetchAbove(ctx, "orders", -1, 0)
-	checkErr(t, err, segment.ErrInvalidArgument)
+	checkErr(t, err, tagmodel.ErrInvalidArgument)
 	_, _, err = s.FetchAbove(ctx, "nosuch", 10, 0)
-	checkErr(t, err, segment.ErrUnknownTag)
+	checkErr(t, err, tagmodel.ErrUnknownTag)
 }
 
 // TestOpenDB: DSNs that cannot work are refused with a clear error.

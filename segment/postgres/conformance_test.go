@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/storetest"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // deletable adds the DeleteTag and PutLegacyTag that the conformance suite
@@ -22,7 +22,7 @@ func (s deletable) PutLegacyTag(ctx context.Context, name string, maxID, step in
 }
 
 func (s deletable) DeleteTag(ctx context.Context, name string) error {
-	if err := segment.CheckTag(name); err != nil {
+	if err := tagmodel.CheckTag(name); err != nil {
 		return fmt.Errorf("postgres: delete tag: %w", err)
 	}
 	ct, err := s.Pool().Exec(ctx, "DELETE FROM leaf_alloc WHERE biz_tag = $1", name)
@@ -30,7 +30,7 @@ func (s deletable) DeleteTag(ctx context.Context, name string) error {
 		return fmt.Errorf("postgres: delete tag %q: %w", name, err)
 	}
 	if ct.RowsAffected() == 0 {
-		return fmt.Errorf("postgres: delete tag %q: %w", name, segment.ErrUnknownTag)
+		return fmt.Errorf("postgres: delete tag %q: %w", name, tagmodel.ErrUnknownTag)
 	}
 	return nil
 }

@@ -7,8 +7,8 @@ import (
 	"os"
 
 	"github.com/dispenser-dev/dispenser/schema"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // Open a store, bring the schema up to date, create a tag and fetch its
@@ -23,7 +23,7 @@ func Example() {
 	if _, err := schema.Migrate(ctx, store.Pool()); err != nil {
 		log.Fatal(err)
 	}
-	if err := store.CreateTag(ctx, segment.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: "order numbers"}); err != nil {
+	if err := store.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: "order numbers"}); err != nil {
 		log.Fatal(err)
 	}
 	a, err := store.Fetch(ctx, "orders", 0) // 0: the tag's own step

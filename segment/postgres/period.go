@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/jackc/pgx/v5"
 )
 
 // A period of a tag with a reset period is a row of its own, named
-// tag=KEY (segment.PeriodName), with period_of (its tag) and period_end
+// tag=KEY (tagmodel.PeriodName), with period_of (its tag) and period_end
 // (migration 005). Its step follows the tag's: every fetch takes the tag
 // row's step.
 
@@ -35,10 +35,10 @@ RETURNING p.max_id, p.step, old.max_id, p.dispenser_version`
 // with, and the period has not expired by the database's clock: its end is
 // after now() minus the tag's retention ($8 days if NULL), and it is not
 // among the periods pruned: its earliest end in any zone ($9,
-// segment.Reset.EarliestEnd) is after the end of every period row pruned
+// tagmodel.Reset.EarliestEnd) is after the end of every period row pruned
 // (periods_pruned_until), so that a period pruned is never created again,
 // even after the retention was raised or the time zone moved (see
-// segment.PeriodPruned for why the earliest end, not $4). FOR
+// tagmodel.PeriodPruned for why the earliest end, not $4). FOR
 // SHARE orders the creation with PrunePeriods, which locks the tag row
 // before it deletes periods and raises periods_pruned_until: a creation
 // waiting for it sees the raised value.
@@ -61,16 +61,16 @@ RETURNING p.max_id, p.step, p.dispenser_version`
 // if missing, and returns the segment and max_id as it was (the tag row's
 // max_id, the period's start, for a row created). The period's end is
 // computed here, from the key and the tag's reset period and time zone, by
-// segment.Reset.PeriodOfKey, the same code that names the periods
-// (segment.Reset.PeriodAt), rather than by the database's time zone
+// tagmodel.Reset.PeriodOfKey, the same code that names the periods
+// (tagmodel.Reset.PeriodAt), rather than by the database's time zone
 // rules, which may differ from Go's; the creation checks that the tag row
 // still has the settings it was computed from.
-func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, floor, step int64) (segment.Allocation, int64, error) {
+func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, floor, step int64) (tagmodel.Allocation, int64, error) {
 	var end, tagStep, before, version int64
 	err := s.pool.QueryRow(ctx, fetchPeriodSQL, name, step, floor).Scan(&end, &tagStep, &before, &version)
 	if !errors.Is(err, pgx.ErrNoRows) {
 		if err = fetchError(name, err); err != nil {
-			return segment.Allocation{}, 0, err
+			return tagmodel.Allocation{}, 0, err
 		}
 		return s.allocated(name, step, end, tagStep, version), before, nil
 	}
@@ -78,41 +78,41 @@ func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, floor, s
 	for range 3 {
 		t, err := s.Tag(ctx, tag)
 		if err != nil {
-			return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, unwrapTag(err))
+			return tagmodel.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, unwrapTag(err))
 		}
 		p, err := t.PeriodOfKey(key)
 		if err != nil {
-			return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, err)
+			return tagmodel.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, err)
 		}
 		earliest, err := t.Reset.EarliestEnd(key)
 		if err != nil {
-			return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, err)
+			return tagmodel.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, err)
 		}
-		err = s.pool.QueryRow(ctx, createPeriodSQL, name, step, tag, p.End, string(t.Reset), t.TimeZone, floor, segment.DefaultRetentionDays, earliest).
+		err = s.pool.QueryRow(ctx, createPeriodSQL, name, step, tag, p.End, string(t.Reset), t.TimeZone, floor, tagmodel.DefaultRetentionDays, earliest).
 			Scan(&end, &tagStep, &version)
 		if err == nil {
 			return s.allocated(name, step, end, tagStep, version), t.MaxID, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return segment.Allocation{}, 0, fetchError(name, err)
+			return tagmodel.Allocation{}, 0, fetchError(name, err)
 		}
 		// Nothing created: expired, pruned, or the tag changed.
 		now, err := s.Tag(ctx, tag)
 		if err != nil {
-			return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, unwrapTag(err))
+			return tagmodel.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w", name, unwrapTag(err))
 		}
 		if now.Reset == t.Reset && now.TimeZone == t.TimeZone {
-			return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w: the period ended %s, more than %d days ago by the database's clock (or its row was pruned); its numbers are not started again",
-				name, segment.ErrPeriodExpired, p.End.UTC().Format(time.RFC3339), cmp0(now.RetentionDays))
+			return tagmodel.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w: the period ended %s, more than %d days ago by the database's clock (or its row was pruned); its numbers are not started again",
+				name, tagmodel.ErrPeriodExpired, p.End.UTC().Format(time.RFC3339), cmp0(now.RetentionDays))
 		}
 	}
-	return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: the tag's time zone kept changing", name)
+	return tagmodel.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: the tag's time zone kept changing", name)
 }
 
-// cmp0 is days, or segment.DefaultRetentionDays for 0.
+// cmp0 is days, or tagmodel.DefaultRetentionDays for 0.
 func cmp0(days int) int {
 	if days == 0 {
-		return segment.DefaultRetentionDays
+		return tagmodel.DefaultRetentionDays
 	}
 	return days
 }
@@ -120,19 +120,19 @@ func cmp0(days int) int {
 // unwrapTag strips the "postgres: tag %q: " context of Tag's errors, which
 // the caller replaces with its own.
 func unwrapTag(err error) error {
-	if errors.Is(err, segment.ErrUnknownTag) {
-		return segment.ErrUnknownTag
+	if errors.Is(err, tagmodel.ErrUnknownTag) {
+		return tagmodel.ErrUnknownTag
 	}
 	return err
 }
 
 // allocated records a fetch of name and returns its segment.
-func (s *Store) allocated(name string, step, end, tagStep, version int64) segment.Allocation {
+func (s *Store) allocated(name string, step, end, tagStep, version int64) tagmodel.Allocation {
 	s.remember(name, written{end, version})
 	if step == 0 {
 		step = tagStep
 	}
-	return segment.Allocation{Start: end - step, End: end, TagStep: tagStep}
+	return tagmodel.Allocation{Start: end - step, End: end, TagStep: tagStep}
 }
 
 // expiredPeriods is the condition of a period row p of tag t that
@@ -148,7 +148,7 @@ const expiredPeriods = `p.period_end IS NOT NULL AND t.biz_tag = p.period_of
 // deleted. It raises each tag's periods_pruned_until to the latest end it
 // deleted, so that no period as old is created again, even if the tag's
 // retention is raised later; fetches of a pruned period answer
-// segment.ErrPeriodExpired. It runs in one transaction (one now()) that
+// tagmodel.ErrPeriodExpired. It runs in one transaction (one now()) that
 // first locks the tag rows of the periods it prunes, in name order, then
 // deletes: the order in which a period's creation locks rows (tag row,
 // then period row), so that the two never deadlock.
@@ -160,7 +160,7 @@ func (s *Store) PrunePeriods(ctx context.Context) (int, error) {
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	rows, err := tx.Query(ctx, `SELECT t.biz_tag FROM leaf_alloc t
 WHERE t.biz_tag IN (SELECT p.period_of FROM leaf_alloc p JOIN leaf_alloc t ON `+expiredPeriods+`)
-ORDER BY t.biz_tag COLLATE "C" FOR UPDATE OF t`, segment.DefaultRetentionDays)
+ORDER BY t.biz_tag COLLATE "C" FOR UPDATE OF t`, tagmodel.DefaultRetentionDays)
 	if err != nil {
 		return 0, fmt.Errorf("postgres: prune periods: %w", err)
 	}
@@ -182,7 +182,7 @@ ORDER BY t.biz_tag COLLATE "C" FOR UPDATE OF t`, segment.DefaultRetentionDays)
   WHERE t.biz_tag = g.period_of
   RETURNING 1
 )
-SELECT count(*) FROM gone`, segment.DefaultRetentionDays, tags).Scan(&n)
+SELECT count(*) FROM gone`, tagmodel.DefaultRetentionDays, tags).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("postgres: prune periods: %w", err)
 	}

@@ -9,13 +9,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Store implements segment.Store and segment.Admin over the leaf_alloc
+// Store implements tagmodel.Store and tagmodel.Admin over the leaf_alloc
 // table. Every operation is a single statement, so a Store is safe for
 // concurrent use, and any number of Stores in any number of processes may
 // share one database: two fetches never return overlapping allocations.
@@ -38,8 +38,8 @@ type written struct {
 }
 
 var (
-	_ segment.Store = (*Store)(nil)
-	_ segment.Admin = (*Store)(nil)
+	_ tagmodel.Store = (*Store)(nil)
+	_ tagmodel.Admin = (*Store)(nil)
 )
 
 // New returns a Store over pool, whose database must have the schema
@@ -98,32 +98,32 @@ RETURNING max_id, step, dispenser_version`
 
 // Fetch atomically advances the tag's max_id by step (the tag's own step if
 // step <= 0) and returns the IDs in between. tag may be a period name
-// (segment.PeriodName) of a tag with a reset period: see fetchPeriod.
-// Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step above
-// segment.MaxStepLimit, or the stored step is not positive),
-// segment.ErrUnknownTag, segment.ErrExhausted, segment.ErrInvalidArgument
+// (tagmodel.PeriodName) of a tag with a reset period: see fetchPeriod.
+// Errors: tagmodel.ErrInvalidTag, tagmodel.ErrInvalidStep (step above
+// tagmodel.MaxStepLimit, or the stored step is not positive),
+// tagmodel.ErrUnknownTag, tagmodel.ErrExhausted, tagmodel.ErrInvalidArgument
 // (a tag with a reset period, whose own row hands out nothing; a period
 // of a tag without one, or not one of its periods),
-// segment.ErrPeriodExpired.
-func (s *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+// tagmodel.ErrPeriodExpired.
+func (s *Store) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	if err := checkFetch(tag, step); err != nil {
-		return segment.Allocation{}, err
+		return tagmodel.Allocation{}, err
 	}
 	step = max(step, 0)
-	if t, key, ok := segment.SplitPeriodName(tag); ok {
+	if t, key, ok := tagmodel.SplitPeriodName(tag); ok {
 		a, _, err := s.fetchPeriod(ctx, tag, t, key, 0, step)
 		return a, err
 	}
 	var end, tagStep, version int64
 	err := s.pool.QueryRow(ctx, fetchSQL, tag, step).Scan(&end, &tagStep, &version)
 	if err = s.fetchError(ctx, tag, err); err != nil {
-		return segment.Allocation{}, err
+		return tagmodel.Allocation{}, err
 	}
 	s.remember(tag, written{end, version})
 	if step == 0 {
 		step = tagStep
 	}
-	return segment.Allocation{Start: end - step, End: end, TagStep: tagStep}, nil
+	return tagmodel.Allocation{Start: end - step, End: end, TagStep: tagStep}, nil
 }
 
 // fetchAboveSQL is fetchSQL from max_id or floor, whichever is greater, and
@@ -141,36 +141,36 @@ RETURNING leaf_alloc.max_id, leaf_alloc.step, old.max_id, leaf_alloc.dispenser_v
 // max_id fell behind what was served (package witness) above it and fetches
 // in one statement. It returns the segment and max_id as it was before.
 // Errors as for Fetch; floor must not be negative (ErrInvalidArgument).
-func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (segment.Allocation, int64, error) {
+func (s *Store) FetchAbove(ctx context.Context, tag string, floor, step int64) (tagmodel.Allocation, int64, error) {
 	if err := checkFetch(tag, step); err != nil {
-		return segment.Allocation{}, 0, err
+		return tagmodel.Allocation{}, 0, err
 	}
 	if floor < 0 {
-		return segment.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w: floor %d", tag, segment.ErrInvalidArgument, floor)
+		return tagmodel.Allocation{}, 0, fmt.Errorf("postgres: fetch %q: %w: floor %d", tag, tagmodel.ErrInvalidArgument, floor)
 	}
 	step = max(step, 0)
-	if t, key, ok := segment.SplitPeriodName(tag); ok {
+	if t, key, ok := tagmodel.SplitPeriodName(tag); ok {
 		return s.fetchPeriod(ctx, tag, t, key, floor, step)
 	}
 	var end, tagStep, before, version int64
 	err := s.pool.QueryRow(ctx, fetchAboveSQL, tag, step, floor).Scan(&end, &tagStep, &before, &version)
 	if err = s.fetchError(ctx, tag, err); err != nil {
-		return segment.Allocation{}, 0, err
+		return tagmodel.Allocation{}, 0, err
 	}
 	s.remember(tag, written{end, version})
 	if step == 0 {
 		step = tagStep
 	}
-	return segment.Allocation{Start: end - step, End: end, TagStep: tagStep}, before, nil
+	return tagmodel.Allocation{Start: end - step, End: end, TagStep: tagStep}, before, nil
 }
 
 // checkFetch checks a fetch's tag (or period name) and step.
 func checkFetch(tag string, step int64) error {
-	if err := segment.CheckName(tag); err != nil {
+	if err := tagmodel.CheckName(tag); err != nil {
 		return fmt.Errorf("postgres: fetch: %w", err)
 	}
-	if step > segment.MaxStepLimit {
-		return fmt.Errorf("postgres: fetch %q: %w %d: want at most %d", tag, segment.ErrInvalidStep, step, segment.MaxStepLimit)
+	if step > tagmodel.MaxStepLimit {
+		return fmt.Errorf("postgres: fetch %q: %w %d: want at most %d", tag, tagmodel.ErrInvalidStep, step, tagmodel.MaxStepLimit)
 	}
 	return nil
 }
@@ -185,7 +185,7 @@ func (s *Store) fetchError(ctx context.Context, tag string, err error) error {
 		case err != nil:
 			return fmt.Errorf("postgres: fetch %q: %w", tag, err)
 		case reset != nil:
-			return fmt.Errorf("postgres: fetch %q: %w: the tag has a reset period (%s): fetch its periods (%s)", tag, segment.ErrInvalidArgument, *reset, segment.PeriodName(tag, "KEY"))
+			return fmt.Errorf("postgres: fetch %q: %w: the tag has a reset period (%s): fetch its periods (%s)", tag, tagmodel.ErrInvalidArgument, *reset, tagmodel.PeriodName(tag, "KEY"))
 		}
 	}
 	return fetchError(tag, err)
@@ -198,11 +198,11 @@ func fetchError(tag string, err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("postgres: fetch %q: %w", tag, segment.ErrUnknownTag)
+		return fmt.Errorf("postgres: fetch %q: %w", tag, tagmodel.ErrUnknownTag)
 	case errors.As(err, &pgErr) && pgErr.Code == "22003": // numeric_value_out_of_range
-		return fmt.Errorf("postgres: fetch %q: %w: max_id would overflow bigint", tag, segment.ErrExhausted)
+		return fmt.Errorf("postgres: fetch %q: %w: max_id would overflow bigint", tag, tagmodel.ErrExhausted)
 	case errors.As(err, &pgErr) && pgErr.Code == "23502": // not_null_violation
-		return fmt.Errorf("postgres: fetch %q: %w: the tag's stored step is not positive", tag, segment.ErrInvalidStep)
+		return fmt.Errorf("postgres: fetch %q: %w: the tag's stored step is not positive", tag, tagmodel.ErrInvalidStep)
 	}
 	return fmt.Errorf("postgres: fetch %q: %w", tag, err)
 }
@@ -213,12 +213,12 @@ func fetchError(tag string, err error) error {
 // reports whether it did. A max_id that is end again after other workers
 // fetched and gave back is not taken for it. An unknown tag, or one this
 // Store has not fetched, reports false. firstUnissued must be in 1..end
-// (segment.ErrInvalidArgument).
+// (tagmodel.ErrInvalidArgument).
 func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
-	if err := segment.CheckName(tag); err != nil {
+	if err := tagmodel.CheckName(tag); err != nil {
 		return false, fmt.Errorf("postgres: give back: %w", err)
 	}
-	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
+	if err := tagmodel.CheckGiveBack(end, firstUnissued); err != nil {
 		return false, fmt.Errorf("postgres: give back %q: %w", tag, err)
 	}
 	s.mu.Lock()
@@ -265,7 +265,7 @@ func (s *Store) Tags(ctx context.Context) ([]string, error) {
 	}
 	valid := names[:0]
 	for _, n := range names {
-		if segment.ValidTag(n) {
+		if tagmodel.ValidTag(n) {
 			valid = append(valid, n)
 		}
 	}
@@ -279,46 +279,40 @@ const tagColumns = `biz_tag, max_id, step, coalesce(description, ''), coalesce(o
 coalesce(reset_period, ''), coalesce(time_zone, ''), coalesce(number_format, ''), coalesce(retention_days, 0)`
 
 // scanTag reads the tagColumns of a row.
-func scanTag(row pgx.Row) (segment.Tag, error) {
-	var t segment.Tag
+func scanTag(row pgx.Row) (tagmodel.Tag, error) {
+	var t tagmodel.Tag
 	var reset string
 	err := row.Scan(&t.Name, &t.MaxID, &t.Step, &t.Description, &t.Ordered, &t.UpdateTime, &reset, &t.TimeZone, &t.Format, &t.RetentionDays)
-	t.Reset = segment.Reset(reset)
+	t.Reset = tagmodel.Reset(reset)
 	return t, err
 }
 
 // Tag looks up one tag. A NULL description reads as "", a NULL ordered
 // (a row of Leaf, or of a table before migration 002) as false, NULL reset
-// settings as none. Errors: segment.ErrInvalidTag, segment.ErrUnknownTag.
-func (s *Store) Tag(ctx context.Context, name string) (segment.Tag, error) {
-	if err := segment.CheckTag(name); err != nil {
-		return segment.Tag{}, fmt.Errorf("postgres: tag: %w", err)
+// settings as none. Errors: tagmodel.ErrInvalidTag, tagmodel.ErrUnknownTag.
+func (s *Store) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
+	if err := tagmodel.CheckTag(name); err != nil {
+		return tagmodel.Tag{}, fmt.Errorf("postgres: tag: %w", err)
 	}
 	t, err := scanTag(s.pool.QueryRow(ctx, "SELECT "+tagColumns+" FROM leaf_alloc WHERE biz_tag = $1", name))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return segment.Tag{}, fmt.Errorf("postgres: tag %q: %w", name, segment.ErrUnknownTag)
+		return tagmodel.Tag{}, fmt.Errorf("postgres: tag %q: %w", name, tagmodel.ErrUnknownTag)
 	}
 	if err != nil {
-		return segment.Tag{}, fmt.Errorf("postgres: tag %q: %w", name, err)
+		return tagmodel.Tag{}, fmt.Errorf("postgres: tag %q: %w", name, err)
 	}
 	return t, nil
 }
 
 // CreateTag adds the tag t with step t.Step, first ID t.MaxID, t.Description,
 // t.Ordered and the reset settings (Reset, TimeZone, Format, RetentionDays).
-// Errors: segment.ErrInvalidTag, segment.ErrInvalidStep (step not in
-// 1..segment.MaxStepLimit), segment.ErrInvalidArgument (first ID < 1,
-// description over segment.MaxDescription characters or not UTF-8 without
-// NUL, reset settings that segment.CheckPeriodic refuses),
-// segment.ErrTagExists (nothing changes).
-func (s *Store) CreateTag(ctx context.Context, t segment.Tag) error {
-	if err := segment.CheckTagFields(t.Name, &t.Step, &t.Description); err != nil {
-		return fmt.Errorf("postgres: create tag: %w", err)
-	}
-	if err := segment.CheckStart(t.MaxID); err != nil {
-		return fmt.Errorf("postgres: create tag %q: %w", t.Name, err)
-	}
-	p, err := segment.CheckPeriodic(t)
+// Errors: tagmodel.ErrInvalidTag, tagmodel.ErrInvalidStep (step not in
+// 1..tagmodel.MaxStepLimit), tagmodel.ErrInvalidArgument (first ID < 1,
+// description over tagmodel.MaxDescription characters or not UTF-8 without
+// NUL, reset settings that Tag.Check refuses),
+// tagmodel.ErrTagExists (nothing changes).
+func (s *Store) CreateTag(ctx context.Context, t tagmodel.Tag) error {
+	p, err := t.Check()
 	if err != nil {
 		return fmt.Errorf("postgres: create tag: %w", err)
 	}
@@ -329,20 +323,20 @@ ON CONFLICT (biz_tag) DO NOTHING`, t.Name, t.MaxID, t.Step, t.Description, t.Ord
 		return fmt.Errorf("postgres: create tag %q: %w", t.Name, err)
 	}
 	if ct.RowsAffected() == 0 {
-		return fmt.Errorf("postgres: create tag %q: %w", t.Name, segment.ErrTagExists)
+		return fmt.Errorf("postgres: create tag %q: %w", t.Name, tagmodel.ErrTagExists)
 	}
 	return nil
 }
 
 // UpdateTag sets the tag's fields of u that are not nil, and leaves the
 // others and max_id as they are. It reads the tag's row with SELECT … FOR
-// UPDATE, checks the tag as updated (segment.CheckPeriodic: the settings
+// UPDATE, checks the tag as updated (tagmodel.Tag.Periodic: the settings
 // together, such as a format that a daily tag needs) and writes it, in one
 // transaction, so that two updates never combine into settings that
 // neither checked. A tag's reset period, once set, cannot be changed or
-// removed. Errors: as for CreateTag, and segment.ErrUnknownTag.
-func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate) error {
-	if err := segment.CheckTagFields(name, u.Step, u.Description); err != nil {
+// removed. Errors: as for CreateTag, and tagmodel.ErrUnknownTag.
+func (s *Store) UpdateTag(ctx context.Context, name string, u tagmodel.Update) error {
+	if err := u.Check(name); err != nil {
 		return fmt.Errorf("postgres: update tag: %w", err)
 	}
 	tx, err := s.pool.Begin(ctx)
@@ -352,12 +346,12 @@ func (s *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate)
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	t, err := scanTag(tx.QueryRow(ctx, "SELECT "+tagColumns+" FROM leaf_alloc WHERE biz_tag = $1 FOR UPDATE", name))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("postgres: update tag %q: %w", name, segment.ErrUnknownTag)
+		return fmt.Errorf("postgres: update tag %q: %w", name, tagmodel.ErrUnknownTag)
 	}
 	if err != nil {
 		return fmt.Errorf("postgres: update tag %q: %w", name, err)
 	}
-	t, err = segment.ApplyUpdate(t, u)
+	t, err = tagmodel.ApplyUpdate(t, u)
 	if err != nil {
 		return fmt.Errorf("postgres: update tag: %w", err)
 	}
@@ -389,7 +383,7 @@ const changesOverlap = 5 * time.Second
 // however many tags the table holds. Deleted rows are not seen: the
 // allocator notices them at their next fetch. Periods' rows are not
 // listed: they are not tags.
-func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
+func (s *Store) Changes(ctx context.Context, cursor int64) ([]tagmodel.Change, int64, error) {
 	var now int64
 	if err := s.pool.QueryRow(ctx, `SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint`).Scan(&now); err != nil {
 		return nil, 0, fmt.Errorf("postgres: changes: %w", err)
@@ -402,15 +396,15 @@ func (s *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange,
 	if err != nil {
 		return nil, 0, fmt.Errorf("postgres: changes: %w", err)
 	}
-	var out []segment.TagChange
+	var out []tagmodel.Change
 	for rows.Next() {
 		t, err := scanTag(rows)
 		if err != nil {
 			rows.Close()
 			return nil, 0, fmt.Errorf("postgres: changes: %w", err)
 		}
-		if segment.ValidTag(t.Name) {
-			out = append(out, segment.TagChange{Tag: t})
+		if tagmodel.ValidTag(t.Name) {
+			out = append(out, tagmodel.Change{Tag: t})
 		}
 	}
 	if err := rows.Err(); err != nil {

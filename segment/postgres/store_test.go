@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -49,13 +49,13 @@ func newStore(tb testing.TB) *postgres.Store {
 // createTag creates a tag and fails the test on error.
 func createTag(tb testing.TB, s *postgres.Store, name string, step, start int64) {
 	tb.Helper()
-	if err := s.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: start, Description: "test tag " + name}); err != nil {
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: name, Step: step, MaxID: start, Description: "test tag " + name}); err != nil {
 		tb.Fatalf("CreateTag(%q, %d, %d): %v", name, step, start, err)
 	}
 }
 
 // tag looks up a tag and fails the test on error.
-func tag(tb testing.TB, s *postgres.Store, name string) segment.Tag {
+func tag(tb testing.TB, s *postgres.Store, name string) tagmodel.Tag {
 	tb.Helper()
 	t, err := s.Tag(ctx, name)
 	if err != nil {
@@ -65,7 +65,7 @@ func tag(tb testing.TB, s *postgres.Store, name string) segment.Tag {
 }
 
 // fetch fetches a segment and fails the test on error.
-func fetch(tb testing.TB, s *postgres.Store, name string, step int64) segment.Allocation {
+func fetch(tb testing.TB, s *postgres.Store, name string, step int64) tagmodel.Allocation {
 	tb.Helper()
 	a, err := s.Fetch(ctx, name, step)
 	if err != nil {
@@ -112,13 +112,13 @@ func TestFetchNonPositiveStoredStep(t *testing.T) {
 	for _, name := range []string{"zero", "negative"} {
 		before := snapshot(t, s)
 		_, err := s.Fetch(ctx, name, 0)
-		checkErr(t, err, segment.ErrInvalidStep)
+		checkErr(t, err, tagmodel.ErrInvalidStep)
 		if after := snapshot(t, s); after != before {
 			t.Errorf("Fetch(%s, 0) changed the table:\nbefore:\n%s\nafter:\n%s", name, before, after)
 		}
 	}
 	// An explicit step still works.
-	if got, want := fetch(t, s, "zero", 5), (segment.Allocation{Start: 100, End: 105, TagStep: 0}); got != want {
+	if got, want := fetch(t, s, "zero", 5), (tagmodel.Allocation{Start: 100, End: 105, TagStep: 0}); got != want {
 		t.Errorf("Fetch(zero, 5) = %+v, want %+v", got, want)
 	}
 }
@@ -131,7 +131,7 @@ func TestFetchNonPositiveStoredStep(t *testing.T) {
 func TestSharesTableWithLeaf(t *testing.T) {
 	s := newStore(t)
 	createTag(t, s, "orders", 10, 1)
-	leafFetch := func(step int64) segment.Allocation {
+	leafFetch := func(step int64) tagmodel.Allocation {
 		t.Helper()
 		tx, err := s.Pool().Begin(ctx)
 		if err != nil {
@@ -154,17 +154,17 @@ func TestSharesTableWithLeaf(t *testing.T) {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		return segment.Allocation{Start: maxID - cmp.Or(step, tagStep), End: maxID, TagStep: tagStep}
+		return tagmodel.Allocation{Start: maxID - cmp.Or(step, tagStep), End: maxID, TagStep: tagStep}
 	}
 
-	got := []segment.Allocation{
+	got := []tagmodel.Allocation{
 		fetch(t, s, "orders", 0),
 		leafFetch(0),
 		fetch(t, s, "orders", 25),
 		leafFetch(7),
 		fetch(t, s, "orders", 0),
 	}
-	want := []segment.Allocation{
+	want := []tagmodel.Allocation{
 		{Start: 1, End: 11, TagStep: 10},
 		{Start: 11, End: 21, TagStep: 10},
 		{Start: 21, End: 46, TagStep: 10},
@@ -197,15 +197,15 @@ func TestLeafNamesThatAreNoTags(t *testing.T) {
 	before := snapshot(t, s)
 	for _, name := range []string{"leaf.segment", "with space", ""} {
 		_, err := s.Fetch(ctx, name, 0)
-		checkErr(t, err, segment.ErrInvalidTag)
+		checkErr(t, err, tagmodel.ErrInvalidTag)
 		_, err = s.Tag(ctx, name)
-		checkErr(t, err, segment.ErrInvalidTag)
+		checkErr(t, err, tagmodel.ErrInvalidTag)
 		ok, err := s.GiveBack(ctx, name, 1, 1) // max_id is 1: would succeed
-		checkErr(t, err, segment.ErrInvalidTag)
+		checkErr(t, err, tagmodel.ErrInvalidTag)
 		if ok {
 			t.Errorf("GiveBack(%q) reported true with an error", name)
 		}
-		checkErr(t, s.UpdateTag(ctx, name, segment.TagUpdate{}), segment.ErrInvalidTag)
+		checkErr(t, s.UpdateTag(ctx, name, tagmodel.Update{}), tagmodel.ErrInvalidTag)
 	}
 	if after := snapshot(t, s); after != before {
 		t.Errorf("operations on Leaf's names changed the table:\nbefore:\n%s\nafter:\n%s", before, after)
@@ -220,11 +220,11 @@ func TestNullDescription(t *testing.T) {
 	if got := tag(t, s, "legacy"); got.Name != "legacy" || got.MaxID != 77 || got.Step != 5 || got.Description != "" || got.UpdateTime.IsZero() {
 		t.Errorf("Tag(legacy) = %+v, want max_id 77, step 5, empty description, an update time", got)
 	}
-	if got, want := fetch(t, s, "legacy", 0), (segment.Allocation{Start: 77, End: 82, TagStep: 5}); got != want {
+	if got, want := fetch(t, s, "legacy", 0), (tagmodel.Allocation{Start: 77, End: 82, TagStep: 5}); got != want {
 		t.Errorf("Fetch(legacy, 0) = %+v, want %+v", got, want)
 	}
 	step := int64(8)
-	if err := s.UpdateTag(ctx, "legacy", segment.TagUpdate{Step: &step}); err != nil {
+	if err := s.UpdateTag(ctx, "legacy", tagmodel.Update{Step: &step}); err != nil {
 		t.Fatal(err)
 	}
 	var isNull bool
@@ -232,7 +232,7 @@ func TestNullDescription(t *testing.T) {
 		t.Errorf("description after updating the step only: NULL %v, %v; want it still NULL", isNull, err)
 	}
 	ordered := true
-	if err := s.UpdateTag(ctx, "legacy", segment.TagUpdate{Ordered: &ordered}); err != nil {
+	if err := s.UpdateTag(ctx, "legacy", tagmodel.Update{Ordered: &ordered}); err != nil {
 		t.Fatal(err)
 	}
 	if got := tag(t, s, "legacy"); !got.Ordered || got.Step != 8 || got.Description != "" {
@@ -279,15 +279,15 @@ func TestFetchAbove(t *testing.T) {
 		name        string
 		maxID       int64
 		floor, step int64
-		want        segment.Allocation
+		want        tagmodel.Allocation
 		wantBefore  int64
 		wantErr     error
 	}{
-		{name: "behind the floor", maxID: 11, floor: 31, want: segment.Allocation{Start: 31, End: 41, TagStep: 10}, wantBefore: 11},
-		{name: "ahead of the floor", maxID: 51, floor: 31, want: segment.Allocation{Start: 51, End: 61, TagStep: 10}, wantBefore: 51},
-		{name: "explicit step", maxID: 1, floor: 5, step: 3, want: segment.Allocation{Start: 5, End: 8, TagStep: 10}, wantBefore: 1},
-		{name: "past 2^63-1", maxID: 1, floor: math.MaxInt64 - 5, wantErr: segment.ErrExhausted},
-		{name: "negative floor", maxID: 1, floor: -1, wantErr: segment.ErrInvalidArgument},
+		{name: "behind the floor", maxID: 11, floor: 31, want: tagmodel.Allocation{Start: 31, End: 41, TagStep: 10}, wantBefore: 11},
+		{name: "ahead of the floor", maxID: 51, floor: 31, want: tagmodel.Allocation{Start: 51, End: 61, TagStep: 10}, wantBefore: 51},
+		{name: "explicit step", maxID: 1, floor: 5, step: 3, want: tagmodel.Allocation{Start: 5, End: 8, TagStep: 10}, wantBefore: 1},
+		{name: "past 2^63-1", maxID: 1, floor: math.MaxInt64 - 5, wantErr: tagmodel.ErrExhausted},
+		{name: "negative floor", maxID: 1, floor: -1, wantErr: tagmodel.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -310,7 +310,7 @@ func TestFetchAbove(t *testing.T) {
 		})
 	}
 	s := newStore(t)
-	if _, _, err := s.FetchAbove(ctx, "nope", 1, 0); !errors.Is(err, segment.ErrUnknownTag) {
+	if _, _, err := s.FetchAbove(ctx, "nope", 1, 0); !errors.Is(err, tagmodel.ErrUnknownTag) {
 		t.Fatalf("unknown tag: %v, want ErrUnknownTag", err)
 	}
 }

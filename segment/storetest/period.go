@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // createPeriodic creates a tag with reset period r and fails the test on
 // error.
-func createPeriodic(tb testing.TB, s Store, t segment.Tag) {
+func createPeriodic(tb testing.TB, s Store, t tagmodel.Tag) {
 	tb.Helper()
 	if t.Description == "" {
 		t.Description = "test tag " + t.Name
@@ -28,7 +29,7 @@ func createPeriodic(tb testing.TB, s Store, t segment.Tag) {
 // dayKey is the key of the day d days from today (UTC, the clocks of the
 // test and of the store): periods near today are not expired.
 func dayKey(d int) string {
-	return segment.ResetDay.PeriodAt(time.Now().AddDate(0, 0, d), time.UTC).Key
+	return tagmodel.ResetDay.PeriodAt(time.Now().AddDate(0, 0, d), time.UTC).Key
 }
 
 // A period's first fetch starts at the tag's start, its fetches are
@@ -37,43 +38,43 @@ func dayKey(d int) string {
 // list periods.
 func testPeriods(t *testing.T, c Config) {
 	s := newStore(t, c)
-	cl, ok := s.(segment.ChangeLister)
+	cl, ok := s.(tagmodel.ChangeLister)
 	if !ok {
-		t.Fatalf("%T is not a segment.ChangeLister", s)
+		t.Fatalf("%T is not a tagmodel.ChangeLister", s)
 	}
 	_, cursor, err := cl.Changes(ctx(t), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	createPeriodic(t, s, segment.Tag{Name: "daily", Step: 10, MaxID: 100, Reset: segment.ResetDay, Format: "D{date:20060102}-{seq:4}"})
-	createPeriodic(t, s, segment.Tag{Name: "monthly", Step: 5, MaxID: 1, Reset: segment.ResetMonth, TimeZone: "Asia/Shanghai", RetentionDays: 40})
+	createPeriodic(t, s, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 100, Reset: tagmodel.ResetDay, Format: "D{date:20060102}-{seq:4}"})
+	createPeriodic(t, s, tagmodel.Tag{Name: "monthly", Step: 5, MaxID: 1, Reset: tagmodel.ResetMonth, TimeZone: "Asia/Shanghai", RetentionDays: 40})
 	createTag(t, s, "plain", 10, 1)
-	today, yesterday := segment.PeriodName("daily", dayKey(0)), segment.PeriodName("daily", dayKey(-1))
-	month := segment.PeriodName("monthly", segment.ResetMonth.PeriodAt(time.Now(), mustZone(t, "Asia/Shanghai")).Key)
+	today, yesterday := tagmodel.PeriodName("daily", dayKey(0)), tagmodel.PeriodName("daily", dayKey(-1))
+	month := tagmodel.PeriodName("monthly", tagmodel.ResetMonth.PeriodAt(time.Now(), mustZone(t, "Asia/Shanghai")).Key)
 
 	steps := []struct {
 		name string
 		step int64
-		want segment.Allocation
+		want tagmodel.Allocation
 	}{
-		{name: today, want: segment.Allocation{Start: 100, End: 110, TagStep: 10}},
-		{name: today, want: segment.Allocation{Start: 110, End: 120, TagStep: 10}},
-		{name: today, step: 25, want: segment.Allocation{Start: 120, End: 145, TagStep: 10}},
-		{name: yesterday, step: 3, want: segment.Allocation{Start: 100, End: 103, TagStep: 10}},
-		{name: yesterday, want: segment.Allocation{Start: 103, End: 113, TagStep: 10}},
-		{name: today, want: segment.Allocation{Start: 145, End: 155, TagStep: 10}},
-		{name: month, want: segment.Allocation{Start: 1, End: 6, TagStep: 5}},
+		{name: today, want: tagmodel.Allocation{Start: 100, End: 110, TagStep: 10}},
+		{name: today, want: tagmodel.Allocation{Start: 110, End: 120, TagStep: 10}},
+		{name: today, step: 25, want: tagmodel.Allocation{Start: 120, End: 145, TagStep: 10}},
+		{name: yesterday, step: 3, want: tagmodel.Allocation{Start: 100, End: 103, TagStep: 10}},
+		{name: yesterday, want: tagmodel.Allocation{Start: 103, End: 113, TagStep: 10}},
+		{name: today, want: tagmodel.Allocation{Start: 145, End: 155, TagStep: 10}},
+		{name: month, want: tagmodel.Allocation{Start: 1, End: 6, TagStep: 5}},
 	}
 	for i, st := range steps {
 		if got := fetch(t, s, st.name, st.step); got != st.want {
 			t.Errorf("fetch %d: Fetch(%q, %d) = %+v, want %+v", i, st.name, st.step, got, st.want)
 		}
 	}
-	checkTag(t, s, segment.Tag{Name: "daily", MaxID: 100, Step: 10, Description: "test tag daily", Reset: segment.ResetDay, Format: "D{date:20060102}-{seq:4}"}, "after fetches of its periods")
+	checkTag(t, s, tagmodel.Tag{Name: "daily", MaxID: 100, Step: 10, Description: "test tag daily", Reset: tagmodel.ResetDay, Format: "D{date:20060102}-{seq:4}"}, "after fetches of its periods")
 
 	// A period follows its tag's step.
-	mustUpdate(t, s, "daily", segment.TagUpdate{Step: ptr[int64](7)})
-	if got, want := fetch(t, s, today, 0), (segment.Allocation{Start: 155, End: 162, TagStep: 7}); got != want {
+	mustUpdate(t, s, "daily", tagmodel.Update{Step: ptr[int64](7)})
+	if got, want := fetch(t, s, today, 0), (tagmodel.Allocation{Start: 155, End: 162, TagStep: 7}); got != want {
 		t.Errorf("Fetch(%q, 0) after the tag's step changed = %+v, want %+v", today, got, want)
 	}
 
@@ -81,7 +82,7 @@ func testPeriods(t *testing.T, c Config) {
 	// start.
 	before := snapshot(t, s)
 	_, err = s.Fetch(ctx(t), "daily", 0)
-	checkErr(t, c, err, segment.ErrInvalidArgument)
+	checkErr(t, c, err, tagmodel.ErrInvalidArgument)
 	checkUnchanged(t, s, before, "Fetch of a tag with a reset period")
 
 	if names, err := s.Tags(ctx(t)); err != nil || !slices.Equal(names, []string{"daily", "monthly", "plain"}) {
@@ -92,7 +93,7 @@ func testPeriods(t *testing.T, c Config) {
 		t.Fatal(err)
 	}
 	for _, ch := range changes {
-		if !segment.ValidTag(ch.Tag.Name) {
+		if !tagmodel.ValidTag(ch.Tag.Name) {
 			t.Errorf("Changes listed %+v, want tags only", ch)
 		}
 	}
@@ -109,32 +110,32 @@ func mustZone(tb testing.TB, name string) *time.Location {
 
 func testPeriodErrors(t *testing.T, c Config) {
 	s := newStore(t, c)
-	createPeriodic(t, s, segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay})
-	createPeriodic(t, s, segment.Tag{Name: "yearly", Step: 10, MaxID: 1, Reset: segment.ResetYear, RetentionDays: 1})
+	createPeriodic(t, s, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay})
+	createPeriodic(t, s, tagmodel.Tag{Name: "yearly", Step: 10, MaxID: 1, Reset: tagmodel.ResetYear, RetentionDays: 1})
 	createTag(t, s, "plain", 10, 1)
-	fetch(t, s, segment.PeriodName("daily", dayKey(0)), 0)
+	fetch(t, s, tagmodel.PeriodName("daily", dayKey(0)), 0)
 	tests := []struct {
 		name string
 		tag  string
 		want error
 	}{
-		{name: "period of a tag without reset", tag: segment.PeriodName("plain", dayKey(0)), want: segment.ErrInvalidArgument},
-		{name: "period of an unknown tag", tag: segment.PeriodName("nosuch", dayKey(0)), want: segment.ErrUnknownTag},
-		{name: "month of a daily tag", tag: "daily=" + dayKey(0)[:6], want: segment.ErrInvalidArgument},
-		{name: "day of a yearly tag", tag: "yearly=" + dayKey(0), want: segment.ErrInvalidArgument},
-		{name: "day that does not exist", tag: "daily=20260230", want: segment.ErrInvalidArgument},
-		{name: "expired day", tag: "daily=20200101", want: segment.ErrPeriodExpired},
-		{name: "expired year", tag: "yearly=2020", want: segment.ErrPeriodExpired},
-		{name: "key not digits", tag: "daily=2026x101", want: segment.ErrInvalidTag},
-		{name: "key too short", tag: "daily=202", want: segment.ErrInvalidTag},
-		{name: "two separators", tag: "daily=2026=01", want: segment.ErrInvalidTag},
+		{name: "period of a tag without reset", tag: tagmodel.PeriodName("plain", dayKey(0)), want: tagmodel.ErrInvalidArgument},
+		{name: "period of an unknown tag", tag: tagmodel.PeriodName("nosuch", dayKey(0)), want: tagmodel.ErrUnknownTag},
+		{name: "month of a daily tag", tag: "daily=" + dayKey(0)[:6], want: tagmodel.ErrInvalidArgument},
+		{name: "day of a yearly tag", tag: "yearly=" + dayKey(0), want: tagmodel.ErrInvalidArgument},
+		{name: "day that does not exist", tag: "daily=20260230", want: tagmodel.ErrInvalidArgument},
+		{name: "expired day", tag: "daily=20200101", want: tagmodel.ErrPeriodExpired},
+		{name: "expired year", tag: "yearly=2020", want: tagmodel.ErrPeriodExpired},
+		{name: "key not digits", tag: "daily=2026x101", want: tagmodel.ErrInvalidTag},
+		{name: "key too short", tag: "daily=202", want: tagmodel.ErrInvalidTag},
+		{name: "two separators", tag: "daily=2026=01", want: tagmodel.ErrInvalidTag},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := snapshot(t, s)
 			a, err := s.Fetch(ctx(t), tt.tag, 0)
 			checkErr(t, c, err, tt.want)
-			if a != (segment.Allocation{}) {
+			if a != (tagmodel.Allocation{}) {
 				t.Errorf("Fetch returned %+v with the error, want zero", a)
 			}
 			checkUnchanged(t, s, before, "failed Fetch of a period")
@@ -142,7 +143,7 @@ func testPeriodErrors(t *testing.T, c Config) {
 			// valid period still starts at the tag's start.
 		})
 	}
-	if got, want := fetch(t, s, segment.PeriodName("yearly", time.Now().UTC().Format("2006")), 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
+	if got, want := fetch(t, s, tagmodel.PeriodName("yearly", time.Now().UTC().Format("2006")), 0), (tagmodel.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
 		t.Errorf("first fetch of this year after the failures = %+v, want %+v", got, want)
 	}
 }
@@ -153,11 +154,11 @@ func testPeriodErrors(t *testing.T, c Config) {
 // that as many as can race to create the period's row do.
 func testConcurrentPeriodCreation(t *testing.T, c Config) {
 	ss := openStores(t, c, stores)
-	createPeriodic(t, ss[0], segment.Tag{Name: "daily", Step: 10, MaxID: 1000, Reset: segment.ResetDay})
+	createPeriodic(t, ss[0], tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1000, Reset: tagmodel.ResetDay})
 	ctx := ctx(t)
 	const periods, perGoroutine = 4, 3
 	for d := range periods {
-		name := segment.PeriodName("daily", dayKey(-d))
+		name := tagmodel.PeriodName("daily", dayKey(-d))
 		start := make(chan struct{})
 		var wg sync.WaitGroup
 		var res results
@@ -179,7 +180,7 @@ func testConcurrentPeriodCreation(t *testing.T, c Config) {
 		res.check(t)
 		checkTiling(t, res.allocs, 1000, 1000+10*int64(len(res.allocs)))
 	}
-	checkTag(t, ss[1], segment.Tag{Name: "daily", MaxID: 1000, Step: 10, Description: "test tag daily", Reset: segment.ResetDay}, "after its periods' fetches")
+	checkTag(t, ss[1], tagmodel.Tag{Name: "daily", MaxID: 1000, Step: 10, Description: "test tag daily", Reset: tagmodel.ResetDay}, "after its periods' fetches")
 }
 
 // A period that ended longer ago than its tag's retention is pruned by
@@ -189,9 +190,9 @@ func testPrunePeriods(t *testing.T, c Config) {
 	s := newStore(t, c)
 	// 2020-01-01 ended within MaxRetentionDays (ten years): its row can
 	// be created.
-	createPeriodic(t, s, segment.Tag{Name: "old", Step: 10, MaxID: 1, Reset: segment.ResetDay, RetentionDays: segment.MaxRetentionDays})
-	createPeriodic(t, s, segment.Tag{Name: "fresh", Step: 10, MaxID: 1, Reset: segment.ResetDay, RetentionDays: 1})
-	old, fresh := "old=20200101", segment.PeriodName("fresh", dayKey(0))
+	createPeriodic(t, s, tagmodel.Tag{Name: "old", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay, RetentionDays: tagmodel.MaxRetentionDays})
+	createPeriodic(t, s, tagmodel.Tag{Name: "fresh", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay, RetentionDays: 1})
+	old, fresh := "old=20200101", tagmodel.PeriodName("fresh", dayKey(0))
 	fetch(t, s, old, 0)
 	fetch(t, s, fresh, 0)
 	if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 0 {
@@ -200,8 +201,8 @@ func testPrunePeriods(t *testing.T, c Config) {
 
 	// With a retention of a week, 2020-01-01 is expired; its row,
 	// still there, serves on until pruned.
-	mustUpdate(t, s, "old", segment.TagUpdate{RetentionDays: ptr(7)})
-	if got, want := fetch(t, s, old, 0), (segment.Allocation{Start: 11, End: 21, TagStep: 10}); got != want {
+	mustUpdate(t, s, "old", tagmodel.Update{RetentionDays: ptr(7)})
+	if got, want := fetch(t, s, old, 0), (tagmodel.Allocation{Start: 11, End: 21, TagStep: 10}); got != want {
 		t.Errorf("Fetch(%s) of an expired period whose row is kept = %+v, want %+v", old, got, want)
 	}
 	if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 1 {
@@ -211,7 +212,7 @@ func testPrunePeriods(t *testing.T, c Config) {
 		t.Helper()
 		before := snapshot(t, s)
 		a, err := s.Fetch(ctx(t), old, 0)
-		if !errors.Is(err, segment.ErrPeriodExpired) && !errors.Is(err, segment.ErrTagDeleted) {
+		if !errors.Is(err, tagmodel.ErrPeriodExpired) && !errors.Is(err, tagmodel.ErrTagDeleted) {
 			t.Fatalf("%s: Fetch(%s) = %+v, %v, want ErrPeriodExpired or ErrTagDeleted", what, old, a, err)
 		}
 		checkErr(t, c, err, err) // the prefix
@@ -220,24 +221,24 @@ func testPrunePeriods(t *testing.T, c Config) {
 	checkGone("fetch of a pruned period")
 	// Raised again, the retention would let the period be created: it
 	// is not, a pruned period's numbers are not started again.
-	mustUpdate(t, s, "old", segment.TagUpdate{RetentionDays: ptr(segment.MaxRetentionDays)})
+	mustUpdate(t, s, "old", tagmodel.Update{RetentionDays: ptr(tagmodel.MaxRetentionDays)})
 	checkGone("fetch of a pruned period after the retention was raised")
 	if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 0 {
 		t.Errorf("PrunePeriods again = %d, %v, want 0", n, err)
 	}
-	if got, want := fetch(t, s, fresh, 0), (segment.Allocation{Start: 11, End: 21, TagStep: 10}); got != want {
+	if got, want := fetch(t, s, fresh, 0), (tagmodel.Allocation{Start: 11, End: 21, TagStep: 10}); got != want {
 		t.Errorf("Fetch(%s) after pruning = %+v, want %+v: a period within retention is kept", fresh, got, want)
 	}
-	if got, want := fetch(t, s, "old="+dayKey(0), 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
+	if got, want := fetch(t, s, "old="+dayKey(0), 0), (tagmodel.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
 		t.Errorf("Fetch of today's period of the pruned tag = %+v, want %+v", got, want)
 	}
 }
 
 func testPeriodGiveBack(t *testing.T, c Config) {
 	s := newStore(t, c)
-	createPeriodic(t, s, segment.Tag{Name: "daily", Step: 100, MaxID: 1, Reset: segment.ResetDay})
-	name := segment.PeriodName("daily", dayKey(0))
-	other := segment.PeriodName("daily", dayKey(-1))
+	createPeriodic(t, s, tagmodel.Tag{Name: "daily", Step: 100, MaxID: 1, Reset: tagmodel.ResetDay})
+	name := tagmodel.PeriodName("daily", dayKey(0))
+	other := tagmodel.PeriodName("daily", dayKey(-1))
 	a := fetch(t, s, name, 0)
 	if ok, err := s.GiveBack(ctx(t), other, a.End, 50); err != nil || ok {
 		t.Errorf("GiveBack(%s) of another period's segment = %v, %v, want false", other, ok, err)
@@ -248,47 +249,47 @@ func testPeriodGiveBack(t *testing.T, c Config) {
 	if ok, err := s.GiveBack(ctx(t), name, a.End, 60); err != nil || ok {
 		t.Errorf("second GiveBack(%s, %d, 60) = %v, %v, want false", name, a.End, ok, err)
 	}
-	if got, want := fetch(t, s, name, 0), (segment.Allocation{Start: 50, End: 150, TagStep: 100}); got != want {
+	if got, want := fetch(t, s, name, 0), (tagmodel.Allocation{Start: 50, End: 150, TagStep: 100}); got != want {
 		t.Errorf("Fetch(%s) after the give-back = %+v, want %+v", name, got, want)
 	}
-	if got, want := fetch(t, s, other, 0), (segment.Allocation{Start: 1, End: 101, TagStep: 100}); got != want {
+	if got, want := fetch(t, s, other, 0), (tagmodel.Allocation{Start: 1, End: 101, TagStep: 100}); got != want {
 		t.Errorf("Fetch(%s), the other period = %+v, want %+v", other, got, want)
 	}
 	_, err := s.GiveBack(ctx(t), "daily=2026x", 10, 5)
-	checkErr(t, c, err, segment.ErrInvalidTag)
-	checkTag(t, s, segment.Tag{Name: "daily", MaxID: 1, Step: 100, Description: "test tag daily", Reset: segment.ResetDay}, "after give-backs of its periods")
+	checkErr(t, c, err, tagmodel.ErrInvalidTag)
+	checkTag(t, s, tagmodel.Tag{Name: "daily", MaxID: 1, Step: 100, Description: "test tag daily", Reset: tagmodel.ResetDay}, "after give-backs of its periods")
 }
 
 // The reset settings are kept with the tag, and set on a tag without.
 func testPeriodicSettings(t *testing.T, c Config) {
 	s := newStore(t, c)
-	want := segment.Tag{Name: "invoices", Step: 10, MaxID: 5, Description: "invoice numbers", Reset: segment.ResetMonth,
+	want := tagmodel.Tag{Name: "invoices", Step: 10, MaxID: 5, Description: "invoice numbers", Reset: tagmodel.ResetMonth,
 		TimeZone: "Asia/Shanghai", Format: "INV{date:200601}{seq:6}", RetentionDays: 400}
 	createPeriodic(t, s, want)
 	checkTag(t, s, want, "created with a reset period")
-	createPeriodic(t, s, segment.Tag{Name: "none", Step: 10, MaxID: 1, Reset: "none", Format: "N{seq}"})
-	checkTag(t, s, segment.Tag{Name: "none", Step: 10, MaxID: 1, Description: "test tag none", Format: "N{seq}"}, "created with reset none")
+	createPeriodic(t, s, tagmodel.Tag{Name: "none", Step: 10, MaxID: 1, Reset: "none", Format: "N{seq}"})
+	checkTag(t, s, tagmodel.Tag{Name: "none", Step: 10, MaxID: 1, Description: "test tag none", Format: "N{seq}"}, "created with reset none")
 
 	createTag(t, s, "plain", 10, 1)
 	fetch(t, s, "plain", 0)
 	tests := []struct {
 		name string
 		tag  string
-		u    segment.TagUpdate
-		want segment.Tag
+		u    tagmodel.Update
+		want tagmodel.Tag
 	}{
-		{name: "none to day", tag: "plain", u: segment.TagUpdate{Reset: ptr(segment.ResetDay)},
-			want: segment.Tag{Name: "plain", Step: 10, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay}},
-		{name: "same reset again", tag: "plain", u: segment.TagUpdate{Reset: ptr(segment.ResetDay), Format: ptr("P{date:20060102}{seq:5}")},
-			want: segment.Tag{Name: "plain", Step: 10, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay, Format: "P{date:20060102}{seq:5}"}},
-		{name: "time zone and retention", tag: "plain", u: segment.TagUpdate{TimeZone: ptr("Europe/Berlin"), RetentionDays: ptr(30)},
-			want: segment.Tag{Name: "plain", Step: 10, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay, Format: "P{date:20060102}{seq:5}", TimeZone: "Europe/Berlin", RetentionDays: 30}},
-		{name: "step keeps them", tag: "plain", u: segment.TagUpdate{Step: ptr[int64](20)},
-			want: segment.Tag{Name: "plain", Step: 20, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay, Format: "P{date:20060102}{seq:5}", TimeZone: "Europe/Berlin", RetentionDays: 30}},
-		{name: "width of seq, UTC, default retention", tag: "plain", u: segment.TagUpdate{Format: ptr("P{date:20060102}{seq:8}"), TimeZone: ptr(""), RetentionDays: ptr(0)},
-			want: segment.Tag{Name: "plain", Step: 20, MaxID: 11, Description: "test tag plain", Reset: segment.ResetDay, Format: "P{date:20060102}{seq:8}"}},
-		{name: "width of seq of a tag without reset", tag: "none", u: segment.TagUpdate{Format: ptr("N{seq:3}")},
-			want: segment.Tag{Name: "none", Step: 10, MaxID: 1, Description: "test tag none", Format: "N{seq:3}"}},
+		{name: "none to day", tag: "plain", u: tagmodel.Update{Reset: ptr(tagmodel.ResetDay)},
+			want: tagmodel.Tag{Name: "plain", Step: 10, MaxID: 11, Description: "test tag plain", Reset: tagmodel.ResetDay}},
+		{name: "same reset again", tag: "plain", u: tagmodel.Update{Reset: ptr(tagmodel.ResetDay), Format: ptr("P{date:20060102}{seq:5}")},
+			want: tagmodel.Tag{Name: "plain", Step: 10, MaxID: 11, Description: "test tag plain", Reset: tagmodel.ResetDay, Format: "P{date:20060102}{seq:5}"}},
+		{name: "time zone and retention", tag: "plain", u: tagmodel.Update{TimeZone: ptr("Europe/Berlin"), RetentionDays: ptr(30)},
+			want: tagmodel.Tag{Name: "plain", Step: 10, MaxID: 11, Description: "test tag plain", Reset: tagmodel.ResetDay, Format: "P{date:20060102}{seq:5}", TimeZone: "Europe/Berlin", RetentionDays: 30}},
+		{name: "step keeps them", tag: "plain", u: tagmodel.Update{Step: ptr[int64](20)},
+			want: tagmodel.Tag{Name: "plain", Step: 20, MaxID: 11, Description: "test tag plain", Reset: tagmodel.ResetDay, Format: "P{date:20060102}{seq:5}", TimeZone: "Europe/Berlin", RetentionDays: 30}},
+		{name: "width of seq, UTC, default retention", tag: "plain", u: tagmodel.Update{Format: ptr("P{date:20060102}{seq:8}"), TimeZone: ptr(""), RetentionDays: ptr(0)},
+			want: tagmodel.Tag{Name: "plain", Step: 20, MaxID: 11, Description: "test tag plain", Reset: tagmodel.ResetDay, Format: "P{date:20060102}{seq:8}"}},
+		{name: "width of seq of a tag without reset", tag: "none", u: tagmodel.Update{Format: ptr("N{seq:3}")},
+			want: tagmodel.Tag{Name: "none", Step: 10, MaxID: 1, Description: "test tag none", Format: "N{seq:3}"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -300,27 +301,27 @@ func testPeriodicSettings(t *testing.T, c Config) {
 
 func testPeriodicSettingsInvalid(t *testing.T, c Config) {
 	s := newStore(t, c)
-	createPeriodic(t, s, segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay, Format: "D{date:20060102}{seq}"})
+	createPeriodic(t, s, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay, Format: "D{date:20060102}{seq}"})
 	createTag(t, s, "plain", 10, 1)
 	createTests := []struct {
 		name string
-		t    segment.Tag
+		t    tagmodel.Tag
 		want error
 	}{
-		{name: "unknown reset", t: segment.Tag{Reset: "week"}, want: segment.ErrInvalidArgument},
-		{name: "format without date on a daily tag", t: segment.Tag{Reset: segment.ResetDay, Format: "N{seq:6}"}, want: segment.ErrInvalidArgument},
-		{name: "date of a month on a daily tag", t: segment.Tag{Reset: segment.ResetDay, Format: "N{date:200601}{seq:6}"}, want: segment.ErrInvalidArgument},
-		{name: "date without reset", t: segment.Tag{Format: "N{date:200601}{seq:6}"}, want: segment.ErrInvalidArgument},
-		{name: "two-digit year", t: segment.Tag{Reset: segment.ResetDay, Format: "N{date:060102}{seq:6}"}, want: segment.ErrInvalidArgument},
-		{name: "weekday for the year", t: segment.Tag{Reset: segment.ResetDay, Format: "N{date:Mon0102}{seq:6}"}, want: segment.ErrInvalidArgument},
-		{name: "date padded with a space", t: segment.Tag{Reset: segment.ResetDay, Format: "N{date:2006-01-_2}{seq:6}"}, want: segment.ErrInvalidArgument},
-		{name: "bad time zone", t: segment.Tag{Reset: segment.ResetDay, TimeZone: "Mars/Olympus"}, want: segment.ErrInvalidArgument},
-		{name: "time zone without reset", t: segment.Tag{TimeZone: "UTC"}, want: segment.ErrInvalidArgument},
-		{name: "ordered with reset", t: segment.Tag{Reset: segment.ResetMonth, Ordered: true}, want: segment.ErrInvalidArgument},
-		{name: "negative retention", t: segment.Tag{Reset: segment.ResetDay, RetentionDays: -1}, want: segment.ErrInvalidArgument},
-		{name: "retention too long", t: segment.Tag{Reset: segment.ResetDay, RetentionDays: segment.MaxRetentionDays + 1}, want: segment.ErrInvalidArgument},
-		{name: "name too long for its periods", t: segment.Tag{Name: string(make([]byte, segment.MaxPeriodicTag+1)), Reset: segment.ResetDay}, want: segment.ErrInvalidTag},
-		{name: "existing tag", t: segment.Tag{Name: "daily", Reset: segment.ResetDay}, want: segment.ErrTagExists},
+		{name: "unknown reset", t: tagmodel.Tag{Reset: "week"}, want: tagmodel.ErrInvalidArgument},
+		{name: "format without date on a daily tag", t: tagmodel.Tag{Reset: tagmodel.ResetDay, Format: "N{seq:6}"}, want: tagmodel.ErrInvalidArgument},
+		{name: "date of a month on a daily tag", t: tagmodel.Tag{Reset: tagmodel.ResetDay, Format: "N{date:200601}{seq:6}"}, want: tagmodel.ErrInvalidArgument},
+		{name: "date without reset", t: tagmodel.Tag{Format: "N{date:200601}{seq:6}"}, want: tagmodel.ErrInvalidArgument},
+		{name: "two-digit year", t: tagmodel.Tag{Reset: tagmodel.ResetDay, Format: "N{date:060102}{seq:6}"}, want: tagmodel.ErrInvalidArgument},
+		{name: "weekday for the year", t: tagmodel.Tag{Reset: tagmodel.ResetDay, Format: "N{date:Mon0102}{seq:6}"}, want: tagmodel.ErrInvalidArgument},
+		{name: "date padded with a space", t: tagmodel.Tag{Reset: tagmodel.ResetDay, Format: "N{date:2006-01-_2}{seq:6}"}, want: tagmodel.ErrInvalidArgument},
+		{name: "bad time zone", t: tagmodel.Tag{Reset: tagmodel.ResetDay, TimeZone: "Mars/Olympus"}, want: tagmodel.ErrInvalidArgument},
+		{name: "time zone without reset", t: tagmodel.Tag{TimeZone: "UTC"}, want: tagmodel.ErrInvalidArgument},
+		{name: "ordered with reset", t: tagmodel.Tag{Reset: tagmodel.ResetMonth, Ordered: true}, want: tagmodel.ErrInvalidArgument},
+		{name: "negative retention", t: tagmodel.Tag{Reset: tagmodel.ResetDay, RetentionDays: -1}, want: tagmodel.ErrInvalidArgument},
+		{name: "retention too long", t: tagmodel.Tag{Reset: tagmodel.ResetDay, RetentionDays: tagmodel.MaxRetentionDays + 1}, want: tagmodel.ErrInvalidArgument},
+		{name: "name too long for its periods", t: tagmodel.Tag{Name: string(make([]byte, tagmodel.MaxPeriodicTag+1)), Reset: tagmodel.ResetDay}, want: tagmodel.ErrInvalidTag},
+		{name: "existing tag", t: tagmodel.Tag{Name: "daily", Reset: tagmodel.ResetDay}, want: tagmodel.ErrTagExists},
 	}
 	for _, tt := range createTests {
 		t.Run("create/"+tt.name, func(t *testing.T) {
@@ -338,25 +339,25 @@ func testPeriodicSettingsInvalid(t *testing.T, c Config) {
 	updateTests := []struct {
 		name string
 		tag  string
-		u    segment.TagUpdate
+		u    tagmodel.Update
 		want error
 	}{
-		{name: "reset changed", tag: "daily", u: segment.TagUpdate{Reset: ptr(segment.ResetMonth), Format: ptr("M{date:200601}{seq}")}, want: segment.ErrInvalidArgument},
-		{name: "reset removed", tag: "daily", u: segment.TagUpdate{Reset: ptr(segment.ResetNone), Format: ptr("")}, want: segment.ErrInvalidArgument},
-		{name: "reset removed as none", tag: "daily", u: segment.TagUpdate{Reset: ptr[segment.Reset]("none")}, want: segment.ErrInvalidArgument},
-		{name: "unknown reset", tag: "plain", u: segment.TagUpdate{Reset: ptr[segment.Reset]("hour")}, want: segment.ErrInvalidArgument},
-		{name: "format without date on a daily tag", tag: "daily", u: segment.TagUpdate{Format: ptr("D{seq}")}, want: segment.ErrInvalidArgument},
-		{name: "format changed", tag: "daily", u: segment.TagUpdate{Format: ptr("E{date:20060102}{seq}")}, want: segment.ErrInvalidArgument},
-		{name: "format's date changed", tag: "daily", u: segment.TagUpdate{Format: ptr("D{date:2006002}{seq}")}, want: segment.ErrInvalidArgument},
-		{name: "format removed", tag: "daily", u: segment.TagUpdate{Format: ptr("")}, want: segment.ErrInvalidArgument},
-		{name: "reset on a tag whose format has no date", tag: "plain", u: segment.TagUpdate{Reset: ptr(segment.ResetDay), Format: ptr("P{seq}")}, want: segment.ErrInvalidArgument},
-		{name: "bad time zone", tag: "daily", u: segment.TagUpdate{TimeZone: ptr("Nowhere/Town")}, want: segment.ErrInvalidArgument},
-		{name: "time zone without reset", tag: "plain", u: segment.TagUpdate{TimeZone: ptr("Europe/Paris")}, want: segment.ErrInvalidArgument},
-		{name: "ordered with reset", tag: "daily", u: segment.TagUpdate{Ordered: ptr(true)}, want: segment.ErrInvalidArgument},
-		{name: "reset on an ordered tag", tag: "plain", u: segment.TagUpdate{Ordered: ptr(true), Reset: ptr(segment.ResetYear)}, want: segment.ErrInvalidArgument},
-		{name: "retention too long", tag: "daily", u: segment.TagUpdate{RetentionDays: ptr(segment.MaxRetentionDays + 1)}, want: segment.ErrInvalidArgument},
-		{name: "period name", tag: "daily=" + dayKey(0), u: segment.TagUpdate{RetentionDays: ptr(3)}, want: segment.ErrInvalidTag},
-		{name: "unknown tag", tag: "nosuch", u: segment.TagUpdate{Reset: ptr(segment.ResetDay)}, want: segment.ErrUnknownTag},
+		{name: "reset changed", tag: "daily", u: tagmodel.Update{Reset: ptr(tagmodel.ResetMonth), Format: ptr("M{date:200601}{seq}")}, want: tagmodel.ErrInvalidArgument},
+		{name: "reset removed", tag: "daily", u: tagmodel.Update{Reset: ptr(tagmodel.ResetNone), Format: ptr("")}, want: tagmodel.ErrInvalidArgument},
+		{name: "reset removed as none", tag: "daily", u: tagmodel.Update{Reset: ptr[tagmodel.Reset]("none")}, want: tagmodel.ErrInvalidArgument},
+		{name: "unknown reset", tag: "plain", u: tagmodel.Update{Reset: ptr[tagmodel.Reset]("hour")}, want: tagmodel.ErrInvalidArgument},
+		{name: "format without date on a daily tag", tag: "daily", u: tagmodel.Update{Format: ptr("D{seq}")}, want: tagmodel.ErrInvalidArgument},
+		{name: "format changed", tag: "daily", u: tagmodel.Update{Format: ptr("E{date:20060102}{seq}")}, want: tagmodel.ErrInvalidArgument},
+		{name: "format's date changed", tag: "daily", u: tagmodel.Update{Format: ptr("D{date:2006002}{seq}")}, want: tagmodel.ErrInvalidArgument},
+		{name: "format removed", tag: "daily", u: tagmodel.Update{Format: ptr("")}, want: tagmodel.ErrInvalidArgument},
+		{name: "reset on a tag whose format has no date", tag: "plain", u: tagmodel.Update{Reset: ptr(tagmodel.ResetDay), Format: ptr("P{seq}")}, want: tagmodel.ErrInvalidArgument},
+		{name: "bad time zone", tag: "daily", u: tagmodel.Update{TimeZone: ptr("Nowhere/Town")}, want: tagmodel.ErrInvalidArgument},
+		{name: "time zone without reset", tag: "plain", u: tagmodel.Update{TimeZone: ptr("Europe/Paris")}, want: tagmodel.ErrInvalidArgument},
+		{name: "ordered with reset", tag: "daily", u: tagmodel.Update{Ordered: ptr(true)}, want: tagmodel.ErrInvalidArgument},
+		{name: "reset on an ordered tag", tag: "plain", u: tagmodel.Update{Ordered: ptr(true), Reset: ptr(tagmodel.ResetYear)}, want: tagmodel.ErrInvalidArgument},
+		{name: "retention too long", tag: "daily", u: tagmodel.Update{RetentionDays: ptr(tagmodel.MaxRetentionDays + 1)}, want: tagmodel.ErrInvalidArgument},
+		{name: "period name", tag: "daily=" + dayKey(0), u: tagmodel.Update{RetentionDays: ptr(3)}, want: tagmodel.ErrInvalidTag},
+		{name: "unknown tag", tag: "nosuch", u: tagmodel.Update{Reset: ptr(tagmodel.ResetDay)}, want: tagmodel.ErrUnknownTag},
 	}
 	for _, tt := range updateTests {
 		t.Run("update/"+tt.name, func(t *testing.T) {
@@ -377,46 +378,46 @@ func testPeriodicSettingsInvalid(t *testing.T, c Config) {
 func testPrunedPeriodAfterZoneChange(t *testing.T, c Config) {
 	tests := []struct {
 		name     string
-		reset    segment.Reset
+		reset    tagmodel.Reset
 		from, to string
 	}{
-		{name: "Berlin to London", reset: segment.ResetDay, from: "Europe/Berlin", to: "Europe/London"},
-		{name: "Tokyo to New York", reset: segment.ResetDay, from: "Asia/Tokyo", to: "America/New_York"},
-		{name: "easternmost to westernmost", reset: segment.ResetDay, from: "Pacific/Kiritimati", to: "Etc/GMT+12"},
-		{name: "UTC to Los Angeles", reset: segment.ResetDay, from: "", to: "America/Los_Angeles"},
-		{name: "month, Shanghai to Honolulu", reset: segment.ResetMonth, from: "Asia/Shanghai", to: "Pacific/Honolulu"},
+		{name: "Berlin to London", reset: tagmodel.ResetDay, from: "Europe/Berlin", to: "Europe/London"},
+		{name: "Tokyo to New York", reset: tagmodel.ResetDay, from: "Asia/Tokyo", to: "America/New_York"},
+		{name: "easternmost to westernmost", reset: tagmodel.ResetDay, from: "Pacific/Kiritimati", to: "Etc/GMT+12"},
+		{name: "UTC to Los Angeles", reset: tagmodel.ResetDay, from: "", to: "America/Los_Angeles"},
+		{name: "month, Shanghai to Honolulu", reset: tagmodel.ResetMonth, from: "Asia/Shanghai", to: "Pacific/Honolulu"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newStore(t, c)
-			createPeriodic(t, s, segment.Tag{Name: "inv", Step: 10, MaxID: 1, Reset: tt.reset, TimeZone: tt.from, RetentionDays: 400})
+			createPeriodic(t, s, tagmodel.Tag{Name: "inv", Step: 10, MaxID: 1, Reset: tt.reset, TimeZone: tt.from, RetentionDays: 400})
 			from := mustZone(t, tt.from)
 			back := time.Now().AddDate(0, 0, -30)
-			if tt.reset == segment.ResetMonth {
+			if tt.reset == tagmodel.ResetMonth {
 				back = time.Now().AddDate(0, -3, 0)
 			}
-			old := segment.PeriodName("inv", tt.reset.PeriodAt(back, from).Key)
-			kept := segment.PeriodName("inv", tt.reset.PeriodAt(time.Now(), from).Key)
-			if got, want := fetch(t, s, old, 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
+			old := tagmodel.PeriodName("inv", tt.reset.PeriodAt(back, from).Key)
+			kept := tagmodel.PeriodName("inv", tt.reset.PeriodAt(time.Now(), from).Key)
+			if got, want := fetch(t, s, old, 0), (tagmodel.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
 				t.Fatalf("Fetch(%s) = %+v, want %+v", old, got, want)
 			}
-			if got, want := fetch(t, s, kept, 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
+			if got, want := fetch(t, s, kept, 0), (tagmodel.Allocation{Start: 1, End: 11, TagStep: 10}); got != want {
 				t.Fatalf("Fetch(%s) = %+v, want %+v", kept, got, want)
 			}
-			mustUpdate(t, s, "inv", segment.TagUpdate{RetentionDays: ptr(7)})
+			mustUpdate(t, s, "inv", tagmodel.Update{RetentionDays: ptr(7)})
 			if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 1 {
 				t.Fatalf("PrunePeriods = %d, %v, want 1 (%s)", n, err, old)
 			}
-			mustUpdate(t, s, "inv", segment.TagUpdate{TimeZone: ptr(tt.to), RetentionDays: ptr(400)})
+			mustUpdate(t, s, "inv", tagmodel.Update{TimeZone: ptr(tt.to), RetentionDays: ptr(400)})
 			before := snapshot(t, s)
 			a, err := s.Fetch(ctx(t), old, 0)
-			if !errors.Is(err, segment.ErrPeriodExpired) && !errors.Is(err, segment.ErrTagDeleted) {
+			if !errors.Is(err, tagmodel.ErrPeriodExpired) && !errors.Is(err, tagmodel.ErrTagDeleted) {
 				t.Fatalf("Fetch(%s) of a period pruned, after the zone moved to %q = %+v, %v, want ErrPeriodExpired or ErrTagDeleted: its numbers start again",
 					old, tt.to, a, err)
 			}
 			checkErr(t, c, err, err) // the prefix
 			checkUnchanged(t, s, before, "fetch of a period pruned, after a zone change")
-			if got, want := fetch(t, s, kept, 0), (segment.Allocation{Start: 11, End: 21, TagStep: 10}); got != want {
+			if got, want := fetch(t, s, kept, 0), (tagmodel.Allocation{Start: 11, End: 21, TagStep: 10}); got != want {
 				t.Errorf("Fetch(%s) after the zone change = %+v, want %+v: a period's row goes on", kept, got, want)
 			}
 		})
@@ -430,7 +431,7 @@ func testPrunedPeriodAfterZoneChange(t *testing.T, c Config) {
 // asks again: it must get an error, not INV-…-000001 a second time.
 func testPrunedPeriodNumbersAfterZoneChange(t *testing.T, c Config) {
 	s := newStore(t, c)
-	createPeriodic(t, s, segment.Tag{Name: "inv", Step: 10, MaxID: 1, Reset: segment.ResetDay, TimeZone: "Europe/Berlin",
+	createPeriodic(t, s, tagmodel.Tag{Name: "inv", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay, TimeZone: "Europe/Berlin",
 		RetentionDays: 60, Format: "INV-{date:20060102}-{seq:6}"})
 	berlin := mustZone(t, "Europe/Berlin")
 	y, m, d := time.Now().In(berlin).AddDate(0, 0, -30).Date()
@@ -460,16 +461,16 @@ func testPrunedPeriodNumbersAfterZoneChange(t *testing.T, c Config) {
 	if want := "INV-" + behind.Format("20060102") + "-000001"; err != nil || !slices.Equal(first, []string{want}) {
 		t.Fatalf("first number = %q, %v, want %q", first, err, want)
 	}
-	mustUpdate(t, s, "inv", segment.TagUpdate{RetentionDays: ptr(7)})
+	mustUpdate(t, s, "inv", tagmodel.Update{RetentionDays: ptr(7)})
 	if n, err := s.PrunePeriods(ctx(t)); err != nil || n != 1 {
 		t.Fatalf("PrunePeriods = %d, %v, want 1", n, err)
 	}
-	mustUpdate(t, s, "inv", segment.TagUpdate{TimeZone: ptr("Europe/London"), RetentionDays: ptr(60)})
+	mustUpdate(t, s, "inv", tagmodel.Update{TimeZone: ptr("Europe/London"), RetentionDays: ptr(60)})
 	again, err := take()
 	if err == nil {
 		t.Fatalf("after the prune and the zone change: %q handed out, want an error (first: %q)", again, first)
 	}
-	if !errors.Is(err, segment.ErrPeriodExpired) && !errors.Is(err, segment.ErrTagDeleted) {
+	if !errors.Is(err, tagmodel.ErrPeriodExpired) && !errors.Is(err, tagmodel.ErrTagDeleted) {
 		t.Errorf("after the prune and the zone change: %v, want ErrPeriodExpired or ErrTagDeleted", err)
 	}
 }

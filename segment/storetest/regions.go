@@ -6,26 +6,26 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // testRegions: a store records its region settings once
-// (segment.CheckRegions), one region included, refuses other settings,
+// (tagmodel.CheckRegions), one region included, refuses other settings,
 // hides the record from every listing, and refuses per-region mode when it
 // already holds tags handed out as one region.
 func testRegions(t *testing.T, c Config) {
 	s := newStore(t, c)
-	rs, ok := s.(segment.RegionStore)
+	rs, ok := s.(tagmodel.RegionStore)
 	if !ok {
-		t.Fatalf("%T is not a segment.RegionStore", s)
+		t.Fatalf("%T is not a tagmodel.RegionStore", s)
 	}
 	if _, found, err := rs.ReadRegions(ctx(t)); err != nil || found {
 		t.Fatalf("ReadRegions of a new store = found %v, %v; want nothing", found, err)
 	}
 	if c.NoPerRegion {
-		for _, r := range []segment.Regions{{Count: 3, Region: 1}, {Count: 2}} {
-			if err := segment.CheckRegions(ctx(t), rs, r); !errors.Is(err, segment.ErrInvalidArgument) {
-				t.Errorf("CheckRegions(%+v) = %v, want %v: the store refuses per-region mode", r, err, segment.ErrInvalidArgument)
+		for _, r := range []tagmodel.Regions{{Count: 3, Region: 1}, {Count: 2}} {
+			if err := tagmodel.CheckRegions(ctx(t), rs, r); !errors.Is(err, tagmodel.ErrInvalidArgument) {
+				t.Errorf("CheckRegions(%+v) = %v, want %v: the store refuses per-region mode", r, err, tagmodel.ErrInvalidArgument)
 			}
 		}
 		if _, found, err := rs.ReadRegions(ctx(t)); err != nil || found {
@@ -40,8 +40,8 @@ func testRegions(t *testing.T, c Config) {
 
 // testPerRegionRecord: per-region settings are recorded once, other
 // settings refused, and the record is no tag.
-func testPerRegionRecord(t *testing.T, s Store, rs segment.RegionStore) {
-	want := segment.Regions{Count: 3, Region: 1}
+func testPerRegionRecord(t *testing.T, s Store, rs tagmodel.RegionStore) {
+	want := tagmodel.Regions{Count: 3, Region: 1}
 	// Workers of one region starting together all pass; of two regions
 	// at most one does.
 	var wg sync.WaitGroup
@@ -51,7 +51,7 @@ func testPerRegionRecord(t *testing.T, s Store, rs segment.RegionStore) {
 		if i%2 == 1 {
 			r.Region = 2
 		}
-		wg.Go(func() { errs[i] = segment.CheckRegions(ctx(t), rs, r) })
+		wg.Go(func() { errs[i] = tagmodel.CheckRegions(ctx(t), rs, r) })
 	}
 	wg.Wait()
 	won := map[int]bool{}
@@ -59,7 +59,7 @@ func testPerRegionRecord(t *testing.T, s Store, rs segment.RegionStore) {
 		switch {
 		case err == nil:
 			won[i%2] = true
-		case !errors.Is(err, segment.ErrRegionMismatch):
+		case !errors.Is(err, tagmodel.ErrRegionMismatch):
 			t.Errorf("CheckRegions %d: %v, want nil or ErrRegionMismatch", i, err)
 		}
 	}
@@ -78,26 +78,26 @@ func testPerRegionRecord(t *testing.T, s Store, rs segment.RegionStore) {
 	}
 	for _, tc := range []struct {
 		name string
-		r    segment.Regions
+		r    tagmodel.Regions
 		want error
 	}{
 		{"same", want, nil},
-		{"other region", segment.Regions{Count: 3, Region: (want.Region + 1) % 3}, segment.ErrRegionMismatch},
-		{"other count", segment.Regions{Count: 4, Region: want.Region}, segment.ErrRegionMismatch},
-		{"one region", segment.Regions{}, segment.ErrRegionMismatch},
-		{"invalid", segment.Regions{Count: 3, Region: 3}, segment.ErrInvalidArgument},
+		{"other region", tagmodel.Regions{Count: 3, Region: (want.Region + 1) % 3}, tagmodel.ErrRegionMismatch},
+		{"other count", tagmodel.Regions{Count: 4, Region: want.Region}, tagmodel.ErrRegionMismatch},
+		{"one region", tagmodel.Regions{}, tagmodel.ErrRegionMismatch},
+		{"invalid", tagmodel.Regions{Count: 3, Region: 3}, tagmodel.ErrInvalidArgument},
 	} {
-		if err := segment.CheckRegions(ctx(t), rs, tc.r); !errors.Is(err, tc.want) {
+		if err := tagmodel.CheckRegions(ctx(t), rs, tc.r); !errors.Is(err, tc.want) {
 			t.Errorf("%s: CheckRegions(%+v) = %v, want %v", tc.name, tc.r, err, tc.want)
 		}
 	}
-	if err := rs.CreateRegions(ctx(t), segment.Regions{Count: 2}); !errors.Is(err, segment.ErrTagExists) {
+	if err := rs.CreateRegions(ctx(t), tagmodel.Regions{Count: 2}); !errors.Is(err, tagmodel.ErrTagExists) {
 		t.Errorf("CreateRegions over a record = %v, want ErrTagExists", err)
 	}
 	if names, err := s.Tags(ctx(t)); err != nil || len(names) != 0 {
 		t.Errorf("Tags lists %q (%v): the record is not a tag", names, err)
 	}
-	if cl, ok := s.(segment.ChangeLister); ok {
+	if cl, ok := s.(tagmodel.ChangeLister); ok {
 		if changes, _, err := cl.Changes(ctx(t), 0); err != nil || len(changes) != 0 {
 			t.Errorf("Changes lists %v (%v): the record is not a tag", changes, err)
 		}
@@ -112,31 +112,31 @@ func testOneRegionRecord(t *testing.T, c Config) {
 	// first one's v (TestRegionSettingsOfOneStore in worker/pgstore). A
 	// read (MatchRegions) records nothing.
 	oneStore := newStore(t, c)
-	one := oneStore.(segment.RegionStore)
-	if err := segment.MatchRegions(ctx(t), one, segment.Regions{Count: 2, Region: 1}); err != nil {
+	one := oneStore.(tagmodel.RegionStore)
+	if err := tagmodel.MatchRegions(ctx(t), one, tagmodel.Regions{Count: 2, Region: 1}); err != nil {
 		t.Fatalf("MatchRegions on a new store = %v", err)
 	}
 	if _, found, _ := one.ReadRegions(ctx(t)); found {
 		t.Fatal("MatchRegions recorded settings")
 	}
-	if err := segment.CheckRegions(ctx(t), one, segment.Regions{}); err != nil {
+	if err := tagmodel.CheckRegions(ctx(t), one, tagmodel.Regions{}); err != nil {
 		t.Fatalf("CheckRegions(one region) = %v", err)
 	}
-	if got, found, err := one.ReadRegions(ctx(t)); err != nil || !found || got != (segment.Regions{Count: 1}) {
+	if got, found, err := one.ReadRegions(ctx(t)); err != nil || !found || got != (tagmodel.Regions{Count: 1}) {
 		t.Fatalf("after CheckRegions(one region): ReadRegions = %+v, found %v, %v; want one region recorded", got, found, err)
 	}
 	for _, tc := range []struct {
 		name string
-		r    segment.Regions
+		r    tagmodel.Regions
 		want error
 	}{
-		{"one region again", segment.Regions{}, nil},
-		{"Count 1", segment.Regions{Count: 1}, nil},
-		{"per-region after one region", segment.Regions{Count: 2, Region: 1}, segment.ErrRegionMismatch},
-		{"per-region region 0 after one region", segment.Regions{Count: 2}, segment.ErrRegionMismatch},
+		{"one region again", tagmodel.Regions{}, nil},
+		{"Count 1", tagmodel.Regions{Count: 1}, nil},
+		{"per-region after one region", tagmodel.Regions{Count: 2, Region: 1}, tagmodel.ErrRegionMismatch},
+		{"per-region region 0 after one region", tagmodel.Regions{Count: 2}, tagmodel.ErrRegionMismatch},
 	} {
-		for name, check := range map[string]func(context.Context, segment.RegionStore, segment.Regions) error{
-			"CheckRegions": segment.CheckRegions, "MatchRegions": segment.MatchRegions} {
+		for name, check := range map[string]func(context.Context, tagmodel.RegionStore, tagmodel.Regions) error{
+			"CheckRegions": tagmodel.CheckRegions, "MatchRegions": tagmodel.MatchRegions} {
 			if err := check(ctx(t), one, tc.r); !errors.Is(err, tc.want) {
 				t.Errorf("%s: %s(%+v) = %v, want %v", tc.name, name, tc.r, err, tc.want)
 			}
@@ -155,10 +155,10 @@ func testRegionsAfterTags(t *testing.T, c Config) {
 	old := newStore(t, c)
 	createTag(t, old, "orders", 10, 1)
 	before := snapshot(t, old)
-	if err := segment.CheckRegions(ctx(t), old.(segment.RegionStore), segment.Regions{Count: 2}); !errors.Is(err, segment.ErrRegionMismatch) {
+	if err := tagmodel.CheckRegions(ctx(t), old.(tagmodel.RegionStore), tagmodel.Regions{Count: 2}); !errors.Is(err, tagmodel.ErrRegionMismatch) {
 		t.Fatalf("CheckRegions on a store with tags = %v, want ErrRegionMismatch", err)
 	}
-	if _, found, _ := old.(segment.RegionStore).ReadRegions(ctx(t)); found {
+	if _, found, _ := old.(tagmodel.RegionStore).ReadRegions(ctx(t)); found {
 		t.Error("refused, but recorded")
 	}
 	checkUnchanged(t, old, before, "a refused CheckRegions")

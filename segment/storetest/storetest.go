@@ -1,7 +1,7 @@
 // Package storetest is a conformance suite for implementations of
-// segment.Store and segment.Admin: every store must pass it unchanged. A
+// tagmodel.Store and tagmodel.Admin: every store must pass it unchanged. A
 // store reports the errors of package segment, wrapped with %w, and keeps
-// to its limits (segment.MaxStepLimit, segment.MaxDescription).
+// to its limits (tagmodel.MaxStepLimit, tagmodel.MaxDescription).
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, storetest.Config{NewBackend: ..., Prefix: "mystore: "})
@@ -22,17 +22,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // Store is what the suite tests: a segment store with administration, a
 // way to delete tags and a way to write a tag as older software did.
 type Store interface {
-	segment.Store
-	segment.Admin
-	segment.PeriodPruner
+	tagmodel.Store
+	tagmodel.Admin
+	tagmodel.PeriodPruner
 	// DeleteTag removes a tag, which then is unknown to every operation and
-	// may be created again. An unknown tag yields segment.ErrUnknownTag.
+	// may be created again. An unknown tag yields tagmodel.ErrUnknownTag.
 	DeleteTag(ctx context.Context, name string) error
 	// PutLegacyTag adds the tag name, first ID maxID, with step and no
 	// description, stored as software that knows nothing of ordered tags
@@ -52,7 +52,7 @@ type Config struct {
 	// Prefix starts the message of every error of the store, e.g. "kv: ".
 	Prefix string
 	// NoPerRegion: the store refuses per-region settings
-	// (segment.ErrInvalidArgument) and records one region only, as the
+	// (tagmodel.ErrInvalidArgument) and records one region only, as the
 	// MySQL store does (a Leaf may serve its table); the Regions test
 	// checks the refusal instead of the per-region record.
 	NoPerRegion bool
@@ -121,13 +121,13 @@ func ctx(tb testing.TB) context.Context {
 // createTag creates a tag and fails the test on error.
 func createTag(tb testing.TB, s Store, name string, step, start int64) {
 	tb.Helper()
-	if err := s.CreateTag(ctx(tb), segment.Tag{Name: name, Step: step, MaxID: start, Description: "test tag " + name}); err != nil {
+	if err := s.CreateTag(ctx(tb), tagmodel.Tag{Name: name, Step: step, MaxID: start, Description: "test tag " + name}); err != nil {
 		tb.Fatalf("CreateTag(%q, %d, %d): %v", name, step, start, err)
 	}
 }
 
 // tag looks up a tag and fails the test on error.
-func tag(tb testing.TB, s Store, name string) segment.Tag {
+func tag(tb testing.TB, s Store, name string) tagmodel.Tag {
 	tb.Helper()
 	t, err := s.Tag(ctx(tb), name)
 	if err != nil {
@@ -137,7 +137,7 @@ func tag(tb testing.TB, s Store, name string) segment.Tag {
 }
 
 // fetch fetches a segment and fails the test on error.
-func fetch(tb testing.TB, s Store, name string, step int64) segment.Allocation {
+func fetch(tb testing.TB, s Store, name string, step int64) tagmodel.Allocation {
 	tb.Helper()
 	a, err := s.Fetch(ctx(tb), name, step)
 	if err != nil {
@@ -186,9 +186,9 @@ func ptr[T any](v T) *T { return &v }
 
 // checkTiling fails the test unless the non-empty segments, sorted, cover
 // start..end-1 exactly: no overlap, no gap.
-func checkTiling(tb testing.TB, segs []segment.Allocation, start, end int64) {
+func checkTiling(tb testing.TB, segs []tagmodel.Allocation, start, end int64) {
 	tb.Helper()
-	segs = slices.DeleteFunc(slices.Clone(segs), func(a segment.Allocation) bool { return a.Start == a.End })
+	segs = slices.DeleteFunc(slices.Clone(segs), func(a tagmodel.Allocation) bool { return a.Start == a.End })
 	sort.Slice(segs, func(i, j int) bool { return segs[i].Start < segs[j].Start })
 	next := start
 	for _, a := range segs {
@@ -228,12 +228,12 @@ func openStores(tb testing.TB, c Config, n int) []Store {
 // results gathers the segments and errors of concurrent goroutines.
 type results struct {
 	mu     sync.Mutex // protects the fields below
-	allocs []segment.Allocation
+	allocs []tagmodel.Allocation
 	errs   []error
 }
 
 // add records a segment (also a failed fetch's zero one) and err, if any.
-func (r *results) add(a segment.Allocation, err error) {
+func (r *results) add(a tagmodel.Allocation, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.allocs = append(r.allocs, a)
@@ -357,7 +357,7 @@ func testConcurrentUpdates(t *testing.T, c Config) {
 			// The flag alternates, ending set: a store that writes back
 			// what it read before an update loses it.
 			step, desc, ordered := int64(i+2), fmt.Sprintf("version %d", i+2), i%2 == 1
-			if err := ss[i%len(ss)].UpdateTag(ctx, "orders", segment.TagUpdate{Step: &step, Description: &desc, Ordered: &ordered}); err != nil {
+			if err := ss[i%len(ss)].UpdateTag(ctx, "orders", tagmodel.Update{Step: &step, Description: &desc, Ordered: &ordered}); err != nil {
 				res.fail(err)
 			}
 		}
@@ -395,13 +395,13 @@ func testFetchStep(t *testing.T, c Config) {
 		{name: "negative means the tag's step", step: -7, length: 10},
 		{name: "explicit larger step", step: 25, length: 25},
 		{name: "explicit smaller step", step: 1, length: 1},
-		{name: "largest step", step: segment.MaxStepLimit, length: segment.MaxStepLimit},
+		{name: "largest step", step: tagmodel.MaxStepLimit, length: tagmodel.MaxStepLimit},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := tag(t, s, "orders")
 			got := fetch(t, s, "orders", tt.step)
-			want := segment.Allocation{Start: before.MaxID, End: before.MaxID + tt.length, TagStep: 10}
+			want := tagmodel.Allocation{Start: before.MaxID, End: before.MaxID + tt.length, TagStep: 10}
 			if got != want {
 				t.Errorf("Fetch(orders, %d) = %+v, want %+v", tt.step, got, want)
 			}
@@ -417,13 +417,13 @@ func testNewTagStartsAtStart(t *testing.T, c Config) {
 	s := newStore(t, c)
 	createTag(t, s, "one", 1000, 1)
 	createTag(t, s, "later", 50, 5000)
-	if got, want := fetch(t, s, "one", 0), (segment.Allocation{Start: 1, End: 1001, TagStep: 1000}); got != want {
+	if got, want := fetch(t, s, "one", 0), (tagmodel.Allocation{Start: 1, End: 1001, TagStep: 1000}); got != want {
 		t.Errorf("first fetch of a tag created at 1 = %+v, want %+v", got, want)
 	}
-	if got, want := fetch(t, s, "later", 0), (segment.Allocation{Start: 5000, End: 5050, TagStep: 50}); got != want {
+	if got, want := fetch(t, s, "later", 0), (tagmodel.Allocation{Start: 5000, End: 5050, TagStep: 50}); got != want {
 		t.Errorf("first fetch of a tag created at 5000 = %+v, want %+v", got, want)
 	}
-	if got, want := fetch(t, s, "one", 0), (segment.Allocation{Start: 1001, End: 2001, TagStep: 1000}); got != want {
+	if got, want := fetch(t, s, "one", 0), (tagmodel.Allocation{Start: 1001, End: 2001, TagStep: 1000}); got != want {
 		t.Errorf("second fetch of a tag created at 1 = %+v, want %+v", got, want)
 	}
 }
@@ -438,24 +438,24 @@ func testFetchErrors(t *testing.T, c Config) {
 		step int64
 		want error
 	}{
-		{name: "unknown tag", tag: "nosuch", want: segment.ErrUnknownTag},
-		{name: "unknown tag explicit step", tag: "nosuch", step: 5, want: segment.ErrUnknownTag},
-		{name: "unknown tag differing in case", tag: "Orders", want: segment.ErrUnknownTag},
-		{name: "empty tag", tag: "", want: segment.ErrInvalidTag},
-		{name: "dot in tag", tag: "orders.eu", want: segment.ErrInvalidTag},
-		{name: "wildcard tag", tag: "*", want: segment.ErrInvalidTag},
-		{name: "full wildcard tag", tag: ">", want: segment.ErrInvalidTag},
-		{name: "non-ASCII tag", tag: "bestellungen-ü", want: segment.ErrInvalidTag},
-		{name: "tag too long", tag: strings.Repeat("a", 129), want: segment.ErrInvalidTag},
-		{name: "step too large", tag: "orders", step: segment.MaxStepLimit + 1, want: segment.ErrInvalidStep},
-		{name: "step far too large", tag: "orders", step: math.MaxInt64, want: segment.ErrInvalidStep},
+		{name: "unknown tag", tag: "nosuch", want: tagmodel.ErrUnknownTag},
+		{name: "unknown tag explicit step", tag: "nosuch", step: 5, want: tagmodel.ErrUnknownTag},
+		{name: "unknown tag differing in case", tag: "Orders", want: tagmodel.ErrUnknownTag},
+		{name: "empty tag", tag: "", want: tagmodel.ErrInvalidTag},
+		{name: "dot in tag", tag: "orders.eu", want: tagmodel.ErrInvalidTag},
+		{name: "wildcard tag", tag: "*", want: tagmodel.ErrInvalidTag},
+		{name: "full wildcard tag", tag: ">", want: tagmodel.ErrInvalidTag},
+		{name: "non-ASCII tag", tag: "bestellungen-ü", want: tagmodel.ErrInvalidTag},
+		{name: "tag too long", tag: strings.Repeat("a", 129), want: tagmodel.ErrInvalidTag},
+		{name: "step too large", tag: "orders", step: tagmodel.MaxStepLimit + 1, want: tagmodel.ErrInvalidStep},
+		{name: "step far too large", tag: "orders", step: math.MaxInt64, want: tagmodel.ErrInvalidStep},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := snapshot(t, s)
 			a, err := s.Fetch(ctx(t), tt.tag, tt.step)
 			checkErr(t, c, err, tt.want)
-			if a != (segment.Allocation{}) {
+			if a != (tagmodel.Allocation{}) {
 				t.Errorf("Fetch returned %+v with the error, want zero", a)
 			}
 			checkUnchanged(t, s, before, "failed Fetch")
@@ -467,14 +467,14 @@ func testFetchExhausted(t *testing.T, c Config) {
 	s := newStore(t, c)
 	createTag(t, s, "big", 10, math.MaxInt64-10)
 	// The last full segment ends exactly at the largest int64.
-	if got, want := fetch(t, s, "big", 0), (segment.Allocation{Start: math.MaxInt64 - 10, End: math.MaxInt64, TagStep: 10}); got != want {
+	if got, want := fetch(t, s, "big", 0), (tagmodel.Allocation{Start: math.MaxInt64 - 10, End: math.MaxInt64, TagStep: 10}); got != want {
 		t.Fatalf("last fetch = %+v, want %+v", got, want)
 	}
-	for _, step := range []int64{0, 1, segment.MaxStepLimit} {
+	for _, step := range []int64{0, 1, tagmodel.MaxStepLimit} {
 		before := snapshot(t, s)
 		a, err := s.Fetch(ctx(t), "big", step)
-		checkErr(t, c, err, segment.ErrExhausted)
-		if a != (segment.Allocation{}) {
+		checkErr(t, c, err, tagmodel.ErrExhausted)
+		if a != (tagmodel.Allocation{}) {
 			t.Errorf("Fetch(big, %d) returned %+v with the error, want zero", step, a)
 		}
 		checkUnchanged(t, s, before, fmt.Sprintf("exhausted Fetch(big, %d)", step))
@@ -526,7 +526,7 @@ func testGiveBack(t *testing.T, c Config) {
 	if !giveBack(b.End, 1) {
 		t.Error("GiveBack to 1 = false, want true")
 	}
-	if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 1, End: 101, TagStep: 100}); got != want {
+	if got, want := fetch(t, s, "orders", 0), (tagmodel.Allocation{Start: 1, End: 101, TagStep: 100}); got != want {
 		t.Errorf("fetch after giving back everything = %+v, want %+v", got, want)
 	}
 
@@ -584,12 +584,12 @@ func testGiveBackInvalid(t *testing.T, c Config) {
 		end, unissued int64
 		want          error
 	}{
-		{name: "first unissued past end", tag: "orders", end: a.End, unissued: a.End + 1, want: segment.ErrInvalidArgument},
-		{name: "first unissued zero", tag: "orders", end: a.End, unissued: 0, want: segment.ErrInvalidArgument},
-		{name: "first unissued negative", tag: "orders", end: a.End, unissued: -5, want: segment.ErrInvalidArgument},
-		{name: "end below one", tag: "orders", end: 0, unissued: 0, want: segment.ErrInvalidArgument},
-		{name: "invalid tag", tag: "orders>", end: a.End, unissued: a.Start, want: segment.ErrInvalidTag},
-		{name: "invalid tag, invalid range", tag: "", end: 1, unissued: 2, want: segment.ErrInvalidTag},
+		{name: "first unissued past end", tag: "orders", end: a.End, unissued: a.End + 1, want: tagmodel.ErrInvalidArgument},
+		{name: "first unissued zero", tag: "orders", end: a.End, unissued: 0, want: tagmodel.ErrInvalidArgument},
+		{name: "first unissued negative", tag: "orders", end: a.End, unissued: -5, want: tagmodel.ErrInvalidArgument},
+		{name: "end below one", tag: "orders", end: 0, unissued: 0, want: tagmodel.ErrInvalidArgument},
+		{name: "invalid tag", tag: "orders>", end: a.End, unissued: a.Start, want: tagmodel.ErrInvalidTag},
+		{name: "invalid tag, invalid range", tag: "", end: 1, unissued: 2, want: tagmodel.ErrInvalidTag},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -606,7 +606,7 @@ func testGiveBackInvalid(t *testing.T, c Config) {
 
 func testCreateTag(t *testing.T, c Config) {
 	s := newStore(t, c)
-	if err := s.CreateTag(ctx(t), segment.Tag{Name: "orders", Step: 1000, MaxID: 42, Description: "order numbers"}); err != nil {
+	if err := s.CreateTag(ctx(t), tagmodel.Tag{Name: "orders", Step: 1000, MaxID: 42, Description: "order numbers"}); err != nil {
 		t.Fatal(err)
 	}
 	got := tag(t, s, "orders")
@@ -615,7 +615,7 @@ func testCreateTag(t *testing.T, c Config) {
 	}
 
 	// Boundary values are accepted and come back unchanged.
-	longest := strings.Repeat("é", segment.MaxDescription) // characters, not bytes
+	longest := strings.Repeat("é", tagmodel.MaxDescription) // characters, not bytes
 	tests := []struct {
 		name        string
 		tag         string
@@ -623,7 +623,7 @@ func testCreateTag(t *testing.T, c Config) {
 		description string
 		ordered     bool
 	}{
-		{name: "largest values", tag: "edges", step: segment.MaxStepLimit, start: math.MaxInt64, description: longest, ordered: true},
+		{name: "largest values", tag: "edges", step: tagmodel.MaxStepLimit, start: math.MaxInt64, description: longest, ordered: true},
 		{name: "smallest values", tag: "x", step: 1, start: 1, description: ""},
 		{name: "longest name", tag: strings.Repeat("Z", 128), step: 7, start: 3, description: `quotes " and \ and <html> & tabs	`},
 		{name: "all name characters", tag: "aZ09_-", step: 7, start: 3, description: "中文 ✓"},
@@ -631,7 +631,7 @@ func testCreateTag(t *testing.T, c Config) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := s.CreateTag(ctx(t), segment.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description, Ordered: tt.ordered}); err != nil {
+			if err := s.CreateTag(ctx(t), tagmodel.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description, Ordered: tt.ordered}); err != nil {
 				t.Fatalf("CreateTag: %v", err)
 			}
 			got := tag(t, s, tt.tag)
@@ -641,7 +641,7 @@ func testCreateTag(t *testing.T, c Config) {
 		})
 	}
 	// The update time is the store's, not the caller's.
-	if err := s.CreateTag(ctx(t), segment.Tag{Name: "dated", Step: 5, MaxID: 1, UpdateTime: time.Unix(0, 0)}); err != nil {
+	if err := s.CreateTag(ctx(t), tagmodel.Tag{Name: "dated", Step: 5, MaxID: 1, UpdateTime: time.Unix(0, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	if got := tag(t, s, "dated"); got.UpdateTime.Before(time.Now().Add(-time.Hour)) {
@@ -661,27 +661,27 @@ func testCreateTagInvalid(t *testing.T, c Config) {
 		ordered     bool
 		want        error
 	}{
-		{name: "existing tag", tag: "orders", step: 99, start: 500, description: "again", want: segment.ErrTagExists},
-		{name: "existing tag, same values", tag: "orders", step: 10, start: 1, description: "test tag orders", want: segment.ErrTagExists},
-		{name: "existing tag, ordered", tag: "orders", step: 10, start: 1, ordered: true, want: segment.ErrTagExists},
-		{name: "zero step, ordered", tag: "new", step: 0, start: 1, ordered: true, want: segment.ErrInvalidStep},
-		{name: "empty name", tag: "", step: 10, start: 1, want: segment.ErrInvalidTag},
-		{name: "space in name", tag: "new orders", step: 10, start: 1, want: segment.ErrInvalidTag},
-		{name: "dot in name", tag: "new.orders", step: 10, start: 1, want: segment.ErrInvalidTag},
-		{name: "name too long", tag: strings.Repeat("x", 129), step: 10, start: 1, want: segment.ErrInvalidTag},
-		{name: "zero step", tag: "new", step: 0, start: 1, want: segment.ErrInvalidStep},
-		{name: "negative step", tag: "new", step: -1, start: 1, want: segment.ErrInvalidStep},
-		{name: "step too large", tag: "new", step: segment.MaxStepLimit + 1, start: 1, want: segment.ErrInvalidStep},
-		{name: "zero start", tag: "new", step: 10, start: 0, want: segment.ErrInvalidArgument},
-		{name: "negative start", tag: "new", step: 10, start: -100, want: segment.ErrInvalidArgument},
-		{name: "description too long", tag: "new", step: 10, start: 1, description: strings.Repeat("d", segment.MaxDescription+1), want: segment.ErrInvalidArgument},
-		{name: "description not UTF-8", tag: "new", step: 10, start: 1, description: "\xff", want: segment.ErrInvalidArgument},
-		{name: "description with NUL", tag: "new", step: 10, start: 1, description: "a\x00b", want: segment.ErrInvalidArgument},
+		{name: "existing tag", tag: "orders", step: 99, start: 500, description: "again", want: tagmodel.ErrTagExists},
+		{name: "existing tag, same values", tag: "orders", step: 10, start: 1, description: "test tag orders", want: tagmodel.ErrTagExists},
+		{name: "existing tag, ordered", tag: "orders", step: 10, start: 1, ordered: true, want: tagmodel.ErrTagExists},
+		{name: "zero step, ordered", tag: "new", step: 0, start: 1, ordered: true, want: tagmodel.ErrInvalidStep},
+		{name: "empty name", tag: "", step: 10, start: 1, want: tagmodel.ErrInvalidTag},
+		{name: "space in name", tag: "new orders", step: 10, start: 1, want: tagmodel.ErrInvalidTag},
+		{name: "dot in name", tag: "new.orders", step: 10, start: 1, want: tagmodel.ErrInvalidTag},
+		{name: "name too long", tag: strings.Repeat("x", 129), step: 10, start: 1, want: tagmodel.ErrInvalidTag},
+		{name: "zero step", tag: "new", step: 0, start: 1, want: tagmodel.ErrInvalidStep},
+		{name: "negative step", tag: "new", step: -1, start: 1, want: tagmodel.ErrInvalidStep},
+		{name: "step too large", tag: "new", step: tagmodel.MaxStepLimit + 1, start: 1, want: tagmodel.ErrInvalidStep},
+		{name: "zero start", tag: "new", step: 10, start: 0, want: tagmodel.ErrInvalidArgument},
+		{name: "negative start", tag: "new", step: 10, start: -100, want: tagmodel.ErrInvalidArgument},
+		{name: "description too long", tag: "new", step: 10, start: 1, description: strings.Repeat("d", tagmodel.MaxDescription+1), want: tagmodel.ErrInvalidArgument},
+		{name: "description not UTF-8", tag: "new", step: 10, start: 1, description: "\xff", want: tagmodel.ErrInvalidArgument},
+		{name: "description with NUL", tag: "new", step: 10, start: 1, description: "a\x00b", want: tagmodel.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := snapshot(t, s)
-			checkErr(t, c, s.CreateTag(ctx(t), segment.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description, Ordered: tt.ordered}), tt.want)
+			checkErr(t, c, s.CreateTag(ctx(t), tagmodel.Tag{Name: tt.tag, Step: tt.step, MaxID: tt.start, Description: tt.description, Ordered: tt.ordered}), tt.want)
 			checkUnchanged(t, s, before, "failed CreateTag")
 		})
 	}
@@ -701,13 +701,13 @@ func testUpdateTag(t *testing.T, c Config) {
 		{name: "neither", wantStep: 10, wantDesc: "test tag orders"},
 		{name: "step only", step: ptr[int64](20), wantStep: 20, wantDesc: "test tag orders"},
 		{name: "description only", description: ptr("orders of the shop"), wantStep: 20, wantDesc: "orders of the shop"},
-		{name: "both", step: ptr[int64](segment.MaxStepLimit), description: ptr(""), wantStep: segment.MaxStepLimit, wantDesc: ""},
+		{name: "both", step: ptr[int64](tagmodel.MaxStepLimit), description: ptr(""), wantStep: tagmodel.MaxStepLimit, wantDesc: ""},
 		{name: "step 1", step: ptr[int64](1), wantStep: 1, wantDesc: ""},
-		{name: "longest description", description: ptr(strings.Repeat("ß", segment.MaxDescription)), wantStep: 1, wantDesc: strings.Repeat("ß", segment.MaxDescription)},
+		{name: "longest description", description: ptr(strings.Repeat("ß", tagmodel.MaxDescription)), wantStep: 1, wantDesc: strings.Repeat("ß", tagmodel.MaxDescription)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := s.UpdateTag(ctx(t), "orders", segment.TagUpdate{Step: tt.step, Description: tt.description}); err != nil {
+			if err := s.UpdateTag(ctx(t), "orders", tagmodel.Update{Step: tt.step, Description: tt.description}); err != nil {
 				t.Fatal(err)
 			}
 			got := tag(t, s, "orders")
@@ -717,7 +717,7 @@ func testUpdateTag(t *testing.T, c Config) {
 		})
 	}
 	// The new step is the default of the next fetch.
-	if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 11, End: 12, TagStep: 1}); got != want {
+	if got, want := fetch(t, s, "orders", 0), (tagmodel.Allocation{Start: 11, End: 12, TagStep: 1}); got != want {
 		t.Errorf("fetch after update = %+v, want %+v", got, want)
 	}
 }
@@ -733,24 +733,24 @@ func testUpdateTagInvalid(t *testing.T, c Config) {
 		ordered     *bool
 		want        error
 	}{
-		{name: "unknown tag", tag: "nosuch", step: ptr[int64](5), want: segment.ErrUnknownTag},
-		{name: "unknown tag, ordered only", tag: "nosuch", ordered: ptr(true), want: segment.ErrUnknownTag},
-		{name: "invalid name, ordered only", tag: "a.b", ordered: ptr(false), want: segment.ErrInvalidTag},
-		{name: "zero step with ordered", tag: "orders", step: ptr[int64](0), ordered: ptr(true), want: segment.ErrInvalidStep},
-		{name: "description with NUL with ordered", tag: "orders", description: ptr("a\x00"), ordered: ptr(true), want: segment.ErrInvalidArgument},
-		{name: "unknown tag, no change", tag: "nosuch", want: segment.ErrUnknownTag},
-		{name: "invalid name", tag: "a/b", step: ptr[int64](5), want: segment.ErrInvalidTag},
-		{name: "zero step", tag: "orders", step: ptr[int64](0), description: ptr("x"), want: segment.ErrInvalidStep},
-		{name: "negative step", tag: "orders", step: ptr[int64](-10), want: segment.ErrInvalidStep},
-		{name: "step too large", tag: "orders", step: ptr[int64](segment.MaxStepLimit + 1), want: segment.ErrInvalidStep},
-		{name: "description too long", tag: "orders", step: ptr[int64](5), description: ptr(strings.Repeat("d", segment.MaxDescription+1)), want: segment.ErrInvalidArgument},
-		{name: "description not UTF-8", tag: "orders", description: ptr("ok\xc3"), want: segment.ErrInvalidArgument},
-		{name: "description with NUL", tag: "orders", description: ptr("\x00"), want: segment.ErrInvalidArgument},
+		{name: "unknown tag", tag: "nosuch", step: ptr[int64](5), want: tagmodel.ErrUnknownTag},
+		{name: "unknown tag, ordered only", tag: "nosuch", ordered: ptr(true), want: tagmodel.ErrUnknownTag},
+		{name: "invalid name, ordered only", tag: "a.b", ordered: ptr(false), want: tagmodel.ErrInvalidTag},
+		{name: "zero step with ordered", tag: "orders", step: ptr[int64](0), ordered: ptr(true), want: tagmodel.ErrInvalidStep},
+		{name: "description with NUL with ordered", tag: "orders", description: ptr("a\x00"), ordered: ptr(true), want: tagmodel.ErrInvalidArgument},
+		{name: "unknown tag, no change", tag: "nosuch", want: tagmodel.ErrUnknownTag},
+		{name: "invalid name", tag: "a/b", step: ptr[int64](5), want: tagmodel.ErrInvalidTag},
+		{name: "zero step", tag: "orders", step: ptr[int64](0), description: ptr("x"), want: tagmodel.ErrInvalidStep},
+		{name: "negative step", tag: "orders", step: ptr[int64](-10), want: tagmodel.ErrInvalidStep},
+		{name: "step too large", tag: "orders", step: ptr[int64](tagmodel.MaxStepLimit + 1), want: tagmodel.ErrInvalidStep},
+		{name: "description too long", tag: "orders", step: ptr[int64](5), description: ptr(strings.Repeat("d", tagmodel.MaxDescription+1)), want: tagmodel.ErrInvalidArgument},
+		{name: "description not UTF-8", tag: "orders", description: ptr("ok\xc3"), want: tagmodel.ErrInvalidArgument},
+		{name: "description with NUL", tag: "orders", description: ptr("\x00"), want: tagmodel.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := snapshot(t, s)
-			checkErr(t, c, s.UpdateTag(ctx(t), tt.tag, segment.TagUpdate{Step: tt.step, Description: tt.description, Ordered: tt.ordered}), tt.want)
+			checkErr(t, c, s.UpdateTag(ctx(t), tt.tag, tagmodel.Update{Step: tt.step, Description: tt.description, Ordered: tt.ordered}), tt.want)
 			checkUnchanged(t, s, before, "failed UpdateTag")
 		})
 	}
@@ -758,7 +758,7 @@ func testUpdateTagInvalid(t *testing.T, c Config) {
 
 // checkTag fails the test unless the tag's fields are want's (the update
 // time aside).
-func checkTag(tb testing.TB, s Store, want segment.Tag, what string) {
+func checkTag(tb testing.TB, s Store, want tagmodel.Tag, what string) {
 	tb.Helper()
 	got := tag(tb, s, want.Name)
 	got.UpdateTime = time.Time{}
@@ -771,20 +771,20 @@ func checkTag(tb testing.TB, s Store, want segment.Tag, what string) {
 // its other fields; updates turn it off and on; plain tags are unaffected.
 func testOrdered(t *testing.T, c Config) {
 	s := newStore(t, c)
-	if err := s.CreateTag(ctx(t), segment.Tag{Name: "invoices", Step: 10, MaxID: 1, Description: "invoice numbers", Ordered: true}); err != nil {
+	if err := s.CreateTag(ctx(t), tagmodel.Tag{Name: "invoices", Step: 10, MaxID: 1, Description: "invoice numbers", Ordered: true}); err != nil {
 		t.Fatal(err)
 	}
 	createTag(t, s, "plain", 10, 1)
-	want := segment.Tag{Name: "invoices", MaxID: 1, Step: 10, Description: "invoice numbers", Ordered: true}
+	want := tagmodel.Tag{Name: "invoices", MaxID: 1, Step: 10, Description: "invoice numbers", Ordered: true}
 	checkTag(t, s, want, "created ordered")
-	plain := segment.Tag{Name: "plain", MaxID: 1, Step: 10, Description: "test tag plain"}
+	plain := tagmodel.Tag{Name: "plain", MaxID: 1, Step: 10, Description: "test tag plain"}
 	checkTag(t, s, plain, "created plain")
 
 	// Fetches and give-backs move max_id only.
-	if got, wantA := fetch(t, s, "invoices", 0), (segment.Allocation{Start: 1, End: 11, TagStep: 10}); got != wantA {
+	if got, wantA := fetch(t, s, "invoices", 0), (tagmodel.Allocation{Start: 1, End: 11, TagStep: 10}); got != wantA {
 		t.Fatalf("Fetch(invoices, 0) = %+v, want %+v", got, wantA)
 	}
-	if got, wantA := fetch(t, s, "invoices", 25), (segment.Allocation{Start: 11, End: 36, TagStep: 10}); got != wantA {
+	if got, wantA := fetch(t, s, "invoices", 25), (tagmodel.Allocation{Start: 11, End: 36, TagStep: 10}); got != wantA {
 		t.Fatalf("Fetch(invoices, 25) = %+v, want %+v", got, wantA)
 	}
 	want.MaxID = 36
@@ -801,17 +801,17 @@ func testOrdered(t *testing.T, c Config) {
 
 	tests := []struct {
 		name string
-		u    segment.TagUpdate
-		want segment.Tag // Name and MaxID as before
+		u    tagmodel.Update
+		want tagmodel.Tag // Name and MaxID as before
 	}{
-		{name: "off", u: segment.TagUpdate{Ordered: ptr(false)}, want: segment.Tag{Step: 10, Description: "invoice numbers"}},
-		{name: "off again", u: segment.TagUpdate{Ordered: ptr(false)}, want: segment.Tag{Step: 10, Description: "invoice numbers"}},
-		{name: "on", u: segment.TagUpdate{Ordered: ptr(true)}, want: segment.Tag{Step: 10, Description: "invoice numbers", Ordered: true}},
-		{name: "step only keeps it", u: segment.TagUpdate{Step: ptr[int64](20)}, want: segment.Tag{Step: 20, Description: "invoice numbers", Ordered: true}},
-		{name: "description only keeps it", u: segment.TagUpdate{Description: ptr("")}, want: segment.Tag{Step: 20, Ordered: true}},
-		{name: "nothing keeps it", want: segment.Tag{Step: 20, Ordered: true}},
-		{name: "all three", u: segment.TagUpdate{Step: ptr[int64](5), Description: ptr("again plain"), Ordered: ptr(false)}, want: segment.Tag{Step: 5, Description: "again plain"}},
-		{name: "on with a step", u: segment.TagUpdate{Step: ptr[int64](7), Ordered: ptr(true)}, want: segment.Tag{Step: 7, Description: "again plain", Ordered: true}},
+		{name: "off", u: tagmodel.Update{Ordered: ptr(false)}, want: tagmodel.Tag{Step: 10, Description: "invoice numbers"}},
+		{name: "off again", u: tagmodel.Update{Ordered: ptr(false)}, want: tagmodel.Tag{Step: 10, Description: "invoice numbers"}},
+		{name: "on", u: tagmodel.Update{Ordered: ptr(true)}, want: tagmodel.Tag{Step: 10, Description: "invoice numbers", Ordered: true}},
+		{name: "step only keeps it", u: tagmodel.Update{Step: ptr[int64](20)}, want: tagmodel.Tag{Step: 20, Description: "invoice numbers", Ordered: true}},
+		{name: "description only keeps it", u: tagmodel.Update{Description: ptr("")}, want: tagmodel.Tag{Step: 20, Ordered: true}},
+		{name: "nothing keeps it", want: tagmodel.Tag{Step: 20, Ordered: true}},
+		{name: "all three", u: tagmodel.Update{Step: ptr[int64](5), Description: ptr("again plain"), Ordered: ptr(false)}, want: tagmodel.Tag{Step: 5, Description: "again plain"}},
+		{name: "on with a step", u: tagmodel.Update{Step: ptr[int64](7), Ordered: ptr(true)}, want: tagmodel.Tag{Step: 7, Description: "again plain", Ordered: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -824,26 +824,26 @@ func testOrdered(t *testing.T, c Config) {
 		})
 	}
 	// The flag survives fetching with the new step, and a give-back.
-	if got, wantA := fetch(t, s, "invoices", 0), (segment.Allocation{Start: 20, End: 27, TagStep: 7}); got != wantA {
+	if got, wantA := fetch(t, s, "invoices", 0), (tagmodel.Allocation{Start: 20, End: 27, TagStep: 7}); got != wantA {
 		t.Errorf("Fetch(invoices, 0) after the updates = %+v, want %+v", got, wantA)
 	}
 	if ok, err := s.GiveBack(ctx(t), "invoices", 27, 27); err != nil || !ok {
 		t.Errorf("GiveBack(invoices, 27, 27) = %v, %v, want true", ok, err)
 	}
-	checkTag(t, s, segment.Tag{Name: "invoices", MaxID: 27, Step: 7, Description: "again plain", Ordered: true}, "after the last fetch")
+	checkTag(t, s, tagmodel.Tag{Name: "invoices", MaxID: 27, Step: 7, Description: "again plain", Ordered: true}, "after the last fetch")
 
 	// Deleted and created again as a plain tag, it is plain.
 	if err := s.DeleteTag(ctx(t), "invoices"); err != nil {
 		t.Fatal(err)
 	}
-	err := s.CreateTag(ctx(t), segment.Tag{Name: "invoices", Step: 10, MaxID: 100, Description: "test tag invoices"})
-	if errors.Is(err, segment.ErrTagDeleted) {
+	err := s.CreateTag(ctx(t), tagmodel.Tag{Name: "invoices", Step: 10, MaxID: 100, Description: "test tag invoices"})
+	if errors.Is(err, tagmodel.ErrTagDeleted) {
 		return // a store that keeps deleted tags deleted (testDeleteTag): nothing to be plain
 	}
 	if err != nil {
 		t.Fatalf("CreateTag(invoices) after DeleteTag: %v", err)
 	}
-	checkTag(t, s, segment.Tag{Name: "invoices", MaxID: 100, Step: 10, Description: "test tag invoices"}, "created again, plain")
+	checkTag(t, s, tagmodel.Tag{Name: "invoices", MaxID: 100, Step: 10, Description: "test tag invoices"}, "created again, plain")
 }
 
 // Tags stored by software that knows nothing of ordered tags (Leaf, or
@@ -854,12 +854,12 @@ func testLegacyTagsNotOrdered(t *testing.T, c Config) {
 	if err := s.PutLegacyTag(ctx(t), "legacy", 100, 10); err != nil {
 		t.Fatalf("PutLegacyTag: %v", err)
 	}
-	want := segment.Tag{Name: "legacy", MaxID: 100, Step: 10}
+	want := tagmodel.Tag{Name: "legacy", MaxID: 100, Step: 10}
 	checkTag(t, s, want, "stored without the flag")
 	if names, err := s.Tags(ctx(t)); err != nil || !slices.Equal(names, []string{"legacy"}) {
 		t.Errorf("Tags() = %q, %v, want [legacy]", names, err)
 	}
-	if got, wantA := fetch(t, s, "legacy", 0), (segment.Allocation{Start: 100, End: 110, TagStep: 10}); got != wantA {
+	if got, wantA := fetch(t, s, "legacy", 0), (tagmodel.Allocation{Start: 100, End: 110, TagStep: 10}); got != wantA {
 		t.Fatalf("Fetch(legacy, 0) = %+v, want %+v", got, wantA)
 	}
 	if ok, err := s.GiveBack(ctx(t), "legacy", 110, 105); err != nil || !ok {
@@ -867,22 +867,22 @@ func testLegacyTagsNotOrdered(t *testing.T, c Config) {
 	}
 	want.MaxID = 105
 	checkTag(t, s, want, "after a fetch and a give-back")
-	if err := s.UpdateTag(ctx(t), "legacy", segment.TagUpdate{Step: ptr[int64](20)}); err != nil {
+	if err := s.UpdateTag(ctx(t), "legacy", tagmodel.Update{Step: ptr[int64](20)}); err != nil {
 		t.Fatal(err)
 	}
 	want.Step = 20
 	checkTag(t, s, want, "after updating the step")
-	if err := s.UpdateTag(ctx(t), "legacy", segment.TagUpdate{Ordered: ptr(true)}); err != nil {
+	if err := s.UpdateTag(ctx(t), "legacy", tagmodel.Update{Ordered: ptr(true)}); err != nil {
 		t.Fatal(err)
 	}
 	want.Ordered = true
 	checkTag(t, s, want, "after setting the flag")
-	if err := s.UpdateTag(ctx(t), "legacy", segment.TagUpdate{Ordered: ptr(false)}); err != nil {
+	if err := s.UpdateTag(ctx(t), "legacy", tagmodel.Update{Ordered: ptr(false)}); err != nil {
 		t.Fatal(err)
 	}
 	want.Ordered = false
 	checkTag(t, s, want, "after clearing the flag")
-	if got, wantA := fetch(t, s, "legacy", 0), (segment.Allocation{Start: 105, End: 125, TagStep: 20}); got != wantA {
+	if got, wantA := fetch(t, s, "legacy", 0), (tagmodel.Allocation{Start: 105, End: 125, TagStep: 20}); got != wantA {
 		t.Errorf("Fetch(legacy, 0) after the updates = %+v, want %+v", got, wantA)
 	}
 }
@@ -919,17 +919,17 @@ func testTag(t *testing.T, c Config) {
 		tag  string
 		want error
 	}{
-		{name: "unknown", tag: "nosuch", want: segment.ErrUnknownTag},
-		{name: "prefix of a tag", tag: "order", want: segment.ErrUnknownTag},
-		{name: "invalid", tag: "no such", want: segment.ErrInvalidTag},
-		{name: "wildcard", tag: "orders.>", want: segment.ErrInvalidTag},
-		{name: "empty", tag: "", want: segment.ErrInvalidTag},
+		{name: "unknown", tag: "nosuch", want: tagmodel.ErrUnknownTag},
+		{name: "prefix of a tag", tag: "order", want: tagmodel.ErrUnknownTag},
+		{name: "invalid", tag: "no such", want: tagmodel.ErrInvalidTag},
+		{name: "wildcard", tag: "orders.>", want: tagmodel.ErrInvalidTag},
+		{name: "empty", tag: "", want: tagmodel.ErrInvalidTag},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := s.Tag(ctx(t), tt.tag)
 			checkErr(t, c, err, tt.want)
-			if got != (segment.Tag{}) {
+			if got != (tagmodel.Tag{}) {
 				t.Errorf("Tag returned %+v with the error, want zero", got)
 			}
 		})
@@ -951,30 +951,30 @@ func testDeleteTag(t *testing.T, c Config) {
 	}
 	before := snapshot(t, s)
 	_, err := s.Fetch(ctx(t), "orders", 0)
-	checkErr(t, c, err, segment.ErrUnknownTag)
+	checkErr(t, c, err, tagmodel.ErrUnknownTag)
 	_, err = s.Tag(ctx(t), "orders")
-	checkErr(t, c, err, segment.ErrUnknownTag)
-	checkErr(t, c, s.UpdateTag(ctx(t), "orders", segment.TagUpdate{Step: ptr[int64](5)}), segment.ErrUnknownTag)
+	checkErr(t, c, err, tagmodel.ErrUnknownTag)
+	checkErr(t, c, s.UpdateTag(ctx(t), "orders", tagmodel.Update{Step: ptr[int64](5)}), tagmodel.ErrUnknownTag)
 	if ok, err := s.GiveBack(ctx(t), "orders", a.End, a.Start); ok || err != nil {
 		t.Errorf("GiveBack to a deleted tag = %v, %v, want false, nil", ok, err)
 	}
-	checkErr(t, c, s.DeleteTag(ctx(t), "orders"), segment.ErrUnknownTag)
-	checkErr(t, c, s.DeleteTag(ctx(t), "nosuch"), segment.ErrUnknownTag)
-	checkErr(t, c, s.DeleteTag(ctx(t), "no.such"), segment.ErrInvalidTag)
+	checkErr(t, c, s.DeleteTag(ctx(t), "orders"), tagmodel.ErrUnknownTag)
+	checkErr(t, c, s.DeleteTag(ctx(t), "nosuch"), tagmodel.ErrUnknownTag)
+	checkErr(t, c, s.DeleteTag(ctx(t), "no.such"), tagmodel.ErrInvalidTag)
 	checkUnchanged(t, s, before, "operations on a deleted tag")
 
 	// It can be created again, afresh, by a store that forgets it (a
 	// deleted row), or is refused by one that remembers the deletion (a
 	// delete marker), which changes nothing.
-	err = s.CreateTag(ctx(t), segment.Tag{Name: "orders", Step: 5, MaxID: 1000, Description: "again"})
+	err = s.CreateTag(ctx(t), tagmodel.Tag{Name: "orders", Step: 5, MaxID: 1000, Description: "again"})
 	switch {
-	case errors.Is(err, segment.ErrTagDeleted):
-		checkErr(t, c, err, segment.ErrTagDeleted)
+	case errors.Is(err, tagmodel.ErrTagDeleted):
+		checkErr(t, c, err, tagmodel.ErrTagDeleted)
 		checkUnchanged(t, s, before, "creating a deleted tag again")
 	case err != nil:
-		t.Fatalf("CreateTag of a deleted tag: %v, want nil or segment.ErrTagDeleted", err)
+		t.Fatalf("CreateTag of a deleted tag: %v, want nil or tagmodel.ErrTagDeleted", err)
 	default:
-		if got, want := fetch(t, s, "orders", 0), (segment.Allocation{Start: 1000, End: 1005, TagStep: 5}); got != want {
+		if got, want := fetch(t, s, "orders", 0), (tagmodel.Allocation{Start: 1000, End: 1005, TagStep: 5}); got != want {
 			t.Errorf("first fetch of the tag created again = %+v, want %+v", got, want)
 		}
 	}
@@ -983,15 +983,15 @@ func testDeleteTag(t *testing.T, c Config) {
 	}
 }
 
-// testChanges: every store is a segment.ChangeLister. A first call lists
+// testChanges: every store is a tagmodel.ChangeLister. A first call lists
 // nothing; later calls list the tags created, fetched or updated since (a
 // store may list some again), with their current values; a tag deleted is
 // either not listed or listed as Deleted.
 func testChanges(t *testing.T, c Config) {
 	s := newStore(t, c)
-	cl, ok := s.(segment.ChangeLister)
+	cl, ok := s.(tagmodel.ChangeLister)
 	if !ok {
-		t.Fatalf("%T is not a segment.ChangeLister", s)
+		t.Fatalf("%T is not a tagmodel.ChangeLister", s)
 	}
 	createTag(t, s, "before", 10, 1)
 	changes, cursor, err := cl.Changes(ctx(t), 0)
@@ -1003,7 +1003,7 @@ func testChanges(t *testing.T, c Config) {
 	step := int64(77)
 	updated := "updated"
 	createTag(t, s, updated, 10, 1)
-	mustUpdate(t, s, updated, segment.TagUpdate{Step: &step})
+	mustUpdate(t, s, updated, tagmodel.Update{Step: &step})
 	createTag(t, s, "gone", 10, 1)
 	if err := s.DeleteTag(ctx(t), "gone"); err != nil {
 		t.Fatal(err)
@@ -1012,7 +1012,7 @@ func testChanges(t *testing.T, c Config) {
 	if err != nil {
 		t.Fatalf("Changes: %v", err)
 	}
-	last := map[string]segment.TagChange{}
+	last := map[string]tagmodel.Change{}
 	for _, ch := range changes {
 		last[ch.Tag.Name] = ch
 	}
@@ -1044,7 +1044,7 @@ func testChanges(t *testing.T, c Config) {
 	}
 }
 
-func mustUpdate(tb testing.TB, s Store, name string, u segment.TagUpdate) {
+func mustUpdate(tb testing.TB, s Store, name string, u tagmodel.Update) {
 	tb.Helper()
 	if err := s.UpdateTag(ctx(tb), name, u); err != nil {
 		tb.Fatalf("UpdateTag(%q): %v", name, err)

@@ -10,15 +10,16 @@ import (
 
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/witness"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // sizes records the most IDs one Fetch asked of the store it wraps.
 type sizes struct {
-	segment.Store
+	tagmodel.Store
 	most atomic.Int64
 }
 
-func (s *sizes) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+func (s *sizes) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	for m := s.most.Load(); step > m && !s.most.CompareAndSwap(m, step); m = s.most.Load() {
 	}
 	return s.Store.Fetch(ctx, tag, step)

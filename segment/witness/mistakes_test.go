@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/witness"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // hooked is a worker's own PostgreSQL store whose GiveBack first runs
@@ -86,7 +86,7 @@ type fetchHooked struct {
 	after func()
 }
 
-func (h *fetchHooked) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+func (h *fetchHooked) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	a, err := h.Store.Fetch(ctx, tag, step)
 	if f := h.after; f != nil {
 		h.after = nil
@@ -117,7 +117,7 @@ func TestRacingGiveBacksRaiseNoAlarmIssue34(t *testing.T) {
 		slow := hooked{Store: postgres.New(e.pool)}
 		a := e.worker(t, &slow)
 		first := fetch(t, a, "t") // 1..10, mark 11
-		var second segment.Allocation
+		var second tagmodel.Allocation
 		slow.before = func() {
 			slow.before = nil
 			second = fetch(t, b, "t") // 11..20, mark 21
@@ -144,7 +144,7 @@ func TestRacingGiveBacksRaiseNoAlarmIssue34(t *testing.T) {
 			slow := &fetchHooked{Store: postgres.New(e.pool)}
 			a := e.worker(t, slow)
 			others := []*witness.Store{e.worker(t, nil), e.worker(t, nil)}[:rounds]
-			var second segment.Allocation
+			var second tagmodel.Allocation
 			slow.after = func() {
 				for _, b := range others {
 					second = fetch(t, b, "t") // 11..20, mark 21
@@ -202,7 +202,7 @@ func TestLostWritesBelowAWholeGiveBackAreCaught(t *testing.T) {
 func TestMarkRefusesSegmentsBelowIt(t *testing.T) {
 	e := newEnv(t)
 	w := e.worker(t, nil)
-	var served []segment.Allocation
+	var served []tagmodel.Allocation
 	for range 3 {
 		served = append(served, fetch(t, w, "t")) // 1..30, mark 31
 	}
@@ -252,7 +252,7 @@ func TestRowDeletedAndCreatedAgain(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, "DELETE FROM leaf_alloc WHERE biz_tag = 't'"); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.CreateTag(ctx, segment.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
+	if err := w.CreateTag(ctx, tagmodel.Tag{Name: "t", Step: 10, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if next := fetch(t, w, "t"); next.Start < last.End {
@@ -283,7 +283,7 @@ func (e *env) purgeStream(tb testing.TB, bucket string) {
 func TestPurgedWitness(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
-	if err := e.pg.CreateTag(ctx, segment.Tag{Name: "u", Step: 10, MaxID: 1}); err != nil {
+	if err := e.pg.CreateTag(ctx, tagmodel.Tag{Name: "u", Step: 10, MaxID: 1}); err != nil {
 		t.Fatal(err)
 	}
 	w := e.worker(t, nil)

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/witness"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // TestLostPeriodWritesAreCaught: a period's row (tag=KEY) that loses
@@ -28,17 +28,17 @@ func TestLostPeriodWritesAreCaught(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t)
-			if err := e.pg.CreateTag(context.Background(), segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay}); err != nil {
+			if err := e.pg.CreateTag(context.Background(), tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay}); err != nil {
 				t.Fatal(err)
 			}
-			period := segment.PeriodName("daily", segment.ResetDay.PeriodAt(time.Now(), time.UTC).Key)
-			var store segment.Store = e.pg
+			period := tagmodel.PeriodName("daily", tagmodel.ResetDay.PeriodAt(time.Now(), time.UTC).Key)
+			var store tagmodel.Store = e.pg
 			var w *witness.Store
 			if tt.witness {
 				w = e.open(t, witness.Settings{})
 				store = w
 			}
-			var served []segment.Allocation
+			var served []tagmodel.Allocation
 			for range 3 {
 				served = append(served, fetch(t, store, period))
 			}
@@ -74,17 +74,17 @@ func TestLostPeriodWritesAreCaught(t *testing.T) {
 func TestPrunePeriodsPassesThrough(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	var w segment.Store = e.open(t, witness.Settings{})
-	pruner, ok := w.(segment.PeriodPruner)
+	var w tagmodel.Store = e.open(t, witness.Settings{})
+	pruner, ok := w.(tagmodel.PeriodPruner)
 	if !ok {
-		t.Fatalf("%T is not a segment.PeriodPruner", w)
+		t.Fatalf("%T is not a tagmodel.PeriodPruner", w)
 	}
-	if err := e.pg.CreateTag(ctx, segment.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: segment.ResetDay, RetentionDays: segment.MaxRetentionDays}); err != nil {
+	if err := e.pg.CreateTag(ctx, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay, RetentionDays: tagmodel.MaxRetentionDays}); err != nil {
 		t.Fatal(err)
 	}
 	fetch(t, w, "daily=20200101")
 	days := 7
-	if err := e.pg.UpdateTag(ctx, "daily", segment.TagUpdate{RetentionDays: &days}); err != nil {
+	if err := e.pg.UpdateTag(ctx, "daily", tagmodel.Update{RetentionDays: &days}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := pruner.PrunePeriods(ctx); err != nil || n != 1 {

@@ -1,5 +1,5 @@
 // Package witness records, before any of its IDs is served, every segment
-// fetched from a segment.Store that can lose writes (PostgreSQL after a
+// fetched from a tagmodel.Store that can lose writes (PostgreSQL after a
 // failover to a replica that missed them, a restored backup, a max_id
 // lowered by hand) in a JetStream key-value bucket that does not roll back
 // with the database.
@@ -63,7 +63,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // DefaultBucket is the witness bucket's default name.
@@ -81,14 +81,14 @@ var (
 	ErrConflict = errors.New("witness: mark kept changing")
 )
 
-// Raiser is a segment.Store that can, in one atomic statement, move a tag's
+// Raiser is a tagmodel.Store that can, in one atomic statement, move a tag's
 // max_id to at least floor and fetch a segment from there.
 type Raiser interface {
-	segment.Store
+	tagmodel.Store
 	// FetchAbove sets max_id to greatest(max_id, floor) + step (the tag's
 	// own step if step <= 0) and returns the segment from the greater of
 	// the two, and max_id as it was before.
-	FetchAbove(ctx context.Context, tag string, floor, step int64) (a segment.Allocation, before int64, err error)
+	FetchAbove(ctx context.Context, tag string, floor, step int64) (a tagmodel.Allocation, before int64, err error)
 }
 
 // Settings configure a Store. Zero values mean the documented defaults.
@@ -110,7 +110,7 @@ type Settings struct {
 	OnRollback func(tag string, mark, maxID int64)
 }
 
-// Store is a segment.Store that records every fetched segment in the
+// Store is a tagmodel.Store that records every fetched segment in the
 // witness bucket before returning it. It is safe for concurrent use.
 type Store struct {
 	Raiser
@@ -228,7 +228,7 @@ func (w *Store) Rollbacks() uint64 { return w.rollbacks.Load() }
 // recorded before. Errors are the inner store's, ErrMarkDeleted,
 // ErrConflict, or the bucket's (witness unreachable): no segment is served
 // without being recorded.
-func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allocation, error) {
+func (w *Store) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
 	a, err := w.Raiser.Fetch(ctx, tag, step)
 	if err != nil {
 		return a, err
@@ -236,7 +236,7 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 	for range maxAttempts {
 		m, cached, err := w.mark(ctx, tag)
 		if err != nil {
-			return segment.Allocation{}, err
+			return tagmodel.Allocation{}, err
 		}
 		if a.Start < m.end {
 			if cached {
@@ -250,7 +250,7 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 			var before int64
 			a, before, err = w.Raiser.FetchAbove(ctx, tag, m.end, step)
 			if err != nil {
-				return segment.Allocation{}, err
+				return tagmodel.Allocation{}, err
 			}
 			// A race leaves our segment wholly below the mark (the
 			// segment that set it was fetched after ours); a store
@@ -274,16 +274,16 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 		err = w.swap(ctx, tag, m, record{Mark: a.End, Start: a.Start, Prev: &served})
 		if err == nil {
 			if err := w.check(ctx); err != nil {
-				return segment.Allocation{}, fmt.Errorf("witness: recorded segment %d..%d of tag %q, not served: %w", a.Start, a.End-1, tag, err)
+				return tagmodel.Allocation{}, fmt.Errorf("witness: recorded segment %d..%d of tag %q, not served: %w", a.Start, a.End-1, tag, err)
 			}
 			return a, nil
 		}
 		if !kvbucket.Conflict(err) && !errors.Is(err, errMoved) {
-			return segment.Allocation{}, fmt.Errorf("witness: recording segment %d..%d of tag %q: %w", a.Start, a.End-1, tag, err)
+			return tagmodel.Allocation{}, fmt.Errorf("witness: recording segment %d..%d of tag %q: %w", a.Start, a.End-1, tag, err)
 		}
 		w.forget(tag)
 	}
-	return segment.Allocation{}, fmt.Errorf("%w: tag %q after %d attempts", ErrConflict, tag, maxAttempts)
+	return tagmodel.Allocation{}, fmt.Errorf("%w: tag %q after %d attempts", ErrConflict, tag, maxAttempts)
 }
 
 // lostWrites reports whether a fetch that found its segment refused below
@@ -323,7 +323,7 @@ func (w *Store) Fetch(ctx context.Context, tag string, step int64) (segment.Allo
 // above our end would stay a lower bound of the mark); so Prev, followed
 // down that chain of whole give-backs (servedBelow takes the lesser of
 // Prev and the mark), is at most our start.
-func lostWrites(refused segment.Allocation, m mark, before int64) bool {
+func lostWrites(refused tagmodel.Allocation, m mark, before int64) bool {
 	return before < m.end || refused.End > m.end || refused.End == m.end && refused.Start < m.servedBelow()
 }
 
@@ -331,7 +331,7 @@ func lostWrites(refused segment.Allocation, m mark, before int64) bool {
 // then gives the IDs back to the inner store. It reports whether the inner
 // store took them.
 func (w *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int64) (bool, error) {
-	if err := segment.CheckGiveBack(end, firstUnissued); err != nil {
+	if err := tagmodel.CheckGiveBack(end, firstUnissued); err != nil {
 		return false, fmt.Errorf("witness: give back %q: %w", tag, err)
 	}
 	w.forget(tag)
@@ -388,10 +388,10 @@ func (w *Store) Mark(ctx context.Context, tag string) (int64, bool, error) {
 }
 
 // Changes passes through to the inner store if it is a
-// segment.ChangeLister, and fails with errors.ErrUnsupported otherwise (the
+// tagmodel.ChangeLister, and fails with errors.ErrUnsupported otherwise (the
 // allocator then lists all tags).
-func (w *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange, int64, error) {
-	cl, ok := w.Raiser.(segment.ChangeLister)
+func (w *Store) Changes(ctx context.Context, cursor int64) ([]tagmodel.Change, int64, error) {
+	cl, ok := w.Raiser.(tagmodel.ChangeLister)
 	if !ok {
 		return nil, 0, fmt.Errorf("witness: %T lists no changes: %w", w.Raiser, errors.ErrUnsupported)
 	}
@@ -399,12 +399,12 @@ func (w *Store) Changes(ctx context.Context, cursor int64) ([]segment.TagChange,
 }
 
 // PrunePeriods passes through to the inner store if it is a
-// segment.PeriodPruner, and fails with errors.ErrUnsupported otherwise.
+// tagmodel.PeriodPruner, and fails with errors.ErrUnsupported otherwise.
 // The marks of the periods pruned stay in the witness bucket (a period
 // pruned is not fetched again, so they guard nothing, and cost a key
 // each).
 func (w *Store) PrunePeriods(ctx context.Context) (int, error) {
-	p, ok := w.Raiser.(segment.PeriodPruner)
+	p, ok := w.Raiser.(tagmodel.PeriodPruner)
 	if !ok {
 		return 0, fmt.Errorf("witness: %T prunes no periods: %w", w.Raiser, errors.ErrUnsupported)
 	}
@@ -425,9 +425,9 @@ func (w *Store) Ping(ctx context.Context) error {
 }
 
 // CreateTag and UpdateTag pass through to the inner store if it is a
-// segment.Admin.
-func (w *Store) CreateTag(ctx context.Context, t segment.Tag) error {
-	a, ok := w.Raiser.(segment.Admin)
+// tagmodel.Admin.
+func (w *Store) CreateTag(ctx context.Context, t tagmodel.Tag) error {
+	a, ok := w.Raiser.(tagmodel.Admin)
 	if !ok {
 		return errors.New("witness: the inner store cannot create tags")
 	}
@@ -435,8 +435,8 @@ func (w *Store) CreateTag(ctx context.Context, t segment.Tag) error {
 }
 
 // UpdateTag: see CreateTag.
-func (w *Store) UpdateTag(ctx context.Context, name string, u segment.TagUpdate) error {
-	a, ok := w.Raiser.(segment.Admin)
+func (w *Store) UpdateTag(ctx context.Context, name string, u tagmodel.Update) error {
+	a, ok := w.Raiser.(tagmodel.Admin)
 	if !ok {
 		return errors.New("witness: the inner store cannot update tags")
 	}

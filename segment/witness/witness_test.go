@@ -18,9 +18,9 @@ import (
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/witness"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -68,7 +68,7 @@ func (e *env) setMaxID(tb testing.TB, tag string, maxID int64) {
 	}
 }
 
-func fetch(tb testing.TB, s segment.Store, tag string) segment.Allocation {
+func fetch(tb testing.TB, s tagmodel.Store, tag string) tagmodel.Allocation {
 	tb.Helper()
 	a, err := s.Fetch(context.Background(), tag, 0)
 	if err != nil {
@@ -77,7 +77,7 @@ func fetch(tb testing.TB, s segment.Store, tag string) segment.Allocation {
 	return a
 }
 
-func overlaps(a, b segment.Allocation) bool { return a.Start < b.End && b.Start < a.End }
+func overlaps(a, b tagmodel.Allocation) bool { return a.Start < b.End && b.Start < a.End }
 
 // TestLostWritesAreCaught lowers max_id behind the witness's back, as a
 // failover to a replica that missed the last fetches, a restored backup or
@@ -96,7 +96,7 @@ func TestLostWritesAreCaught(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t)
-			var store segment.Store = e.pg
+			var store tagmodel.Store = e.pg
 			type rollback struct{ mark, before int64 }
 			var got []rollback
 			if tt.witness {
@@ -104,7 +104,7 @@ func TestLostWritesAreCaught(t *testing.T) {
 					got = append(got, rollback{mark, before})
 				}})
 			}
-			var served []segment.Allocation
+			var served []tagmodel.Allocation
 			for range 3 {
 				served = append(served, fetch(t, store, "t"))
 			}
@@ -176,7 +176,7 @@ func TestConcurrentWorkers(t *testing.T) {
 	e := newEnv(t)
 	const workers, each = 4, 30
 	var mu sync.Mutex
-	var got []segment.Allocation
+	var got []tagmodel.Allocation
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	stores := make([]*witness.Store, workers)

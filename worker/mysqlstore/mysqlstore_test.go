@@ -16,8 +16,8 @@ import (
 
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/internal/leafsql"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/mysqlstore"
@@ -41,7 +41,7 @@ func newDB(tb testing.TB, tags map[string]int64) string {
 	}
 	s := mysql.New(db)
 	for name, step := range tags {
-		if err := s.CreateTag(ctx, segment.Tag{Name: name, Step: step, MaxID: 1}); err != nil {
+		if err := s.CreateTag(ctx, tagmodel.Tag{Name: name, Step: step, MaxID: 1}); err != nil {
 			tb.Fatal(err)
 		}
 	}

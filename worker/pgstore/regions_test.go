@@ -11,7 +11,7 @@ import (
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
-	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
@@ -140,14 +140,14 @@ func TestRegionSettingsOfOneStore(t *testing.T) {
 				t.Fatalf("first worker: %v", err)
 			}
 			err := startRegion(t, ns.ClientURL(), db.URL, worker.Config{Prefix: "b", Region: tt.second})
-			if errors.Is(err, segment.ErrRegionMismatch) {
+			if errors.Is(err, tagmodel.ErrRegionMismatch) {
 				return // refused at start: nothing served twice
 			}
 			if err != nil {
-				t.Fatalf("second worker: %v, want it refused with %v", err, segment.ErrRegionMismatch)
+				t.Fatalf("second worker: %v, want it refused with %v", err, tagmodel.ErrRegionMismatch)
 			}
 			// Both serve: a tag created now is handed out by both.
-			if err := db.Store.CreateTag(ctx, segment.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
+			if err := db.Store.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
 				t.Fatal(err)
 			}
 			clients := map[string]*client.Client{}

@@ -31,6 +31,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -658,7 +659,7 @@ func createKVTags(tb testing.TB, urls, bucket string, replicas int, tags map[str
 		tb.Logf("creating bucket %s: %v; trying again", bucket, err)
 	}
 	for tag, step := range tags {
-		t := segment.Tag{Name: tag, Step: step, MaxID: 1, Description: "chaos test", Ordered: slices.Contains(ordered, tag)}
+		t := tagmodel.Tag{Name: tag, Step: step, MaxID: 1, Description: "chaos test", Ordered: slices.Contains(ordered, tag)}
 		if err := st.CreateTag(ctx, t); err != nil {
 			tb.Fatal(err)
 		}

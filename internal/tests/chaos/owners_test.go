@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/protocol"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // TestOrderedOwnerChanges is the chaos mode of ordered tags: short leases,
@@ -180,7 +180,7 @@ func (c *ownerChaos) logf(format string, args ...any) {
 func (c *ownerChaos) setOrdered(ordered bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.store.UpdateTag(ctx, switchedTag, segment.TagUpdate{Ordered: &ordered}); err != nil {
+	if err := c.store.UpdateTag(ctx, switchedTag, tagmodel.Update{Ordered: &ordered}); err != nil {
 		c.t.Fatalf("switching %s to ordered=%v: %v", switchedTag, ordered, err)
 	}
 }

@@ -17,7 +17,7 @@
 // number's text, per tag.
 //
 // Settings and actions driven (rapid draws a sequence of them):
-//   - tags create / update through the operator's path (segment.CheckRegions
+//   - tags create / update through the operator's path (tagmodel.CheckRegions
 //     with the operator's region flags, then Admin.CreateTag / UpdateTag, as
 //     cmd/dispenser's `tags` does), with: step, start, description,
 //     ordered, reset (none, day, month, year), time zone, retention days,
@@ -93,6 +93,7 @@ import (
 	"github.com/dispenser-dev/dispenser/segment/mysql"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/witness"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -325,7 +326,7 @@ type backend struct {
 	region int
 	// regions is what the operator's and the region's workers' flags say
 	// for this store.
-	regions segment.Regions
+	regions tagmodel.Regions
 	pool    *pgxpool.Pool // postgres
 	db      *sql.DB       // mysql
 	bucket  string        // kv
@@ -333,7 +334,7 @@ type backend struct {
 
 // open returns a new store object over b, as a process opens one, and
 // its Raiser (nil for KV).
-func (b *backend) open(ctx context.Context) (segment.Store, witness.Raiser, error) {
+func (b *backend) open(ctx context.Context) (tagmodel.Store, witness.Raiser, error) {
 	switch b.sys.e.kind {
 	case "postgres":
 		s := postgres.New(b.pool)
@@ -350,7 +351,7 @@ func (b *backend) open(ctx context.Context) (segment.Store, witness.Raiser, erro
 type worker struct {
 	id      int
 	region  int
-	regions segment.Regions
+	regions tagmodel.Regions
 	be      *backend
 	wbucket string // witness bucket; "" without
 	offset  time.Duration
@@ -385,7 +386,7 @@ type system struct {
 	years   atomic.Int64 // the clock's jump: years
 	days    atomic.Int64 // and days
 
-	tags map[string]segment.Tag // as the operator last set them
+	tags map[string]tagmodel.Tag // as the operator last set them
 
 	// The model: plain IDs per tag (tag=KEY for a tag with a reset
 	// period), formatted numbers per tag, and who handed each out.
@@ -430,7 +431,7 @@ func ctxT() (context.Context, context.CancelFunc) {
 // run is one rapid run: a new system, then a random sequence of actions.
 func (e *env) run(t *rapid.T) {
 	n := e.runs.Add(1)
-	s := &system{e: e, t: t, prefix: fmt.Sprintf("m%d_", n), tags: map[string]segment.Tag{},
+	s := &system{e: e, t: t, prefix: fmt.Sprintf("m%d_", n), tags: map[string]tagmodel.Tag{},
 		plain: map[string]map[int64]string{}, formatted: map[string]map[string]string{}}
 	s.mode = choose(t, "regions", []string{modeOne, modePerRegion, modeShared})
 	s.witness = e.kind != "kv" && choose(t, "witness", []bool{true, false})
@@ -447,7 +448,7 @@ func (e *env) run(t *rapid.T) {
 	for r := range nStores {
 		b := &backend{sys: s, region: r}
 		if s.mode == modePerRegion {
-			b.regions = segment.Regions{Count: 2, Region: r}
+			b.regions = tagmodel.Regions{Count: 2, Region: r}
 		}
 		s.newStore(tb, b)
 		s.stores = append(s.stores, b)
@@ -652,7 +653,7 @@ func (s *system) pickWorker(t *rapid.T, ok func(*worker) bool) *worker {
 	return ws[rapid.IntRange(0, len(ws)-1).Draw(t, "worker")]
 }
 
-func (s *system) pickTag(t *rapid.T, ok func(segment.Tag) bool) segment.Tag {
+func (s *system) pickTag(t *rapid.T, ok func(tagmodel.Tag) bool) tagmodel.Tag {
 	var names []string
 	for _, n := range tagNames {
 		if tg, exists := s.tags[n]; exists && (ok == nil || ok(tg)) {
@@ -667,15 +668,15 @@ func (s *system) pickTag(t *rapid.T, ok func(segment.Tag) bool) segment.Tag {
 
 // periodKey is the key under which the IDs of tg taken at now are
 // recorded: the tag, or its period's name.
-func periodKey(tg segment.Tag, now time.Time) string {
-	if tg.Reset == segment.ResetNone {
+func periodKey(tg tagmodel.Tag, now time.Time) string {
+	if tg.Reset == tagmodel.ResetNone {
 		return tg.Name
 	}
-	loc, err := segment.LoadLocation(tg.TimeZone)
+	loc, err := tagmodel.LoadLocation(tg.TimeZone)
 	if err != nil {
 		return tg.Name + "?"
 	}
-	return segment.PeriodName(tg.Name, tg.Reset.PeriodAt(now, loc).Key)
+	return tagmodel.PeriodName(tg.Name, tg.Reset.PeriodAt(now, loc).Key)
 }
 
 // take is a request: plain single, batch, or formatted.
@@ -738,9 +739,9 @@ func shorten(ids []int64) string {
 
 // errName is a short name of err for the counters.
 func errName(err error) string {
-	for _, e := range []error{segment.ErrOrdered, segment.ErrNoFormat, segment.ErrPeriodExpired, segment.ErrUnknownTag,
-		segment.ErrInvalidArgument, segment.ErrUnavailable, segment.ErrExhausted, segment.ErrRegionMismatch,
-		segment.ErrTagExists, segment.ErrInvalidStep, segment.ErrInvalidTag, segment.ErrClosed} {
+	for _, e := range []error{segment.ErrOrdered, segment.ErrNoFormat, tagmodel.ErrPeriodExpired, tagmodel.ErrUnknownTag,
+		tagmodel.ErrInvalidArgument, segment.ErrUnavailable, tagmodel.ErrExhausted, tagmodel.ErrRegionMismatch,
+		tagmodel.ErrTagExists, tagmodel.ErrInvalidStep, tagmodel.ErrInvalidTag, segment.ErrClosed} {
 		if errors.Is(err, e) {
 			return e.Error()
 		}
@@ -775,20 +776,20 @@ func drawFormat(t *rapid.T, withDate bool) string {
 
 // admin runs an operator's command on every store of the system, each
 // with the operator's region flags for it, as `dispenser tags` does:
-// segment.CheckRegions, then f on a store object opened for it.
-func (s *system) admin(t *rapid.T, what string, f func(ctx context.Context, a segment.Admin) error) bool {
+// tagmodel.CheckRegions, then f on a store object opened for it.
+func (s *system) admin(t *rapid.T, what string, f func(ctx context.Context, a tagmodel.Admin) error) bool {
 	ctx, cancel := ctxT()
 	defer cancel()
 	ok := false
 	for _, b := range s.stores {
 		st, _, err := b.open(ctx)
 		if err == nil {
-			if rs, isRS := st.(segment.RegionStore); isRS {
-				err = segment.CheckRegions(ctx, rs, b.regions)
+			if rs, isRS := st.(tagmodel.RegionStore); isRS {
+				err = tagmodel.CheckRegions(ctx, rs, b.regions)
 			}
 		}
 		if err == nil {
-			err = f(ctx, st.(segment.Admin))
+			err = f(ctx, st.(tagmodel.Admin))
 		}
 		if err != nil {
 			t.Logf("%s on store %d: refused: %v", what, b.region, err)
@@ -807,7 +808,7 @@ func (s *system) reload(t *rapid.T, name string) {
 	defer cancel()
 	st, _, err := s.stores[0].open(ctx)
 	if err == nil {
-		var tg segment.Tag
+		var tg tagmodel.Tag
 		if tg, err = st.Tag(ctx, name); err == nil {
 			s.tags[name] = tg
 		}
@@ -825,13 +826,13 @@ func (s *system) reload(t *rapid.T, name string) {
 
 func (s *system) createTag(t *rapid.T) {
 	name := rapid.SampledFrom(tagNames).Draw(t, "name")
-	tg := segment.Tag{
+	tg := tagmodel.Tag{
 		Name:        name,
 		Step:        choose(t, "step", steps),
 		MaxID:       choose(t, "start", starts),
 		Description: choose(t, "description", descs),
 		Ordered:     choose(t, "ordered", []bool{false, false, false, true}),
-		Reset:       segment.Reset(choose(t, "reset", resets)),
+		Reset:       tagmodel.Reset(choose(t, "reset", resets)),
 	}
 	if tg.Reset != "none" || choose(t, "zone-anyway", []bool{false, false, true}) {
 		tg.TimeZone = choose(t, "zone", zones)
@@ -839,19 +840,19 @@ func (s *system) createTag(t *rapid.T) {
 	}
 	tg.Format = drawFormat(t, tg.Reset != "none")
 	if tg.Reset == "none" {
-		tg.Reset = segment.ResetNone
+		tg.Reset = tagmodel.ResetNone
 	}
 	what := fmt.Sprintf("tags create %s step %d start %d ordered %v reset %s zone %q retention %d format %q description %q",
 		name, tg.Step, tg.MaxID, tg.Ordered, tg.Reset, tg.TimeZone, tg.RetentionDays, tg.Format, tg.Description)
 	t.Log(what)
-	if s.admin(t, "tags create", func(ctx context.Context, a segment.Admin) error { return a.CreateTag(ctx, tg) }) {
+	if s.admin(t, "tags create", func(ctx context.Context, a tagmodel.Admin) error { return a.CreateTag(ctx, tg) }) {
 		s.reload(t, name)
 	}
 }
 
 func (s *system) updateTag(t *rapid.T) {
 	old := s.pickTag(t, nil)
-	var u segment.TagUpdate
+	var u tagmodel.Update
 	var what []string
 	maybe := func(label string) bool { return choose(t, "update-"+label, []bool{false, false, true}) }
 	if maybe("step") {
@@ -870,7 +871,7 @@ func (s *system) updateTag(t *rapid.T) {
 		what = append(what, fmt.Sprintf("ordered %v", v))
 	}
 	if maybe("reset") {
-		v := segment.Reset(choose(t, "reset", resets))
+		v := tagmodel.Reset(choose(t, "reset", resets))
 		u.Reset = &v
 		what = append(what, fmt.Sprintf("reset %s", v))
 	}
@@ -885,7 +886,7 @@ func (s *system) updateTag(t *rapid.T) {
 		what = append(what, fmt.Sprintf("retention %d", v))
 	}
 	if maybe("format") {
-		v := drawFormat(t, old.Reset != segment.ResetNone || u.Reset != nil)
+		v := drawFormat(t, old.Reset != tagmodel.ResetNone || u.Reset != nil)
 		u.Format = &v
 		what = append(what, fmt.Sprintf("format %q", v))
 	}
@@ -893,7 +894,7 @@ func (s *system) updateTag(t *rapid.T) {
 		t.Skip("nothing to change")
 	}
 	t.Logf("tags update %s: %s", old.Name, strings.Join(what, ", "))
-	if s.admin(t, "tags update", func(ctx context.Context, a segment.Admin) error { return a.UpdateTag(ctx, old.Name, u) }) {
+	if s.admin(t, "tags update", func(ctx context.Context, a tagmodel.Admin) error { return a.UpdateTag(ctx, old.Name, u) }) {
 		s.reload(t, old.Name)
 	}
 }
@@ -919,7 +920,7 @@ func (s *system) prune(t *rapid.T) {
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
-	n, err := st.(segment.PeriodPruner).PrunePeriods(ctx)
+	n, err := st.(tagmodel.PeriodPruner).PrunePeriods(ctx)
 	t.Logf("prune store %d: %d rows, %v", b.region, n, err)
 }
 
@@ -944,7 +945,7 @@ func (s *system) startWorker(t *rapid.T, misconf bool) {
 			t.Skip("a misconfigured worker on a new store of one region")
 		}
 		w.be = s.pickStore(t)
-		w.regions = choose(t, "misconfig-regions", []segment.Regions{{}, {Count: 2, Region: 0}, {Count: 2, Region: 1}, {Count: 3, Region: 2}})
+		w.regions = choose(t, "misconfig-regions", []tagmodel.Regions{{}, {Count: 2, Region: 0}, {Count: 2, Region: 1}, {Count: 3, Region: 2}})
 		if w.regions == w.be.regions {
 			t.Skip("not misconfigured")
 		}
@@ -971,8 +972,8 @@ func (s *system) start(w *worker) error {
 	if err != nil {
 		return err
 	}
-	if rs, ok := st.(segment.RegionStore); ok {
-		if err := segment.CheckRegions(ctx, rs, w.regions); err != nil {
+	if rs, ok := st.(tagmodel.RegionStore); ok {
+		if err := tagmodel.CheckRegions(ctx, rs, w.regions); err != nil {
 			return err
 		}
 	}
@@ -1115,7 +1116,7 @@ func (s *system) rollback(t *rapid.T) {
 	var done []string
 	for name, v := range now {
 		old, ok := snap.rows[name]
-		period := strings.Contains(name, segment.PeriodSep)
+		period := strings.Contains(name, tagmodel.PeriodSep)
 		if ok && old >= v || !ok && !period {
 			continue
 		}
@@ -1154,7 +1155,7 @@ func (s *system) leaf(t *rapid.T) {
 	if s.e.kind != "mysql" || s.rollbackActions > 0 {
 		t.Skip("Leaf beside MariaDB, without rollbacks")
 	}
-	tg := s.pickTag(t, func(tg segment.Tag) bool { return tg.Reset == segment.ResetNone })
+	tg := s.pickTag(t, func(tg tagmodel.Tag) bool { return tg.Reset == tagmodel.ResetNone })
 	b := s.pickStore(t)
 	ctx, cancel := ctxT()
 	defer cancel()
@@ -1192,7 +1193,7 @@ func (s *system) raceGiveBack(t *rapid.T) {
 	if !s.witness {
 		t.Skip("a witness race")
 	}
-	tg := s.pickTag(t, func(tg segment.Tag) bool { return tg.Reset == segment.ResetNone && !tg.Ordered })
+	tg := s.pickTag(t, func(tg tagmodel.Tag) bool { return tg.Reset == tagmodel.ResetNone && !tg.Ordered })
 	region := rapid.IntRange(0, s.regions-1).Draw(t, "region")
 	b := s.stores[0]
 	if s.mode == modePerRegion {
@@ -1217,7 +1218,7 @@ func (s *system) raceGiveBack(t *rapid.T) {
 	}
 	hook := &hookRaiser{}
 	wa, wb := open(hook), open(nil)
-	hand := func(who string, a segment.Allocation) int64 {
+	hand := func(who string, a tagmodel.Allocation) int64 {
 		k := rapid.Int64Range(0, a.End-a.Start-1).Draw(t, "handed")
 		var got []int64
 		for v := a.Start; v < a.Start+k; v++ {

@@ -15,9 +15,9 @@ import (
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
@@ -404,10 +404,10 @@ func TestPerRegionStores(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := segment.CheckRegions(t.Context(), st, segment.Regions{Count: p.regions, Region: r}); err != nil {
+		if err := tagmodel.CheckRegions(t.Context(), st, tagmodel.Regions{Count: p.regions, Region: r}); err != nil {
 			t.Fatal(err)
 		}
-		for _, tag := range []segment.Tag{{Name: "orders", Step: 50, MaxID: 1}, {Name: "ledger", Step: 50, MaxID: 1, Ordered: true}} {
+		for _, tag := range []tagmodel.Tag{{Name: "orders", Step: 50, MaxID: 1}, {Name: "ledger", Step: 50, MaxID: 1, Ordered: true}} {
 			if err := st.CreateTag(t.Context(), tag); err != nil {
 				t.Fatal(err)
 			}

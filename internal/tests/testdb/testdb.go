@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dispenser-dev/dispenser/schema"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -76,7 +76,7 @@ func setUp(tb testing.TB, st *postgres.Store, tags map[string]int64, ordered []s
 		tb.Fatalf("testdb: schema.Migrate: %v", err)
 	}
 	for name, step := range tags {
-		t := segment.Tag{Name: name, Step: step, MaxID: 1, Ordered: slices.Contains(ordered, name)}
+		t := tagmodel.Tag{Name: name, Step: step, MaxID: 1, Ordered: slices.Contains(ordered, name)}
 		if err := st.CreateTag(ctx, t); err != nil {
 			tb.Fatalf("testdb: CreateTag(%+v): %v", t, err)
 		}

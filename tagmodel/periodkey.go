@@ -1,4 +1,4 @@
-package segment
+package tagmodel
 
 import (
 	"fmt"
@@ -72,12 +72,12 @@ func PeriodExpired(end, now time.Time, days int) bool {
 // ApplyUpdate returns t with the fields of u that are not nil, checked as
 // Admin.UpdateTag takes them: a reset period can be set on a tag without
 // one, never changed or removed, and the tag as updated must pass
-// CheckPeriodic (its settings are checked together: a format a daily tag
+// Tag.Periodic (its settings are checked together: a format a daily tag
 // accepts, a time zone only with a reset period). Stores call it on the
 // tag as stored, in the same atomic step as the write. Errors wrap
 // ErrInvalidArgument (or ErrInvalidTag); step and description are checked
-// by CheckTagFields.
-func ApplyUpdate(t Tag, u TagUpdate) (Tag, error) {
+// by Update.Check.
+func ApplyUpdate(t Tag, u Update) (Tag, error) {
 	oldFormat := t.Format
 	if u.Step != nil {
 		t.Step = *u.Step
@@ -113,7 +113,7 @@ func ApplyUpdate(t Tag, u TagUpdate) (Tag, error) {
 		// worker serves the new zone's key of now, whose row goes on if it
 		// exists and is created from the tag's start if not, and a key the
 		// old zone had already left may be served again from its row.
-		// CheckPeriodic refuses a zone beyond MaxZoneOffset, for which
+		// Tag.Periodic refuses a zone beyond MaxZoneOffset, for which
 		// PeriodPruned would not hold.
 		t.TimeZone = *u.TimeZone
 	}
@@ -123,7 +123,7 @@ func ApplyUpdate(t Tag, u TagUpdate) (Tag, error) {
 	if u.RetentionDays != nil {
 		t.RetentionDays = *u.RetentionDays
 	}
-	p, err := CheckPeriodic(t)
+	p, err := t.Periodic()
 	if err != nil {
 		return Tag{}, err
 	}
@@ -183,7 +183,7 @@ func formatHead(template string) string {
 }
 
 // MaxZoneOffset is the greatest UTC offset a tag's time zone may have
-// (CheckPeriodic): +14:00, Pacific/Kiritimati's. No IANA zone has had a
+// (Tag.Periodic): +14:00, Pacific/Kiritimati's. No IANA zone has had a
 // greater one since 1867 (Alaska's local mean time before its purchase).
 const MaxZoneOffset = 14 * time.Hour
 

@@ -1,12 +1,10 @@
-package segment
+package tagmodel
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/dispenser-dev/dispenser/protocol"
 )
@@ -28,21 +26,11 @@ var (
 	// ErrInvalidStep means a step is not in 1..MaxStepLimit.
 	ErrInvalidStep = errors.New("segment: invalid step")
 	// ErrInvalidArgument means a start, description or give-back range is
-	// out of bounds (CheckStart, CheckTagFields, CheckGiveBack).
+	// out of bounds (Tag.Check, Update.Check, CheckGiveBack).
 	ErrInvalidArgument = errors.New("segment: invalid argument")
 	// ErrExhausted means a fetch would push a tag's max_id past 2^63-1: the
 	// tag has run out of IDs.
 	ErrExhausted = errors.New("segment: tag exhausted")
-	// ErrInvalidCount means a request asked for fewer than one ID.
-	ErrInvalidCount = errors.New("segment: invalid count")
-	// ErrUnavailable means no segment could be had within the wait: the store
-	// is slow or down and both buffers are empty.
-	ErrUnavailable = errors.New("segment: no segment available")
-	// ErrClosed means the allocator is shutting down.
-	ErrClosed = errors.New("segment: allocator closed")
-	// ErrOrdered means the tag is ordered: only its owner serves it, with
-	// TakeOwned (see package ownership).
-	ErrOrdered = errors.New("segment: ordered tag")
 	// ErrPeriodExpired means a period of a tag with a reset period ended
 	// longer ago than the tag keeps its periods' rows (a clock far behind):
 	// its sequence is not started again, which would repeat its numbers.
@@ -75,7 +63,7 @@ type Tag struct {
 	// time zone its periods are counted in ("": UTC), Format its number
 	// format template ("": none; see ParseFormat), RetentionDays how many
 	// days a period's row is kept after the period ended (0:
-	// DefaultRetentionDays). CheckPeriodic checks them together. A tag with
+	// DefaultRetentionDays). Tag.Periodic reads them, checked together. A tag with
 	// a reset period hands out no IDs from its own row: each period is a
 	// row of its own (PeriodName), created from the tag's max_id and step
 	// on the period's first fetch; the tag's max_id stays the start of
@@ -88,17 +76,17 @@ type Tag struct {
 	UpdateTime    time.Time
 }
 
-// TagUpdate is a change of a tag's settings for Admin.UpdateTag: each
+// Update is a change of a tag's settings for Admin.UpdateTag: each
 // non-nil field is set, each nil one left as it is. MaxID cannot be
 // changed this way.
-type TagUpdate struct {
+type Update struct {
 	Step        *int64  // new configured step, in 1..MaxStepLimit
-	Description *string // new description (CheckTagFields)
+	Description *string // new description (Update.Check)
 	Ordered     *bool   // make the tag ordered or plain (see Tag.Ordered)
 	// Reset sets a reset period on a tag without one (a tag's reset
 	// period, once set, cannot change: ErrInvalidArgument); TimeZone,
 	// Format and RetentionDays as Tag's. The tag as updated must pass
-	// CheckPeriodic, or nothing changes (ErrInvalidArgument).
+	// Tag.Check, or nothing changes (ErrInvalidArgument).
 	Reset         *Reset
 	TimeZone      *string
 	Format        *string
@@ -142,7 +130,7 @@ type Store interface {
 }
 
 // Admin is implemented by stores that can create and change tags. Invalid
-// fields (CheckTagFields, CheckStart) yield ErrInvalidTag, ErrInvalidStep
+// fields (Tag.Check, Update.Check) yield ErrInvalidTag, ErrInvalidStep
 // or ErrInvalidArgument and change nothing.
 type Admin interface {
 	// CreateTag adds the tag t: t.Name with step t.Step, first ID t.MaxID
@@ -153,7 +141,7 @@ type Admin interface {
 	// UpdateTag sets the fields of u that are not nil on the tag name and
 	// leaves the others, and max_id, as they are. An unknown tag yields
 	// ErrUnknownTag.
-	UpdateTag(ctx context.Context, name string, u TagUpdate) error
+	UpdateTag(ctx context.Context, name string, u Update) error
 }
 
 // ValidTag reports whether name is a valid tag: 1 to 128 characters from
@@ -166,38 +154,6 @@ func ValidTag(name string) bool { return protocol.ValidTag(name) }
 func CheckTag(name string) error {
 	if !ValidTag(name) {
 		return fmt.Errorf("%w %q: want %s", ErrInvalidTag, name, protocol.TagRule)
-	}
-	return nil
-}
-
-// CheckTagFields checks a tag's name, step and description as CreateTag and
-// UpdateTag take them; a nil step or description passes. The name must pass
-// CheckTag, the step must be in 1..MaxStepLimit (ErrInvalidStep), the
-// description must be UTF-8 text without NUL of at most MaxDescription
-// characters (ErrInvalidArgument).
-func CheckTagFields(name string, step *int64, description *string) error {
-	if err := CheckTag(name); err != nil {
-		return err
-	}
-	if step != nil && (*step < 1 || *step > MaxStepLimit) {
-		return fmt.Errorf("%q: %w %d: want 1..%d", name, ErrInvalidStep, *step, MaxStepLimit)
-	}
-	if description != nil {
-		if !utf8.ValidString(*description) || strings.ContainsRune(*description, 0) {
-			return fmt.Errorf("%q: %w: description is not UTF-8 text without NUL", name, ErrInvalidArgument)
-		}
-		if n := utf8.RuneCountInString(*description); n > MaxDescription {
-			return fmt.Errorf("%q: %w: description has %d characters, want at most %d", name, ErrInvalidArgument, n, MaxDescription)
-		}
-	}
-	return nil
-}
-
-// CheckStart returns nil if start, the first ID of a new tag, is at least 1
-// and an error wrapping ErrInvalidArgument otherwise.
-func CheckStart(start int64) error {
-	if start < 1 {
-		return fmt.Errorf("%w: start %d, want at least 1", ErrInvalidArgument, start)
 	}
 	return nil
 }
@@ -229,11 +185,11 @@ type ChangeLister interface {
 	// the store can tell, deleted), possibly with some listed again, and
 	// the cursor to pass next time. Cursor 0 lists nothing and returns the
 	// store's current cursor.
-	Changes(ctx context.Context, cursor int64) (changes []TagChange, next int64, err error)
+	Changes(ctx context.Context, cursor int64) (changes []Change, next int64, err error)
 }
 
-// TagChange is one entry of ChangeLister.Changes.
-type TagChange struct {
+// Change is one entry of ChangeLister.Changes.
+type Change struct {
 	Tag     Tag  // Name always; the other fields unless Deleted
 	Deleted bool // the tag was deleted
 }

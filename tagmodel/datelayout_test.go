@@ -1,4 +1,4 @@
-package segment
+package tagmodel
 
 import (
 	"math/rand/v2"

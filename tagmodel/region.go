@@ -1,4 +1,4 @@
-package segment
+package tagmodel
 
 import (
 	"context"
@@ -37,35 +37,21 @@ func (r Regions) Check() error {
 	return nil
 }
 
-// split reports whether IDs are mapped (more than one region).
-func (r Regions) split() bool { return r.Count > 1 }
+// Split reports whether IDs are mapped (more than one region).
+func (r Regions) Split() bool { return r.Count > 1 }
 
-// maxValue is the largest store value whose ID fits in an int64.
-func (r Regions) maxValue() int64 {
-	if !r.split() {
+// MaxValue is the largest store value whose ID fits in an int64.
+func (r Regions) MaxValue() int64 {
+	if !r.Split() {
 		return math.MaxInt64
 	}
 	return (math.MaxInt64 - int64(r.Region)) / int64(r.Count)
 }
 
-// appendRuns appends the IDs of the store values first..first+n-1 to dst:
-// one run without regions, a run of one ID per value with them (the IDs of
-// a region are Count apart).
-func (r Regions) appendRuns(dst []Run, first, n int64) []Run {
-	if !r.split() {
-		return append(dst, Run{First: first, Last: first + n - 1})
-	}
-	for v := first; v < first+n; v++ {
-		id := r.ID(v)
-		dst = append(dst, Run{First: id, Last: id})
-	}
-	return dst
-}
-
 // ID returns the ID of store value v: v×Count+Region with regions, v
 // without.
 func (r Regions) ID(v int64) int64 {
-	if !r.split() {
+	if !r.Split() {
 		return v
 	}
 	return v*int64(r.Count) + int64(r.Region)
@@ -73,7 +59,7 @@ func (r Regions) ID(v int64) int64 {
 
 // String renders r as "region 1 of 3" ("one region" without regions).
 func (r Regions) String() string {
-	if !r.split() {
+	if !r.Split() {
 		return "one region"
 	}
 	return fmt.Sprintf("region %d of %d", r.Region, r.Count)
@@ -145,7 +131,7 @@ func checkRegions(ctx context.Context, store RegionStore, r Regions, record bool
 		case !record:
 			return nil
 		}
-		if r.split() {
+		if r.Split() {
 			tags, err := store.Tags(ctx)
 			if err != nil {
 				return fmt.Errorf("segment: read the store's regions: %w", err)
@@ -163,15 +149,4 @@ func checkRegions(ctx context.Context, store RegionStore, r Regions, record bool
 			return fmt.Errorf("segment: record the store's regions: %w", err)
 		}
 	}
-}
-
-// fetch fetches from the store once Settings.Verify has passed.
-func (a *Allocator) fetch(ctx context.Context, tag string, size int64) (Allocation, error) {
-	if a.verify != nil && !a.verified.Load() {
-		if err := a.verify(ctx); err != nil {
-			return Allocation{}, err
-		}
-		a.verified.Store(true)
-	}
-	return a.store.Fetch(ctx, tag, size)
 }

@@ -1,4 +1,4 @@
-package segment
+package tagmodel
 
 import (
 	"encoding/binary"
@@ -129,20 +129,20 @@ func TestPeriodPruned(t *testing.T) {
 // edge are accepted. No zone of the tz database goes beyond it, so the
 // test runs itself again with ZONEINFO naming a directory that has one,
 // Test/Plus15 (LoadLocation reads ZONEINFO once per process). Seen failing
-// with the call of checkZoneOffset in CheckPeriodic removed:
-// "CheckPeriodic of a tag in a zone 15 hours ahead: <nil>, want
+// with the call of checkZoneOffset in Tag.Periodic removed:
+// "Tag.Periodic of a tag in a zone 15 hours ahead: <nil>, want
 // ErrInvalidArgument".
 func TestZoneOffsetBound(t *testing.T) {
 	if os.Getenv("DISPENSER_TEST_ZONE_CHILD") != "" {
 		// The child: Test/Plus15 loads, and is refused.
-		_, err := CheckPeriodic(Tag{Name: "t", Reset: ResetDay, TimeZone: "Test/Plus15"})
+		_, err := (Tag{Name: "t", Reset: ResetDay, TimeZone: "Test/Plus15"}).Periodic()
 		if !errors.Is(err, ErrInvalidArgument) {
-			t.Fatalf("CheckPeriodic of a tag in a zone 15 hours ahead: %v, want ErrInvalidArgument", err)
+			t.Fatalf("Tag.Periodic of a tag in a zone 15 hours ahead: %v, want ErrInvalidArgument", err)
 		}
 		return
 	}
 	for _, zone := range []string{"Pacific/Kiritimati", "Pacific/Apia", "Pacific/Tongatapu", "Etc/GMT-14", "Etc/GMT+12", "America/Juneau", "Asia/Kolkata", ""} {
-		if _, err := CheckPeriodic(Tag{Name: "t", Reset: ResetDay, TimeZone: zone}); err != nil {
+		if _, err := (Tag{Name: "t", Reset: ResetDay, TimeZone: zone}).Periodic(); err != nil {
 			t.Errorf("zone %q: %v, want it accepted", zone, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package segment
+package tagmodel
 
 import (
 	"errors"
@@ -60,7 +60,11 @@ func TestCheckTagFields(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			checkSentinel(t, CheckTagFields(tt.tag, tt.step, tt.description), tt.want)
+			checkSentinel(t, Update{Step: tt.step, Description: tt.description}.Check(tt.tag), tt.want)
+			if tt.step != nil && tt.description != nil {
+				_, err := Tag{Name: tt.tag, Step: *tt.step, Description: *tt.description, MaxID: 1}.Check()
+				checkSentinel(t, err, tt.want)
+			}
 		})
 	}
 }
@@ -79,7 +83,8 @@ func TestCheckStart(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			checkSentinel(t, CheckStart(tt.start), tt.want)
+			_, err := Tag{Name: "t", Step: 1, MaxID: tt.start}.Check()
+			checkSentinel(t, err, tt.want)
 		})
 	}
 }

@@ -1,4 +1,4 @@
-package segment
+package tagmodel
 
 import (
 	"fmt"
@@ -95,8 +95,8 @@ func (r Reset) PeriodAt(t time.Time, loc *time.Location) Period {
 	return p
 }
 
-// keyLen is the length of r's period keys.
-func (r Reset) keyLen() int {
+// KeyLen is the length of r's period keys.
+func (r Reset) KeyLen() int {
 	switch r {
 	case ResetDay:
 		return 8
@@ -163,7 +163,7 @@ func LoadLocation(name string) (*time.Location, error) {
 	return loc, nil
 }
 
-// Periodic is the reset settings of a tag, checked: what CheckPeriodic
+// Periodic is the reset settings of a tag, checked: what Tag.Periodic
 // returns.
 type Periodic struct {
 	Reset         Reset
@@ -172,11 +172,11 @@ type Periodic struct {
 	RetentionDays int
 }
 
-// CheckPeriodic checks and reads the reset settings of t (Reset, TimeZone,
+// Periodic checks and reads the reset settings of t (Reset, TimeZone,
 // Format, RetentionDays, and the name's length and Ordered, which a tag
 // with a reset period may not be). Errors wrap ErrInvalidArgument (or
 // ErrInvalidTag for a name too long for its period names).
-func CheckPeriodic(t Tag) (Periodic, error) {
+func (t Tag) Periodic() (Periodic, error) {
 	r, err := ParseReset(string(t.Reset))
 	if err != nil {
 		return Periodic{}, fmt.Errorf("%q: %w", t.Name, err)
