@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -160,7 +161,7 @@ func TestForgedReplyWithObservedToken(t *testing.T) {
 			t.Fatalf("request %d: %d, %v; want %d", i, id, err, i+1)
 		}
 	}
-	waitFor(t, "the attacker saw every token", func() bool {
+	wait.For(t, 30*time.Second, "the attacker saw every token", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(tokens) == honest
@@ -170,18 +171,6 @@ func TestForgedReplyWithObservedToken(t *testing.T) {
 		if id, err := c.Segment(ctx, "payments"); !errors.Is(err, client.ErrBadReply) {
 			t.Fatalf("a forged reply with an observed token: %d, %v; want ErrBadReply (the victim already holds ID 1)", id, err)
 		}
-	}
-}
-
-// waitFor polls cond until it holds, for at most 30 s.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 

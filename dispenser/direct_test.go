@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/internal/tests/check"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -43,7 +45,7 @@ func directStats(tb testing.TB, workers []*orderedWorker) (served, misdirected f
 func ownerOf(tb testing.TB, nc *nats.Conn, workers []*orderedWorker, tag string) (string, *orderedWorker) {
 	tb.Helper()
 	var direct string
-	waitUntil(tb, "an owner's reply with "+protocol.DirectHeader, func() bool {
+	wait.For(tb, 30*time.Second, "an owner's reply with "+protocol.DirectHeader, func() bool {
 		// A request without the header gets none: plain clients' replies
 		// are as they were.
 		resp, err := nc.Request(protocol.SegmentSubject("id", tag), nil, 10*time.Second)
@@ -77,10 +79,10 @@ func ownerOf(tb testing.TB, nc *nats.Conn, workers []*orderedWorker, tag string)
 // is closed, and returns what each answered request saw. Every request of
 // a Go client must succeed: it retries what a move fails; a plain client's
 // may fail with 503 during a move.
-func clientLoad(tb testing.TB, st *stack, tag string, clients, plain int, stop <-chan struct{}) func() []observation {
+func clientLoad(tb testing.TB, st *stack, tag string, clients, plain int, stop <-chan struct{}) func() []check.Observation {
 	tb.Helper()
 	var mu sync.Mutex // protects obs and errs
-	var obs []observation
+	var obs []check.Observation
 	var errs []error
 	var wg sync.WaitGroup
 	for i := range clients {
@@ -105,7 +107,7 @@ func clientLoad(tb testing.TB, st *stack, tag string, clients, plain int, stop <
 				if err != nil {
 					errs = append(errs, fmt.Errorf("client %d: %w", i, err))
 				} else {
-					obs = append(obs, observation{sent, received, ids})
+					obs = append(obs, check.Observation{Start: sent, End: received, IDs: ids})
 				}
 				mu.Unlock()
 				if err != nil {
@@ -136,13 +138,13 @@ func clientLoad(tb testing.TB, st *stack, tag string, clients, plain int, stop <
 				if err != nil || len(ids) != 2 {
 					errs = append(errs, fmt.Errorf("plain client: reply %q (%v), want 2 IDs", resp.Data, err))
 				} else {
-					obs = append(obs, observation{sent, received, ids})
+					obs = append(obs, check.Observation{Start: sent, End: received, IDs: ids})
 				}
 				mu.Unlock()
 			}
 		}()
 	}
-	return func() []observation {
+	return func() []check.Observation {
 		wg.Wait()
 		mu.Lock()
 		defer mu.Unlock()
@@ -173,15 +175,15 @@ func TestDirectThroughOwnershipMoves(t *testing.T) {
 	_, first := ownerOf(t, nc, workers, "seq")
 
 	stop := make(chan struct{})
-	wait := clientLoad(t, st, "seq", 6, 2, stop)
-	waitUntil(t, "the clients use the owner's direct subject", func() bool {
+	collect := clientLoad(t, st, "seq", 6, 2, stop)
+	wait.For(t, 30*time.Second, "the clients use the owner's direct subject", func() bool {
 		served, _ := directStats(t, workers)
 		return served >= 50
 	})
 	first.owners.Release("seq") // first keeps running: its direct subject answers 421
 	_, second := ownerOf(t, nc, workers, "seq")
 	before, _ := directStats(t, workers)
-	waitUntil(t, "the clients use the next owner's direct subject", func() bool {
+	wait.For(t, 30*time.Second, "the clients use the next owner's direct subject", func() bool {
 		served, _ := directStats(t, workers)
 		return served >= before+50
 	})
@@ -194,15 +196,15 @@ func TestDirectThroughOwnershipMoves(t *testing.T) {
 	live := slices.DeleteFunc(slices.Clone(workers), func(w *orderedWorker) bool { return w == second })
 	ownerOf(t, nc, live, "seq")
 	before, _ = directStats(t, live)
-	waitUntil(t, "the clients use the third owner's direct subject", func() bool {
+	wait.For(t, 30*time.Second, "the clients use the third owner's direct subject", func() bool {
 		served, _ := directStats(t, live)
 		return served >= before+50
 	})
 	close(stop)
-	obs := wait()
+	obs := collect()
 	checkUnique(t, obs)
-	if n, example := checkLinearizable(obs); n != 0 {
-		t.Fatalf("%d of %d requests broke linearizable increase across the moves: %s", n, len(obs), example)
+	if n, ex := check.Linearizable(obs); n != 0 {
+		t.Fatalf("%d of %d requests broke linearizable increase across the moves: %s", n, len(obs), example(ex))
 	}
 	served, misdirected := directStats(t, workers)
 	t.Logf("%d requests; %v served on direct subjects, %v misdirected", len(obs), served, misdirected)

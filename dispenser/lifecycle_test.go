@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -54,7 +55,7 @@ func TestStopAnswersRequestsInFlight(t *testing.T) {
 	if err := nc.PublishRequest("id.segment.a", inbox, []byte("3")); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the request to wait for a segment", func() bool {
+	wait.For(t, 30*time.Second, "the request to wait for a segment", func() bool {
 		for _, ts := range w.alloc.Stats() {
 			if ts.Tag == "a" && ts.Waits > 0 {
 				return true
@@ -73,7 +74,7 @@ func TestStopAnswersRequestsInFlight(t *testing.T) {
 	// the parked request waits. The probes ask for an unknown tag: a probe
 	// for "a" that arrived before the endpoint went would park too and
 	// might take ID 1.
-	waitUntil(t, "the endpoint to go", func() bool {
+	wait.For(t, 30*time.Second, "the endpoint to go", func() bool {
 		_, err := nc.Request("id.segment.probe", nil, time.Second)
 		return errors.Is(err, nats.ErrNoResponders)
 	})
@@ -221,7 +222,7 @@ func TestMoveLosesNoRequest(t *testing.T) {
 		})
 	}
 	answers := func() int { mu.Lock(); defer mu.Unlock(); return answered }
-	waitUntil(t, "answers before the move", func() bool { return answers() >= 200 })
+	wait.For(t, 30*time.Second, "answers before the move", func() bool { return answers() >= 200 })
 	before := w.svc.ID()
 	nc2 := testenv.Connect(t, st.ns)
 	moveCtx, moveCancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -235,7 +236,7 @@ func TestMoveLosesNoRequest(t *testing.T) {
 	}
 	old.Close()
 	moved := answers()
-	waitUntil(t, "answers after the move", func() bool { return answers() >= moved+200 })
+	wait.For(t, 30*time.Second, "answers after the move", func() bool { return answers() >= moved+200 })
 	cancel()
 	wg.Wait()
 	if len(failed) > 0 {

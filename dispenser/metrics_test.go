@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -91,7 +92,7 @@ func TestRequestsDuringStartAreCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { svc.Stop(context.Background()) })
-	waitUntil(t, "a snowflake request counted", func() bool {
+	wait.For(t, 30*time.Second, "a snowflake request counted", func() bool {
 		fams, err := reg.Gather()
 		v, ok := metricValue(fams, "dispenser_requests_total", map[string]string{"transport": "nats", "endpoint": "snowflake", "tag": "", "code": "200"})
 		return err == nil && ok && v > 0

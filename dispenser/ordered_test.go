@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/tests/check"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -23,59 +24,14 @@ import (
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
-// observation is one answered request as a client saw it.
-type observation struct {
-	sent, received time.Time
-	ids            []int64 // sorted
-}
-
-// checkLinearizable returns the number of requests B that got an ID not
-// above every ID of a request A answered before B was sent: zero means the
-// observations are linearizably increasing.
-func checkLinearizable(obs []observation) (violations int, example string) {
-	byRecv := slices.Clone(obs)
-	sort.Slice(byRecv, func(i, j int) bool { return byRecv[i].received.Before(byRecv[j].received) })
-	prefixMax := make([]int64, len(byRecv))
-	for i, o := range byRecv {
-		prefixMax[i] = o.ids[len(o.ids)-1]
-		if i > 0 {
-			prefixMax[i] = max(prefixMax[i], prefixMax[i-1])
-		}
+// example words the first violation of linearizable increase for a
+// message.
+func example(vs []check.Violation) string {
+	if len(vs) == 0 {
+		return ""
 	}
-	for _, b := range obs {
-		// The requests answered before b was sent: byRecv[:k].
-		k := sort.Search(len(byRecv), func(i int) bool { return !byRecv[i].received.Before(b.sent) })
-		if k > 0 && prefixMax[k-1] >= b.ids[0] {
-			violations++
-			if example == "" {
-				example = fmt.Sprintf("a request sent at %v got %d, but %d had been answered before", b.sent.Format(time.StampMicro), b.ids[0], prefixMax[k-1])
-			}
-		}
-	}
-	return violations, example
-}
-
-func TestCheckLinearizable(t *testing.T) {
-	t0 := time.Now()
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	tests := []struct {
-		name string
-		obs  []observation
-		want int
-	}{
-		{"increasing", []observation{{at(0), at(1), []int64{1, 2}}, {at(2), at(3), []int64{3}}}, 0},
-		{"concurrent may interleave", []observation{{at(0), at(5), []int64{5}}, {at(1), at(4), []int64{4}}}, 0},
-		{"smaller after an answer", []observation{{at(0), at(1), []int64{5}}, {at(2), at(3), []int64{4}}}, 1},
-		{"equal after an answer", []observation{{at(0), at(1), []int64{3, 4}}, {at(2), at(3), []int64{4, 5}}}, 1},
-		{"later but not after", []observation{{at(0), at(3), []int64{5}}, {at(2), at(4), []int64{4}}}, 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got, _ := checkLinearizable(tt.obs); got != tt.want {
-				t.Fatalf("violations = %d, want %d", got, tt.want)
-			}
-		})
-	}
+	v := vs[0]
+	return fmt.Sprintf("a request sent at %v got %d, but %d had been answered before", v.Late.Start.Format(time.StampMicro), v.Late.Min(), v.Early.Max())
 }
 
 // orderedWorker is a worker that also serves ordered tags.
@@ -152,10 +108,10 @@ func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*ordered
 
 // load sends requests for subject from clients concurrent clients until
 // total requests are answered, and returns what each saw.
-func load(tb testing.TB, st *stack, subject string, clients, total int) []observation {
+func load(tb testing.TB, st *stack, subject string, clients, total int) []check.Observation {
 	tb.Helper()
 	var mu sync.Mutex
-	var obs []observation
+	var obs []check.Observation
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
 	for c := range clients {
@@ -183,7 +139,7 @@ func load(tb testing.TB, st *stack, subject string, clients, total int) []observ
 				}
 				slices.Sort(ids)
 				mu.Lock()
-				obs = append(obs, observation{sent, received, ids})
+				obs = append(obs, check.Observation{Start: sent, End: received, IDs: ids})
 				mu.Unlock()
 			}
 		}()
@@ -196,16 +152,11 @@ func load(tb testing.TB, st *stack, subject string, clients, total int) []observ
 	return obs
 }
 
-func checkUnique(tb testing.TB, obs []observation) {
+// checkUnique fails the test if an ID was handed out twice.
+func checkUnique(tb testing.TB, obs []check.Observation) {
 	tb.Helper()
-	seen := map[int64]bool{}
-	for _, o := range obs {
-		for _, id := range o.ids {
-			if seen[id] {
-				tb.Fatalf("ID %d handed out twice", id)
-			}
-			seen[id] = true
-		}
+	if u := check.Unique(obs); len(u.Duplicates) > 0 {
+		tb.Fatalf("ID %d handed out twice", u.Duplicates[0].ID)
 	}
 }
 
@@ -225,14 +176,14 @@ func TestOrderedTagIsLinearizable(t *testing.T) {
 
 	plain := load(t, st, "id.segment.plain", clients, total)
 	checkUnique(t, plain)
-	if n, _ := checkLinearizable(plain); n == 0 {
+	if n, _ := check.Linearizable(plain); n == 0 {
 		t.Fatal("the checker found no violation on a plain tag served by three workers; it cannot be trusted")
 	}
 
 	ordered := load(t, st, "id.segment.seq", clients, total)
 	checkUnique(t, ordered)
-	if n, example := checkLinearizable(ordered); n != 0 {
-		t.Fatalf("%d of %d requests for the ordered tag broke linearizable increase: %s", n, len(ordered), example)
+	if n, ex := check.Linearizable(ordered); n != 0 {
+		t.Fatalf("%d of %d requests for the ordered tag broke linearizable increase: %s", n, len(ordered), example(ex))
 	}
 	owners := 0
 	for _, w := range workers {
@@ -289,7 +240,7 @@ func TestOrderedTagHandover(t *testing.T) {
 		return nil
 	}
 	first := owner()
-	done := make(chan []observation)
+	done := make(chan []check.Observation)
 	go func() { done <- loadNoFatal(st, "id.segment.seq", 8, 1600) }()
 	time.Sleep(100 * time.Millisecond)
 	first.owners.Release("seq") // first keeps running
@@ -303,8 +254,8 @@ func TestOrderedTagHandover(t *testing.T) {
 	}
 	obs := <-done
 	checkUnique(t, obs)
-	if n, example := checkLinearizable(obs); n != 0 {
-		t.Fatalf("%d of %d requests broke linearizable increase across the handovers: %s", n, len(obs), example)
+	if n, ex := check.Linearizable(obs); n != 0 {
+		t.Fatalf("%d of %d requests broke linearizable increase across the handovers: %s", n, len(obs), example(ex))
 	}
 	if len(obs) < 1400 {
 		t.Fatalf("only %d of 1600 requests answered across two graceful handovers", len(obs))
@@ -313,9 +264,9 @@ func TestOrderedTagHandover(t *testing.T) {
 
 // loadNoFatal is load for a goroutine other than the test's: failed
 // requests are left out (a handover may fail a few with 503).
-func loadNoFatal(st *stack, subject string, clients, total int) []observation {
+func loadNoFatal(st *stack, subject string, clients, total int) []check.Observation {
 	var mu sync.Mutex
-	var obs []observation
+	var obs []check.Observation
 	var wg sync.WaitGroup
 	for range clients {
 		nc, err := nats.Connect(st.ns.ClientURL())
@@ -338,7 +289,7 @@ func loadNoFatal(st *stack, subject string, clients, total int) []observation {
 					continue
 				}
 				mu.Lock()
-				obs = append(obs, observation{sent, received, ids})
+				obs = append(obs, check.Observation{Start: sent, End: received, IDs: ids})
 				mu.Unlock()
 			}
 		}()
@@ -474,10 +425,10 @@ func TestReclaimedTagServedOnlyAfterReset(t *testing.T) {
 // loadUntil sends requests for subject from clients concurrent clients
 // until stop and returns what each answered request saw; failed requests
 // (a switch or a handover may fail a few with 503) are left out.
-func loadUntil(tb testing.TB, st *stack, subject string, clients int, stop time.Time) []observation {
+func loadUntil(tb testing.TB, st *stack, subject string, clients int, stop time.Time) []check.Observation {
 	tb.Helper()
 	var mu sync.Mutex
-	var obs []observation
+	var obs []check.Observation
 	var wg sync.WaitGroup
 	for range clients {
 		nc := testenv.Connect(tb, st.ns)
@@ -497,7 +448,7 @@ func loadUntil(tb testing.TB, st *stack, subject string, clients int, stop time.
 				}
 				slices.Sort(ids)
 				mu.Lock()
-				obs = append(obs, observation{sent, received, ids})
+				obs = append(obs, check.Observation{Start: sent, End: received, IDs: ids})
 				mu.Unlock()
 			}
 		}()
@@ -531,14 +482,14 @@ func TestSwitchToOrderedBound(t *testing.T) {
 	window := w0.alloc.SwitchWindow()
 	// Both serve the tag as plain first.
 	nc := testenv.Connect(t, st.ns)
-	waitUntil(t, "both workers serve the plain tag", func() bool {
+	wait.For(t, 30*time.Second, "both workers serve the plain tag", func() bool {
 		request(t, nc, "id.segment.seq", "", nil)
 		return w0.alloc.Known("seq") && w1.alloc.Known("seq")
 	})
 
 	changed := time.Now()
 	stop := changed.Add(2*window + time.Second)
-	done := make(chan []observation)
+	done := make(chan []check.Observation)
 	go func() { done <- loadUntil(t, st, "id.segment.seq", 8, stop) }()
 	ordered := true
 	if err := st.store.UpdateTag(ctx, "seq", tagmodel.Update{Ordered: &ordered}); err != nil {
@@ -547,14 +498,14 @@ func TestSwitchToOrderedBound(t *testing.T) {
 	if err := w0.alloc.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "w0 owns the tag", func() bool { return w0.owners.Owns("seq") })
+	wait.For(t, 30*time.Second, "w0 owns the tag", func() bool { return w0.owners.Owns("seq") })
 	ownerStart := lastAlloc(w0.rec, "seq").Start
 	// w1, still serving the tag as plain, uses its segment up: it fetches
 	// the next, above the owner's, and serves from it.
 	if _, err := w1.alloc.Take(ctx, "seq", 100000, nil); err != nil {
 		t.Fatalf("w1 using up its plain segment: %v", err)
 	}
-	waitUntil(t, "w1 serves a plain segment above the owner's", func() bool {
+	wait.For(t, 30*time.Second, "w1 serves a plain segment above the owner's", func() bool {
 		body, code := request(t, nc, "id.segment.seq", "", nil)
 		if code != "" {
 			return false
@@ -571,45 +522,18 @@ func TestSwitchToOrderedBound(t *testing.T) {
 	obs := <-done
 	checkUnique(t, obs)
 	bound := changed.Add(2 * window)
-	var after []observation
+	var after []check.Observation
 	for _, o := range obs {
-		if !o.sent.Before(bound) {
+		if !o.Start.Before(bound) {
 			after = append(after, o)
 		}
 	}
 	if len(after) == 0 {
 		t.Fatal("no request answered after the bound")
 	}
-	if n, example := checkLinearizableFrom(obs, bound); n != 0 {
-		t.Fatalf("%d of %d requests sent more than %v after the switch broke linearizable increase: %s", n, len(after), 2*window, example)
+	if n, ex := check.LinearizableFrom(obs, bound); n != 0 {
+		t.Fatalf("%d of %d requests sent more than %v after the switch broke linearizable increase: %s", n, len(after), 2*window, example(ex))
 	}
-}
-
-// checkLinearizableFrom is checkLinearizable for the requests sent at or
-// after from, against every request answered before each was sent.
-func checkLinearizableFrom(obs []observation, from time.Time) (violations int, example string) {
-	byRecv := slices.Clone(obs)
-	sort.Slice(byRecv, func(i, j int) bool { return byRecv[i].received.Before(byRecv[j].received) })
-	prefixMax := make([]int64, len(byRecv))
-	for i, o := range byRecv {
-		prefixMax[i] = o.ids[len(o.ids)-1]
-		if i > 0 {
-			prefixMax[i] = max(prefixMax[i], prefixMax[i-1])
-		}
-	}
-	for _, b := range obs {
-		if b.sent.Before(from) {
-			continue
-		}
-		k := sort.Search(len(byRecv), func(i int) bool { return !byRecv[i].received.Before(b.sent) })
-		if k > 0 && prefixMax[k-1] >= b.ids[0] {
-			violations++
-			if example == "" {
-				example = fmt.Sprintf("a request sent at %v got %d, but %d had been answered before", b.sent.Format(time.StampMicro), b.ids[0], prefixMax[k-1])
-			}
-		}
-	}
-	return violations, example
 }
 
 // lastAlloc returns the last segment of tag the worker fetched.

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/dispenser-dev/dispenser/internal/tests/check"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -251,7 +252,7 @@ func TestThreeWorkersNoDuplicates(t *testing.T) {
 		}
 		// Per worker, the IDs one client got must increase: a worker issues
 		// in increasing order, and this client waited for each reply.
-		last := make([]int64, len(workers))
+		var inc check.Increasing
 		for _, id := range r.ids {
 			if seen[r.tag][id] {
 				t.Fatalf("tag %s: duplicate ID %d", r.tag, id)
@@ -270,10 +271,9 @@ func TestThreeWorkersNoDuplicates(t *testing.T) {
 			if owner < 0 {
 				t.Fatalf("tag %s: ID %d is in no worker's segment", r.tag, id)
 			}
-			if id <= last[owner] {
-				t.Fatalf("tag %s: worker %d issued %d after %d", r.tag, owner, id, last[owner])
+			if prev, ok := inc.Next(owner, id); !ok {
+				t.Fatalf("tag %s: worker %d issued %d after %d", r.tag, owner, id, prev)
 			}
-			last[owner] = id
 		}
 	}
 	if n < total {

@@ -161,18 +161,6 @@ func decodeIDs(body string) ([]int64, error) {
 	return ids, nil
 }
 
-// waitUntil polls cond until it holds, failing the test after 30 s.
-func waitUntil(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after 30s waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // metricValue finds one sample: a counter's or gauge's value, a histogram's
 // sample count.
 func metricValue(families []*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/tagmodel"
@@ -87,7 +88,7 @@ func TestRepliesEchoToken(t *testing.T) {
 		// Requests on the queue group reach both workers; the non-owner
 		// forwards its share. Every reply echoes, until one was forwarded.
 		i := 0
-		waitUntil(t, "a request forwarded by "+nonOwner.name, func() bool {
+		wait.For(t, 30*time.Second, "a request forwarded by "+nonOwner.name, func() bool {
 			i++
 			tokenReply(t, nc, &nats.Msg{Subject: "id.segment.seq"}, "fwd"+string(rune('a'+i%26)))
 			families, err := nonOwner.reg.Gather()

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -238,7 +239,7 @@ func TestHandOverKeepsRoutes(t *testing.T) {
 	if r := claim(t, b, "orders"); !r.Self {
 		t.Fatalf("b after a's hand-over: %+v, want Self", r)
 	}
-	waitFor(t, "a routes orders to b", func() bool {
+	wait.For(t, 10*time.Second, "a routes orders to b", func() bool {
 		r, err := a.Route(context.Background(), "orders")
 		if err != nil {
 			t.Fatalf("a's Route after HandOver: %v", err)
@@ -335,7 +336,7 @@ func TestDeletedKeyMarginCoversLongestLease(t *testing.T) {
 	if err != nil || e == nil || e.Operation() != jetstream.KeyValueDelete {
 		t.Fatalf("latest after delete: %v, %v", e, err)
 	}
-	waitFor(t, "a stops serving the deleted key", func() bool { return !a.Owns("orders") })
+	wait.For(t, 10*time.Second, "a stops serving the deleted key", func() bool { return !a.Owns("orders") })
 	for _, after := range []time.Duration{6 * time.Second, DeletedKeyMargin + 6*time.Second, 100*time.Second + 5*time.Second} {
 		b.clock.Set(e.Created().Add(after))
 		if r := claim(t, b, "orders"); r.Self {
@@ -365,7 +366,7 @@ func TestDeletedKeyHolderStops(t *testing.T) {
 			if err := tt.remove(kv); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "a stops serving", func() bool { return !a.Owns("orders") })
+			wait.For(t, 10*time.Second, "a stops serving", func() bool { return !a.Owns("orders") })
 			a.mu.Lock()
 			lost := slices.Clone(a.lost)
 			a.mu.Unlock()
@@ -373,18 +374,6 @@ func TestDeletedKeyHolderStops(t *testing.T) {
 				t.Fatalf("OnLose calls %v, want [orders]", lost)
 			}
 		})
-	}
-}
-
-// waitFor waits for cond, failing the test after a generous deadline.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -676,7 +665,7 @@ func TestClaimReadsAStaleCache(t *testing.T) {
 	b := newWorker(t, kv, "b", 0)
 	c := newWorker(t, kv, "c", 0)
 	claim(t, a, "orders") // a dies: no heartbeat, no release
-	waitFor(t, "b sees a's lease", func() bool { r, ok := b.Cached("orders"); return ok && r.Owner == "a" })
+	wait.For(t, 10*time.Second, "b sees a's lease", func() bool { r, ok := b.Cached("orders"); return ok && r.Owner == "a" })
 	b.mu.Lock()
 	stale := b.routes["orders"]
 	b.mu.Unlock()
@@ -688,7 +677,7 @@ func TestClaimReadsAStaleCache(t *testing.T) {
 	// cache says "settled, wait". Its watcher saw c's takeover; undo that,
 	// as a watcher lost in a restart would have missed it.
 	b.clock.Add(6 * time.Second)
-	waitFor(t, "b's watcher sees c's takeover", func() bool { r, ok := b.Cached("orders"); return ok && r.Owner == "c" })
+	wait.For(t, 10*time.Second, "b's watcher sees c's takeover", func() bool { r, ok := b.Cached("orders"); return ok && r.Owner == "c" })
 	b.mu.Lock()
 	b.routes["orders"] = stale
 	b.mu.Unlock()

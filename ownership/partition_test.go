@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -115,7 +116,7 @@ func TestMinorityPartitionMajorityOwnerKeepsServing(t *testing.T) {
 		l   *Leases
 		tag string
 	}{{ls[maj], majTag}, {ls[iso], isoTag}} {
-		waitFor(t, own.l.cfg.Owner+" owns "+own.tag, func() bool {
+		wait.For(t, 10*time.Second, own.l.cfg.Owner+" owns "+own.tag, func() bool {
 			r, err := own.l.Claim(context.Background(), own.tag)
 			if err != nil {
 				t.Logf("Claim(%s) on %s: %v", own.tag, own.l.cfg.Owner, err)
@@ -128,7 +129,7 @@ func TestMinorityPartitionMajorityOwnerKeepsServing(t *testing.T) {
 	// then has the least left, Lease - Heartbeat, to ride out the
 	// election.
 	rev, _ := heldRev(ls[maj], majTag)
-	waitFor(t, "a heartbeat", func() bool { r, _ := heldRev(ls[maj], majTag); return r > rev })
+	wait.For(t, 10*time.Second, "a heartbeat", func() bool { r, _ := heldRev(ls[maj], majTag); return r > rev })
 	hb := ls[maj].cfg.Heartbeat
 	time.Sleep(hb - hb/8)
 	rev, _ = heldRev(ls[maj], majTag)

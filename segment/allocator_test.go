@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 )
 
 // memStore is an in-memory Store for unit tests. Fetches can be gated,
@@ -229,18 +231,6 @@ func expand(runs []Run) []int64 {
 // ptr returns a pointer to a copy of v.
 func ptr[T any](v T) *T { return &v }
 
-// eventually polls cond until it holds, failing after 10 s.
-func eventually(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func seq(from, n int64) []int64 {
 	ids := make([]int64, n)
 	for i := range ids {
@@ -275,7 +265,7 @@ func TestPrefetchAtThreshold(t *testing.T) {
 		t.Fatalf("fetches after 50 IDs = %d, want 1", n)
 	}
 	take(t, a, "a", 1) // 51 used: over the threshold
-	eventually(t, "the next segment", func() bool { return a.Stats()[0].NextReady })
+	wait.For(t, 10*time.Second, "the next segment", func() bool { return a.Stats()[0].NextReady })
 	if n := st.fetchCount("a"); n != 2 {
 		t.Fatalf("fetches = %d, want 2", n)
 	}
@@ -299,7 +289,7 @@ func TestBatchAcrossBoundary(t *testing.T) {
 		t.Fatal(err)
 	}
 	take(t, a, "a", 6) // 7 used: prefetches 21..30
-	eventually(t, "prefetch", func() bool { return a.Stats()[0].NextReady })
+	wait.For(t, 10*time.Second, "prefetch", func() bool { return a.Stats()[0].NextReady })
 	runs, err := a.Take(context.Background(), "a", 5, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -401,13 +391,13 @@ func TestFailedFetchNeverReady(t *testing.T) {
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want ErrUnavailable wrapping the store's error", err)
 	}
-	eventually(t, "a few failed fetches", func() bool { return st.fetchCount("a") >= 4 })
+	wait.For(t, 10*time.Second, "a few failed fetches", func() bool { return st.fetchCount("a") >= 4 })
 	if s := a.Stats()[0]; s.NextReady || s.LastError == "" || s.Current.Cursor != s.Current.End {
 		t.Fatalf("after failed fetches: next ready %v, last error %q, current %+v; want not ready, an error, spent", s.NextReady, s.LastError, s.Current)
 	}
 	// The store comes back: the retrying loader recovers by itself.
 	st.set(func(s *memStore) { s.fail = nil })
-	eventually(t, "recovery", func() bool { return a.Stats()[0].NextReady })
+	wait.For(t, 10*time.Second, "recovery", func() bool { return a.Stats()[0].NextReady })
 	if got := take(t, a, "a", 1); got[0] != 11 {
 		t.Fatalf("got %v, want [11]", got)
 	}
@@ -476,7 +466,7 @@ func TestUnknownTagNegativeCache(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	st := newMemStore(t)
 	a := newAllocator(t, Settings{Store: st, Now: clock, NegativeTTL: time.Second})
-	eventually(t, "tag list", a.Ready)
+	wait.For(t, 10*time.Second, "tag list", a.Ready)
 	for range 10 {
 		if _, err := a.Take(context.Background(), "nope", 1, nil); !errors.Is(err, tagmodel.ErrUnknownTag) {
 			t.Fatalf("err = %v, want ErrUnknownTag", err)
@@ -522,7 +512,7 @@ func TestRemovedTagStopsBeingServed(t *testing.T) {
 func TestRefreshKeepsTagsLearnedMeanwhile(t *testing.T) {
 	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})
 	a := newAllocator(t, Settings{Store: st})
-	eventually(t, "tag list", a.Ready)
+	wait.For(t, 10*time.Second, "tag list", a.Ready)
 	gate, listed := make(chan struct{}), make(chan struct{})
 	st.set(func(s *memStore) { s.tagsGate, s.listed = gate, listed })
 	done := make(chan error, 1)
@@ -544,7 +534,7 @@ func TestRefreshKeepsTagsLearnedMeanwhile(t *testing.T) {
 func TestBadInputChangesNothing(t *testing.T) {
 	st := newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})
 	a := newAllocator(t, Settings{Store: st})
-	eventually(t, "tag list", a.Ready)
+	wait.For(t, 10*time.Second, "tag list", a.Ready)
 	tests := []struct {
 		name string
 		tag  string
@@ -691,7 +681,7 @@ func TestCloseUnderLoadNeverDuplicates(t *testing.T) {
 		}
 		// Close once the takers are well into the tag: more than two
 		// segments handed out, so Close meets them mid-flight.
-		eventually(t, "IDs taken", func() bool { return taken.Load() > 50 })
+		wait.For(t, 10*time.Second, "IDs taken", func() bool { return taken.Load() > 50 })
 		if err := a.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -827,7 +817,7 @@ func TestWarm(t *testing.T) {
 	st.set(func(s *memStore) { s.gate = gate })
 	done := make(chan int, 1)
 	go func() { done <- a.Warm(context.Background(), []string{"a", "b", "o", "unknown", "bad tag"}) }()
-	eventually(t, "fetches of a and b to start", func() bool {
+	wait.For(t, 10*time.Second, "fetches of a and b to start", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		return st.inFlight["a"] == 1 && st.inFlight["b"] == 1

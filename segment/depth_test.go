@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 )
 
 // fetchSizes returns the sizes asked of st for tag, in order (0: the tag's
@@ -54,7 +56,7 @@ func TestDepthFollowsBursts(t *testing.T) {
 			ids <- runs[0].First
 		})
 	}
-	eventually(t, "the burst to wait", func() bool { return a.Totals().Waits == burst })
+	wait.For(t, 10*time.Second, "the burst to wait", func() bool { return a.Totals().Waits == burst })
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	// Let the fetches through one at a time, each once the requests left
@@ -111,7 +113,7 @@ func TestDepthFollowsBursts(t *testing.T) {
 	depth := a.Stats()[0].Depth
 	for range 3 * step * maxDepth {
 		take(t, a, "a", 1)
-		eventually(t, "no fetch running", func() bool { return !a.Stats()[0].Loading })
+		wait.For(t, 10*time.Second, "no fetch running", func() bool { return !a.Stats()[0].Loading })
 	}
 	if got := a.Stats()[0].Depth; got != depth {
 		t.Fatalf("depth %d, then %d within the same second, want it kept", depth, got)
@@ -119,7 +121,7 @@ func TestDepthFollowsBursts(t *testing.T) {
 	for i := 0; ; i++ {
 		advance(depthDecay)
 		take(t, a, "a", 1)
-		eventually(t, "no fetch running", func() bool { return !a.Stats()[0].Loading })
+		wait.For(t, 10*time.Second, "no fetch running", func() bool { return !a.Stats()[0].Loading })
 		sizes = fetchSizes(st, "a")
 		if sizes[len(sizes)-1] == step && a.Stats()[0].Depth == 1 {
 			break

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 )
 
 // TestExhaustedTagAtMaxInt64 spends a tag whose IDs end near 2^63-1 one ID
@@ -216,7 +218,7 @@ func TestOneDeadlineForLookupAndWait(t *testing.T) {
 			st.gate = make(chan struct{}) // the first fetch never ends
 			t.Cleanup(func() { close(st.gate) })
 			a := newAllocator(t, Settings{Store: st, MaxWait: maxWait, RefreshInterval: time.Hour, Now: clock})
-			eventually(t, "the tag list", a.Ready)
+			wait.For(t, 10*time.Second, "the tag list", a.Ready)
 			// A tag created after the list loaded is looked up, and the
 			// lookup uses up the whole wait (by the allocator's clock).
 			st.set(func(s *memStore) {
@@ -262,7 +264,7 @@ func TestRemovedTagMidBatch(t *testing.T) {
 			a := newAllocator(t, Settings{Store: st, MaxStep: 10, PrefetchRatio: ratio})
 			take(t, a, "a", 2) // past the threshold with ratio 0.05
 			if tt.nextReady {
-				eventually(t, "the next segment", func() bool { return a.Stats()[0].NextReady })
+				wait.For(t, 10*time.Second, "the next segment", func() bool { return a.Stats()[0].NextReady })
 			}
 			st.set(func(s *memStore) { delete(s.tags, "a") })
 			runs, err := a.Take(context.Background(), "a", 25, nil)
@@ -279,7 +281,7 @@ func TestRemovedTagMidBatch(t *testing.T) {
 			// The tag comes back where the store left it.
 			maxID := 1 + 10*int64(st.fetchCount("a")-1) // the failed fetch allocated nothing
 			st.set(func(s *memStore) { s.tags["a"] = &tagmodel.Tag{Name: "a", MaxID: maxID, Step: 10} })
-			eventually(t, "the tag to be dropped", func() bool { return !a.Known("a") })
+			wait.For(t, 10*time.Second, "the tag to be dropped", func() bool { return !a.Known("a") })
 			got := take(t, a, "a", 5)
 			last := runs
 			for _, id := range got {

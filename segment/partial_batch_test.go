@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 )
 
 // partialStore is an in-memory Store of one tag, "a", whose fetches fail
@@ -83,18 +85,6 @@ func partialStats(tb testing.TB, a *Allocator) TagStats {
 	return TagStats{}
 }
 
-// waitPartial polls cond until it holds, failing the test after 30 s.
-func waitPartial(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after 30s waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestFailedBatchSkipsTheIDsItTook checks the README's promise "a batch that
 // fails with 503 midway skips the IDs it took": a batch larger than the
 // two buffers together takes the rest of the current segment, switches to
@@ -128,7 +118,7 @@ func TestFailedBatchSkipsTheIDsItTook(t *testing.T) {
 		t.Fatal(err)
 	}
 	record("before the failure", runs) // 1..3; the next segment is fetched
-	waitPartial(t, "the next segment", func() bool { return partialStats(t, a).NextReady })
+	wait.For(t, 30*time.Second, "the next segment", func() bool { return partialStats(t, a).NextReady })
 	before := partialStats(t, a)
 	if before.Current == nil || before.Next == nil {
 		t.Fatalf("stats %+v: want a current and a next segment", before)

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 )
 
 // TestRegionsMapIDs: with regions, each store value v is handed out as
@@ -55,7 +57,7 @@ func TestRegionsExhausted(t *testing.T) {
 	if !errors.Is(err, tagmodel.ErrExhausted) && !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Take = %v, want ErrExhausted (or ErrUnavailable)", err)
 	}
-	eventually(t, "the tag exhausted", func() bool {
+	wait.For(t, 10*time.Second, "the tag exhausted", func() bool {
 		_, err := a.Take(t.Context(), "orders", 1, nil)
 		return errors.Is(err, tagmodel.ErrExhausted)
 	})
@@ -98,7 +100,7 @@ func TestRegionsCheck(t *testing.T) {
 func TestColdWait(t *testing.T) {
 	st := newMemStore(t, tagmodel.Tag{Name: "far", MaxID: 1, Step: 5})
 	a := newAllocator(t, Settings{Store: st, MaxStep: 5, MaxDepth: 1, MaxWait: 20 * time.Millisecond, ColdWait: time.Minute})
-	eventually(t, "the tag list", a.Ready)
+	wait.For(t, 10*time.Second, "the tag list", a.Ready)
 	gate := make(chan struct{})
 	st.set(func(s *memStore) { s.gate = gate })
 	time.AfterFunc(200*time.Millisecond, func() { close(gate) }) // ten MaxWaits
@@ -133,7 +135,7 @@ func TestBufferTime(t *testing.T) {
 		take(t, a, "far", 1)
 		// Let a fetch end before the next request, so that none waits
 		// (a request that waits deepens the next fetch by itself).
-		eventually(t, "the fetch", func() bool { b := a.tags.get("far"); return b != nil && !b.loading.Load() })
+		wait.For(t, 10*time.Second, "the fetch", func() bool { b := a.tags.get("far"); return b != nil && !b.loading.Load() })
 		mu.Lock()
 		now = now.Add(100 * time.Millisecond)
 		mu.Unlock()
@@ -169,7 +171,7 @@ func TestVerifyBeforeFirstFetch(t *testing.T) {
 	mu.Lock()
 	verifyErr = nil
 	mu.Unlock()
-	eventually(t, "a Take once Verify passes", func() bool {
+	wait.For(t, 10*time.Second, "a Take once Verify passes", func() bool {
 		_, err := a.Take(t.Context(), "orders", 1, nil)
 		return err == nil
 	})

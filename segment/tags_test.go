@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 )
 
 // TestTagMapAgainstAMap drives a tagMap and a plain map with the same random
@@ -98,7 +100,7 @@ func TestIncrementalRefresh(t *testing.T) {
 	ctx := context.Background()
 	st := &changeStore{memStore: newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10})}
 	a := newAllocator(t, Settings{Store: st, NegativeTTL: time.Hour, RefreshInterval: time.Hour})
-	eventually(t, "the first refresh", a.Ready)
+	wait.For(t, 10*time.Second, "the first refresh", a.Ready)
 	if got := take(t, a, "a", 1); got[0] != 1 {
 		t.Fatalf("a: %v, want 1", got)
 	}
@@ -120,7 +122,7 @@ func TestIncrementalRefresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	take(t, a, "a", 9) // spends 1..10, fetching the next segment
-	eventually(t, "a fetch with the new step", func() bool {
+	wait.For(t, 10*time.Second, "a fetch with the new step", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		last := st.fetches[len(st.fetches)-1]

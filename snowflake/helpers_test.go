@@ -78,16 +78,3 @@ func requireIncreasing(tb testing.TB, ids []int64) {
 		}
 	}
 }
-
-// waitFor polls cond until it holds, failing after a generous deadline. It
-// waits for a state; it does not assert how long reaching it took.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

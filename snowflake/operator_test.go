@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -80,7 +81,7 @@ func removeKey(tb testing.TB, kv jetstream.KeyValue, id int, purge bool) time.Ti
 // (its clock's time).
 func waitForHeartbeat(tb testing.TB, w *Worker, at time.Time) {
 	tb.Helper()
-	waitFor(tb, "a heartbeat at "+at.Format(TimeLayout), func() bool {
+	wait.For(tb, 30*time.Second, "a heartbeat at "+at.Format(TimeLayout), func() bool {
 		return !w.Stats().(WorkerStats).LastHeartbeat.Before(at)
 	})
 }
@@ -408,7 +409,7 @@ func TestWorkerBucketPurgedWhileRunning(t *testing.T) {
 
 			tt.damage(t, js, kv, aid)
 			var refusal error
-			waitFor(t, "the worker to refuse for the lost epoch", func() bool {
+			wait.For(t, 30*time.Second, "the worker to refuse for the lost epoch", func() bool {
 				_, refusal = a.AppendIDs(nil, 1)
 				return errors.Is(refusal, ErrEpochLost)
 			})
@@ -427,7 +428,7 @@ func TestWorkerBucketPurgedWhileRunning(t *testing.T) {
 			if _, err := kv.Put(ctx, configKey, data); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "the worker to issue again", func() bool {
+			wait.For(t, 30*time.Second, "the worker to issue again", func() bool {
 				ids, err := a.AppendIDs(nil, 100)
 				all = append(all, ids...)
 				return err == nil

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -117,7 +118,7 @@ func TestMinorityPartitionMajorityKeepsIssuing(t *testing.T) {
 	// started within a fraction of a second): the leases then have the
 	// least left, Lease - Heartbeat, to ride out the election.
 	hb := workers[(iso+1)%3].stats().Heartbeats
-	waitFor(t, "a heartbeat", func() bool { return workers[(iso+1)%3].stats().Heartbeats > hb })
+	wait.For(t, 30*time.Second, "a heartbeat", func() bool { return workers[(iso+1)%3].stats().Heartbeats > hb })
 	time.Sleep(DefaultHeartbeat - DefaultHeartbeat/8)
 	for i, w := range workers {
 		before[i] = w.stats()

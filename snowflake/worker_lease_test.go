@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -27,7 +28,7 @@ func TestWorkerHeartbeatKeepsLease(t *testing.T) {
 	for step := range 30 {
 		c.Add(testLease / 3)
 		now := c.Now()
-		waitFor(t, "a heartbeat after the clock moved", func() bool {
+		wait.For(t, 30*time.Second, "a heartbeat after the clock moved", func() bool {
 			return !a.Stats().(WorkerStats).LastHeartbeat.Before(now)
 		})
 		ids = append(ids, issue(t, a, 100)...)
@@ -53,7 +54,7 @@ func TestWorkerTakeoverAfterSafeTime(t *testing.T) {
 	fillOthers(t, kv, c.Now(), aid)
 	aIDs := issue(t, a, 5000)
 	c.Add(testLease / 2)
-	waitFor(t, "a heartbeat", func() bool { return !a.Stats().(WorkerStats).LastHeartbeat.Before(c.Now()) })
+	wait.For(t, 30*time.Second, "a heartbeat", func() bool { return !a.Stats().(WorkerStats).LastHeartbeat.Before(c.Now()) })
 	aIDs = append(aIDs, issue(t, a, 5000)...)
 	crash(t, a)
 	rec, _ := readLease(t, kv, aid)
@@ -154,7 +155,7 @@ func TestWorkerPausedStopsBeforeTakeover(t *testing.T) {
 	// The paused worker comes back: it finds the key taken, stops, and
 	// (all other IDs being taken) waits for a free one.
 	a.paused.Store(false)
-	waitFor(t, "the paused worker to notice the loss", func() bool {
+	wait.For(t, 30*time.Second, "the paused worker to notice the loss", func() bool {
 		st := a.Stats().(WorkerStats)
 		return st.LostLeases == 1 && !st.Held
 	})
@@ -163,7 +164,7 @@ func TestWorkerPausedStopsBeforeTakeover(t *testing.T) {
 	}
 	free := (aid + 1) % (MaxWorkerID + 1)
 	release(t, kv, free)
-	waitFor(t, "a new worker ID", func() bool { id, ok := a.WorkerID(); return ok && id == free })
+	wait.For(t, 30*time.Second, "a new worker ID", func() bool { id, ok := a.WorkerID(); return ok && id == free })
 	all = append(all, issue(t, a, 1000)...)
 	all = append(all, issue(t, b, 1000)...)
 	requireUnique(t, all)
@@ -236,7 +237,7 @@ func TestWorkerFencesWhenNATSUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc.Close()
-	waitFor(t, "the worker to fence itself", func() bool {
+	wait.For(t, 30*time.Second, "the worker to fence itself", func() bool {
 		_, err := w.AppendIDs(nil, 1)
 		return errors.Is(err, ErrFenced)
 	})
@@ -264,7 +265,7 @@ func TestWorkerAdoptsOwnWrite(t *testing.T) {
 	}
 	before := a.Stats().(WorkerStats).Heartbeats
 	a.paused.Store(false)
-	waitFor(t, "two more heartbeats", func() bool { return a.Stats().(WorkerStats).Heartbeats >= before+2 })
+	wait.For(t, 30*time.Second, "two more heartbeats", func() bool { return a.Stats().(WorkerStats).Heartbeats >= before+2 })
 	st := a.Stats().(WorkerStats)
 	if st.LostLeases != 0 || st.WorkerID != aid || !st.Held {
 		t.Fatalf("stats: lost %d worker %d held %v, want 0 %d true", st.LostLeases, st.WorkerID, st.Held, aid)
@@ -300,7 +301,7 @@ func TestWorkerRenewsAfterOutage(t *testing.T) {
 	opts.Port = srv.Addr().(*net.TCPAddr).Port
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	waitFor(t, "the worker to fence itself", func() bool {
+	wait.For(t, 30*time.Second, "the worker to fence itself", func() bool {
 		_, err := w.AppendIDs(nil, 1)
 		return errors.Is(err, ErrFenced)
 	})
@@ -308,7 +309,7 @@ func TestWorkerRenewsAfterOutage(t *testing.T) {
 	mu.Lock()
 	srv = testenv.StartNATS(t, opts)
 	mu.Unlock()
-	waitFor(t, "the worker to renew", func() bool {
+	wait.For(t, 30*time.Second, "the worker to renew", func() bool {
 		more, err := w.AppendIDs(nil, 100)
 		ids = append(ids, more...)
 		return err == nil

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -13,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/internal/tests/check"
 	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/snowflake"
@@ -36,24 +39,21 @@ type rollingLoad struct {
 	phase string
 	// raw holds the failures of the clients without retries, by phase,
 	// node of the client and subject.
-	raw     map[string][]string
-	seen    map[string]map[int64]bool
+	raw map[string][]string
+	// obs holds every successful request per subject, checked when the
+	// load ends: no ID twice, the ordered tag's linearizable.
+	obs     map[string][]check.Observation
 	answers map[string]int
 	fails   map[string][]string
-	dups    []string
-	// highest is the ordered tag's highest ID of a completed reply; an ID
-	// at or below the highest when its request was sent breaks order.
-	highest  int64
-	outOfOrd []string
 }
 
 func startRollingLoad(t *testing.T, c *faultnet.Cluster) *rollingLoad {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &rollingLoad{cancel: cancel, seen: map[string]map[int64]bool{}, answers: map[string]int{}, fails: map[string][]string{},
+	l := &rollingLoad{cancel: cancel, obs: map[string][]check.Observation{}, answers: map[string]int{}, fails: map[string][]string{},
 		raw: map[string][]string{}, phase: "none"}
 	for _, subject := range []string{"plain", "orders", "snowflake"} {
-		l.seen[subject] = map[int64]bool{}
+		l.obs[subject] = nil
 	}
 	for _, s := range c.Servers {
 		for _, retries := range []bool{true, false} {
@@ -75,8 +75,9 @@ func startRollingLoad(t *testing.T, c *faultnet.Cluster) *rollingLoad {
 				l.wg.Go(func() {
 					for ctx.Err() == nil {
 						l.mu.Lock()
-						floor, phase := l.highest, l.phase
+						phase := l.phase
 						l.mu.Unlock()
+						start := time.Now()
 						at := nc.ConnectedServerName() // clients move when their server restarts
 						var id int64
 						var err error
@@ -96,7 +97,7 @@ func startRollingLoad(t *testing.T, c *faultnet.Cluster) *rollingLoad {
 							l.mu.Unlock()
 							continue
 						}
-						l.record(subject, id, err, floor)
+						l.record(subject, id, err, start, time.Now())
 					}
 				})
 			}
@@ -112,7 +113,9 @@ func (l *rollingLoad) setPhase(t *testing.T, phase string) {
 	l.mu.Unlock()
 }
 
-func (l *rollingLoad) record(subject string, id int64, err error, floor int64) {
+// record records a request of subject sent at start and answered (id or
+// err) at end.
+func (l *rollingLoad) record(subject string, id int64, err error, start, end time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.answers[subject]++
@@ -120,16 +123,7 @@ func (l *rollingLoad) record(subject string, id int64, err error, floor int64) {
 		l.fails[subject] = append(l.fails[subject], err.Error())
 		return
 	}
-	if l.seen[subject][id] {
-		l.dups = append(l.dups, fmt.Sprintf("%s %d", subject, id))
-	}
-	l.seen[subject][id] = true
-	if subject == "orders" {
-		if id <= floor {
-			l.outOfOrd = append(l.outOfOrd, fmt.Sprintf("%d after a reply with %d had completed", id, floor))
-		}
-		l.highest = max(l.highest, id)
-	}
+	l.obs[subject] = append(l.obs[subject], check.Observation{Start: start, End: end, IDs: []int64{id}})
 }
 
 // waitFor waits until every subject has n more answers than now.
@@ -137,24 +131,20 @@ func (l *rollingLoad) waitFor(t *testing.T, n int) {
 	t.Helper()
 	l.mu.Lock()
 	want := map[string]int{}
-	for s := range l.seen {
+	for s := range l.obs {
 		want[s] = l.answers[s] + n
 	}
 	l.mu.Unlock()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	wait.For(t, 60*time.Second, fmt.Sprintf("%d more answers of every subject", n), func() bool {
 		l.mu.Lock()
-		done := true
+		defer l.mu.Unlock()
 		for s, w := range want {
-			done = done && l.answers[s] >= w
+			if l.answers[s] < w {
+				return false
+			}
 		}
-		l.mu.Unlock()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d more answers of every subject within 60 s", n)
-		}
-	}
+		return true
+	})
 }
 
 // TestRollingRestarts: under steady load from clients on every node of a
@@ -258,11 +248,17 @@ func TestRollingRestarts(t *testing.T) {
 			t.Errorf("%s: %d of %d requests failed, e.g. %s", subject, len(fails), l.answers[subject], fails[0])
 		}
 	}
-	if len(l.dups) > 0 {
-		t.Errorf("%d IDs handed out twice, e.g. %v", len(l.dups), l.dups[0])
+	var dups []string
+	for _, subject := range slices.Sorted(maps.Keys(l.obs)) {
+		for _, d := range check.Unique(l.obs[subject]).Duplicates {
+			dups = append(dups, fmt.Sprintf("%s %d", subject, d.ID))
+		}
 	}
-	if len(l.outOfOrd) > 0 {
-		t.Errorf("%d ordered IDs out of order, e.g. %v", len(l.outOfOrd), l.outOfOrd[0])
+	if len(dups) > 0 {
+		t.Errorf("%d IDs handed out twice, e.g. %v", len(dups), dups[0])
+	}
+	if n, examples := check.Linearizable(l.obs["orders"]); n > 0 {
+		t.Errorf("%d ordered IDs out of order, e.g. %d after a reply with %d had completed", n, examples[0].Late.Min(), examples[0].Early.Max())
 	}
 	ordered := 0
 	for key, fails := range l.raw {

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispenser-dev/dispenser/internal/tests/check"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -172,32 +176,27 @@ func TestOperatorMistakes(t *testing.T) {
 	}
 }
 
-// load requests IDs of several subjects in a loop and checks every reply:
-// no ID twice per subject, and for ordered tags no ID at or below one a
-// reply that completed before the request was sent.
+// load requests IDs of several subjects in a loop and checks every reply
+// when it stops: no ID twice per subject, and for ordered tags no ID at or
+// below one of a reply that completed before the request was sent.
 type load struct {
 	nc     *nats.Conn
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex // protects the fields below
-	seen    map[string]map[int64]bool
+	mu      sync.Mutex                     // protects the fields below
+	obs     map[string][]check.Observation // per subject, every reply with IDs
 	replies map[string]int
 	errs    map[string]map[string]int // subject: error code and description: count
-	dups    []string
-	// highest is, per ordered subject, the highest ID of a completed
-	// reply.
-	highest map[string]int64
-	order   []string
 }
 
 func startLoad(t *testing.T, ns *server.Server, subjects []string) *load {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &load{nc: testenv.Connect(t, ns), cancel: cancel, seen: map[string]map[int64]bool{},
-		replies: map[string]int{}, errs: map[string]map[string]int{}, highest: map[string]int64{}}
+	l := &load{nc: testenv.Connect(t, ns), cancel: cancel, obs: map[string][]check.Observation{},
+		replies: map[string]int{}, errs: map[string]map[string]int{}}
 	for _, subject := range subjects {
-		l.seen[subject] = map[int64]bool{}
+		l.obs[subject] = nil
 		l.errs[subject] = map[string]int{}
 	}
 	for _, subject := range subjects {
@@ -210,12 +209,10 @@ func startLoad(t *testing.T, ns *server.Server, subjects []string) *load {
 }
 
 func (l *load) run(ctx context.Context, subject string) {
-	ordered := strings.HasSuffix(subject, ".orders")
 	for ctx.Err() == nil {
-		l.mu.Lock()
-		floor := l.highest[subject]
-		l.mu.Unlock()
+		start := time.Now()
 		ids, err := requestIDs(l.nc, subject, 3)
+		end := time.Now()
 		l.mu.Lock()
 		l.replies[subject]++
 		if err != nil {
@@ -224,18 +221,7 @@ func (l *load) run(ctx context.Context, subject string) {
 			time.Sleep(5 * time.Millisecond)
 			continue
 		}
-		for _, id := range ids {
-			if l.seen[subject][id] {
-				l.dups = append(l.dups, fmt.Sprintf("%s: %d", subject, id))
-			}
-			l.seen[subject][id] = true
-			if ordered && id <= floor {
-				l.order = append(l.order, fmt.Sprintf("%s: %d after a reply with %d had completed", subject, id, floor))
-			}
-		}
-		if ordered {
-			l.highest[subject] = max(l.highest[subject], ids[len(ids)-1])
-		}
+		l.obs[subject] = append(l.obs[subject], check.Observation{Start: start, End: end, IDs: ids})
 		l.mu.Unlock()
 	}
 }
@@ -245,25 +231,21 @@ func (l *load) waitFor(t *testing.T, n int) {
 	t.Helper()
 	l.mu.Lock()
 	want := map[string]int{}
-	for s := range l.seen { // every subject, also one without replies yet
+	for s := range l.obs { // every subject, also one without replies yet
 		want[s] = l.replies[s] + n
 	}
 	l.mu.Unlock()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	if err := wait.Until(time.Minute, func() error {
 		l.mu.Lock()
-		done := true
+		defer l.mu.Unlock()
 		for s, w := range want {
-			done = done && l.replies[s] >= w
+			if l.replies[s] < w {
+				return fmt.Errorf("fewer than %d replies within a minute", n)
+			}
 		}
-		l.mu.Unlock()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("load: fewer than %d replies within a minute: %s", n, l.summary())
-		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatalf("load: %v: %s", err, l.summary())
 	}
 }
 
@@ -275,11 +257,26 @@ func (l *load) stop(t *testing.T) {
 	l.wg.Wait()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.dups) > 0 {
-		t.Errorf("%d IDs handed out twice, e.g. %v", len(l.dups), l.dups[:min(len(l.dups), 5)])
+	var dups, order []string
+	outOfOrder := 0
+	for _, subject := range slices.Sorted(maps.Keys(l.obs)) {
+		for _, d := range check.Unique(l.obs[subject]).Duplicates {
+			dups = append(dups, fmt.Sprintf("%s: %d", subject, d.ID))
+		}
+		if !strings.HasSuffix(subject, ".orders") {
+			continue
+		}
+		n, examples := check.Linearizable(l.obs[subject])
+		outOfOrder += n
+		for _, v := range examples {
+			order = append(order, fmt.Sprintf("%s: %d after a reply with %d had completed", subject, v.Late.Min(), v.Early.Max()))
+		}
 	}
-	if len(l.order) > 0 {
-		t.Errorf("%d ordered IDs out of order, e.g. %v", len(l.order), l.order[:min(len(l.order), 5)])
+	if len(dups) > 0 {
+		t.Errorf("%d IDs handed out twice, e.g. %v", len(dups), dups[:min(len(dups), 5)])
+	}
+	if outOfOrder > 0 {
+		t.Errorf("%d ordered requests out of order, e.g. %v", outOfOrder, order[:min(len(order), 5)])
 	}
 }
 
@@ -288,7 +285,7 @@ func (l *load) summary() string {
 	defer l.mu.Unlock()
 	var b strings.Builder
 	for s, n := range l.replies {
-		fmt.Fprintf(&b, "%s: %d replies, %d IDs, errors %v\n", s, n, len(l.seen[s]), l.errs[s])
+		fmt.Fprintf(&b, "%s: %d replies, %d IDs, errors %v\n", s, n, check.Unique(l.obs[s]).Distinct, l.errs[s])
 	}
 	return b.String()
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -70,7 +71,7 @@ func outageFlags(natsURL, dbURL string) []string {
 // segment of every tag.
 func waitBuffers(tb testing.TB, nc *nats.Conn, procs []*proc) {
 	tb.Helper()
-	err := waitFor(30*time.Second, func() error {
+	err := wait.Until(30*time.Second, func() error {
 		for _, p := range procs {
 			st, err := statsOf(nc, p.id)
 			if err != nil {
@@ -99,7 +100,7 @@ func TestDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	const outage = 10 * time.Second
 	pg, dbURL := postgresCluster(t, availTags)
-	ns := startNATS(t)
+	ns := testenv.StartNATSServer(t)
 	f := newFleet(t, outageFlags(ns.URL(), dbURL)...)
 	var procs []*proc
 	for i := range 3 {
@@ -120,7 +121,7 @@ func TestDatabaseOutage(t *testing.T) {
 	for _, tag := range sortedKeys(availTags) {
 		spendCurrent(t, l, nc, procs, tag)
 	}
-	err := waitFor(5*time.Second, func() error {
+	err := wait.Until(5*time.Second, func() error {
 		for _, p := range procs {
 			st, err := statsOf(nc, p.id)
 			if err != nil {
@@ -145,7 +146,7 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 	faults.end(w)
 	up := time.Now()
-	err = waitFor(20*time.Second, func() error {
+	err = wait.Until(20*time.Second, func() error {
 		for _, p := range procs {
 			st, err := statsOf(nc, p.id)
 			if err != nil {
@@ -186,7 +187,7 @@ func TestDatabaseOutage(t *testing.T) {
 func TestRestartDuringDatabaseOutage(t *testing.T) {
 	t.Parallel()
 	pg, dbURL := postgresCluster(t, availTags)
-	ns := startNATS(t)
+	ns := testenv.StartNATSServer(t)
 	f := newFleet(t, outageFlags(ns.URL(), dbURL)...)
 	var procs []*proc
 	for i := range 3 {
@@ -303,7 +304,7 @@ func spendCurrent(tb testing.TB, l *load, nc *nats.Conn, procs []*proc, tag stri
 // no-responders during a server's absence, never an error reply.
 func TestNATSClusterFailover(t *testing.T) {
 	t.Parallel()
-	cl := startNATSCluster(t, 3)
+	cl := testenv.StartNATSCluster(t, 3)
 	createKVTags(t, cl.URLs(), kv.DefaultBucket, 3, availTags)
 	nc := connect(t, cl.URLs(), "cluster-stats")
 	f := newFleet(t, append(availFlags(), "--nats-url", cl.URLs(),
@@ -323,9 +324,9 @@ func TestNATSClusterFailover(t *testing.T) {
 	// The effect of stopping a server: a client connected to it, here one
 	// connected to each server on purpose, reconnects to another.
 	var watchers []*atomic.Int64
-	for i, node := range cl.nodes {
+	for i, node := range cl.Nodes {
 		urls := []string{node.URL()}
-		for j, other := range cl.nodes {
+		for j, other := range cl.Nodes {
 			if j != i {
 				urls = append(urls, other.URL())
 			}
@@ -339,27 +340,27 @@ func TestNATSClusterFailover(t *testing.T) {
 		}
 		t.Cleanup(wc.Close)
 		if got := wc.ConnectedUrl(); got != node.URL() {
-			t.Fatalf("watcher of %s connected to %s", node.opts.ServerName, got)
+			t.Fatalf("watcher of %s connected to %s", node.Opts.ServerName, got)
 		}
 	}
 
 	faults := &faultLog{l: l, grace: availGrace}
-	for i, node := range cl.nodes {
-		w := faults.begin(fmt.Sprintf("%s stopped", node.opts.ServerName))
+	for i, node := range cl.Nodes {
+		w := faults.begin(fmt.Sprintf("%s stopped", node.Opts.ServerName))
 		before := watchers[i].Load()
-		node.stop()
+		node.Stop()
 		time.Sleep(3 * time.Second)
-		if err := node.start(); err != nil {
+		if err := node.Start(); err != nil {
 			t.Fatal(err)
 		}
-		cl.waitHealthy(t)
-		if err := waitFor(20*time.Second, func() error {
+		cl.WaitHealthy(t)
+		if err := wait.Until(20*time.Second, func() error {
 			if watchers[i].Load() == before {
-				return fmt.Errorf("the client connected to %s did not reconnect", node.opts.ServerName)
+				return fmt.Errorf("the client connected to %s did not reconnect", node.Opts.ServerName)
 			}
 			return nil
 		}); err == nil {
-			faults.observed(w, "a client connected to %s reconnected to another server", node.opts.ServerName)
+			faults.observed(w, "a client connected to %s reconnected to another server", node.Opts.ServerName)
 		}
 		faults.end(w)
 		t.Logf("server %d back at %.1fs", i, float64(l.now())/1e9)
@@ -417,7 +418,7 @@ func TestSustainedLoad(t *testing.T) {
 	}
 	dbURL := testenv.Postgres(t)
 	testdb.Setup(t, dbURL, map[string]int64{"orders": 1000, "users": 1000})
-	ns := startNATS(t)
+	ns := testenv.StartNATSServer(t)
 	f := newFleet(t, "--nats-url", ns.URL(), "--postgres-url", dbURL)
 	var procs []*proc
 	for i := range 3 {
@@ -505,13 +506,13 @@ func failedAfterWarmUp(tb testing.TB, l *load, warm int64) []failure {
 // same.
 func TestExitZeroWhenGiveBackAndReleaseFail(t *testing.T) {
 	t.Parallel()
-	ns := startNATS(t)
+	ns := testenv.StartNATSServer(t)
 	createKVTags(t, ns.URL(), kv.DefaultBucket, 1, map[string]int64{"orders": 100})
 	f := newFleet(t, "--nats-url", ns.URL(), "--shutdown-timeout", "5s")
 	p := f.start("exit-0")
 	nc := connect(t, ns.URL(), "exit-0")
 	var got string
-	err := waitFor(30*time.Second, func() error {
+	err := wait.Until(30*time.Second, func() error {
 		resp, err := nc.Request("id.segment.orders", nil, 5*time.Second)
 		if err != nil {
 			return err
@@ -523,7 +524,7 @@ func TestExitZeroWhenGiveBackAndReleaseFail(t *testing.T) {
 		t.Fatalf("first ID: %q, %v; want 1", got, err)
 	}
 	nc.Close()
-	ns.stop()
+	ns.Stop()
 	p.signal(t, syscall.SIGTERM)
 	if !p.wait(60 * time.Second) {
 		t.Fatalf("worker %v still runs 60s after SIGTERM", p)

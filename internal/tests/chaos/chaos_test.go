@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -59,7 +60,7 @@ type chaos struct {
 	pg      *testenv.PostgresCluster // the primary; nil with the KV store
 	replica *testenv.PostgresCluster // its streaming replica; nil once promoted, and with the KV store
 	db      string                   // the database's name on both
-	nats    *natsServer
+	nats    *testenv.NATSServer
 	fleet   *fleet
 	nc      *nats.Conn // the test's own connection, for stats
 	slots   []*proc    // the current process of each instance
@@ -111,7 +112,7 @@ func TestChaos(t *testing.T) {
 func runChaos(t *testing.T, seed uint64, store string) {
 	c := &chaos{t: t, rng: rand.New(rand.NewPCG(seed, 0xc4a05))}
 	tags := map[string]int64{"small": 100, "medium": 500, "large": 2000, orderedTag: 100}
-	c.nats = startNATS(t)
+	c.nats = testenv.StartNATSServer(t)
 	storeFlags := []string{"--segment-bucket", "chaos_segments"}
 	if store == "postgres" {
 		// A primary and its streaming replica behind one multi-host URL
@@ -327,7 +328,7 @@ func (c *chaos) sigstop(name string) {
 	lease, leaseErr := c.lease(before.Snowflake.WorkerID)
 	p.signal(c.t, syscall.SIGCONT)
 	var after *workerStats
-	err := waitFor(20*time.Second, func() error {
+	err := wait.Until(20*time.Second, func() error {
 		st, err := statsOf(c.nc, p.id)
 		if err != nil {
 			return err
@@ -389,7 +390,7 @@ func (c *chaos) lease(id int) (leaseRecord, error) {
 func (c *chaos) stats(p *proc) *workerStats {
 	c.t.Helper()
 	var st *workerStats
-	err := waitFor(10*time.Second, func() (err error) {
+	err := wait.Until(10*time.Second, func() (err error) {
 		st, err = statsOf(c.nc, p.id)
 		return err
 	})
@@ -447,7 +448,7 @@ func (c *chaos) sigstopTakeover(name string) {
 	// takeover, it must at least have been fenced.
 	tookOver := np.workerID == old[i]
 	var after *workerStats
-	err := waitFor(20*time.Second, func() error {
+	err := wait.Until(20*time.Second, func() error {
 		st, err := statsOf(c.nc, p.id)
 		if err != nil {
 			return err
@@ -548,12 +549,12 @@ func (c *chaos) natsRestart(name string) {
 		before[p] = reconnects(p)
 	}
 	w := c.log.begin(name)
-	c.nats.stop()
+	c.nats.Stop()
 	c.pause(200*time.Millisecond, 1500*time.Millisecond)
-	if err := c.nats.start(); err != nil {
+	if err := c.nats.Start(); err != nil {
 		c.t.Fatal(err)
 	}
-	err := waitFor(20*time.Second, func() error {
+	err := wait.Until(20*time.Second, func() error {
 		for _, p := range c.slots {
 			if _, err := statsOf(c.nc, p.id); err != nil {
 				return err

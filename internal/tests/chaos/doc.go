@@ -107,10 +107,14 @@
 //     must still be 0.
 //
 // The checks are checked too: TestHarnessDetectsViolations,
-// TestCheckSnowflakeWorkers, TestCheckUnique, TestCheckLinearizable,
-// TestCheckOrderedFailures and TestFaultEffects feed every branch of the
-// checker a misbehaving fake (for linearizability: a fake ordered tag
-// answered from two interleaved counters, unique and each increasing).
+// TestCheckSnowflakeWorkers, TestCheckUnique, TestCheckOrderedFailures
+// and TestFaultEffects feed every branch of the checker a misbehaving fake
+// (for linearizability: a fake ordered tag answered from two interleaved
+// counters, unique and each increasing). The checkers of uniqueness,
+// per-worker increase and linearizability themselves are package
+// internal/tests/check's, with their self-tests there
+// (TestCheckLinearizable among them). The nats-servers are testenv's
+// (NATSServer, NATSCluster), the fault network faultnet's.
 //
 // Run it with
 //

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -111,7 +112,7 @@ func (c *chaos) pgFailover(name string) {
 	c.faults = slices.DeleteFunc(c.faults, func(f fault) bool { return f.name == name })
 	// CutReplication needs a streaming replica; after another PostgreSQL
 	// fault the WAL receiver comes back within wal_retrieve_retry_interval.
-	if err := waitFor(30*time.Second, func() error { return streaming(ctx, c.replica) }); err != nil {
+	if err := wait.Until(30*time.Second, func() error { return streaming(ctx, c.replica) }); err != nil {
 		c.t.Fatalf("%s: %v within 30s", name, err)
 	}
 	rollbacks := func() (n int) {
@@ -136,7 +137,7 @@ func (c *chaos) pgFailover(name string) {
 	// above the mark: the witness logs a rollback only if max_id is still
 	// below the mark when it raises it.
 	var primaryMax, replicaMax int64
-	fetched := waitFor(30*time.Second, func() error {
+	fetched := wait.Until(30*time.Second, func() error {
 		c.spender.request(500)
 		p, err := maxIDs(ctx, c.pg, c.db)
 		if err != nil {
@@ -161,7 +162,7 @@ func (c *chaos) pgFailover(name string) {
 	c.pg, c.replica = c.replica, nil
 	// The rollback must be caught when a worker fetches from the new
 	// primary.
-	caught := waitFor(30*time.Second, func() error {
+	caught := wait.Until(30*time.Second, func() error {
 		if rollbacks() > before {
 			return nil
 		}

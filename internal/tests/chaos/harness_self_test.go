@@ -12,7 +12,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/testenv"
 )
 
 // recordingTB records Errorf instead of failing the test.
@@ -116,7 +118,7 @@ func everyOtherMs(ms, bits int64) func(int) fakeReply {
 // branch of the checker meant for it, and a well-behaved fake by none.
 func TestHarnessDetectsViolations(t *testing.T) {
 	t.Parallel()
-	ns := startNATS(t)
+	ns := testenv.StartNATSServer(t)
 	nc := connect(t, ns.URL(), "fake-workers")
 	calls := map[string]*atomic.Int64{}
 	fake := func(tag, id string, answer func(int) fakeReply) {
@@ -173,7 +175,7 @@ func TestHarnessDetectsViolations(t *testing.T) {
 	l := startLoad(t, connect(t, ns.URL(), "fake-load"), spec)
 	// Enough requests of each kind: more than the ten violations a client
 	// lists, and both snowflake fakes asked several times.
-	err := waitFor(60*time.Second, func() error {
+	err := wait.Until(60*time.Second, func() error {
 		for tag, n := range calls {
 			if n.Load() < 30 {
 				return fmt.Errorf("%s: %d requests", tag, n.Load())
@@ -364,43 +366,6 @@ func TestFaultAttribution(t *testing.T) {
 		if got := fl.attribute(int64(c.got)); got != c.want {
 			t.Errorf("attribute(%.1fs) = %q, want %q", c.got/1e9, got, c.want)
 		}
-	}
-}
-
-// TestCheckLinearizable checks the checker of linearizable increase both
-// ways, as dispenser/ordered_test.go does with its own copy: a reply not
-// above one answered before the request was sent is caught; concurrent
-// requests may interleave.
-func TestCheckLinearizable(t *testing.T) {
-	ms := func(v int) int64 { return int64(v) * 1e6 }
-	tests := []struct {
-		name string
-		obs  []observation
-		want int
-	}{
-		{"increasing", []observation{{sent: ms(0), got: ms(1), lo: 1, hi: 2}, {sent: ms(2), got: ms(3), lo: 3, hi: 3}}, 0},
-		{"concurrent may interleave", []observation{{sent: ms(0), got: ms(5), lo: 5, hi: 5}, {sent: ms(1), got: ms(4), lo: 4, hi: 4}}, 0},
-		{"smaller after an answer", []observation{{sent: ms(0), got: ms(1), lo: 5, hi: 5}, {sent: ms(2), got: ms(3), lo: 4, hi: 4}}, 1},
-		{"equal after an answer", []observation{{sent: ms(0), got: ms(1), lo: 3, hi: 4}, {sent: ms(2), got: ms(3), lo: 4, hi: 5}}, 1},
-		{"later but not after", []observation{{sent: ms(0), got: ms(3), lo: 5, hi: 5}, {sent: ms(2), got: ms(4), lo: 4, hi: 4}}, 0},
-		{"sent the instant the other was answered", []observation{{sent: ms(0), got: ms(2), lo: 5, hi: 5}, {sent: ms(2), got: ms(3), lo: 4, hi: 4}}, 0},
-		{"below an earlier answer, not the latest", []observation{
-			{sent: ms(0), got: ms(1), lo: 9, hi: 9}, {sent: ms(2), got: ms(3), lo: 10, hi: 10}, {sent: ms(1), got: ms(4), lo: 2, hi: 2},
-			{sent: ms(5), got: ms(6), lo: 8, hi: 8}}, 1},
-		{"two counters interleaved", []observation{
-			{sent: ms(0), got: ms(1), lo: 1e6, hi: 1e6}, {sent: ms(2), got: ms(3), lo: 1, hi: 1},
-			{sent: ms(4), got: ms(5), lo: 1e6 + 1, hi: 1e6 + 1}, {sent: ms(6), got: ms(7), lo: 2, hi: 2}}, 2},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, examples := checkLinearizable(tt.obs)
-			if got != tt.want {
-				t.Fatalf("violations = %d, want %d (%v)", got, tt.want, examples)
-			}
-			if got > 0 && len(examples) == 0 {
-				t.Fatal("violations without an example")
-			}
-		})
 	}
 }
 

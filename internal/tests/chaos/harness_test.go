@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
@@ -422,171 +420,6 @@ func tail(name string, n int) string {
 	return string(b)
 }
 
-// serverPort returns a free port for a server that will be stopped and
-// started again on it (see testenv.ServerPort).
-func serverPort(tb testing.TB) int {
-	tb.Helper()
-	port, err := testenv.ServerPort()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return port
-}
-
-// natsServer is an embedded nats-server with JetStream that can be stopped
-// and started again on the same port with the same store. It logs to a
-// file, which start quotes when the server does not come up.
-type natsServer struct {
-	opts *server.Options
-	srv  *server.Server // nil while stopped
-	log  *serverLog
-}
-
-// newNATSServer returns the options of a server on a fixed loopback port
-// storing under a directory of its own; start starts it.
-func newNATSServer(tb testing.TB) *natsServer {
-	tb.Helper()
-	dir := tb.TempDir()
-	opts := testenv.NATSOptions(filepath.Join(dir, "jetstream"))
-	opts.Port = serverPort(tb)
-	opts.NoLog = false
-	n := &natsServer{opts: opts, log: &serverLog{name: filepath.Join(dir, "nats-server.log")}}
-	tb.Cleanup(n.stop)
-	return n
-}
-
-// startNATS starts a single embedded nats-server.
-func startNATS(tb testing.TB) *natsServer {
-	tb.Helper()
-	n := newNATSServer(tb)
-	if err := n.start(); err != nil {
-		tb.Fatal(err)
-	}
-	return n
-}
-
-// URL returns the server's client URL.
-func (n *natsServer) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.opts.Port) }
-
-// start starts the server with a copy of its options (a server may change
-// the options it is given) and waits until it accepts connections.
-func (n *natsServer) start() error {
-	o := *n.opts
-	s, err := server.NewServer(&o)
-	if err != nil {
-		return fmt.Errorf("nats-server: %w", err)
-	}
-	s.SetLogger(n.log, false, false)
-	s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		s.Shutdown()
-		return fmt.Errorf("nats-server on port %d not ready within 30s; its log:\n%s", n.opts.Port, tail(n.log.name, 4096))
-	}
-	n.srv = s
-	return nil
-}
-
-// stop shuts the server down and waits until it is down.
-func (n *natsServer) stop() {
-	if n.srv != nil {
-		n.srv.Shutdown()
-		n.srv.WaitForShutdown()
-		n.srv = nil
-	}
-}
-
-// serverLog is a server.Logger appending to a file.
-type serverLog struct {
-	name string
-	mu   sync.Mutex
-}
-
-func (l *serverLog) logf(level, format string, v ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	f, err := os.OpenFile(l.name, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-	if err != nil {
-		return
-	}
-	fmt.Fprintf(f, "%s [%s] %s\n", time.Now().Format("15:04:05.000"), level, fmt.Sprintf(format, v...))
-	f.Close()
-}
-
-func (l *serverLog) Noticef(format string, v ...any) { l.logf("INF", format, v...) }
-func (l *serverLog) Warnf(format string, v ...any)   { l.logf("WRN", format, v...) }
-func (l *serverLog) Fatalf(format string, v ...any)  { l.logf("FTL", format, v...) }
-func (l *serverLog) Errorf(format string, v ...any)  { l.logf("ERR", format, v...) }
-func (l *serverLog) Debugf(format string, v ...any)  { l.logf("DBG", format, v...) }
-func (l *serverLog) Tracef(format string, v ...any)  { l.logf("TRC", format, v...) }
-
-// natsCluster is three (or more) embedded nats-servers with JetStream
-// clustered on loopback.
-type natsCluster struct {
-	nodes []*natsServer
-}
-
-// startNATSCluster starts n clustered servers and waits until JetStream has
-// a meta leader.
-func startNATSCluster(tb testing.TB, n int) *natsCluster {
-	tb.Helper()
-	c := &natsCluster{}
-	var routes []*url.URL
-	for i := range n {
-		s := newNATSServer(tb)
-		s.opts.ServerName = fmt.Sprintf("n%d", i)
-		s.opts.Cluster = server.ClusterOpts{Name: "chaos", Host: "127.0.0.1", Port: serverPort(tb)}
-		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", s.opts.Cluster.Port)})
-		c.nodes = append(c.nodes, s)
-	}
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i, s := range c.nodes {
-		s.opts.Routes = routes
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = s.start() }()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		tb.Fatal(err)
-	}
-	c.waitHealthy(tb)
-	return c
-}
-
-// URLs returns the client URLs of all servers, comma-separated.
-func (c *natsCluster) URLs() string {
-	var urls []string
-	for _, s := range c.nodes {
-		urls = append(urls, s.URL())
-	}
-	return strings.Join(urls, ",")
-}
-
-// waitHealthy waits until every running server reports healthy: JetStream
-// meta group and all streams current.
-func (c *natsCluster) waitHealthy(tb testing.TB) {
-	tb.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var bad []string
-		for _, s := range c.nodes {
-			if s.srv == nil {
-				continue
-			}
-			if h := s.srv.Healthz(nil); h.Status != "ok" {
-				bad = append(bad, fmt.Sprintf("%s: %s %s", s.opts.ServerName, h.Status, h.Error))
-			}
-		}
-		if len(bad) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("nats cluster not healthy within 60s: %v", bad)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // connect connects a client that reconnects forever and quickly.
 func connect(tb testing.TB, urls, name string) *nats.Conn {
 	tb.Helper()
@@ -712,17 +545,4 @@ func statsOf(nc *nats.Conn, id string) (*workerStats, error) {
 		}
 	}
 	return ws, nil
-}
-
-// waitFor polls cond every 50 ms until it returns nil or d passes, and
-// returns its last error.
-func waitFor(d time.Duration, cond func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

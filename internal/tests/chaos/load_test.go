@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/dispenser-dev/dispenser/internal/tests/check"
 	"github.com/dispenser-dev/dispenser/protocol"
 )
 
@@ -93,8 +94,8 @@ type client struct {
 	ids     []int64 // every ID received, in order
 	replies []reply
 	fails   []failure
-	last    map[lastKey]int64 // last ID per worker (and snowflake worker bits)
-	bad     []string          // protocol and ordering violations (the first few)
+	inc     check.Increasing // per lastKey: worker (and snowflake worker bits)
+	bad     []string         // protocol and ordering violations (the first few)
 	nbad    int
 	// lastSent is when the last request that got IDs was sent (since
 	// load start), for the test goroutine to wait on while the load runs.
@@ -159,7 +160,7 @@ func startLoadOn(tb testing.TB, conns []*nats.Conn, spec loadSpec) *load {
 // own (only the test goroutine may use it).
 func (l *load) newClient(tg target, seed uint64) *client {
 	c := &client{l: l, nc: l.nc, target: tg, rng: rand.New(rand.NewPCG(seed, 0x5eed)),
-		local: map[string]int32{}, last: map[lastKey]int64{}}
+		local: map[string]int32{}}
 	l.clients = append(l.clients, c)
 	return c
 }
@@ -295,10 +296,9 @@ func (c *client) request(n int) bool {
 		if c.target.snowflake {
 			key.bits = id >> sequenceBits & workerMask
 		}
-		if prev, ok := c.last[key]; ok && id <= prev {
+		if prev, ok := c.inc.Next(key, id); !ok {
 			c.violate("worker %s issued %d after %d: not increasing", wid, id, prev)
 		}
-		c.last[key] = id
 	}
 	c.replies = append(c.replies, reply{sent: sent, got: got, worker: w, off: int32(off), n: int32(len(ids) - off)})
 	c.lastSent.Store(sent)
@@ -438,69 +438,46 @@ func (l *load) check(tb testing.TB, describe func(string) string) {
 	}
 }
 
-// observation is one answered request of an ordered tag as its client saw
-// it: when it was sent and when the reply was received, in nanoseconds on
-// the test process's monotonic clock (since the load started), and the
-// smallest and largest ID of the reply. sent is taken before the request
-// is published and got after the reply arrived, so the real interval lies
-// within [sent, got]: "A was answered before B was sent" judged from these
-// times holds for the real events too.
-type observation struct {
-	sent, got int64
-	lo, hi    int64
-	who       string // for messages: the client and the worker that answered
+// observation is reply r of the i-th of clients c as check sees it: sent
+// and got, nanoseconds on the test process's monotonic clock since the
+// load started, as instants after t0; Worker the micro service ID that
+// answered. sent is taken before the request is published and got after
+// the reply arrived, so the real interval lies within them.
+func (l *load) observation(i int, c *client, r reply) check.Observation {
+	return check.Observation{Start: l.t0.Add(time.Duration(r.sent)), End: l.t0.Add(time.Duration(r.got)),
+		IDs: c.ids[r.off : r.off+r.n], Client: fmt.Sprintf("client %d", i), Worker: l.workerID(r.worker)}
 }
 
-// checkLinearizable returns the number of requests B that got an ID not
-// above every ID of a request A answered before B was sent (A.got <
-// B.sent), and a few examples: zero means the observations are
-// linearizably increasing. As in dispenser/ordered_test.go: sort by receive
-// time, keep the running maximum, and compare each request's smallest ID
-// with the maximum of those received before it was sent.
-func checkLinearizable(obs []observation) (violations int, examples []string) {
-	byGot := slices.Clone(obs)
-	slices.SortFunc(byGot, func(a, b observation) int { return cmp.Compare(a.got, b.got) })
-	prefixMax := make([]int, len(byGot)) // index into byGot of the largest hi in byGot[:i+1]
-	for i, o := range byGot {
-		prefixMax[i] = i
-		if i > 0 && byGot[prefixMax[i-1]].hi >= o.hi {
-			prefixMax[i] = prefixMax[i-1]
-		}
+// seconds returns t in seconds since the load started.
+func (l *load) seconds(t time.Time) float64 { return t.Sub(l.t0).Seconds() }
+
+// examples words violations of linearizable increase, one a line; who
+// names the client and the worker of an observation.
+func (l *load) examples(vs []check.Violation, who func(check.Observation) string) string {
+	var lines []string
+	for _, v := range vs {
+		b, a := v.Late, v.Early
+		lines = append(lines, fmt.Sprintf("request sent at %.6fs (%s) got %d..%d, but %d had been answered at %.6fs (%s)",
+			l.seconds(b.Start), who(b), b.Min(), b.Max(), a.Max(), l.seconds(a.End), who(a)))
 	}
-	for _, b := range obs {
-		// The requests answered before b was sent: byGot[:k].
-		k := sort.Search(len(byGot), func(i int) bool { return byGot[i].got >= b.sent })
-		if k == 0 {
-			continue
-		}
-		if a := byGot[prefixMax[k-1]]; a.hi >= b.lo {
-			violations++
-			if len(examples) < 5 {
-				examples = append(examples, fmt.Sprintf("request sent at %.6fs (%s) got %d..%d, but %d had been answered at %.6fs (%s)",
-					float64(b.sent)/1e9, b.who, b.lo, b.hi, a.hi, float64(a.got)/1e9, a.who))
-			}
-		}
-	}
-	return violations, examples
+	return strings.Join(lines, "\n")
 }
 
 // checkOrdered fails the test if the replies of ordered tag name, over all
 // its clients, did not increase linearizably.
 func (l *load) checkOrdered(tb testing.TB, name string, cs []*client, describe func(string) string) {
 	tb.Helper()
-	var obs []observation
+	var obs []check.Observation
 	for i, c := range cs {
 		for _, r := range c.replies {
-			ids := c.ids[r.off : r.off+r.n]
-			if len(ids) == 0 {
-				continue
+			if r.n > 0 {
+				obs = append(obs, l.observation(i, c, r))
 			}
-			obs = append(obs, observation{sent: r.sent, got: r.got, lo: slices.Min(ids), hi: slices.Max(ids),
-				who: fmt.Sprintf("client %d, %s", i, describe(l.workerID(r.worker)))})
 		}
 	}
-	if n, examples := checkLinearizable(obs); n > 0 {
-		tb.Errorf("%s: %d of %d requests broke linearizable increase:\n%s", name, n, len(obs), strings.Join(examples, "\n"))
+	if n, examples := check.Linearizable(obs); n > 0 {
+		who := func(o check.Observation) string { return o.Client + ", " + describe(o.Worker) }
+		tb.Errorf("%s: %d of %d requests broke linearizable increase:\n%s", name, n, len(obs), l.examples(examples, who))
 	} else {
 		tb.Logf("%s: %d answered requests from %d concurrent clients increase linearizably", name, len(obs), len(cs))
 	}
@@ -509,33 +486,23 @@ func (l *load) checkOrdered(tb testing.TB, name string, cs []*client, describe f
 // checkUnique fails the test for every ID that clients received twice.
 func (l *load) checkUnique(tb testing.TB, name string, cs []*client, describe func(string) string) {
 	tb.Helper()
-	var all []int64
-	for _, c := range cs {
-		all = append(all, c.ids...)
-	}
-	slices.Sort(all)
-	var dups []int64
-	for i := 1; i < len(all); i++ {
-		if all[i] == all[i-1] && (len(dups) == 0 || dups[len(dups)-1] != all[i]) {
-			dups = append(dups, all[i])
+	var obs []check.Observation
+	for i, c := range cs {
+		for _, r := range c.replies {
+			obs = append(obs, l.observation(i, c, r))
 		}
 	}
-	if len(dups) == 0 {
+	u := check.Unique(obs)
+	if len(u.Duplicates) == 0 {
 		return
 	}
-	tb.Errorf("%s: %d IDs returned more than once (of %d)", name, len(dups), len(all))
-	for _, id := range dups[:min(len(dups), 5)] {
+	tb.Errorf("%s: %d IDs returned more than once (of %d)", name, len(u.Duplicates), u.IDs)
+	for _, d := range u.Duplicates[:min(len(u.Duplicates), 5)] {
 		var who []string
-		for _, c := range cs {
-			for _, r := range c.replies {
-				for _, v := range c.ids[r.off : r.off+r.n] {
-					if v == id {
-						who = append(who, fmt.Sprintf("%s at %.3fs", describe(l.workerID(r.worker)), float64(r.got)/1e9))
-					}
-				}
-			}
+		for _, o := range d.By {
+			who = append(who, fmt.Sprintf("%s at %.3fs", describe(o.Worker), l.seconds(o.End)))
 		}
-		tb.Errorf("%s: ID %d returned by %s", name, id, strings.Join(who, "; "))
+		tb.Errorf("%s: ID %d returned by %s", name, d.ID, strings.Join(who, "; "))
 	}
 }
 

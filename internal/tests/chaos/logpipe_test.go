@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 )
 
 // A stalled log is a fault of the worker's surroundings, not of the
@@ -120,7 +122,7 @@ func (p *logPipe) stall(d time.Duration) error {
 	p.stalled = true
 	p.mu.Unlock()
 	go p.fill()
-	return waitFor(d, func() error {
+	return wait.Until(d, func() error {
 		n, err := p.buffered()
 		switch {
 		case err != nil:

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"syscall"
 	"time"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 )
 
 // The faults on the owner of the ordered tag: while one is under way, the
@@ -19,7 +21,7 @@ import (
 func (c *chaos) ownerOf() (int, *workerStats) {
 	c.t.Helper()
 	slot, st := -1, (*workerStats)(nil)
-	err := waitFor(20*time.Second, func() error {
+	err := wait.Until(20*time.Second, func() error {
 		for i, p := range c.slots {
 			s, err := statsOf(c.nc, p.id)
 			if err == nil && slices.Contains(s.Ordered.Owned, orderedTag) {
@@ -40,7 +42,7 @@ func (c *chaos) ownerOf() (int, *workerStats) {
 func (c *chaos) awaitNewOwner(old *proc, d time.Duration) (*proc, *workerStats, error) {
 	var owner *proc
 	var st *workerStats
-	err := waitFor(d, func() error {
+	err := wait.Until(d, func() error {
 		for _, p := range c.slots {
 			if p == old {
 				continue // perhaps frozen: its stats would only time out
@@ -113,7 +115,7 @@ func (c *chaos) sigstopOwner(name string) {
 	np, st, err := c.awaitNewOwner(p, 20*time.Second)
 	p.signal(c.t, syscall.SIGCONT)
 	var after *workerStats
-	thawErr := waitFor(20*time.Second, func() error {
+	thawErr := wait.Until(20*time.Second, func() error {
 		s, err := statsOf(c.nc, p.id)
 		if err != nil {
 			return err

@@ -16,9 +16,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dispenser-dev/dispenser/internal/tests/check"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/tagmodel"
+	"github.com/dispenser-dev/dispenser/testenv"
 )
 
 // TestOrderedOwnerChanges is the chaos mode of ordered tags: short leases,
@@ -101,7 +104,7 @@ type orderedPhase struct {
 
 func runOwnerChanges(t *testing.T, seed uint64, d time.Duration) {
 	c := &ownerChaos{t: t, rng: rand.New(rand.NewPCG(seed, 0x0dde5))}
-	srv := startNATS(t)
+	srv := testenv.StartNATSServer(t)
 	createKVTags(t, srv.URL(), "chaos_segments", 1, map[string]int64{switchedTag: 100})
 	c.nc = connect(t, srv.URL(), "owners-stats")
 	js, err := jetstream.New(c.nc)
@@ -202,7 +205,7 @@ func (c *ownerChaos) owner(skip *proc) (*proc, *workerStats, error) {
 
 // awaitOwner waits up to 20 s for a live owner other than skip.
 func (c *ownerChaos) awaitOwner(skip *proc) (owner *proc, st *workerStats, err error) {
-	err = waitFor(20*time.Second, func() (err error) {
+	err = wait.Until(20*time.Second, func() (err error) {
 		owner, st, err = c.owner(skip)
 		return err
 	})
@@ -224,7 +227,7 @@ func (c *ownerChaos) makeOrdered() *orderedPhase {
 	c.setOrdered(true)
 	c.phases = append(c.phases, orderedPhase{switched: c.load.now()})
 	ph := &c.phases[len(c.phases)-1]
-	err := waitFor(20*time.Second, func() error {
+	err := wait.Until(20*time.Second, func() error {
 		for _, p := range c.slots {
 			st, err := statsOf(c.nc, p.id)
 			if err != nil {
@@ -250,7 +253,7 @@ func (c *ownerChaos) makeOrdered() *orderedPhase {
 	ph.maxID = tag.MaxID
 	var owner *proc
 	var start int64
-	err = waitFor(20*time.Second, func() error {
+	err = wait.Until(20*time.Second, func() error {
 		p, st, err := c.owner(nil)
 		if err != nil {
 			return err
@@ -282,7 +285,7 @@ func (c *ownerChaos) makePlain(ph *orderedPhase) {
 	ph.end = c.load.now()
 	w := c.log.begin("switch-to-plain")
 	c.setOrdered(false)
-	err := waitFor(20*time.Second, func() error {
+	err := wait.Until(20*time.Second, func() error {
 		if p, _, err := c.owner(nil); err == nil {
 			return fmt.Errorf("%v still owns %s", p, switchedTag)
 		}
@@ -300,7 +303,7 @@ func (c *ownerChaos) makePlain(ph *orderedPhase) {
 func (c *ownerChaos) stats(p *proc) *workerStats {
 	c.t.Helper()
 	var st *workerStats
-	err := waitFor(10*time.Second, func() (err error) {
+	err := wait.Until(10*time.Second, func() (err error) {
 		st, err = statsOf(c.nc, p.id)
 		return err
 	})
@@ -336,7 +339,7 @@ func (c *ownerChaos) sigstopOwner() {
 	p.signal(c.t, syscall.SIGSTOP)
 	np, st, err := c.awaitOwner(p)
 	p.signal(c.t, syscall.SIGCONT)
-	thawed := waitFor(20*time.Second, func() error {
+	thawed := wait.Until(20*time.Second, func() error {
 		s, err := statsOf(c.nc, p.id)
 		if err != nil {
 			return err
@@ -463,7 +466,7 @@ func (c *ownerChaos) stalledClaim() {
 	}
 	p.signal(c.t, syscall.SIGSTOP)
 	var claimant *proc
-	claimed := waitFor(20*time.Second, func() error {
+	claimed := wait.Until(20*time.Second, func() error {
 		rec, err := c.lease()
 		if err != nil {
 			return err
@@ -513,23 +516,24 @@ func (c *ownerChaos) checkPhases() {
 		if ph.settled == 0 || ph.end == 0 {
 			continue
 		}
-		var obs []observation
+		var obs []check.Observation
 		for i, cl := range c.load.clients {
 			for _, r := range cl.replies {
 				if r.sent < ph.settled || r.got > ph.end {
 					continue
 				}
-				ids := cl.ids[r.off : r.off+r.n]
-				obs = append(obs, observation{sent: r.sent, got: r.got, lo: slices.Min(ids), hi: slices.Max(ids),
-					who: fmt.Sprintf("client %d, %s, during %s", i, c.fleet.describe(c.load.workerID(r.worker)), c.log.attribute(r.got))})
+				obs = append(obs, c.load.observation(i, cl, r))
 			}
 		}
 		total += len(obs)
-		n, examples := checkLinearizable(obs)
+		n, examples := check.Linearizable(obs)
 		if n > 0 {
 			bad++
+			who := func(o check.Observation) string {
+				return fmt.Sprintf("%s, %s, during %s", o.Client, c.fleet.describe(o.Worker), c.log.attribute(int64(o.End.Sub(c.load.t0))))
+			}
 			c.t.Errorf("ordered phase %d (%.3fs-%.3fs, owners %s, max_id %d at the switch): %d of %d requests broke linearizable increase:\n%s",
-				k, float64(ph.settled)/1e9, float64(ph.end)/1e9, strings.Join(ph.owners, " -> "), ph.maxID, n, len(obs), strings.Join(examples, "\n"))
+				k, float64(ph.settled)/1e9, float64(ph.end)/1e9, strings.Join(ph.owners, " -> "), ph.maxID, n, len(obs), c.load.examples(examples, who))
 		}
 	}
 	c.t.Logf("%d ordered phases, %d requests checked for linearizable increase, %d phases broke it", len(c.phases), total, bad)

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/lease"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
@@ -350,7 +351,7 @@ func (p *partition) stats(i int) (*workerStats, error) {
 func (p *partition) mustStats(i int) *workerStats {
 	p.t.Helper()
 	var st *workerStats
-	if err := waitFor(10*time.Second, func() (err error) { st, err = p.stats(i); return err }); err != nil {
+	if err := wait.Until(10*time.Second, func() (err error) { st, err = p.stats(i); return err }); err != nil {
 		p.t.Fatalf("worker %v: %v", p.slots[i], err)
 	}
 	return st
@@ -361,7 +362,7 @@ func (p *partition) mustStats(i int) *workerStats {
 func (p *partition) owner() int {
 	p.t.Helper()
 	owner := -1
-	err := waitFor(20*time.Second, func() error {
+	err := wait.Until(20*time.Second, func() error {
 		for i := range p.slots {
 			if st, err := p.stats(i); err == nil && slices.Contains(st.Ordered.Owned, orderedTag) {
 				owner = i
@@ -379,7 +380,7 @@ func (p *partition) owner() int {
 // routesDown waits up to d until no server in from has a route to any
 // server in to, and reports whether it saw that.
 func (p *partition) routesDown(from, to []int, d time.Duration) bool {
-	return waitFor(d, func() error {
+	return wait.Until(d, func() error {
 		for _, i := range from {
 			peers := p.cl.Peers(p.t, i)
 			for _, j := range to {
@@ -449,7 +450,7 @@ func (p *partition) awaitRecovered() {
 		p.logf("latency still on: leases are awaited when it ends")
 		return
 	}
-	err := waitFor(healBound(p.lease)+10*time.Second, func() error {
+	err := wait.Until(healBound(p.lease)+10*time.Second, func() error {
 		for i := range p.slots {
 			st, err := p.stats(i)
 			if err != nil {
@@ -472,7 +473,7 @@ func (p *partition) awaitRecovered() {
 // awaitAnswered waits up to d until every looping client got IDs for a
 // request sent at or after since, and reports whether they did.
 func (p *partition) awaitAnswered(since int64, d time.Duration) bool {
-	return waitFor(d, func() error {
+	return wait.Until(d, func() error {
 		for _, c := range p.loopers {
 			if c.lastSent.Load() < since {
 				return fmt.Errorf("%s on n%d", c.target.name, c.node)
@@ -534,7 +535,7 @@ func (p *partition) isolate(name string) {
 	}
 	// The minority's worker fences: its lease runs out unrenewed.
 	var fenced bool
-	if err := waitFor(p.lease+10*time.Second, func() error {
+	if err := wait.Until(p.lease+10*time.Second, func() error {
 		st, err := p.stats(iso)
 		if err != nil {
 			return err
@@ -549,7 +550,7 @@ func (p *partition) isolate(name string) {
 	}
 	// The ordered tag moves to the majority, or stays there.
 	newOwner := -1
-	moved := waitFor(2*p.lease+10*time.Second, func() error {
+	moved := wait.Until(2*p.lease+10*time.Second, func() error {
 		for _, i := range maj {
 			if st, err := p.stats(i); err == nil && slices.Contains(st.Ordered.Owned, orderedTag) {
 				newOwner = i
@@ -571,7 +572,7 @@ func (p *partition) isolate(name string) {
 	// exits: it cannot open its buckets (seen: "open bucket
 	// dispenser_workers: context deadline exceeded", seed
 	// 1795600849732497417). Kill and restart it once they are elected.
-	if err := waitFor(30*time.Second, func() error { return p.majorityLeads(maj) }); err != nil {
+	if err := wait.Until(30*time.Second, func() error { return p.majorityLeads(maj) }); err != nil {
 		p.t.Fatalf("%s: JetStream on the majority %v: %v 30s after isolating n%d", name, maj, err, iso)
 	}
 	killAt := p.load.now()
@@ -664,7 +665,7 @@ func (p *partition) oneway(name string) {
 	p.pause(500*time.Millisecond, time.Second) // thawed on the cut side: fenced
 	p.heal(w)
 	var after *workerStats
-	err := waitFor(healBound(p.lease), func() (err error) {
+	err := wait.Until(healBound(p.lease), func() (err error) {
 		after, err = p.stats(iso)
 		if err == nil && (after.Snowflake.Fenced || after.Snowflake.FencedEpisodes == before.Snowflake.FencedEpisodes) {
 			return fmt.Errorf("fenced %v, episodes %d", after.Snowflake.Fenced, after.Snowflake.FencedEpisodes)
@@ -739,7 +740,7 @@ func (p *partition) pgCut(name string) {
 	}
 	spender := p.spenders[i]
 	var failed string
-	waitFor(30*time.Second, func() error {
+	wait.Until(30*time.Second, func() error {
 		if st, err := p.stats(i); err == nil {
 			for _, tag := range sortedKeys(st.Tags) {
 				if e := st.Tags[tag].LastError; e != "" {
@@ -780,7 +781,7 @@ func (p *partition) natsCut(name string) {
 		excusedBefore: start + int64(faultnet.ClientDetect+500*time.Millisecond), orderedExcused: owner == i,
 		snowflakeExcused: p.lease < rideOutLease})
 	p.wlinks[i].BlackHole(faultnet.Both)
-	cut := waitFor(workerReconnect+10*time.Second, func() error {
+	cut := wait.Until(workerReconnect+10*time.Second, func() error {
 		if count("nats disconnected") == disc {
 			return fmt.Errorf("worker %v logged no disconnection", wp)
 		}
@@ -789,7 +790,7 @@ func (p *partition) natsCut(name string) {
 	p.pause(500*time.Millisecond, 1500*time.Millisecond)
 	at := p.load.now()
 	p.wlinks[i].Remove(faultnet.BlackHoleFault)
-	back := waitFor(healBound(p.lease), func() error {
+	back := wait.Until(healBound(p.lease), func() error {
 		if count("nats reconnected") == reconn {
 			return fmt.Errorf("worker %v logged no reconnection", wp)
 		}

@@ -6,13 +6,13 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/internal/tests/check"
 	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
 	"github.com/dispenser-dev/dispenser/segment/kv"
@@ -241,57 +241,45 @@ func (l *load) waitCalls(t *testing.T, regions int, kind string, n int) {
 	}
 }
 
+// observations returns the calls of kind that succeeded, as check's
+// observations; Client names the caller's region.
+func observations(calls []call, kind string) []check.Observation {
+	var obs []check.Observation
+	for _, c := range calls {
+		if c.kind == kind && c.err == nil {
+			obs = append(obs, check.Observation{Start: c.start, End: c.end, IDs: []int64{c.id}, Client: faultnet.RegionName(c.region)})
+		}
+	}
+	return obs
+}
+
 // checkUnique fails the test if any ID of kind was handed out twice (ordered
-// and segment IDs of different tags are different sequences).
+// and segment IDs of different tags are different sequences), and returns
+// how many different IDs of kind the calls got.
 func checkUnique(t *testing.T, calls []call, kind string) int {
 	t.Helper()
-	seen := map[int64]call{}
-	for _, c := range calls {
-		if c.kind != kind || c.err != nil {
-			continue
+	u := check.Unique(observations(calls, kind))
+	for _, d := range u.Duplicates {
+		for i := 1; i < len(d.By); i++ {
+			o, c := d.By[i-1], d.By[i]
+			t.Errorf("%s ID %d handed out twice: to a client of %s at %v and one of %s at %v", kind, d.ID,
+				o.Client, o.Start.Format("15:04:05.000"), c.Client, c.Start.Format("15:04:05.000"))
 		}
-		if o, dup := seen[c.id]; dup {
-			t.Errorf("%s ID %d handed out twice: to a client of %s at %v and one of %s at %v", kind, c.id,
-				faultnet.RegionName(o.region), o.start.Format("15:04:05.000"), faultnet.RegionName(c.region), c.start.Format("15:04:05.000"))
-		}
-		seen[c.id] = c
 	}
-	return len(seen)
+	return u.Distinct
 }
 
 // checkLinearizable fails the test if a call of kind that began after
 // another one ended got a smaller ID (ordered tags).
 func checkLinearizable(t *testing.T, calls []call, kind string) {
 	t.Helper()
-	var ok []call
-	for _, c := range calls {
-		if c.kind == kind && c.err == nil {
-			ok = append(ok, c)
-		}
+	bad, examples := check.Linearizable(observations(calls, kind))
+	for _, v := range examples {
+		c, p := v.Late, v.Early
+		t.Errorf("%s: call of %s started %v got %d, but a call of %s that ended before (%v) got %d",
+			kind, c.Client, c.Start.Format("15:04:05.000"), c.Min(), p.Client, p.End.Format("15:04:05.000"), p.Max())
 	}
-	byEnd := slices.Clone(ok)
-	sort.Slice(byEnd, func(i, j int) bool { return byEnd[i].end.Before(byEnd[j].end) })
-	prefixMax := make([]call, len(byEnd)) // the call with the largest ID among byEnd[:i+1]
-	for i, c := range byEnd {
-		prefixMax[i] = c
-		if i > 0 && prefixMax[i-1].id > c.id {
-			prefixMax[i] = prefixMax[i-1]
-		}
-	}
-	bad := 0
-	for _, c := range ok {
-		// The calls that ended before c started.
-		n := sort.Search(len(byEnd), func(i int) bool { return !byEnd[i].end.Before(c.start) })
-		if n > 0 && prefixMax[n-1].id >= c.id {
-			if bad++; bad <= 5 {
-				p := prefixMax[n-1]
-				t.Errorf("%s: call of %s started %v got %d, but a call of %s that ended before (%v) got %d",
-					kind, faultnet.RegionName(c.region), c.start.Format("15:04:05.000"), c.id,
-					faultnet.RegionName(p.region), p.end.Format("15:04:05.000"), p.id)
-			}
-		}
-	}
-	if bad > 5 {
+	if bad > check.Examples {
 		t.Errorf("%s: %d calls out of order in all", kind, bad)
 	}
 }

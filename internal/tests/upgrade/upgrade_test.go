@@ -23,7 +23,9 @@ import (
 
 	"github.com/dispenser-dev/dispenser/client"
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/tests/check"
 	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
@@ -343,28 +345,20 @@ type load struct {
 
 	mu      sync.Mutex // protects the fields below
 	phase   string
-	answers map[string]int            // per subject, every client
-	seen    map[string]map[int64]bool // per subject
-	dups    []string
+	answers map[string]int                 // per subject, every client
+	obs     map[string][]check.Observation // per subject, every request that got an ID
 	// retried: failures of the clients with retries, per subject.
 	retried map[string][]string
 	// raw: failures of the clients without retries, by "<phase when
 	// sent>, client on <server>[→<server it moved to>], <subject>".
 	raw map[string][]string
-	// highest is the ordered tag's highest ID of a completed reply; an ID
-	// at or below the highest when its request was sent breaks order.
-	highest  int64
-	outOfOrd []string
 }
 
 func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &load{cancel: cancel, phase: "previous", answers: map[string]int{}, seen: map[string]map[int64]bool{},
+	l := &load{cancel: cancel, phase: "previous", answers: map[string]int{}, obs: map[string][]check.Observation{},
 		retried: map[string][]string{}, raw: map[string][]string{}}
-	for _, s := range subjects {
-		l.seen[s] = map[int64]bool{}
-	}
 	for _, s := range c.Servers {
 		for _, retries := range []bool{true, false} {
 			nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
@@ -377,8 +371,9 @@ func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 				l.wg.Go(func() {
 					for ctx.Err() == nil {
 						l.mu.Lock()
-						floor, phase := l.highest, l.phase
+						phase := l.phase
 						l.mu.Unlock()
+						start := time.Now()
 						at := nc.ConnectedServerName() // clients move when their server restarts
 						var id int64
 						var err error
@@ -391,7 +386,7 @@ func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 						if now := nc.ConnectedServerName(); now != at {
 							on += "→" + now
 						}
-						l.record(subject, phase+", client on "+on, retries, id, err, floor)
+						l.record(subject, phase+", client on "+on, retries, id, err, start, time.Now())
 					}
 				})
 			}
@@ -413,7 +408,9 @@ func (l *load) setPhase(t *testing.T, phase string) {
 	l.mu.Unlock()
 }
 
-func (l *load) record(subject, where string, retries bool, id int64, err error, floor int64) {
+// record records a request of subject sent at start and answered (id or
+// err) at end.
+func (l *load) record(subject, where string, retries bool, id int64, err error, start, end time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.answers[subject]++
@@ -427,16 +424,7 @@ func (l *load) record(subject, where string, retries bool, id int64, err error, 
 		}
 		return
 	}
-	if l.seen[subject][id] {
-		l.dups = append(l.dups, fmt.Sprintf("%s %d", subject, id))
-	}
-	l.seen[subject][id] = true
-	if subject == "orders" {
-		if id <= floor {
-			l.outOfOrd = append(l.outOfOrd, fmt.Sprintf("%d after a reply with %d had completed", id, floor))
-		}
-		l.highest = max(l.highest, id)
-	}
+	l.obs[subject] = append(l.obs[subject], check.Observation{Start: start, End: end, IDs: []int64{id}})
 }
 
 // waitFor waits until every subject has n more answers than now.
@@ -448,20 +436,16 @@ func (l *load) waitFor(t *testing.T, n int) {
 		want[s] = l.answers[s] + n
 	}
 	l.mu.Unlock()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	wait.For(t, 60*time.Second, fmt.Sprintf("%d more answers of every subject", n), func() bool {
 		l.mu.Lock()
-		done := true
+		defer l.mu.Unlock()
 		for s, w := range want {
-			done = done && l.answers[s] >= w
+			if l.answers[s] < w {
+				return false
+			}
 		}
-		l.mu.Unlock()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d more answers of every subject within 60 s", n)
-		}
-	}
+		return true
+	})
 }
 
 // ownerMoveBound is the most ordered-tag requests the clients without
@@ -594,11 +578,17 @@ func TestRollingUpgrade(t *testing.T) {
 			t.Errorf("with retries: %s: %d requests failed, e.g. %s", s, len(fails), fails[0])
 		}
 	}
-	if len(l.dups) > 0 {
-		t.Errorf("%d IDs handed out twice, e.g. %v", len(l.dups), l.dups[0])
+	var dups []string
+	for _, s := range subjects {
+		for _, d := range check.Unique(l.obs[s]).Duplicates {
+			dups = append(dups, fmt.Sprintf("%s %d", s, d.ID))
+		}
 	}
-	if len(l.outOfOrd) > 0 {
-		t.Errorf("%d ordered IDs out of order, e.g. %v", len(l.outOfOrd), l.outOfOrd[0])
+	if len(dups) > 0 {
+		t.Errorf("%d IDs handed out twice, e.g. %v", len(dups), dups[0])
+	}
+	if n, examples := check.Linearizable(l.obs["orders"]); n > 0 {
+		t.Errorf("%d ordered IDs out of order, e.g. %d after a reply with %d had completed", n, examples[0].Late.Min(), examples[0].Early.Max())
 	}
 	keys := make([]string, 0, len(l.raw))
 	for k := range l.raw {
