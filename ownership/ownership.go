@@ -10,13 +10,12 @@
 // on (Route). A watcher keeps every worker's routes current, and makes an
 // owner whose key changed under it (a watcher event newer than its own
 // last write, or a heartbeat that finds another worker's record or a
-// marker) stop at once. A heartbeat round's requests each wait at most
-// lease.Settings.Attempt and a failed round is tried again after
-// lease.Settings.Retry, so that an owner rides out a JetStream leader
-// election; a renewal whose answer was lost but which landed is
-// recognised by the record's Session and adopted (without extending the
-// fence), not taken for a lost lease.
-// An owner may take its own record back at once.
+// marker) stop at once. The heartbeats are package lease's loop
+// (lease.Holder, where why they may retry and adopt is written): each
+// request of a round waits at most lease.Settings.Attempt, a failed round
+// is tried again after lease.Settings.Retry, and a renewal whose answer
+// was lost but which landed is recognised by the record's Session and
+// adopted. An owner may take its own record back at once.
 //
 // A key deleted or purged by hand is claimable only the claimant's lease
 // after a floor: lease.DeletedMargin of the longest lease recorded under
@@ -223,8 +222,8 @@ type Leases struct {
 	fencedHits atomic.Uint64
 	lookups    atomic.Uint64 // reads of the bucket
 	recreated  atomic.Bool   // the stream is not the one Open found
-	// hbFailStreak counts heartbeat rounds failed in a row (heartbeatFailed).
-	hbFailStreak atomic.Uint64
+	// holder runs the heartbeats (on hbCtx) and logs their failures.
+	holder *lease.Holder
 
 	mu sync.Mutex // protects owned, routes, failed, reread, closed and handingOver
 	// owned holds the leases this worker holds, valid or not.
@@ -325,6 +324,10 @@ func start(ctx context.Context, kv jetstream.KeyValue, s Settings) (*Leases, err
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.hbCtx, l.hbCancel = context.WithCancel(l.ctx)
+	l.holder = &lease.Holder{
+		Settings: terms, KV: kv, Ctx: l.hbCtx, Latest: l.latest, Log: l.log, Warning: "ownership: heartbeat failed", ErrKey: "err",
+		Ours: func(e jetstream.KeyValueEntry) bool { s := seenOf(e); return s.put && s.rec.Session == l.session },
+	}
 	// Watch before serving, so that no change after Open is missed.
 	w, err := kv.WatchAll(l.ctx, jetstream.UpdatesOnly())
 	if err != nil {
@@ -961,38 +964,19 @@ func (l *Leases) newRecord(now time.Time) record {
 }
 
 // run renews the held leases every Heartbeat until Close, and a round that
-// failed for want of an answer again after lease.Settings.Retry.
+// failed for want of an answer again after lease.Settings.Retry
+// (lease.Holder.Run).
 func (l *Leases) run() {
 	defer close(l.done)
-	t := time.NewTicker(l.cfg.Heartbeat)
-	defer t.Stop()
-	// retry fires a short pause after a failed round.
-	var retry <-chan time.Time
-	for {
-		select {
-		case <-l.hbCtx.Done():
-			return
-		case <-t.C:
-		case <-retry:
-		}
-		retry = nil
-		if l.heartbeat() {
-			retry = time.After(l.terms.Retry())
-		}
-	}
+	l.holder.Run(nil, l.heartbeat)
 }
 
 // heartbeat renews every held lease once, or releases it (Plain). It first
 // checks that the bucket is the one Open found and that the longest lease
 // recorded covers ours; if either fails, no lease is renewed this round.
 // It reports whether the round failed for want of an answer, and should
-// be tried again soon (run retries it after lease.Settings.Retry).
-//
-// Each of its requests waits at most lease.Settings.Attempt: a request
-// lost in a partition or to a JetStream leader that is gone would
-// otherwise hold the round until the lease ran out, and an owner on the
-// majority side of a partition would be fenced by a leader election it
-// could have ridden out.
+// be tried again soon. Each of its requests waits at most
+// lease.Settings.Attempt (why: lease.Holder).
 func (l *Leases) heartbeat() (retry bool) {
 	l.mu.Lock()
 	tags := make([]string, 0, len(l.owned))
@@ -1011,7 +995,7 @@ func (l *Leases) heartbeat() (retry bool) {
 		if errors.Is(err, ErrBucketRecreated) || l.hbCtx.Err() != nil {
 			return false
 		}
-		l.heartbeatFailed(err)
+		l.holder.Failed(err)
 		return true
 	}
 	ctx, cancel = context.WithTimeout(l.hbCtx, l.terms.Attempt())
@@ -1021,7 +1005,7 @@ func (l *Leases) heartbeat() (retry bool) {
 		if l.hbCtx.Err() != nil {
 			return false
 		}
-		l.heartbeatFailed(err)
+		l.holder.Failed(err)
 		return true
 	}
 	for _, tag := range tags {
@@ -1035,25 +1019,16 @@ func (l *Leases) heartbeat() (retry bool) {
 		}
 	}
 	if !retry {
-		l.hbFailStreak.Store(0)
+		l.holder.Succeeded()
 	}
 	return retry
 }
 
-// heartbeatFailed logs the first failure of a streak, retried every
-// lease.Settings.Retry, and every hundredth.
-func (l *Leases) heartbeatFailed(err error, args ...any) {
-	if n := l.hbFailStreak.Add(1); n == 1 || n%100 == 0 {
-		l.log.Warn("ownership: heartbeat failed", append(args, "err", err, "consecutive_failures", n)...)
-	}
-}
-
-// renew renews one lease: a compare-and-swap on the revision last written,
-// the fence extended from the send time of the write. It reports whether
-// it should be tried again soon: it got no answer, or it found that a
-// write of its own whose answer was lost had landed after all (the key
-// holds this session's record at a newer revision), which it adopts
-// without extending the fence: that write's send time is not known here.
+// renew renews one lease (lease.Holder.Renew): a compare-and-swap on the
+// revision last written, the fence extended from the send time of the
+// write. It reports whether it should be tried again soon: it got no
+// answer, or it found that a write of its own whose answer was lost had
+// landed after all, which it adopts without extending the fence.
 func (l *Leases) renew(tag string) (retry bool) {
 	l.mu.Lock()
 	h := l.owned[tag]
@@ -1065,16 +1040,14 @@ func (l *Leases) renew(tag string) (retry bool) {
 	if h == nil || l.recreated.Load() {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(l.hbCtx, l.terms.Attempt())
-	defer cancel()
 	var rec record
-	g, err := l.terms.Write(ctx, l.kv, tag, rev, func(now time.Time) ([]byte, error) {
+	r := l.holder.Renew(l.hbCtx, tag, rev, func(now time.Time) ([]byte, error) {
 		rec = l.newRecord(now)
 		return json.Marshal(rec)
-	})
-	switch {
-	case err == nil:
-		newRev := g.Rev
+	}, "tag", tag)
+	switch r.Outcome {
+	case lease.Renewed:
+		newRev := r.Grant.Rev
 		l.mu.Lock()
 		h.rev, h.rec = newRev, rec
 		l.rememberLocked(tag, seen{rev: newRev, rec: rec, put: true})
@@ -1084,46 +1057,27 @@ func (l *Leases) renew(tag string) (retry bool) {
 			l.lose(tag, h, "its key changed right after the heartbeat")
 			return false
 		}
-		h.fence.Extend(g, l.cfg.Lease)
+		h.fence.Extend(r.Grant, l.cfg.Lease)
 		return false
-	case l.hbCtx.Err() != nil:
-		return false // closing
-	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+	case lease.Closing:
+		return false
+	case lease.Gone:
 		l.lose(tag, h, "its key was deleted or purged")
 		return false
-	case !kvbucket.Conflict(err):
-		l.heartbeatFailed(err, "tag", tag)
+	case lease.Failed, lease.Behind:
+		return true
+	case lease.Adopted:
+		s := seenOf(r.Entry)
+		l.mu.Lock()
+		if s.rev > h.rev {
+			h.rev, h.rec = s.rev, s.rec
+		}
+		l.rememberLocked(tag, s)
+		l.mu.Unlock()
 		return true
 	}
-	// The key changed under us. If our own earlier write landed after all
-	// (its answer was lost), adopt its revision; else we lost the key.
-	rctx, rcancel := context.WithTimeout(l.hbCtx, l.terms.Attempt())
-	defer rcancel()
-	e, err := l.latest(rctx, tag)
-	if err != nil {
-		if l.hbCtx.Err() == nil {
-			l.heartbeatFailed(fmt.Errorf("read lease: %w", err), "tag", tag)
-		}
-		return l.hbCtx.Err() == nil
-	}
-	s := seenOf(e)
-	l.mu.Lock()
-	stale := e != nil && s.rev <= h.rev
-	l.mu.Unlock()
-	if stale {
-		return true // a follower behind the write that conflicted: read again next round
-	}
-	if !s.put || s.rec.Session != l.session {
-		l.lose(tag, h, "its key was rewritten, deleted or purged")
-		return false
-	}
-	l.mu.Lock()
-	if s.rev > h.rev {
-		h.rev, h.rec = s.rev, s.rec
-	}
-	l.rememberLocked(tag, s)
-	l.mu.Unlock()
-	return true
+	l.lose(tag, h, "its key was rewritten, deleted or purged")
+	return false
 }
 
 // lose drops a lease this worker no longer holds: Owns turns false before

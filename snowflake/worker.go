@@ -151,6 +151,8 @@ type Worker struct {
 	// terms are the lease's duration and clocks (the generator's
 	// monotonic clock, which fences).
 	terms lease.Settings
+	// holder runs the heartbeats (on ctx) and logs their failures.
+	holder *lease.Holder
 	// stream is the bucket's stream when the worker started: another one
 	// is a new bucket, whose revisions restart (checkBucket).
 	stream *lease.Stream
@@ -171,8 +173,6 @@ type Worker struct {
 	writeBacks    uint64
 	claimErr      string // class of the last claim failure, for rate-limited logs
 	heartbeats    uint64
-	hbFailures    uint64
-	hbFailStreak  uint64
 	losses        uint64
 	claims        uint64
 	claimFailures uint64
@@ -248,6 +248,13 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 	}
 	w.install(c)
 	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	w.holder = &lease.Holder{
+		Settings: w.terms, KV: kv, Ctx: w.ctx, Log: w.log, Warning: "snowflake: heartbeat failed", ErrKey: "error",
+		Ours: func(e jetstream.KeyValueEntry) bool {
+			var cur leaseRecord
+			return json.Unmarshal(e.Value(), &cur) == nil && cur.Session == w.session && !cur.Released
+		},
+	}
 	if cfg.manual {
 		close(w.done)
 	} else {
@@ -287,57 +294,38 @@ func (w *Worker) install(c claim) {
 }
 
 // run renews the lease every Heartbeat, and claims a new worker ID when the
-// old one is lost, until Close cancels w.ctx.
+// old one is lost, until Close cancels w.ctx (lease.Holder.Run: kicks come
+// from refused requests, spaced so that a storm of them does not hammer
+// NATS; a failed heartbeat is tried again after lease.Settings.Retry).
 func (w *Worker) run() {
 	defer close(w.done)
-	t := time.NewTicker(w.cfg.Heartbeat)
-	defer t.Stop()
-	// Kicks come from refused requests; space the attempts they cause so
-	// that a storm of refusals does not hammer NATS.
-	spacing := w.cfg.Heartbeat / 4
-	var last time.Time
-	// retry fires a short pause after a failed heartbeat (lease.Settings.Retry).
-	var retry <-chan time.Time
-	for {
-		select {
-		case <-w.ctx.Done():
-			return
-		case <-t.C:
-		case <-retry:
-		case <-w.kick:
-			if wait := spacing - time.Since(last); wait > 0 {
-				select {
-				case <-w.ctx.Done():
-					return
-				case <-time.After(wait):
-				}
-			}
-		}
-		retry = nil
-		if w.paused.Load() {
-			continue
-		}
-		last = time.Now()
-		w.mu.Lock()
-		held, owed, gone := w.id >= 0, w.owed != nil, w.gone != nil
-		w.mu.Unlock()
-		switch {
-		case gone:
-			// Stopped for good; Close ends the loop.
-		case held:
-			if w.heartbeat() {
-				retry = time.After(w.terms.Retry())
-			}
-		case owed:
-			ctx, cancel := context.WithTimeout(w.ctx, w.cfg.Lease)
-			if w.writeBack(ctx) {
-				w.poke()
-			}
-			cancel()
-		default:
-			w.reclaim()
-		}
+	w.holder.Run(w.kick, w.round)
+}
+
+// round is one turn of the loop: a heartbeat while a worker ID is held, a
+// write-back owed, or a claim. It reports whether to try again soon.
+func (w *Worker) round() (retry bool) {
+	if w.paused.Load() {
+		return false
 	}
+	w.mu.Lock()
+	held, owed, gone := w.id >= 0, w.owed != nil, w.gone != nil
+	w.mu.Unlock()
+	switch {
+	case gone:
+		// Stopped for good; Close ends the loop.
+	case held:
+		return w.heartbeat()
+	case owed:
+		ctx, cancel := context.WithTimeout(w.ctx, w.cfg.Lease)
+		if w.writeBack(ctx) {
+			w.poke()
+		}
+		cancel()
+	default:
+		w.reclaim()
+	}
+	return false
 }
 
 // checkBucket makes sure the bucket is the one the worker started on. A
@@ -393,17 +381,12 @@ func (w *Worker) stop(err error) {
 		"since the last one stopped (the bounds that kept successors above the IDs issued are gone)", "error", err)
 }
 
-// heartbeat renews the lease: a CAS write of the current time and a bound
-// at least a lease ahead. Only after the write succeeded may the generator
-// use the new bound, so the recorded bound always covers what was issued.
-// It reports whether it failed for want of an answer, and should be tried
-// again soon (run retries it after lease.Settings.Retry).
-//
-// Its requests wait at most lease.Settings.Attempt each: a request lost in
-// a partition or to a JetStream leader that is gone would otherwise hold
-// the round until the lease ran out, and a worker on the majority side of
-// a partition would be fenced by a leader election it could have ridden
-// out.
+// heartbeat renews the lease (lease.Holder.Renew): a CAS write of the
+// current time and a bound at least a lease ahead. Only after the write
+// succeeded may the generator use the new bound, so the recorded bound
+// always covers what was issued. It reports whether it failed for want of
+// an answer, and should be tried again soon. The whole round waits at most
+// lease.Settings.Attempt (why: lease.Holder).
 func (w *Worker) heartbeat() (retry bool) {
 	ctx, cancel := context.WithTimeout(w.ctx, w.terms.Attempt())
 	defer cancel()
@@ -412,7 +395,7 @@ func (w *Worker) heartbeat() (retry bool) {
 	if err := w.checkBucket(ctx); err != nil {
 		if !errors.Is(err, ErrBucketDeleted) {
 			id, _ := w.WorkerID()
-			w.heartbeatFailed(id, err)
+			w.holder.Failed(err, "worker", id)
 			return true
 		}
 		return false
@@ -425,44 +408,40 @@ func (w *Worker) heartbeat() (retry bool) {
 		return false
 	}
 	var rec leaseRecord
-	g, err := w.terms.Write(ctx, w.kv, workerKey(id), rev, func(now time.Time) ([]byte, error) {
+	r := w.holder.Renew(ctx, workerKey(id), rev, func(now time.Time) ([]byte, error) {
 		nowMs := now.UnixMilli() - w.gen.epochMs
 		rec = w.newRecord(id, now, max(oldBoundMs, nowMs+w.cfg.Lease.Milliseconds()))
 		return json.Marshal(rec)
-	})
-	if err == nil {
+	}, "worker", id)
+	switch r.Outcome {
+	case lease.Renewed:
 		w.mu.Lock()
-		w.rev, w.rec = g.Rev, rec
+		w.rev, w.rec = r.Grant.Rev, rec
 		w.heartbeats++
-		w.hbFailStreak = 0
-		w.gen.renew(rec.Bound.UnixMilli()-w.gen.epochMs, g.Mono+w.cfg.Lease)
+		w.holder.Succeeded()
+		w.gen.renew(rec.Bound.UnixMilli()-w.gen.epochMs, r.Grant.Mono+w.cfg.Lease)
 		w.mu.Unlock()
 		return false
-	}
-	if w.ctx.Err() != nil {
-		return false // closing
-	}
-	if !kvbucket.Conflict(err) {
-		w.heartbeatFailed(id, err)
+	case lease.Closing:
+		return false
+	case lease.Gone:
+		w.holder.Failed(r.Err, "worker", id)
 		return true
-	}
-	// The key changed under us. If our own earlier write landed after all
-	// (its reply was lost), adopt its revision; else we lost the key, to
-	// another holder or to an operator who deleted or purged it.
-	e, gerr := kvbucket.Latest(ctx, w.kv, workerKey(id))
-	if gerr != nil {
-		w.heartbeatFailed(id, fmt.Errorf("read lease: %w", gerr))
+	case lease.Failed, lease.Behind:
 		return true
+	case lease.Adopted:
+		var cur leaseRecord
+		_ = json.Unmarshal(r.Entry.Value(), &cur) // Ours decoded it
+		w.mu.Lock()
+		w.rev, w.rec = r.Entry.Revision(), cur
+		w.mu.Unlock()
+		w.poke()
+		return false
 	}
+	e := r.Entry
 	if e != nil && e.Operation() == jetstream.KeyValuePut {
 		var cur leaseRecord
-		if json.Unmarshal(e.Value(), &cur) == nil && cur.Session == w.session && !cur.Released {
-			w.mu.Lock()
-			w.rev, w.rec = e.Revision(), cur
-			w.mu.Unlock()
-			w.poke()
-			return false
-		}
+		_ = json.Unmarshal(e.Value(), &cur)
 		w.gen.revoke(ErrFenced)
 		w.mu.Lock()
 		w.id = -1
@@ -490,19 +469,6 @@ func (w *Worker) heartbeat() (retry bool) {
 		w.poke()
 	}
 	return false
-}
-
-// heartbeatFailed counts a failed heartbeat and logs the first of a streak
-// and every hundredth.
-func (w *Worker) heartbeatFailed(id int, err error) {
-	w.mu.Lock()
-	w.hbFailures++
-	w.hbFailStreak++
-	streak := w.hbFailStreak
-	w.mu.Unlock()
-	if streak == 1 || streak%100 == 0 {
-		w.log.Warn("snowflake: heartbeat failed", "worker", id, "error", err, "consecutive_failures", streak)
-	}
 }
 
 // owedRecord is a write-back to make: rec (released, with the bound held)
@@ -763,7 +729,7 @@ func (w *Worker) stats() WorkerStats {
 		ClockBackwardsWaits: g.backWaits,
 		FencedEpisodes:      g.fenceEvents,
 		Heartbeats:          w.heartbeats,
-		HeartbeatFailures:   w.hbFailures,
+		HeartbeatFailures:   w.holder.Failures(),
 		Claims:              w.claims,
 		LostLeases:          w.losses,
 		WriteBacks:          w.writeBacks,
