@@ -31,10 +31,12 @@
 //
 // # Serving
 //
-// The one invariant the serving side relies on: Owns(tag) turns true only
-// after OnAcquire(tag) has returned, and OnLose(tag) runs only after Owns
-// turned false. dispenser wires both to the allocator's Reset, so a tag is
-// never served from buffers it held before it was (re)acquired.
+// Open takes what serves the owned tags (Serving: the allocator) and wires
+// the leases to it itself. The one invariant the serving side relies on:
+// Owns(tag) turns true only after Serving.Reset(tag) has returned for the
+// acquisition, and Reset(tag) runs again only after Owns turned false on
+// a loss or release. So a tag is never served from buffers this worker
+// held before it was (re)acquired.
 package ownership
 
 import (
@@ -113,22 +115,37 @@ type Settings struct {
 	// tried again after lease.Settings.Retry, each request waiting at most
 	// lease.Settings.Attempt.
 	Heartbeat time.Duration
-	// OnAcquire is called when this worker becomes a tag's owner, before
-	// Owns reports it (it must not call Claim), and OnLose when it stops
-	// being one (lost, released or fenced for good), after Owns stopped
-	// reporting it; both from the goroutine that noticed. The allocator
-	// drops the tag's buffers in both.
-	OnAcquire, OnLose func(tag string)
-	// Plain, if set, says at each heartbeat whether a held tag is now
-	// known to be plain (made plain by an update); such a tag is released
-	// instead of renewed. A tag it knows nothing about is kept.
-	Plain func(tag string) bool
 	// Now is the wall clock. Default time.Now.
 	Now func() time.Time
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
 
 	mono func() time.Duration // tests
+	// hooks are set by Open from its Serving; tests set their own.
+	hooks hooks
+}
+
+// Serving is what serves the tags this worker owns: the allocator
+// (*segment.Allocator implements it). Open wires the leases to it.
+type Serving interface {
+	// Reset drops a tag's buffers. The leases call it when this worker
+	// becomes the tag's owner, before Owns reports it (it must not call
+	// Claim), and when it stops being one (lost, released or fenced for
+	// good), after Owns stopped reporting it; both from the goroutine
+	// that noticed.
+	Reset(tag string)
+	// Plain says at each heartbeat whether a held tag is now known to be
+	// plain (made plain by an update); such a tag is released instead of
+	// renewed. A tag it knows nothing about is kept.
+	Plain(tag string) bool
+}
+
+// hooks are what the leases call on the serving side: acquired before a
+// won lease is visible, lost after a lease stopped being visible, plain
+// at each heartbeat (Serving); nil ones are not called.
+type hooks struct {
+	acquired, lost func(tag string)
+	plain          func(tag string) bool
 }
 
 // record is the JSON value under a tag's key.
@@ -256,8 +273,13 @@ type failure struct {
 const retryAfterError = 50 * time.Millisecond
 
 // Open opens (or creates) the bucket, refuses one that can drop values, and
-// starts the heartbeats; ctx bounds start-up only.
-func Open(ctx context.Context, js jetstream.JetStream, s Settings) (*Leases, error) {
+// starts the heartbeats, wired to serving (Serving); ctx bounds start-up
+// only.
+func Open(ctx context.Context, js jetstream.JetStream, serving Serving, s Settings) (*Leases, error) {
+	if serving == nil {
+		return nil, fmt.Errorf("%w: no Serving to reset the tags' buffers", ErrInvalidSettings)
+	}
+	s.hooks = hooks{acquired: serving.Reset, lost: serving.Reset, plain: serving.Plain}
 	if s.Bucket == "" {
 		s.Bucket = DefaultBucket
 	}
@@ -582,7 +604,7 @@ func (l *Leases) Forget(tag string) {
 // and so does a failed claim of the tag for retryAfterError; otherwise one
 // claim per tag runs at a time, and concurrent callers share its outcome.
 //
-// Invariant: when Claim wins, it runs OnAcquire (the allocator's Reset)
+// Invariant: when Claim wins, it runs Serving.Reset (the allocator's)
 // before the lease becomes visible to Owns, Cached and Route, so no
 // request is served from buffers this worker held before the claim.
 func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
@@ -803,8 +825,8 @@ func (l *Leases) claimOnce(ctx context.Context, tag string) (Route, error) {
 		return Route{}, ErrClosed
 	}
 	// The invariant: the buffers are dropped before the lease is visible.
-	if l.cfg.OnAcquire != nil {
-		l.cfg.OnAcquire(tag)
+	if l.cfg.hooks.acquired != nil {
+		l.cfg.hooks.acquired(tag)
 	}
 	l.mu.Lock()
 	if l.closed || l.handingOver {
@@ -1009,7 +1031,7 @@ func (l *Leases) heartbeat() (retry bool) {
 		return true
 	}
 	for _, tag := range tags {
-		if l.cfg.Plain != nil && l.cfg.Plain(tag) {
+		if l.cfg.hooks.plain != nil && l.cfg.hooks.plain(tag) {
 			l.log.Info("ownership: releasing a tag that is no longer ordered", "tag", tag)
 			l.Release(tag)
 			continue
@@ -1081,7 +1103,7 @@ func (l *Leases) renew(tag string) (retry bool) {
 }
 
 // lose drops a lease this worker no longer holds: Owns turns false before
-// OnLose runs.
+// the Serving's Reset runs.
 func (l *Leases) lose(tag string, h *held, why string) {
 	h.fence.Revoke()
 	l.mu.Lock()
@@ -1097,8 +1119,8 @@ func (l *Leases) lose(tag string, h *held, why string) {
 	l.mu.Unlock()
 	l.losses.Add(1)
 	l.log.Warn("ownership: lost tag", "tag", tag, "reason", why)
-	if l.cfg.OnLose != nil {
-		l.cfg.OnLose(tag)
+	if l.cfg.hooks.lost != nil {
+		l.cfg.hooks.lost(tag)
 	}
 }
 
@@ -1112,8 +1134,8 @@ func (l *Leases) Release(tag string) {
 	if h != nil {
 		h.fence.Revoke()
 		l.release(tag, h)
-		if l.cfg.OnLose != nil {
-			l.cfg.OnLose(tag)
+		if l.cfg.hooks.lost != nil {
+			l.cfg.hooks.lost(tag)
 		}
 	}
 }
