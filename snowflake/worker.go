@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Worker defaults.
+// Node defaults.
 const (
 	DefaultBucket = "dispenser_workers"
 	// DefaultLease and DefaultHeartbeat are package lease's, sized from
@@ -28,9 +28,16 @@ const (
 	DefaultHeartbeat = lease.DefaultHeartbeat
 )
 
-// WorkerSettings configure a Worker. The zero value of every field means its
-// documented default. They are read once, by StartWorker.
-type WorkerSettings struct {
+// NodeSettings configure a Node. The zero value of every field means its
+// documented default. They are read once, by Start.
+type NodeSettings struct {
+	// Settings are the generator's: Epoch, Layout, RandomSequence,
+	// MaxBackwards, MaxBorrow, Now and Logger as documented there; but
+	// WorkerID must be zero, since a Node leases its worker ID. The epoch
+	// and the layout are recorded in the bucket by the first node to use
+	// it; a node configured with others refuses to start
+	// (ErrEpochMismatch, ErrLayoutMismatch).
+	Settings
 	// Bucket is the JetStream key-value bucket holding the leases, created
 	// if missing. Default DefaultBucket.
 	Bucket string
@@ -42,10 +49,10 @@ type WorkerSettings struct {
 	// (JetStream placement): a region's own cluster, so that its leases
 	// never wait on another region. Default: where JetStream places it.
 	Cluster string
-	// Region is the worker's region, 0..Layout.MaxRegion(): it claims
+	// Region is the node's region, 0..Layout.MaxRegion(): it claims
 	// only the worker IDs whose top Layout.RegionBits are Region
 	// (Layout.RegionWorkerIDs). It is recorded in the bucket with the
-	// layout; a worker of another region is refused (ErrRegionMismatch),
+	// layout; a node of another region is refused (ErrRegionMismatch),
 	// because each region leases from a bucket of its own. Default 0.
 	Region int
 	// Instance names this process in the leases. A restart with the same
@@ -60,21 +67,7 @@ type WorkerSettings struct {
 	// Heartbeat is the interval between lease renewals; it must be shorter
 	// than Lease. Default DefaultHeartbeat, or Lease/3 if that is shorter.
 	Heartbeat time.Duration
-	// Epoch, Layout, RandomSequence, MaxBackwards, MaxBorrow, Now and Logger
-	// are as in Settings. The epoch and the layout are recorded in the
-	// bucket by the first worker to use it; a worker configured with others
-	// refuses to start (ErrEpochMismatch, ErrLayoutMismatch).
-	Epoch          time.Time
-	Layout         Layout
-	RandomSequence bool
-	MaxBackwards   time.Duration
-	MaxBorrow      time.Duration
-	Now            func() time.Time
-	Logger         *slog.Logger
 
-	// mono and sleep are as in Settings; tests inject them.
-	mono  func() time.Duration
-	sleep func(time.Duration)
 	// shuffle orders candidate worker IDs; nil means math/rand/v2.Shuffle.
 	// Tests inject a seeded one.
 	shuffle func(n int, swap func(i, j int))
@@ -84,7 +77,7 @@ type WorkerSettings struct {
 }
 
 // normalize fills in defaults and validates.
-func (s WorkerSettings) normalize() (WorkerSettings, error) {
+func (s NodeSettings) normalize() (NodeSettings, error) {
 	if s.Bucket == "" {
 		s.Bucket = DefaultBucket
 	}
@@ -93,6 +86,9 @@ func (s WorkerSettings) normalize() (WorkerSettings, error) {
 	}
 	if s.Replicas < 1 || s.Replicas > 5 {
 		return s, fmt.Errorf("%w: Replicas %d not in 1..5", ErrInvalidSettings, s.Replicas)
+	}
+	if s.WorkerID != 0 {
+		return s, fmt.Errorf("%w: WorkerID %d: a Node leases its worker ID from the bucket; leave WorkerID zero", ErrInvalidSettings, s.WorkerID)
 	}
 	if s.Instance == "" {
 		host, err := os.Hostname()
@@ -122,23 +118,23 @@ func (s WorkerSettings) normalize() (WorkerSettings, error) {
 	return s, nil
 }
 
-// Worker issues IDs under a worker ID leased from a JetStream key-value
+// Node issues IDs under a worker ID leased from a JetStream key-value
 // bucket, and keeps the lease alive in the background. It is safe for
 // concurrent use.
 //
-// A Worker issues IDs only while it holds a lease it has renewed within the
+// A Node issues IDs only while it holds a lease it has renewed within the
 // lease duration (by the monotonic clock), and never with a timestamp above
 // the bound recorded in its lease value. If it loses its worker ID to
 // another holder it stops issuing and claims a new one in the background;
 // meanwhile AppendIDs returns ErrFenced.
-type Worker struct {
+type Node struct {
 	gen     *Generator
 	kv      jetstream.KeyValue
-	cfg     WorkerSettings
+	cfg     NodeSettings
 	log     *slog.Logger
 	session string
 
-	// ctx is owned by the Worker and canceled by Close; background work
+	// ctx is owned by the Node and canceled by Close; background work
 	// runs on it, never on a caller's context.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -178,7 +174,7 @@ type Worker struct {
 	claimFailures uint64
 }
 
-// StartWorker opens (or creates) the lease bucket, checks the epoch stored
+// Start opens (or creates) the lease bucket, checks the epoch stored
 // in it, claims a worker ID and starts heartbeats. ctx bounds start-up only;
 // heartbeats run until Close.
 //
@@ -193,24 +189,16 @@ type Worker struct {
 //
 // If the clock is behind the highest timestamp recorded for the claimed
 // worker ID (a predecessor released it with a clock ahead of ours), it logs
-// an error and returns a Worker whose AppendIDs fails with ErrClockBackwards
+// an error and returns a Node whose AppendIDs fails with ErrClockBackwards
 // until the clock has caught up.
-func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) (*Worker, error) {
+func Start(ctx context.Context, js jetstream.JetStream, s NodeSettings) (*Node, error) {
 	cfg, err := s.normalize()
 	if err != nil {
 		return nil, err
 	}
-	gen, err := newGenerator(Settings{
-		Epoch:          cfg.Epoch,
-		Layout:         cfg.Layout,
-		RandomSequence: cfg.RandomSequence,
-		MaxBackwards:   cfg.MaxBackwards,
-		MaxBorrow:      cfg.MaxBorrow,
-		Now:            s.Now, // nil keeps the single-reading fast path
-		Logger:         cfg.Logger,
-		mono:           cfg.mono,
-		sleep:          cfg.sleep,
-	}, true)
+	gs := cfg.Settings
+	gs.Now = s.Now // nil keeps the single-reading fast path
+	gen, err := newGenerator(gs, true)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +216,7 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 	if err != nil {
 		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", cfg.Bucket, err)
 	}
-	w := &Worker{
+	w := &Node{
 		terms:   lease.Settings{Lease: cfg.Lease, Heartbeat: cfg.Heartbeat, Clock: lease.Clock{Now: cfg.Now, Mono: gen.monoNow}},
 		stream:  stream,
 		gen:     gen,
@@ -264,7 +252,7 @@ func StartWorker(ctx context.Context, js jetstream.JetStream, s WorkerSettings) 
 }
 
 // poke asks the loop for a heartbeat or claim now. It never blocks.
-func (w *Worker) poke() {
+func (w *Node) poke() {
 	select {
 	case w.kick <- struct{}{}:
 	default:
@@ -272,7 +260,7 @@ func (w *Worker) poke() {
 }
 
 // install makes a won claim the current lease.
-func (w *Worker) install(c claim) {
+func (w *Node) install(c claim) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.id, w.rev, w.rec = c.id, c.rev, c.rec
@@ -297,14 +285,14 @@ func (w *Worker) install(c claim) {
 // old one is lost, until Close cancels w.ctx (lease.Holder.Run: kicks come
 // from refused requests, spaced so that a storm of them does not hammer
 // NATS; a failed heartbeat is tried again after lease.Settings.Retry).
-func (w *Worker) run() {
+func (w *Node) run() {
 	defer close(w.done)
 	w.holder.Run(w.kick, w.round)
 }
 
 // round is one turn of the loop: a heartbeat while a worker ID is held, a
 // write-back owed, or a claim. It reports whether to try again soon.
-func (w *Worker) round() (retry bool) {
+func (w *Node) round() (retry bool) {
 	if w.paused.Load() {
 		return false
 	}
@@ -335,7 +323,7 @@ func (w *Worker) round() (retry bool) {
 // the worker stops for good (stop), loudly, and checkBucket returns
 // ErrBucketDeleted. It returns another error if the bucket could not be
 // read (the caller then acts as on any failed write: not at all).
-func (w *Worker) checkBucket(ctx context.Context) error {
+func (w *Node) checkBucket(ctx context.Context) error {
 	w.mu.Lock()
 	gone := w.gone
 	w.mu.Unlock()
@@ -363,7 +351,7 @@ func (w *Worker) checkBucket(ctx context.Context) error {
 
 // stop stops the worker for good after the bucket was deleted or
 // recreated: it issues nothing more and writes nothing more.
-func (w *Worker) stop(err error) {
+func (w *Node) stop(err error) {
 	w.mu.Lock()
 	first := w.gone == nil
 	if first {
@@ -387,7 +375,7 @@ func (w *Worker) stop(err error) {
 // always covers what was issued. It reports whether it failed for want of
 // an answer, and should be tried again soon. The whole round waits at most
 // lease.Settings.Attempt (why: lease.Holder).
-func (w *Worker) heartbeat() (retry bool) {
+func (w *Node) heartbeat() (retry bool) {
 	ctx, cancel := context.WithTimeout(w.ctx, w.terms.Attempt())
 	defer cancel()
 	// Before writing on a revision, make sure the bucket is the one that
@@ -486,7 +474,7 @@ type owedRecord struct {
 // it stopped issuing (revoke): the tight form of the bound we held, as on a
 // graceful release, so that we may take the key back at once. Call with
 // w.mu held.
-func (w *Worker) owedLocked(e jetstream.KeyValueEntry, lastMs int64) *owedRecord {
+func (w *Node) owedLocked(e jetstream.KeyValueEntry, lastMs int64) *owedRecord {
 	o := &owedRecord{rec: w.rec, what: "removed without a marker (the bucket's stream was purged: nats stream purge)"}
 	if e != nil {
 		o.rev = e.Revision()
@@ -509,7 +497,7 @@ func (w *Worker) owedLocked(e jetstream.KeyValueEntry, lastMs int64) *owedRecord
 // anyone wrote the key since; then a successor holds it, which took it
 // only a margin after the marker (deletedRecord), and there is nothing
 // left to do.
-func (w *Worker) writeBack(ctx context.Context) bool {
+func (w *Node) writeBack(ctx context.Context) bool {
 	w.mu.Lock()
 	o := w.owed
 	w.mu.Unlock()
@@ -574,7 +562,7 @@ func (w *Worker) writeBack(ctx context.Context) bool {
 }
 
 // reclaim claims a worker ID after the old one was lost.
-func (w *Worker) reclaim() {
+func (w *Node) reclaim() {
 	ctx, cancel := context.WithTimeout(w.ctx, max(w.cfg.Lease, 5*time.Second))
 	defer cancel()
 	c, err := w.claim(ctx)
@@ -617,24 +605,24 @@ func (w *Worker) reclaim() {
 // 1..Layout().MaxCount(). It issues all n or none. Errors: ErrInvalidCount (400); ErrFenced,
 // ErrClockBackwards, ErrOverloaded, ErrClosed (all errors.Is ErrUnavailable:
 // 503); ErrOverTimeLimit (500).
-func (w *Worker) AppendIDs(dst []int64, n int) ([]int64, error) {
+func (w *Node) AppendIDs(dst []int64, n int) ([]int64, error) {
 	return w.gen.AppendIDs(dst, n)
 }
 
 // Next returns one new ID; errors as for AppendIDs.
-func (w *Worker) Next() (int64, error) { return w.gen.Next() }
+func (w *Node) Next() (int64, error) { return w.gen.Next() }
 
 // Servable reports whether the worker can issue IDs now (Generator.Servable):
 // it holds a valid lease and its clock is not behind.
-func (w *Worker) Servable() bool { return w.gen.Servable() }
+func (w *Node) Servable() bool { return w.gen.Servable() }
 
 // Unavailable reports whether err means "cannot issue right now" (HTTP 503),
 // that is errors.Is(err, ErrUnavailable).
-func (w *Worker) Unavailable(err error) bool { return Unavailable(err) }
+func (w *Node) Unavailable(err error) bool { return Unavailable(err) }
 
 // WorkerID returns the worker ID held; ok is false while none is (lost and
 // re-claiming, or closed).
-func (w *Worker) WorkerID() (id int, ok bool) {
+func (w *Node) WorkerID() (id int, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.id, w.id >= 0
@@ -642,19 +630,19 @@ func (w *Worker) WorkerID() (id int, ok bool) {
 
 // Decode returns w.Layout().Decode(id, w.Epoch()) as a Parts value (for a
 // decode endpoint that wants a JSON-marshalable any).
-func (w *Worker) Decode(id int64) any { return w.gen.Decode(id) }
+func (w *Node) Decode(id int64) any { return w.gen.Decode(id) }
 
 // Layout returns the bit layout of the IDs.
-func (w *Worker) Layout() Layout { return w.gen.layout }
+func (w *Node) Layout() Layout { return w.gen.layout }
 
 // Instance returns the instance name used in the leases.
-func (w *Worker) Instance() string { return w.cfg.Instance }
+func (w *Node) Instance() string { return w.cfg.Instance }
 
 // Epoch returns the time of timestamp 0.
-func (w *Worker) Epoch() time.Time { return w.cfg.Epoch }
+func (w *Node) Epoch() time.Time { return w.cfg.Epoch }
 
-// WorkerStats is the lease state reported by Stats.
-type WorkerStats struct {
+// NodeStats is the lease state reported by Stats.
+type NodeStats struct {
 	WorkerID int    `json:"worker_id"` // -1: none held
 	Held     bool   `json:"held"`
 	Instance string `json:"instance"`
@@ -704,14 +692,14 @@ type WorkerStats struct {
 	Stopped string `json:"stopped,omitempty"`
 }
 
-// Stats returns the lease state as a WorkerStats (JSON-marshalable).
-func (w *Worker) Stats() any { return w.stats() }
+// Stats returns the lease state as a NodeStats (JSON-marshalable).
+func (w *Node) Stats() any { return w.stats() }
 
-func (w *Worker) stats() WorkerStats {
+func (w *Node) stats() NodeStats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	g := w.gen.stats()
-	st := WorkerStats{
+	st := NodeStats{
 		WorkerID:            w.id,
 		Held:                w.id >= 0,
 		Instance:            w.cfg.Instance,
@@ -747,12 +735,12 @@ func (w *Worker) stats() WorkerStats {
 // last timestamp used so that a successor may take the worker ID at once
 // (and start above it). ctx bounds the release write. Close waits for the
 // background loop to exit. Later calls return the first call's result.
-func (w *Worker) Close(ctx context.Context) error {
+func (w *Node) Close(ctx context.Context) error {
 	w.closeOnce.Do(func() { w.closeErr = w.close(ctx) })
 	return w.closeErr
 }
 
-func (w *Worker) close(ctx context.Context) error {
+func (w *Node) close(ctx context.Context) error {
 	w.cancel()
 	<-w.done // the loop's KV calls run on w.ctx and return promptly
 	lastMs := w.gen.revoke(ErrClosed)
