@@ -113,7 +113,10 @@ type Generator struct {
 	leased      bool // issuing is bounded by a lease (Node)
 	stall       func()
 
-	// mu protects the issuing state below.
+	// mu protects the issuing state below. A Node calls in here (assign,
+	// renew, revoke, stats) while holding its own mu: lock order Node.mu,
+	// then Generator.mu, never the other way (nothing here calls back
+	// into the Node under mu; stall only sends on a buffered channel).
 	mu          sync.Mutex
 	worker      int64         // worker ID << seqBits
 	lastMs      int64         // timestamp of the last ID issued (or the floor); -1: none
