@@ -68,7 +68,7 @@ func startExampleWorker() (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	sf, err := snowflake.StartWorker(ctx, js, snowflake.WorkerSettings{Instance: "example", Logger: quiet})
+	sf, err := snowflake.Start(ctx, js, snowflake.NodeSettings{Instance: "example", Settings: snowflake.Settings{Logger: quiet}})
 	if err != nil {
 		return nil, err
 	}

@@ -97,7 +97,7 @@ func TestSnowflakeBatchAboveGeneratorLimitIs400(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	w, err := snowflake.StartWorker(ctx, js, snowflake.WorkerSettings{Logger: quiet})
+	w, err := snowflake.Start(ctx, js, snowflake.NodeSettings{Settings: snowflake.Settings{Logger: quiet}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -245,7 +245,7 @@ func (d *discovery) stats() micro.Stats {
 }
 
 // servable is what a Snowflake tells of itself for the endpoint to leave
-// the queue group (*snowflake.Worker implements it): whether it can issue
+// the queue group (*snowflake.Node implements it): whether it can issue
 // now. A Snowflake without it stays in the group and answers 503.
 type servable interface{ Servable() bool }
 

@@ -395,7 +395,7 @@ func (c snowflakeCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c snowflakeCollector) Collect(ch chan<- prometheus.Metric) {
-	st, ok := c.sf.Stats().(snowflake.WorkerStats)
+	st, ok := c.sf.Stats().(snowflake.NodeStats)
 	if !ok {
 		return
 	}

@@ -54,10 +54,19 @@ func (r changeRecorder) Changes(ctx context.Context, cursor int64) ([]tagmodel.C
 type orderedOptions struct {
 	alloc  segment.Settings
 	owners ownership.Settings
-	// onAcquire, if set, is called on acquiring a tag instead of the
-	// allocator's Reset; it gets the Reset to call.
-	onAcquire func(tag string, reset func(string))
+	// onReset, if set, is called instead of the allocator's Reset when
+	// the leases reset a tag (on acquiring and on losing it); it gets the
+	// Reset to call.
+	onReset func(tag string, reset func(string))
 }
+
+// hookedReset is the allocator with the Reset of orderedOptions.onReset.
+type hookedReset struct {
+	*segment.Allocator
+	onReset func(tag string, reset func(string))
+}
+
+func (h hookedReset) Reset(tag string) { h.onReset(tag, h.Allocator.Reset) }
 
 func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*orderedOptions)) *orderedWorker {
 	tb.Helper()
@@ -80,9 +89,8 @@ func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*ordered
 	os.Owner, os.Subject, os.Logger = name, subject, quiet
 	os.Lease = cmp.Or(os.Lease, 2*time.Second)
 	var owners *ownership.Leases
-	if o.onAcquire != nil { // the wiring of ordered.OpenLeases, with the hook
-		os.OnAcquire, os.OnLose, os.Plain = func(tag string) { o.onAcquire(tag, alloc.Reset) }, alloc.Reset, alloc.Plain
-		owners, err = ownership.Open(context.Background(), js, os)
+	if o.onReset != nil { // the wiring of ordered.OpenLeases, with the hook
+		owners, err = ownership.Open(context.Background(), js, hookedReset{alloc, o.onReset}, os)
 	} else {
 		owners, err = ordered.OpenLeases(context.Background(), js, alloc, os)
 	}
@@ -336,7 +344,7 @@ func TestReclaimedTagServedOnlyAfterReset(t *testing.T) {
 	var hold sync.Mutex
 	var entered, release chan struct{} // set while the next acquisition is held up
 	w1 := st.orderedWorker(t, "w1", func(o *orderedOptions) {
-		o.onAcquire = func(tag string, reset func(string)) {
+		o.onReset = func(tag string, reset func(string)) {
 			hold.Lock()
 			in, out := entered, release
 			entered, release = nil, nil
@@ -389,7 +397,7 @@ func TestReclaimedTagServedOnlyAfterReset(t *testing.T) {
 	}()
 	select {
 	case <-in: // w1's claim is written; its Reset has not run
-	case err := <-claimed: // it ran no OnAcquire at all
+	case err := <-claimed: // it ran no reset on acquiring at all
 		claimed <- err
 	}
 	replyB := make(chan *nats.Msg, 1)

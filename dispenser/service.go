@@ -23,7 +23,7 @@ import (
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
-// Snowflake issues snowflake IDs; *snowflake.Worker implements it.
+// Snowflake issues snowflake IDs; *snowflake.Node implements it.
 type Snowflake interface {
 	// AppendIDs appends n IDs to dst. Errors for which Unavailable reports
 	// true are answered with 503, others with 500.

@@ -28,7 +28,7 @@ func TestSnowflakeEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := snowflake.StartWorker(context.Background(), js, snowflake.WorkerSettings{Instance: "w1", Logger: quiet})
+	w, err := snowflake.Start(context.Background(), js, snowflake.NodeSettings{Instance: "w1", Settings: snowflake.Settings{Logger: quiet}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestSnowflakeEndpoints(t *testing.T) {
 // sfWorker is one snowflake worker process stand-in: a leased worker ID and
 // a service on their own connections.
 type sfWorker struct {
-	w   *snowflake.Worker
+	w   *snowflake.Node
 	svc *dispenser.Service
 }
 
@@ -112,7 +112,7 @@ func startSnowflake(tb testing.TB, ns *server.Server, instance string) *sfWorker
 	if err != nil {
 		tb.Fatal(err)
 	}
-	w, err := snowflake.StartWorker(context.Background(), js, snowflake.WorkerSettings{Instance: instance, Logger: quiet})
+	w, err := snowflake.Start(context.Background(), js, snowflake.NodeSettings{Instance: instance, Settings: snowflake.Settings{Logger: quiet}})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -195,7 +195,7 @@ func TestSnowflakeRepliesEchoToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := snowflake.StartWorker(context.Background(), js, snowflake.WorkerSettings{Instance: "w1", Logger: quiet})
+	w, err := snowflake.Start(context.Background(), js, snowflake.NodeSettings{Instance: "w1", Settings: snowflake.Settings{Logger: quiet}})
 	if err != nil {
 		t.Fatal(err)
 	}

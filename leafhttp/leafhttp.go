@@ -65,7 +65,7 @@ type Ordered interface {
 }
 
 // Snowflake issues snowflake IDs and knows how to decode them;
-// *snowflake.Worker implements it.
+// *snowflake.Node implements it.
 type Snowflake interface {
 	AppendIDs(dst []int64, n int) ([]int64, error)
 	Epoch() time.Time

@@ -17,7 +17,7 @@
 //     partitioned or suspended stops serving before anyone else may claim
 //     the tag.
 //  2. An owner serves only segments fetched while it owned the tag.
-//     OpenLeases wires the leases to the allocator so that the tag's
+//     OpenLeases (ownership.Open) wires the leases to the allocator so that the tag's
 //     buffers are reset (Allocator.Reset) when ownership is gained, before
 //     Owns reports it, and again when it is lost, after Owns stopped
 //     reporting it. A segment fetched under an earlier ownership is never

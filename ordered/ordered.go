@@ -49,7 +49,7 @@ type Allocator interface {
 
 // Owners says which worker owns an ordered tag; *ownership.Leases
 // implements it. Its leases must reset the tag's buffers on acquire and
-// loss (OpenLeases does that).
+// loss (ownership.Open does that).
 type Owners interface {
 	// Owns reports whether this worker may serve tag now.
 	Owns(tag string) bool
@@ -64,16 +64,12 @@ type Owners interface {
 }
 
 // OpenLeases opens the ownership leases of ordered tags for a worker whose
-// allocator is alloc, wired as the safety argument needs: the tag's buffers
-// are reset when ownership is gained (before it is visible) and when it is
-// lost, and a tag found plain at a heartbeat is released. s must not set
-// OnAcquire, OnLose or Plain.
+// allocator is alloc: ownership.Open, which wires the leases as the safety
+// argument needs (the tag's buffers are reset when ownership is gained,
+// before it is visible, and when it is lost, and a tag found plain at a
+// heartbeat is released).
 func OpenLeases(ctx context.Context, js jetstream.JetStream, alloc Allocator, s ownership.Settings) (*ownership.Leases, error) {
-	if s.OnAcquire != nil || s.OnLose != nil || s.Plain != nil {
-		return nil, errors.New("ordered: OpenLeases wires OnAcquire, OnLose and Plain itself")
-	}
-	s.OnAcquire, s.OnLose, s.Plain = alloc.Reset, alloc.Reset, alloc.Plain
-	return ownership.Open(ctx, js, s)
+	return ownership.Open(ctx, js, alloc, s)
 }
 
 // Replies answers the requests for IDs of ordered tags. The service

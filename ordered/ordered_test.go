@@ -37,7 +37,7 @@ func (r *resets) Reset(tag string) {
 // TestOpenLeasesResetsOnAcquireAndLoss: the leases OpenLeases opens reset
 // the tag's buffers when this worker gains the tag, before it owns it, and
 // when it loses it, after it stopped owning it. Seen failing with
-// OnAcquire left unwired (no reset on claiming) and with the reset moved
+// the reset on claiming left unwired and with the reset moved
 // after the lease became visible (Owns true at the reset).
 func TestOpenLeasesResetsOnAcquireAndLoss(t *testing.T) {
 	ns := testenv.NATS(t)
@@ -64,19 +64,5 @@ func TestOpenLeasesResetsOnAcquireAndLoss(t *testing.T) {
 	defer alloc.mu.Unlock()
 	if want := []bool{false, false}; len(alloc.owned) != len(want) || alloc.owned[0] || alloc.owned[1] {
 		t.Fatalf("resets, and whether the tag was owned at each: %v, want %v (one on the claim before it shows, one on the release after)", alloc.owned, want)
-	}
-}
-
-// TestOpenLeasesRefusesOwnCallbacks: the wiring is OpenLeases' alone.
-func TestOpenLeasesRefusesOwnCallbacks(t *testing.T) {
-	ns := testenv.NATS(t)
-	js, err := jetstream.New(testenv.Connect(t, ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = ordered.OpenLeases(context.Background(), js, &resets{}, ownership.Settings{Owner: "w1", Subject: "id.owner.w1",
-		OnAcquire: func(string) {}})
-	if err == nil {
-		t.Fatal("OpenLeases with OnAcquire set: no error")
 	}
 }

@@ -45,6 +45,12 @@ type worker struct {
 	lost     []string
 }
 
+// nopServing serves nothing.
+type nopServing struct{}
+
+func (nopServing) Reset(string)      {}
+func (nopServing) Plain(string) bool { return false }
+
 func newBucket(tb testing.TB) jetstream.KeyValue {
 	tb.Helper()
 	js, err := jetstream.New(testenv.Connect(tb, testenv.NATS(tb)))
@@ -69,8 +75,10 @@ func newWorker(tb testing.TB, kv jetstream.KeyValue, owner string, skew time.Dur
 	st := Settings{
 		Bucket: DefaultBucket, Owner: owner, Subject: "owner." + owner, Lease: 5 * time.Second, Heartbeat: time.Hour,
 		Now: w.clock.Now, mono: w.clock.Mono, Logger: slog.New(slog.DiscardHandler),
-		OnAcquire: func(tag string) { w.mu.Lock(); w.acquired = append(w.acquired, tag); w.mu.Unlock() },
-		OnLose:    func(tag string) { w.mu.Lock(); w.lost = append(w.lost, tag); w.mu.Unlock() },
+		hooks: hooks{
+			acquired: func(tag string) { w.mu.Lock(); w.acquired = append(w.acquired, tag); w.mu.Unlock() },
+			lost:     func(tag string) { w.mu.Lock(); w.lost = append(w.lost, tag); w.mu.Unlock() },
+		},
 	}
 	for _, o := range opts {
 		o(&st)
@@ -112,7 +120,7 @@ func TestClaimAndRoute(t *testing.T) {
 	got := slices.Clone(a.acquired)
 	a.mu.Unlock()
 	if len(got) != 1 || got[0] != "orders" {
-		t.Errorf("a's OnAcquire calls %v, want [orders]", got)
+		t.Errorf("a's acquired hook calls %v, want [orders]", got)
 	}
 }
 
@@ -178,7 +186,7 @@ func TestTagMadePlainReleased(t *testing.T) {
 	var mu sync.Mutex
 	plain := map[string]bool{}
 	a := newWorker(t, kv, "a", 0, func(s *Settings) {
-		s.Plain = func(tag string) bool { mu.Lock(); defer mu.Unlock(); return plain[tag] }
+		s.hooks.plain = func(tag string) bool { mu.Lock(); defer mu.Unlock(); return plain[tag] }
 	})
 	b := newWorker(t, kv, "b", 0)
 	claim(t, a, "orders")
@@ -198,7 +206,7 @@ func TestTagMadePlainReleased(t *testing.T) {
 	lost := slices.Clone(a.lost)
 	a.mu.Unlock()
 	if !slices.Equal(lost, []string{"orders"}) {
-		t.Errorf("a's OnLose calls %v, want [orders]", lost)
+		t.Errorf("a's lost hook calls %v, want [orders]", lost)
 	}
 	if r := claim(t, b, "orders"); !r.Self {
 		t.Fatalf("b's claim of the released tag: %+v, want Self", r)
@@ -253,7 +261,7 @@ func TestHandOverKeepsRoutes(t *testing.T) {
 	lost := slices.Clone(a.lost)
 	a.mu.Unlock()
 	if !slices.Equal(lost, []string{"orders"}) {
-		t.Errorf("a's OnLose calls %v, want [orders]", lost)
+		t.Errorf("a's lost hook calls %v, want [orders]", lost)
 	}
 	a.Close() // after HandOver, as the worker does
 }
@@ -287,15 +295,15 @@ func TestDeletedKey(t *testing.T) {
 	}
 }
 
-// TestAcquireBeforeVisible: OnAcquire (the allocator's Reset) runs before
-// the lease is visible to Owns and Cached, and OnLose after it is gone.
+// TestAcquireBeforeVisible: the Serving's Reset on acquiring runs before
+// the lease is visible to Owns and Cached, and on losing after it is gone.
 // The old code published the lease first.
 func TestAcquireBeforeVisible(t *testing.T) {
 	kv := newBucket(t)
 	var w *worker
 	var during []string
 	w = newWorker(t, kv, "a", 0, func(s *Settings) {
-		s.OnAcquire = func(tag string) {
+		s.hooks.acquired = func(tag string) {
 			if w.Owns(tag) {
 				during = append(during, "acquire: Owns true")
 			}
@@ -303,7 +311,7 @@ func TestAcquireBeforeVisible(t *testing.T) {
 				during = append(during, "acquire: Cached Self")
 			}
 		}
-		s.OnLose = func(tag string) {
+		s.hooks.lost = func(tag string) {
 			if w.Owns(tag) {
 				during = append(during, "lose: Owns true")
 			}
@@ -371,7 +379,7 @@ func TestDeletedKeyHolderStops(t *testing.T) {
 			lost := slices.Clone(a.lost)
 			a.mu.Unlock()
 			if !slices.Equal(lost, []string{"orders"}) {
-				t.Fatalf("OnLose calls %v, want [orders]", lost)
+				t.Fatalf("lost hook calls %v, want [orders]", lost)
 			}
 		})
 	}

@@ -82,7 +82,7 @@ func TestMinorityPartitionMajorityOwnerKeepsServing(t *testing.T) {
 		// unanswered; start-up is not what this test is about.
 		for try := 1; ; try++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			l, err := Open(ctx, js, s)
+			l, err := Open(ctx, js, nopServing{}, s)
 			cancel()
 			if err == nil {
 				t.Cleanup(l.Close)

@@ -97,13 +97,13 @@ func benchSustained(b *testing.B, layout Layout) {
 // layout at 128,000 IDs per second.
 func BenchmarkSustainedJS(b *testing.B) { benchSustained(b, JSLayout) }
 
-// BenchmarkWorkerAppendIDs issues through a leased Worker (embedded NATS,
+// BenchmarkWorkerAppendIDs issues through a leased Node (embedded NATS,
 // default lease and borrowing): the lease adds a check per call.
 func BenchmarkWorkerAppendIDs(b *testing.B) {
 	js := newJetStream(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	w, err := StartWorker(ctx, js, WorkerSettings{Instance: "bench", Logger: quiet()})
+	w, err := Start(ctx, js, NodeSettings{Instance: "bench", Settings: Settings{Logger: quiet()}})
 	if err != nil {
 		b.Fatal(err)
 	}

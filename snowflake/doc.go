@@ -13,9 +13,9 @@
 // JSLayout keeps every ID below 2^53, exact as a JavaScript number: 41 bits
 // of milliseconds (as long as the default), 5 bits of worker ID (0..31) and
 // 7 bits of sequence (0..127: 128,000 IDs per second per worker). Settings
-// and WorkerSettings choose the Layout; everything that depends on the bits
+// and NodeSettings choose the Layout; everything that depends on the bits
 // follows it (the largest worker ID leased, timestamp, sequence and batch,
-// Layout.MaxCount). A Worker's layout is recorded in its lease bucket with
+// Layout.MaxCount). A Node's layout is recorded in its lease bucket with
 // the epoch and cannot be changed in place (ErrLayoutMismatch).
 //
 // Decode splits an ID of DefaultLayout into Parts; Layout.Decode an ID of
@@ -32,9 +32,9 @@
 // calls fail with ErrClockBackwards until the clock has caught up with the
 // last reading used.
 //
-// # Worker and leases
+// # Node and leases
 //
-// A Worker leases its worker ID from a JetStream key-value bucket (default
+// A Node leases its worker ID from a JetStream key-value bucket (default
 // DefaultBucket) and issues through a Generator bounded by the lease. The
 // bucket holds one key per worker ID, "worker.0000" to "worker.1023"
 // ("worker.0031" in JSLayout), and a key "config" holding
@@ -51,7 +51,7 @@
 //	  "version": 1,
 //	  "worker": 42,                               // the worker ID, as in the key
 //	  "instance": "api-1",                        // holder's instance name
-//	  "session": "JRWTMLA3SPXJ6E5UNXFB2CGCPF",    // random per Worker value
+//	  "session": "JRWTMLA3SPXJ6E5UNXFB2CGCPF",    // random per Node value
 //	  "epoch": "2026-01-01T00:00:00Z",
 //	  "lease_ms": 10000,
 //	  "heartbeat": "2026-03-01T12:00:00.123Z",    // holder's clock at the write
@@ -63,13 +63,13 @@
 // Values expire through "expires", never through per-key TTLs, and workers
 // never delete keys.
 //
-// The bucket must keep every value until a worker overwrites it. StartWorker
+// The bucket must keep every value until a worker overwrites it. Start
 // refuses a bucket that lets the server drop values: a TTL (max age) or
 // per-message TTLs (ErrBucketTTL); a message or byte limit with the
 // discard-old policy, or a retention policy other than limits
 // (ErrBucketLimits; limits with discard-new only make writes fail and are
 // accepted, as is any per-key history); memory storage (ErrBucketMemory);
-// fewer replicas than WorkerSettings.Replicas (ErrBucketReplicas; more are
+// fewer replicas than NodeSettings.Replicas (ErrBucketReplicas; more are
 // accepted). It also refuses a bucket whose "config" key carries a delete or
 // purge marker, or is missing although the bucket has held values (it or
 // the bucket was purged): ErrEpochLost. Only a bucket that has never held a
@@ -137,7 +137,7 @@
 // as their clocks run at about the same rate and disagree by less than a
 // lease; if they disagree more, the old holder may still issue for a while,
 // but below the successor's IDs, and stops at its next heartbeat. A
-// Worker's own IDs strictly increase, also across worker IDs: when it loses
+// Node's own IDs strictly increase, also across worker IDs: when it loses
 // its worker ID and claims another, it resumes above the last timestamp it
 // used. For a deleted key whose holder could not write its bound back
 // (crashed or cut off), the floor relies on the holder's clock having been
@@ -154,6 +154,6 @@
 //
 // # Concurrency
 //
-// Generator and Worker are safe for concurrent use. Settings,
-// WorkerSettings and Parts are plain values.
+// Generator and Node are safe for concurrent use. Settings,
+// NodeSettings and Parts are plain values.
 package snowflake

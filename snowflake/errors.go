@@ -53,15 +53,15 @@ var (
 	ErrNoWorkerID error = &unavailableError{"snowflake: all worker IDs are taken"}
 
 	// ErrBucketDeleted means the lease bucket was deleted, or deleted and
-	// created again, while the Worker ran: every bound in it is lost, and
-	// in a new bucket revisions restart, so the Worker's compare-and-swap
-	// writes could land on someone else's record. The Worker stops for
+	// created again, while the Node ran: every bound in it is lost, and
+	// in a new bucket revisions restart, so the Node's compare-and-swap
+	// writes could land on someone else's record. The Node stops for
 	// good (it issues nothing more and writes nothing more) and logs what
 	// the operator did. Is ErrUnavailable: other instances may serve.
 	ErrBucketDeleted error = &unavailableError{"snowflake: lease bucket deleted or recreated while the worker ran"}
 
 	// ErrRegionMismatch means the lease bucket holds the worker IDs of
-	// another region (WorkerSettings.Region): each region leases from a
+	// another region (NodeSettings.Region): each region leases from a
 	// bucket of its own.
 	ErrRegionMismatch = errors.New("snowflake: lease bucket belongs to another region")
 
@@ -69,7 +69,7 @@ var (
 	// MaxCount IDs.
 	ErrInvalidCount = errors.New("snowflake: invalid count")
 
-	// ErrInvalidSettings means a Settings or WorkerSettings field is out of
+	// ErrInvalidSettings means a Settings or NodeSettings field is out of
 	// range; the message names the field.
 	ErrInvalidSettings = errors.New("snowflake: invalid settings")
 
@@ -101,7 +101,7 @@ var (
 	// used: the "config" key was deleted or purged (it carries a delete or
 	// purge marker), or is missing while the bucket has held other values
 	// (the bucket or the key was purged). Whatever removed the epoch may
-	// have removed lease bounds too, so StartWorker refuses rather than
+	// have removed lease bounds too, so Start refuses rather than
 	// store its own epoch; the message says how to restore it.
 	ErrEpochLost = errors.New("snowflake: lease bucket lost its epoch")
 
@@ -109,7 +109,7 @@ var (
 	// refuse a lease bucket that can drop values on its own: a TTL (max age)
 	// or per-message TTLs; a message or byte limit with the discard-old
 	// policy, or a retention policy other than limits; memory storage; fewer
-	// replicas than WorkerSettings.Replicas. A lease whose value the server
+	// replicas than NodeSettings.Replicas. A lease whose value the server
 	// drops loses the bound that keeps its successor above the IDs issued.
 	// They are the values of package internal/kvbucket, which the segment
 	// store's bucket is checked with too (segment/kv.ErrBucketTTL is

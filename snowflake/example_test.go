@@ -36,7 +36,7 @@ func Example() {
 }
 
 // A service leases its worker ID from JetStream and maps errors to statuses.
-func ExampleStartWorker() {
+func ExampleStart() {
 	nc, err := nats.Connect(nats.DefaultURL)
 	if err != nil {
 		log.Fatal(err)
@@ -48,7 +48,7 @@ func ExampleStartWorker() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	w, err := snowflake.StartWorker(ctx, js, snowflake.WorkerSettings{Instance: "dispenser-1"})
+	w, err := snowflake.Start(ctx, js, snowflake.NodeSettings{Instance: "dispenser-1"})
 	if err != nil {
 		log.Fatal(err) // epoch mismatch, all worker IDs taken, bad settings, NATS down
 	}

@@ -61,7 +61,7 @@ type Settings struct {
 	// DefaultLayout; JSLayout keeps IDs below 2^53.
 	Layout Layout
 	// WorkerID is the worker ID put into every ID, 0..Layout.MaxWorkerID().
-	// A Worker picks it from its lease instead.
+	// A Node picks it from its lease instead (NodeSettings refuses one).
 	WorkerID int
 	// RandomSequence starts each new millisecond's sequence at a random
 	// number in 0..RandomSequenceSpan-1 (a sixteenth of the sequence space
@@ -110,10 +110,13 @@ type Generator struct {
 	randomSeq   bool
 	maxBackMs   int64
 	maxBorrowMs int64
-	leased      bool // issuing is bounded by a lease (Worker)
+	leased      bool // issuing is bounded by a lease (Node)
 	stall       func()
 
-	// mu protects the issuing state below.
+	// mu protects the issuing state below. A Node calls in here (assign,
+	// renew, revoke, stats) while holding its own mu: lock order Node.mu,
+	// then Generator.mu, never the other way (nothing here calls back
+	// into the Node under mu; stall only sends on a buffered channel).
 	mu          sync.Mutex
 	worker      int64         // worker ID << seqBits
 	lastMs      int64         // timestamp of the last ID issued (or the floor); -1: none
@@ -256,7 +259,7 @@ func (g *Generator) NextN(n int) ([]int64, error) {
 // MaxBackwards after a small backward step, and when the batch would run
 // more than MaxBorrow ahead of the clock (at most a few short waits, then
 // ErrOverloaded). Errors: ErrInvalidCount, ErrClockBackwards, ErrOverloaded,
-// ErrOverTimeLimit, and for a Worker's generator ErrFenced and ErrClosed.
+// ErrOverTimeLimit, and for a Node's generator ErrFenced and ErrClosed.
 func (g *Generator) AppendIDs(dst []int64, n int) ([]int64, error) {
 	if n < 1 || n > g.maxCount {
 		return dst, fmt.Errorf("%w: %d not in 1..%d", ErrInvalidCount, n, g.maxCount)
@@ -420,7 +423,7 @@ func (g *Generator) msTime(ms int64) time.Time {
 // recorded bound and the monotonic time the lease is valid until.
 //
 // The last timestamp used is kept across worker IDs, so that the IDs of a
-// Worker strictly increase even when it loses its worker ID and claims a
+// Node strictly increase even when it loses its worker ID and claims a
 // lower one: under a new worker ID issuing resumes in the millisecond after
 // the last one used (or the floor, if higher).
 func (g *Generator) assign(worker int, floorMs, boundMs int64, validUntil time.Duration) {

@@ -394,7 +394,7 @@ func TestAppendIDsDoesNotAllocate(t *testing.T) {
 	}
 }
 
-// TestLeasedGenerator covers the lease hooks the Worker uses: the floor,
+// TestLeasedGenerator covers the lease hooks the Node uses: the floor,
 // the bound and the monotonic validity.
 func TestLeasedGenerator(t *testing.T) {
 	c := newFakeClock(t, t0)

@@ -124,7 +124,7 @@ func TestWorkerRefusesHostileBucket(t *testing.T) {
 			s.Instance, s.Replicas = "beta", tt.replicas
 			w, err := tryStartWorker(t, js, s)
 			if !errors.Is(err, tt.wantErr) || (err == nil) != (tt.wantErr == nil) {
-				t.Fatalf("StartWorker: got error %v, want %v", err, tt.wantErr)
+				t.Fatalf("Start: got error %v, want %v", err, tt.wantErr)
 			}
 			if err != nil {
 				if Unavailable(err) {
@@ -316,7 +316,7 @@ func TestWorkerInvalidCount(t *testing.T) {
 			t.Errorf("AppendIDs(_, %d): appended %d IDs on error", n, len(got)-1)
 		}
 	}
-	if st := w.Stats().(WorkerStats); st.Issued != 0 || st.Fenced {
+	if st := w.Stats().(NodeStats); st.Issued != 0 || st.Fenced {
 		t.Errorf("stats after invalid counts: issued %d fenced %v, want 0 false", st.Issued, st.Fenced)
 	}
 	issue(t, w, MaxCount)

@@ -15,7 +15,7 @@ import (
 //
 // The zero Layout means DefaultLayout. Any other must have TimeBits of at
 // least 31, WorkerBits in 1..10, SequenceBits in 1..12, RegionBits below
-// WorkerBits and at most 63 bits in all; New and StartWorker refuse others
+// WorkerBits and at most 63 bits in all; New and Start refuse others
 // with ErrInvalidSettings. A layout is chosen when its lease bucket is
 // created and recorded there; it cannot be changed in place.
 type Layout struct {

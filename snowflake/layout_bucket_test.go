@@ -19,9 +19,9 @@ import (
 // all below 2^53.
 func TestJSLayoutConcurrentUnique(t *testing.T) {
 	js := newJetStream(t)
-	var workers []*Worker
+	var workers []*Node
 	for _, name := range []string{"js-a", "js-b"} {
-		workers = append(workers, startWorker(t, js, WorkerSettings{Instance: name, Layout: JSLayout, Logger: testLogger(t)}))
+		workers = append(workers, startWorker(t, js, NodeSettings{Instance: name, Settings: Settings{Layout: JSLayout, Logger: testLogger(t)}}))
 	}
 	const goroutines, calls = 3, 150
 	var (
@@ -106,7 +106,7 @@ func TestLayoutRecordedInBucket(t *testing.T) {
 				}
 			} else {
 				want = *tt.first
-				w := startWorker(t, js, WorkerSettings{Bucket: bucket, Instance: "first", Layout: *tt.first, Logger: testLogger(t)})
+				w := startWorker(t, js, NodeSettings{Bucket: bucket, Instance: "first", Settings: Settings{Layout: *tt.first, Logger: testLogger(t)}})
 				if err := w.Close(context.Background()); err != nil {
 					t.Fatal(err)
 				}
@@ -117,9 +117,9 @@ func TestLayoutRecordedInBucket(t *testing.T) {
 					t.Fatalf("recorded layout: got %v, want %v", got, want)
 				}
 			}
-			w, err := tryStartWorker(t, js, WorkerSettings{Bucket: bucket, Instance: "then", Layout: tt.then, Logger: testLogger(t)})
+			w, err := tryStartWorker(t, js, NodeSettings{Bucket: bucket, Instance: "then", Settings: Settings{Layout: tt.then, Logger: testLogger(t)}})
 			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("StartWorker(%v) on a bucket of %v: got error %v, want %v", tt.then, want, err, tt.wantErr)
+				t.Fatalf("Start(%v) on a bucket of %v: got error %v, want %v", tt.then, want, err, tt.wantErr)
 			}
 			if err != nil {
 				return
@@ -168,7 +168,7 @@ func TestLayoutChangedWhileRunning(t *testing.T) {
 // or above, whose bits would run into the timestamp's.
 func TestJSLayoutWorkerIDsBounded(t *testing.T) {
 	js := newJetStream(t)
-	first := startWorker(t, js, WorkerSettings{Instance: "first", Layout: JSLayout, Logger: testLogger(t)})
+	first := startWorker(t, js, NodeSettings{Instance: "first", Settings: Settings{Layout: JSLayout, Logger: testLogger(t)}})
 	held, _ := first.WorkerID()
 	kv := openKV(t, js)
 	now := time.Now().UTC()
@@ -183,9 +183,9 @@ func TestJSLayoutWorkerIDsBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err := tryStartWorker(t, js, WorkerSettings{Instance: "second", Layout: JSLayout, Logger: testLogger(t)})
+	_, err := tryStartWorker(t, js, NodeSettings{Instance: "second", Settings: Settings{Layout: JSLayout, Logger: testLogger(t)}})
 	if !errors.Is(err, ErrNoWorkerID) {
-		t.Fatalf("StartWorker with the JS layout's worker IDs all held: got error %v, want ErrNoWorkerID", err)
+		t.Fatalf("Start with the JS layout's worker IDs all held: got error %v, want ErrNoWorkerID", err)
 	}
 }
 

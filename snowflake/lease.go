@@ -36,9 +36,9 @@ type leaseRecord struct {
 	Version int `json:"version"`
 	// Worker is the worker ID, the same as in the key.
 	Worker int `json:"worker"`
-	// Instance names the holder (WorkerSettings.Instance).
+	// Instance names the holder (NodeSettings.Instance).
 	Instance string `json:"instance"`
-	// Session is random per Worker value: it tells a restarted instance
+	// Session is random per Node value: it tells a restarted instance
 	// from its previous run and from a namesake.
 	Session string `json:"session"`
 	// Epoch is the holder's epoch.
@@ -128,7 +128,7 @@ func (r *leaseRecord) claimableAt() time.Time { return r.terms().ClaimableAt() }
 // one that can drop values (kvbucket.Check): a TTL, limits that discard old
 // values, another retention policy, memory storage, fewer replicas than
 // configured.
-func openBucket(ctx context.Context, js jetstream.JetStream, s *WorkerSettings) (jetstream.KeyValue, error) {
+func openBucket(ctx context.Context, js jetstream.JetStream, s *NodeSettings) (jetstream.KeyValue, error) {
 	kv, err := kvbucket.Open(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      s.Bucket,
 		Description: "dispenser snowflake worker ID leases",
@@ -257,7 +257,7 @@ func deletedMargin(longest time.Duration, unknown bool) time.Duration {
 
 // deletedRecord stands in for the lost value of worker key id, deleted or
 // purged at the server time at, that its holder has not written back (see
-// Worker.writeBack). Its last holder wrote its bound before then, at most
+// Node.writeBack). Its last holder wrote its bound before then, at most
 // its lease ahead of its clock, and stops issuing at its next heartbeat
 // (the key changed) or a lease after its last one. So the floor is at plus
 // margin (deletedMargin): one lease for the bound, one for the holder's
@@ -353,7 +353,7 @@ const configPasses = 16
 // gone, say because the whole bucket was purged, must not claim keys that
 // look never used), and MaxLeaseMS at least our lease, raised by
 // compare-and-swap if not. It returns the view with the config as stored.
-func (w *Worker) readBucket(ctx context.Context) (view, configRecord, error) {
+func (w *Node) readBucket(ctx context.Context) (view, configRecord, error) {
 	for pass := 1; ; pass++ {
 		v, err := snapshot(ctx, w.kv, w.gen.layout.MaxWorkerID())
 		if err != nil {
@@ -443,7 +443,7 @@ const claimPasses = 3
 // then a deleted one whose margin has passed. Races are settled by Update
 // on the revision read (revision 0 for a key without any message); a lost
 // race moves on to the next candidate.
-func (w *Worker) claim(ctx context.Context) (claim, error) {
+func (w *Node) claim(ctx context.Context) (claim, error) {
 	for pass := 1; ; pass++ {
 		c, lost, err := w.claimPass(ctx)
 		if err == nil || lost == 0 || pass == claimPasses || !errors.Is(err, ErrNoWorkerID) {
@@ -454,7 +454,7 @@ func (w *Worker) claim(ctx context.Context) (claim, error) {
 
 // claimPass is one pass of claim over a snapshot of the bucket. It reports
 // how many races it lost.
-func (w *Worker) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
+func (w *Node) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 	if err := w.checkBucket(ctx); err != nil {
 		return claim{}, 0, err
 	}
@@ -550,7 +550,7 @@ func suffix(soonest time.Time) string {
 }
 
 // try claims one candidate.
-func (w *Worker) try(ctx context.Context, c candidate) (claim, error) {
+func (w *Node) try(ctx context.Context, c candidate) (claim, error) {
 	floorMs := int64(-1)
 	var prev lease.Terms
 	if c.prev != nil {
@@ -574,7 +574,7 @@ func (w *Worker) try(ctx context.Context, c candidate) (claim, error) {
 }
 
 // newRecord returns our lease value written at now with the given bound.
-func (w *Worker) newRecord(id int, now time.Time, boundMs int64) leaseRecord {
+func (w *Node) newRecord(id int, now time.Time, boundMs int64) leaseRecord {
 	now = now.UTC().Round(0)
 	return leaseRecord{
 		Version:   recordVersion,

@@ -79,10 +79,10 @@ func removeKey(tb testing.TB, kv jetstream.KeyValue, id int, purge bool) time.Ti
 
 // waitForHeartbeat waits until w has written a heartbeat at or after at
 // (its clock's time).
-func waitForHeartbeat(tb testing.TB, w *Worker, at time.Time) {
+func waitForHeartbeat(tb testing.TB, w *Node, at time.Time) {
 	tb.Helper()
 	wait.For(tb, 30*time.Second, "a heartbeat at "+at.Format(TimeLayout), func() bool {
-		return !w.Stats().(WorkerStats).LastHeartbeat.Before(at)
+		return !w.Stats().(NodeStats).LastHeartbeat.Before(at)
 	})
 }
 
@@ -123,10 +123,10 @@ func TestWorkerWritesBackDeletedKey(t *testing.T) {
 				ahead := start.Add(time.Hour)
 				ca.SetWall(ahead)
 				a.heartbeat()
-				if st := a.Stats().(WorkerStats); st.Heartbeats != 1 || st.Bound.Before(ahead) {
+				if st := a.Stats().(NodeStats); st.Heartbeats != 1 || st.Bound.Before(ahead) {
 					t.Fatalf("heartbeat after the step: heartbeats %d bound %v, want 1 and at least %v", st.Heartbeats, st.Bound, ahead)
 				}
-				aBound := a.Stats().(WorkerStats).Bound
+				aBound := a.Stats().(NodeStats).Bound
 				aIDs := issue(t, a, 1000)
 				// The clock steps back: A refuses.
 				ca.SetWall(start.Add(time.Millisecond))
@@ -343,7 +343,7 @@ func TestWorkerFencedByMonotonicClock(t *testing.T) {
 	s.manual = true
 	a := startWorker(t, js, s)
 	issue(t, a, 10)
-	bound := a.Stats().(WorkerStats).Bound
+	bound := a.Stats().(NodeStats).Bound
 	c.Add(testLease) // a lease passes without a heartbeat...
 	c.SetWall(t0)    // ...while the wall clock stands still
 	if !c.Now().Before(bound) {
@@ -436,7 +436,7 @@ func TestWorkerBucketPurgedWhileRunning(t *testing.T) {
 			b := startWorker(t, js, fakeSettings(t, c, "beta"))
 			all = append(all, issue(t, b, 1000)...)
 			requireUnique(t, all)
-			if st := a.Stats().(WorkerStats); st.WriteBacks != 1 {
+			if st := a.Stats().(NodeStats); st.WriteBacks != 1 {
 				t.Errorf("stats: write-backs %d, want 1", st.WriteBacks)
 			}
 		})
@@ -459,7 +459,7 @@ func TestWorkerBucketRecreated(t *testing.T) {
 			var logs *logCapture
 			s.Logger, logs = captureLogger(t)
 			// Not startWorker: its Cleanup wants Close to succeed.
-			a, err := StartWorker(ctx, js, s)
+			a, err := Start(ctx, js, s)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -504,7 +504,7 @@ func TestWorkerBucketRecreated(t *testing.T) {
 			}
 			if recreate {
 				requireLogged(t, logs, "was deleted and created again")
-				if st := a.Stats().(WorkerStats); st.Stopped == "" || st.Held {
+				if st := a.Stats().(NodeStats); st.Stopped == "" || st.Held {
 					t.Errorf("stats: stopped %q held %v, want a reason and false", st.Stopped, st.Held)
 				}
 				if rec, got := readLease(t, kv, aid); got != rev || rec.Session != other.Session {

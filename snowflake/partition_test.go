@@ -16,7 +16,7 @@ import (
 
 // issuer drives AppendIDs on one worker in a loop and records what it got.
 type issuer struct {
-	w *Worker
+	w *Node
 	// mu protects the fields below.
 	mu       sync.Mutex
 	ids      []int64
@@ -55,12 +55,12 @@ func (is *issuer) run(ctx context.Context) {
 func TestMinorityPartitionMajorityKeepsIssuing(t *testing.T) {
 	c := faultnet.NewCluster(t, 3, faultnet.ClusterOptions{})
 	const stream = "KV_" + DefaultBucket
-	start := func(i int) *Worker {
+	start := func(i int) *Node {
 		js, err := jetstream.New(testenv.Connect(t, c.Servers[i]))
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := WorkerSettings{Replicas: 3, Instance: c.Servers[i].Name(), Logger: testLogger(t).With("node", i)}
+		s := NodeSettings{Replicas: 3, Instance: c.Servers[i].Name(), Settings: Settings{Logger: testLogger(t).With("node", i)}}
 		// A fresh 3-replica stream sometimes leaves a first request
 		// unanswered, and a cluster just up may not place one yet (no
 		// suitable peers); start-up is not what this test is about, so
@@ -68,7 +68,7 @@ func TestMinorityPartitionMajorityKeepsIssuing(t *testing.T) {
 		deadline := time.Now().Add(60 * time.Second)
 		for try := 1; ; try++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			w, err := StartWorker(ctx, js, s)
+			w, err := Start(ctx, js, s)
 			cancel()
 			if err == nil {
 				t.Cleanup(func() {
@@ -81,15 +81,15 @@ func TestMinorityPartitionMajorityKeepsIssuing(t *testing.T) {
 				return w
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("StartWorker(%q): %v", s.Instance, err)
+				t.Fatalf("Start(%q): %v", s.Instance, err)
 			}
-			t.Logf("StartWorker(%q), try %d: %v", s.Instance, try, err)
+			t.Logf("Start(%q), try %d: %v", s.Instance, try, err)
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
 	// The first worker creates the bucket; the others start once its
 	// stream has a leader that every server knows.
-	workers := []*Worker{start(0)}
+	workers := []*Node{start(0)}
 	c.WaitHealthy(t)
 	workers = append(workers, start(1), start(2))
 
@@ -105,7 +105,7 @@ func TestMinorityPartitionMajorityKeepsIssuing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	issuers := make([]*issuer, len(workers))
-	before := make([]WorkerStats, len(workers))
+	before := make([]NodeStats, len(workers))
 	for i, w := range workers {
 		issuers[i] = &issuer{w: w}
 		before[i] = w.stats()

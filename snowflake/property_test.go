@@ -28,7 +28,7 @@ const (
 // with a few processes competing for a few free worker IDs, some of them
 // restarted with a longer lease. After every
 // batch of IDs it checks that no two Workers issued from one worker ID with
-// overlapping timestamps, and that each Worker's IDs strictly increase.
+// overlapping timestamps, and that each Node's IDs strictly increase.
 //
 // Heartbeats and claims run only when the schedule says so (no background
 // loop), clocks are fake and candidate IDs are shuffled by a seeded source,
@@ -81,21 +81,21 @@ const (
 	propMaxAhead = 20 * time.Second
 )
 
-// proc is one process slot of a schedule: a clock and the Worker running
+// proc is one process slot of a schedule: a clock and the Node running
 // on it, if any.
 type proc struct {
 	name        string
 	clock       *fakeClock
-	w           *Worker
+	w           *Node
 	obj         int  // index of w in the schedule's Workers
 	partitioned bool // heartbeats and claims fail to reach NATS
 	shuffle     *rand.Rand
-	lease       time.Duration // of the current Worker
+	lease       time.Duration // of the current Node
 }
 
 // leaseModel checks what every batch of IDs issued implies.
 type leaseModel struct {
-	last  map[int]int64     // Worker index: its last ID
+	last  map[int]int64     // Node index: its last ID
 	spans map[int64][]span  // worker ID: timestamp spans issued, in order
 	ops   []string          // the schedule so far, for failure messages
 	count map[string]uint64 // outcomes, for the log
@@ -106,7 +106,7 @@ type span struct {
 	lo, hi int64
 }
 
-// record checks a batch of IDs that Worker obj issued.
+// record checks a batch of IDs that Node obj issued.
 func (m *leaseModel) record(obj int, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
@@ -169,13 +169,13 @@ func runLeaseSchedule(t *testing.T, js jetstream.JetStream, seed uint64, steps, 
 	for k := range ps {
 		ps[k] = &proc{name: fmt.Sprintf("p%d", k), clock: newFakeClock(t, start), shuffle: rand.New(rand.NewPCG(seed, uint64(k)))}
 	}
-	var objects []*Worker
+	var objects []*Node
 	var deletesOff bool // a clock ran too far ahead of the server's
-	settings := func(p *proc) WorkerSettings {
-		return WorkerSettings{
+	settings := func(p *proc) NodeSettings {
+		return NodeSettings{
 			Bucket: bucket, Instance: p.name, Lease: p.lease, Heartbeat: p.lease / 3,
-			Now: p.clock.Now, Logger: quiet(), // a schedule logs thousands of lease events mono: p.clock.Mono, sleep: p.clock.Sleep,
-			shuffle: p.shuffle.Shuffle, manual: true,
+			Settings: Settings{Now: p.clock.Now, Logger: quiet()}, // a schedule logs thousands of lease events mono: p.clock.Mono, sleep: p.clock.Sleep,
+			shuffle:  p.shuffle.Shuffle, manual: true,
 		}
 	}
 	start1 := func(p *proc) string {
@@ -183,13 +183,13 @@ func runLeaseSchedule(t *testing.T, js jetstream.JetStream, seed uint64, steps, 
 		if r.IntN(4) == 0 {
 			p.lease = propLongLease
 		}
-		w, err := StartWorker(ctx, js, settings(p))
+		w, err := Start(ctx, js, settings(p))
 		switch {
 		case errors.Is(err, ErrNoWorkerID):
 			m.count["start refused"]++
 			return "no worker ID"
 		case err != nil:
-			fail("%s: StartWorker: %v", p.name, err)
+			fail("%s: Start: %v", p.name, err)
 		}
 		objects = append(objects, w)
 		p.w, p.obj, p.partitioned = w, len(objects), false

@@ -21,8 +21,8 @@ func TestRegionsLeaseApart(t *testing.T) {
 	for region := range 2 {
 		bucket := fmt.Sprintf("leases_r%d", region)
 		for i := range 3 {
-			w := startWorker(t, js, WorkerSettings{Bucket: bucket, Instance: fmt.Sprintf("r%d-%d", region, i),
-				Layout: layout, Region: region, Logger: testLogger(t)})
+			w := startWorker(t, js, NodeSettings{Bucket: bucket, Instance: fmt.Sprintf("r%d-%d", region, i),
+				Region: region, Settings: Settings{Layout: layout, Logger: testLogger(t)}})
 			id := workerID(t, w)
 			if first, last := layout.RegionWorkerIDs(region); id < first || id > last {
 				t.Errorf("region %d holds worker ID %d, want %d..%d", region, id, first, last)
@@ -48,19 +48,19 @@ func TestRegionSettingsRecorded(t *testing.T) {
 	two.RegionBits = 2
 	three := DefaultLayout
 	three.RegionBits = 3
-	startWorker(t, js, WorkerSettings{Bucket: "leases_r1", Instance: "first", Layout: two, Region: 1, Logger: testLogger(t)})
+	startWorker(t, js, NodeSettings{Bucket: "leases_r1", Instance: "first", Region: 1, Settings: Settings{Layout: two, Logger: testLogger(t)}})
 	for _, tc := range []struct {
 		name string
-		s    WorkerSettings
+		s    NodeSettings
 		want error
 	}{
-		{"other region", WorkerSettings{Layout: two, Region: 2}, ErrRegionMismatch},
-		{"region 0", WorkerSettings{Layout: two}, ErrRegionMismatch},
-		{"other region bits", WorkerSettings{Layout: three, Region: 1}, ErrLayoutMismatch},
-		{"no region bits", WorkerSettings{Region: 0}, ErrLayoutMismatch},
-		{"region beyond the bits", WorkerSettings{Layout: two, Region: 4}, ErrInvalidSettings},
-		{"negative region", WorkerSettings{Layout: two, Region: -1}, ErrInvalidSettings},
-		{"all worker bits", WorkerSettings{Layout: Layout{Name: "x", TimeBits: 41, WorkerBits: 10, SequenceBits: 12, RegionBits: 10}}, ErrInvalidSettings},
+		{"other region", NodeSettings{Region: 2, Settings: Settings{Layout: two}}, ErrRegionMismatch},
+		{"region 0", NodeSettings{Settings: Settings{Layout: two}}, ErrRegionMismatch},
+		{"other region bits", NodeSettings{Region: 1, Settings: Settings{Layout: three}}, ErrLayoutMismatch},
+		{"no region bits", NodeSettings{Region: 0}, ErrLayoutMismatch},
+		{"region beyond the bits", NodeSettings{Region: 4, Settings: Settings{Layout: two}}, ErrInvalidSettings},
+		{"negative region", NodeSettings{Region: -1, Settings: Settings{Layout: two}}, ErrInvalidSettings},
+		{"all worker bits", NodeSettings{Settings: Settings{Layout: Layout{Name: "x", TimeBits: 41, WorkerBits: 10, SequenceBits: 12, RegionBits: 10}}}, ErrInvalidSettings},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := tc.s
@@ -76,7 +76,7 @@ func TestRegionSettingsRecorded(t *testing.T) {
 		})
 	}
 	// The same settings are welcome.
-	startWorker(t, js, WorkerSettings{Bucket: "leases_r1", Instance: "third", Layout: two, Region: 1, Logger: testLogger(t)})
+	startWorker(t, js, NodeSettings{Bucket: "leases_r1", Instance: "third", Region: 1, Settings: Settings{Layout: two, Logger: testLogger(t)}})
 }
 
 func TestDecodeRegion(t *testing.T) {

@@ -41,7 +41,7 @@ func TestWorkerClockBehindRecordedTimestamp(t *testing.T) {
 				if !Unavailable(err) {
 					t.Errorf("error %v is not unavailable", err)
 				}
-				if st := a2.Stats().(WorkerStats); !st.ClockBehind || st.ClockBackwards != 1 {
+				if st := a2.Stats().(NodeStats); !st.ClockBehind || st.ClockBackwards != 1 {
 					t.Errorf("stats: clock behind %v, count %d, want true 1", st.ClockBehind, st.ClockBackwards)
 				}
 				c.SetWall(t0)

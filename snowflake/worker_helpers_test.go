@@ -30,35 +30,37 @@ func newJetStream(tb testing.TB) jetstream.JetStream {
 }
 
 // fakeSettings returns worker settings on clock c with short leases.
-func fakeSettings(tb testing.TB, c *fakeClock, instance string) WorkerSettings {
+func fakeSettings(tb testing.TB, c *fakeClock, instance string) NodeSettings {
 	tb.Helper()
-	return WorkerSettings{
+	return NodeSettings{
 		Instance:  instance,
 		Lease:     testLease,
 		Heartbeat: testHeartbeat,
-		Now:       c.Now,
-		Logger:    testLogger(tb).With("test_instance", instance),
-		mono:      c.Mono,
-		sleep:     c.Sleep,
+		Settings: Settings{
+			Now:    c.Now,
+			Logger: testLogger(tb).With("test_instance", instance),
+			mono:   c.Mono,
+			sleep:  c.Sleep,
+		},
 	}
 }
 
 // startWorker starts a worker and closes it in Cleanup.
-func startWorker(tb testing.TB, js jetstream.JetStream, s WorkerSettings) *Worker {
+func startWorker(tb testing.TB, js jetstream.JetStream, s NodeSettings) *Node {
 	tb.Helper()
 	w, err := tryStartWorker(tb, js, s)
 	if err != nil {
-		tb.Fatalf("StartWorker(%q): %v", s.Instance, err)
+		tb.Fatalf("Start(%q): %v", s.Instance, err)
 	}
 	return w
 }
 
 // tryStartWorker starts a worker; if it succeeds, Cleanup closes it.
-func tryStartWorker(tb testing.TB, js jetstream.JetStream, s WorkerSettings) (*Worker, error) {
+func tryStartWorker(tb testing.TB, js jetstream.JetStream, s NodeSettings) (*Node, error) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	w, err := StartWorker(ctx, js, s)
+	w, err := Start(ctx, js, s)
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +75,7 @@ func tryStartWorker(tb testing.TB, js jetstream.JetStream, s WorkerSettings) (*W
 }
 
 // crash stops w as kill -9 would: no more heartbeats, no release.
-func crash(tb testing.TB, w *Worker) {
+func crash(tb testing.TB, w *Node) {
 	tb.Helper()
 	w.closeOnce.Do(func() {
 		w.cancel()
@@ -85,7 +87,7 @@ func crash(tb testing.TB, w *Worker) {
 	})
 }
 
-func workerID(tb testing.TB, w *Worker) int {
+func workerID(tb testing.TB, w *Node) int {
 	tb.Helper()
 	id, ok := w.WorkerID()
 	if !ok {
@@ -95,7 +97,7 @@ func workerID(tb testing.TB, w *Worker) int {
 }
 
 // issue takes n IDs from w and fails the test on error.
-func issue(tb testing.TB, w *Worker, n int) []int64 {
+func issue(tb testing.TB, w *Node, n int) []int64 {
 	tb.Helper()
 	ids, err := w.AppendIDs(nil, n)
 	if err != nil {
@@ -184,7 +186,7 @@ func maxTimestamp(ids []int64) int64 {
 	return m
 }
 
-// service is the interface the dispenser service expects of a Worker.
+// service is the interface the dispenser service expects of a Node.
 type service interface {
 	AppendIDs(dst []int64, n int) ([]int64, error)
 	Unavailable(err error) bool
@@ -192,4 +194,4 @@ type service interface {
 	Stats() any
 }
 
-var _ service = (*Worker)(nil)
+var _ service = (*Node)(nil)

@@ -29,7 +29,7 @@ func TestWorkerHeartbeatKeepsLease(t *testing.T) {
 		c.Add(testLease / 3)
 		now := c.Now()
 		wait.For(t, 30*time.Second, "a heartbeat after the clock moved", func() bool {
-			return !a.Stats().(WorkerStats).LastHeartbeat.Before(now)
+			return !a.Stats().(NodeStats).LastHeartbeat.Before(now)
 		})
 		ids = append(ids, issue(t, a, 100)...)
 		if _, err := tryStartWorker(t, js, fakeSettings(t, c, "beta")); !errors.Is(err, ErrNoWorkerID) {
@@ -40,7 +40,7 @@ func TestWorkerHeartbeatKeepsLease(t *testing.T) {
 		}
 	}
 	requireIncreasing(t, ids)
-	if st := a.Stats().(WorkerStats); st.LostLeases != 0 || st.Claims != 1 {
+	if st := a.Stats().(NodeStats); st.LostLeases != 0 || st.Claims != 1 {
 		t.Errorf("stats: lost %d claims %d, want 0 1", st.LostLeases, st.Claims)
 	}
 }
@@ -54,7 +54,7 @@ func TestWorkerTakeoverAfterSafeTime(t *testing.T) {
 	fillOthers(t, kv, c.Now(), aid)
 	aIDs := issue(t, a, 5000)
 	c.Add(testLease / 2)
-	wait.For(t, 30*time.Second, "a heartbeat", func() bool { return !a.Stats().(WorkerStats).LastHeartbeat.Before(c.Now()) })
+	wait.For(t, 30*time.Second, "a heartbeat", func() bool { return !a.Stats().(NodeStats).LastHeartbeat.Before(c.Now()) })
 	aIDs = append(aIDs, issue(t, a, 5000)...)
 	crash(t, a)
 	rec, _ := readLease(t, kv, aid)
@@ -111,7 +111,7 @@ func TestWorkerPausedStopsBeforeTakeover(t *testing.T) {
 	// Heartbeats stop (a partition, or a paused process); the process
 	// keeps trying to issue while time passes.
 	a.paused.Store(true)
-	var b *Worker
+	var b *Node
 	refusedAt := -1
 	for step := 0; b == nil; step++ {
 		if step > 100 {
@@ -156,7 +156,7 @@ func TestWorkerPausedStopsBeforeTakeover(t *testing.T) {
 	// (all other IDs being taken) waits for a free one.
 	a.paused.Store(false)
 	wait.For(t, 30*time.Second, "the paused worker to notice the loss", func() bool {
-		st := a.Stats().(WorkerStats)
+		st := a.Stats().(NodeStats)
 		return st.LostLeases == 1 && !st.Held
 	})
 	if _, err := a.AppendIDs(nil, 1); !errors.Is(err, ErrFenced) {
@@ -168,7 +168,7 @@ func TestWorkerPausedStopsBeforeTakeover(t *testing.T) {
 	all = append(all, issue(t, a, 1000)...)
 	all = append(all, issue(t, b, 1000)...)
 	requireUnique(t, all)
-	if st := a.Stats().(WorkerStats); st.Claims != 2 || st.FencedEpisodes == 0 {
+	if st := a.Stats().(NodeStats); st.Claims != 2 || st.FencedEpisodes == 0 {
 		t.Errorf("stats: claims %d fenced episodes %d, want 2 and > 0", st.Claims, st.FencedEpisodes)
 	}
 }
@@ -224,7 +224,7 @@ func TestWorkerFencesWhenNATSUnreachable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Real clocks: the lease times out by the monotonic clock.
-	w, err := StartWorker(ctx, js, WorkerSettings{Instance: "alpha", Lease: testLease, Heartbeat: testHeartbeat, Logger: testLogger(t)})
+	w, err := Start(ctx, js, NodeSettings{Instance: "alpha", Lease: testLease, Heartbeat: testHeartbeat, Settings: Settings{Logger: testLogger(t)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestWorkerFencesWhenNATSUnreachable(t *testing.T) {
 		_, err := w.AppendIDs(nil, 1)
 		return errors.Is(err, ErrFenced)
 	})
-	st := w.Stats().(WorkerStats)
+	st := w.Stats().(NodeStats)
 	if !st.Fenced || !st.Held || st.HeartbeatFailures == 0 {
 		t.Errorf("stats: fenced %v held %v heartbeat failures %d, want true true > 0", st.Fenced, st.Held, st.HeartbeatFailures)
 	}
@@ -263,10 +263,10 @@ func TestWorkerAdoptsOwnWrite(t *testing.T) {
 	if _, err := kv.Update(context.Background(), workerKey(aid), data, rev); err != nil {
 		t.Fatal(err)
 	}
-	before := a.Stats().(WorkerStats).Heartbeats
+	before := a.Stats().(NodeStats).Heartbeats
 	a.paused.Store(false)
-	wait.For(t, 30*time.Second, "two more heartbeats", func() bool { return a.Stats().(WorkerStats).Heartbeats >= before+2 })
-	st := a.Stats().(WorkerStats)
+	wait.For(t, 30*time.Second, "two more heartbeats", func() bool { return a.Stats().(NodeStats).Heartbeats >= before+2 })
+	st := a.Stats().(NodeStats)
 	if st.LostLeases != 0 || st.WorkerID != aid || !st.Held {
 		t.Fatalf("stats: lost %d worker %d held %v, want 0 %d true", st.LostLeases, st.WorkerID, st.Held, aid)
 	}
@@ -294,7 +294,7 @@ func TestWorkerRenewsAfterOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := startWorker(t, js, WorkerSettings{Instance: "alpha", Lease: testLease, Heartbeat: testHeartbeat, Logger: testLogger(t)})
+	w := startWorker(t, js, NodeSettings{Instance: "alpha", Lease: testLease, Heartbeat: testHeartbeat, Settings: Settings{Logger: testLogger(t)}})
 	id := workerID(t, w)
 	ids := issue(t, w, 100)
 
@@ -314,7 +314,7 @@ func TestWorkerRenewsAfterOutage(t *testing.T) {
 		ids = append(ids, more...)
 		return err == nil
 	})
-	st := w.Stats().(WorkerStats)
+	st := w.Stats().(NodeStats)
 	if st.WorkerID != id || st.LostLeases != 0 || st.Claims != 1 || st.FencedEpisodes == 0 {
 		t.Errorf("stats: worker %d lost %d claims %d fenced episodes %d, want %d 0 1 > 0",
 			st.WorkerID, st.LostLeases, st.Claims, st.FencedEpisodes, id)

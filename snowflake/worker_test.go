@@ -14,20 +14,21 @@ import (
 func TestWorkerSettingsInvalid(t *testing.T) {
 	tests := []struct {
 		name string
-		s    WorkerSettings
+		s    NodeSettings
 	}{
-		{name: "negative lease", s: WorkerSettings{Lease: -time.Second}},
-		{name: "tiny lease", s: WorkerSettings{Lease: time.Millisecond}},
-		{name: "heartbeat equals lease", s: WorkerSettings{Lease: time.Second, Heartbeat: time.Second}},
-		{name: "negative heartbeat", s: WorkerSettings{Heartbeat: -time.Second}},
-		{name: "too many replicas", s: WorkerSettings{Replicas: 7}},
-		{name: "negative replicas", s: WorkerSettings{Replicas: -1}},
-		{name: "epoch not a whole millisecond", s: WorkerSettings{Epoch: DefaultEpoch.Add(time.Nanosecond)}},
+		{name: "negative lease", s: NodeSettings{Lease: -time.Second}},
+		{name: "tiny lease", s: NodeSettings{Lease: time.Millisecond}},
+		{name: "heartbeat equals lease", s: NodeSettings{Lease: time.Second, Heartbeat: time.Second}},
+		{name: "negative heartbeat", s: NodeSettings{Heartbeat: -time.Second}},
+		{name: "too many replicas", s: NodeSettings{Replicas: 7}},
+		{name: "negative replicas", s: NodeSettings{Replicas: -1}},
+		{name: "epoch not a whole millisecond", s: NodeSettings{Settings: Settings{Epoch: DefaultEpoch.Add(time.Nanosecond)}}},
+		{name: "worker ID set: a node leases it", s: NodeSettings{Settings: Settings{WorkerID: 3}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// Settings are checked before the JetStream context is used.
-			_, err := StartWorker(context.Background(), nil, tt.s)
+			_, err := Start(context.Background(), nil, tt.s)
 			if !errors.Is(err, ErrInvalidSettings) {
 				t.Fatalf("got error %v, want ErrInvalidSettings", err)
 			}
@@ -36,7 +37,7 @@ func TestWorkerSettingsInvalid(t *testing.T) {
 }
 
 func TestWorkerSettingsDefaults(t *testing.T) {
-	s, err := WorkerSettings{}.normalize()
+	s, err := NodeSettings{}.normalize()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,11 +45,11 @@ func TestWorkerSettingsDefaults(t *testing.T) {
 		!s.Epoch.Equal(DefaultEpoch) || s.Instance == "" {
 		t.Errorf("defaults: got %+v", s)
 	}
-	s2, _ := WorkerSettings{}.normalize()
+	s2, _ := NodeSettings{}.normalize()
 	if s.Instance == s2.Instance {
 		t.Errorf("default instance names repeat: %q", s.Instance)
 	}
-	if s, _ := (WorkerSettings{Lease: 300 * time.Millisecond}).normalize(); s.Heartbeat != 100*time.Millisecond {
+	if s, _ := (NodeSettings{Lease: 300 * time.Millisecond}).normalize(); s.Heartbeat != 100*time.Millisecond {
 		t.Errorf("heartbeat for a 300ms lease: got %v, want 100ms", s.Heartbeat)
 	}
 }
@@ -73,7 +74,7 @@ func TestWorkerIssuesAndReleases(t *testing.T) {
 	if bound := rec.Bound.UnixMilli() - DefaultEpoch.UnixMilli(); maxTimestamp(ids) > bound {
 		t.Errorf("issued timestamp %d beyond the recorded bound %d", maxTimestamp(ids), bound)
 	}
-	st := w.Stats().(WorkerStats)
+	st := w.Stats().(NodeStats)
 	if st.WorkerID != id || !st.Held || st.Fenced || st.Issued != 10000 || st.Instance != "alpha" {
 		t.Errorf("stats: got %+v", st)
 	}
@@ -110,18 +111,18 @@ func TestWorkerIssuesAndReleases(t *testing.T) {
 func TestWorkerConcurrentClaims(t *testing.T) {
 	js := newJetStream(t)
 	const workers = 64
-	ws := make([]*Worker, workers)
+	ws := make([]*Node, workers)
 	var wg sync.WaitGroup
 	for i := range workers {
 		wg.Go(func() {
-			w, err := tryStartWorker(t, js, WorkerSettings{
+			w, err := tryStartWorker(t, js, NodeSettings{
 				Instance:  fmt.Sprintf("w%02d", i),
 				Lease:     5 * time.Second,
 				Heartbeat: 500 * time.Millisecond,
-				Logger:    testLogger(t),
+				Settings:  Settings{Logger: testLogger(t)},
 			})
 			if err != nil {
-				t.Errorf("StartWorker %d: %v", i, err)
+				t.Errorf("Start %d: %v", i, err)
 				return
 			}
 			ws[i] = w
@@ -203,7 +204,7 @@ func TestWorkerChurn(t *testing.T) {
 		t.Skip("churn test skipped in -short mode")
 	}
 	js := newJetStream(t)
-	first := startWorker(t, js, WorkerSettings{Instance: "w0", Lease: testLease, Heartbeat: 50 * time.Millisecond, Logger: testLogger(t)})
+	first := startWorker(t, js, NodeSettings{Instance: "w0", Lease: testLease, Heartbeat: 50 * time.Millisecond, Settings: Settings{Logger: testLogger(t)}})
 	free := []int{workerID(t, first), 1000, 1001}
 	fillOthers(t, openKV(t, js), time.Now(), free...)
 
@@ -211,7 +212,7 @@ func TestWorkerChurn(t *testing.T) {
 	var all []int64
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
-	run := func(w *Worker) {
+	run := func(w *Node) {
 		defer wg.Done()
 		var local []int64
 		for {
@@ -237,7 +238,7 @@ func TestWorkerChurn(t *testing.T) {
 		// wait for its lease to expire; meanwhile it takes another free ID
 		// or fails with ErrNoWorkerID.
 		name := fmt.Sprintf("w%d", round%3)
-		w, err := tryStartWorker(t, js, WorkerSettings{Instance: name, Lease: testLease, Heartbeat: 50 * time.Millisecond, Logger: testLogger(t)})
+		w, err := tryStartWorker(t, js, NodeSettings{Instance: name, Lease: testLease, Heartbeat: 50 * time.Millisecond, Settings: Settings{Logger: testLogger(t)}})
 		if err != nil && !errors.Is(err, ErrNoWorkerID) {
 			t.Fatalf("round %d: %v", round, err)
 		}

@@ -208,7 +208,7 @@ func TestRollingRestarts(t *testing.T) {
 			Store:     worker.KV{Replicas: 3},
 			Segment:   segment.Settings{MaxWait: 2 * time.Second},
 			Owners:    worker.Owners{Replicas: 3},
-			Snowflake: snowflake.WorkerSettings{Replicas: 3},
+			Snowflake: snowflake.NodeSettings{Replicas: 3},
 		})
 		if err != nil {
 			t.Fatalf("worker %d: %v", i, err)

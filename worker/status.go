@@ -47,7 +47,7 @@ type Status struct {
 	HasRollbacks bool
 	Rollbacks    float64
 	// Snowflake is the snowflake lease's state; nil without snowflake.
-	Snowflake *snowflake.WorkerStats
+	Snowflake *snowflake.NodeStats
 	// Tags are the first StatusTagLimit tags in memory by name, of
 	// TotalTags; MoreTags is how many are not listed.
 	Tags      []segment.TagStats
@@ -103,7 +103,7 @@ func (w *Worker) fullStatus() *Status {
 		s.Store = w.store.Name
 	}
 	if w.sf != nil {
-		if st, ok := w.sf.Stats().(snowflake.WorkerStats); ok {
+		if st, ok := w.sf.Stats().(snowflake.NodeStats); ok {
 			s.Snowflake = &st
 		}
 	}

@@ -73,7 +73,7 @@ func TestStatusRender(t *testing.T) {
 		},
 		{
 			name: "snowflake",
-			status: Status{Snowflake: &snowflake.WorkerStats{WorkerID: 17, Held: true, LeaseExpires: time.Now()},
+			status: Status{Snowflake: &snowflake.NodeStats{WorkerID: 17, Held: true, LeaseExpires: time.Now()},
 				HasRollbacks: true, Rollbacks: 3},
 			want:    []string{`<td class="name" id="snowflake-worker-id">17</td>`, ">valid<", `<span class="bad">3</span> since start`},
 			notWant: []string{"No snowflake IDs"},
@@ -173,7 +173,7 @@ func TestStatusPageOfWorker(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
 		t.Fatalf("GET /status: %s, %s", resp.Status, resp.Header.Get("Content-Type"))
 	}
-	sf, _ := w.sf.Stats().(snowflake.WorkerStats)
+	sf, _ := w.sf.Stats().(snowflake.NodeStats)
 	if sf.WorkerID < 0 {
 		t.Fatalf("no snowflake worker ID: %+v", sf)
 	}

@@ -117,7 +117,7 @@ type Config struct {
 	// Snowflake configures the snowflake worker-ID lease (--snowflake-*);
 	// zero fields are snowflake's defaults. Instance and Logger are the
 	// worker's.
-	Snowflake snowflake.WorkerSettings
+	Snowflake snowflake.NodeSettings
 
 	// Prefix is the subject prefix (--prefix). Default "id".
 	Prefix string
@@ -297,7 +297,7 @@ type Worker struct {
 	leaseName string // snowflake lease bucket identity and epoch; "" without snowflake
 	alloc     *segment.Allocator
 	owners    *ownership.Leases
-	sf        *snowflake.Worker
+	sf        *snowflake.Node
 	svc       *dispenser.Service
 	reg       *prometheus.Registry // nil without MetricsAddr
 	http      *http.Server         // metrics and health; nil without MetricsAddr
@@ -443,7 +443,7 @@ func (w *Worker) start(ctx context.Context) error {
 			}
 			sfs.Layout.RegionBits, sfs.Region, sfs.Cluster = cfg.Region.Bits, cfg.Region.N, env.Cluster
 		}
-		if w.sf, err = snowflake.StartWorker(ctx, js, sfs); err != nil {
+		if w.sf, err = snowflake.Start(ctx, js, sfs); err != nil {
 			return err // snowflake's errors say "snowflake:" themselves
 		}
 		sf = w.sf
@@ -842,7 +842,7 @@ func (w *Worker) ready(ctx context.Context) *notReady {
 		}
 	}
 	if w.sf != nil {
-		st, _ := w.sf.Stats().(snowflake.WorkerStats)
+		st, _ := w.sf.Stats().(snowflake.NodeStats)
 		if !st.Held || st.Fenced || st.ClockBehind {
 			return &notReady{"snowflake", fmt.Errorf("lease held %v, fenced %v, clock behind %v", st.Held, st.Fenced, st.ClockBehind)}
 		}

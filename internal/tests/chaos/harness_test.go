@@ -502,7 +502,7 @@ func createKVTags(tb testing.TB, urls, bucket string, replicas int, tags map[str
 // workerStats is what one worker reports on $SRV.STATS.
 type workerStats struct {
 	Tags      map[string]segment.TagStats
-	Snowflake snowflake.WorkerStats
+	Snowflake snowflake.NodeStats
 	Ordered   ownership.Stats // the segment endpoint's "ordered"
 	Forwarded uint64          // its "forwarded": requests forwarded to the owner of their ordered tag
 	Requests  map[string]int  // per endpoint
