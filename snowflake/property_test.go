@@ -174,7 +174,7 @@ func runLeaseSchedule(t *testing.T, js jetstream.JetStream, seed uint64, steps, 
 	settings := func(p *proc) NodeSettings {
 		return NodeSettings{
 			Bucket: bucket, Instance: p.name, Lease: p.lease, Heartbeat: p.lease / 3,
-			Settings: Settings{Now: p.clock.Now, Logger: quiet()}, // a schedule logs thousands of lease events mono: p.clock.Mono, sleep: p.clock.Sleep,
+			Settings: Settings{Now: p.clock.Now, mono: p.clock.Mono, sleep: p.clock.Sleep, Logger: quiet()}, // a schedule logs thousands of lease events: quiet
 			shuffle:  p.shuffle.Shuffle, manual: true,
 		}
 	}
