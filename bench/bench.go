@@ -20,9 +20,9 @@
 //     refresh time and latency during refreshes (tags.go);
 //   - the report (report.go): tables or JSON, targets, progress lines.
 //
-// The program (cmd/dispenser) parses the flags into a Config and calls
-// Run; its LoadCommand parses a load child's flags (LoadConfig.AddFlags)
-// and calls ServeLoad.
+// The program (cmd/dispenser) defines its bench flags with Flags, which
+// checks them into a Config and calls Run, and its LoadCommand's with
+// LoadFlags (LoadConfig.AddFlags), which calls ServeLoad; it parses them.
 package bench
 
 import (
