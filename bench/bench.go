@@ -6,22 +6,23 @@
 // The parts:
 //
 //   - the load generator (load.go) keeps a fixed number of requests in
-//     flight and checks every reply. It runs in a child process, the
-//     program started again from os.Executable() with its hidden
-//     LoadCommand, so that it shares no runtime with the service it loads;
+//     flight and checks every reply (loadcheck.go). It runs in a child
+//     process, the program started again from os.Executable() with its
+//     hidden LoadCommand (loadcmd.go), so that it shares no runtime with
+//     the service it loads;
 //   - the measurement: latencies in an HdrHistogram (latency.go), the local
 //     set-up (local.go: an embedded nats-server, the baseline responder and
 //     the service under test, workers of package worker as `dispenser serve`
-//     runs them),
-//     idle memory, start-up time and segment fetch latency (fetch.go);
+//     runs them), child processes and idle memory (child.go), start-up time
+//     (startup.go) and segment fetch latency (fetch.go);
 //   - the feature runs: an ordered tag served by three workers (ordered.go)
 //     and many tags: new-tag rate, memory and /metrics per warm tag,
 //     refresh time and latency during refreshes (tags.go);
 //   - the report (report.go): tables or JSON, targets, progress lines.
 //
-// The program (cmd/dispenser) parses the flags into a Config and calls
-// Run; its LoadCommand parses a load child's flags (LoadConfig.AddFlags)
-// and calls ServeLoad.
+// The program (cmd/dispenser) defines its bench flags with Flags, which
+// checks them into a Config and calls Run, and its LoadCommand's with
+// LoadFlags (LoadConfig.AddFlags), which calls ServeLoad; it parses them.
 package bench
 
 import (

@@ -5,14 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +20,6 @@ import (
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
-	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker"
 	"github.com/dispenser-dev/dispenser/worker/pgstore"
@@ -330,150 +324,6 @@ func requestID(ctx context.Context, nc *nats.Conn, subject string, timeout time.
 	}
 }
 
-// ChildEnv is set (to 1) in the environment of the processes that Run
-// starts from os.Executable(). The program needs no marker: the command
-// line says what to do. A test binary's TestMain sees it and runs the
-// command line instead of the tests.
-const ChildEnv = "DISPENSER_BENCH_CHILD"
-
-// childCommand returns a command that runs this program with args, with the
-// DISPENSER_* variables removed from its environment so that only args
-// configure it.
-func childCommand(ctx context.Context, args ...string) (*exec.Cmd, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("finding this program to start a child: %w", err)
-	}
-	cmd := exec.CommandContext(ctx, exe, args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "DISPENSER_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, ChildEnv+"=1")
-	if os.Getenv("GORACE") == "" {
-		// A race-enabled binary (go test -race) otherwise sleeps a second
-		// when it exits with status 0.
-		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
-	}
-	cmd.WaitDelay = 5 * time.Second
-	return cmd, nil
-}
-
-// MemoryResult is the resident size of an idle worker with warm tags.
-type MemoryResult struct {
-	Tags        int     `json:"tags"`
-	Store       string  `json:"store"`
-	RSSBytes    int64   `json:"rss_bytes"`
-	WarmSeconds float64 `json:"warm_seconds"`
-}
-
-// child is a running child process whose output is kept.
-type child struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stdout tailBuffer
-	stderr tailBuffer
-	exited chan struct{} // closed once the process has exited
-}
-
-// startChild starts this program with args (see childCommand).
-func startChild(ctx context.Context, args ...string) (*child, error) {
-	cmd, err := childCommand(ctx, args...)
-	if err != nil {
-		return nil, err
-	}
-	c := &child{cmd: cmd, exited: make(chan struct{})}
-	if c.stdin, err = cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = &c.stdout, &c.stderr
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", args[0], err)
-	}
-	go func() { cmd.Wait(); close(c.exited) }()
-	return c, nil
-}
-
-func (c *child) gone() bool {
-	select {
-	case <-c.exited:
-		return true
-	default:
-		return false
-	}
-}
-
-// stop closes the child's stdin and sends it an interrupt, and kills it
-// if it has not exited after 10 s.
-func (c *child) stop() {
-	c.stdin.Close()
-	c.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-c.exited:
-	case <-time.After(10 * time.Second):
-		c.cmd.Process.Kill()
-		<-c.exited
-	}
-}
-
-// measureMemory starts `dispenser serve` as an idle worker on the KV
-// bucket memBucket with n tags, takes an ID of every tag, waits a
-// second and returns the worker process's resident size. It forces no GC:
-// a worker in production gets none either.
-func (e *env) measureMemory(ctx context.Context, n int) (*MemoryResult, error) {
-	store, err := kv.New(ctx, e.js, kv.Settings{Bucket: memBucket})
-	if err != nil {
-		return nil, err
-	}
-	tags := make([]string, n)
-	for i := range tags {
-		tags[i] = fmt.Sprintf("mem_%04d", i)
-	}
-	if err := parallel(ctx, tags, 16, func(tag string) error { return ensureTag(ctx, store, tag, 1000) }); err != nil {
-		return nil, err
-	}
-	c, err := startChild(ctx, "serve", "--nats-url", e.url, "--segment-bucket", memBucket,
-		"--prefix", memPrefix, "--queue-group", memPrefix, "--instance", "bench-memory", "--log-level", "warn")
-	if err != nil {
-		return nil, err
-	}
-	defer c.stop()
-	start := time.Now()
-	err = parallel(ctx, tags, 32, func(tag string) error {
-		_, err := requestID(ctx, e.ctlNC, memPrefix+".segment."+tag, 30*time.Second)
-		return err
-	})
-	if err != nil {
-		if c.gone() {
-			err = fmt.Errorf("the worker exited: %s", strings.TrimSpace(c.stderr.String()))
-		}
-		return nil, fmt.Errorf("warming the worker's tags: %w", err)
-	}
-	warm := time.Since(start)
-	time.Sleep(time.Second)
-	rss, err := processRSS(strconv.Itoa(c.cmd.Process.Pid))
-	if err != nil {
-		return nil, err
-	}
-	return &MemoryResult{Tags: n, Store: "kv", RSSBytes: rss, WarmSeconds: round(warm.Seconds(), 3)}, nil
-}
-
-// processRSS reads the resident set size of a process from /proc (Linux).
-func processRSS(pid string) (int64, error) {
-	b, err := os.ReadFile("/proc/" + pid + "/status")
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmRSS in /proc/" + pid + "/status")
-}
-
 // parallel calls f for every item with at most n calls at once and returns
 // the first error.
 func parallel(ctx context.Context, items []string, n int, f func(string) error) error {
@@ -509,106 +359,6 @@ func parallel(ctx context.Context, items []string, n int, f func(string) error) 
 		first = ctx.Err()
 	}
 	return first
-}
-
-// StartupResult is how long `dispenser serve` takes from the start of its
-// process to serving in zero-setup mode: no flags but a free listen address
-// and a fresh data directory.
-type StartupResult struct {
-	ServingMS     float64 `json:"serving_ms"`      // the micro service answers a ping
-	SegmentIDMS   float64 `json:"segment_id_ms"`   // first ID of a tag created on first use
-	SnowflakeIDMS float64 `json:"snowflake_id_ms"` // first snowflake ID
-	RSSBytes      int64   `json:"rss_bytes"`       // of the process, embedded nats-server included
-}
-
-// measureStartup starts `dispenser serve` in zero-setup mode in dir and
-// times it until it serves.
-func measureStartup(ctx context.Context, dir string) (*StartupResult, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	start := time.Now()
-	c, err := startChild(ctx, "serve", "--nats-listen", addr, "--data-dir", dir, "--instance", "bench-startup", "--log-level", "warn")
-	if err != nil {
-		return nil, err
-	}
-	defer c.stop()
-	deadline := start.Add(20 * time.Second)
-	// wait returns an error if serve has exited or the deadline passed.
-	wait := func(what string) error {
-		if c.gone() {
-			return fmt.Errorf("serve exited: %s", strings.TrimSpace(c.stderr.String()))
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("serve did not %s within 20s", what)
-		}
-		time.Sleep(time.Millisecond)
-		return nil
-	}
-	var nc *nats.Conn
-	for nc == nil {
-		nc, _ = nats.Connect("nats://"+addr, nats.Timeout(100*time.Millisecond))
-		if nc == nil {
-			if err := wait("listen on " + addr); err != nil {
-				return nil, err
-			}
-		}
-	}
-	defer nc.Close()
-	r := &StartupResult{}
-	for {
-		// A reply of the service, an error one too, is the service
-		// serving. (Not $SRV.PING: a client without credentials may not
-		// ask it of the embedded server.)
-		if _, err := nc.Request("id.snowflake.decode", []byte("0"), 100*time.Millisecond); err == nil {
-			r.ServingMS = msSince(start)
-			break
-		}
-		if err := wait("answer a ping"); err != nil {
-			return nil, err
-		}
-	}
-	if _, err := requestID(ctx, nc, "id.segment.startup", 5*time.Second); err != nil {
-		return nil, fmt.Errorf("first segment ID: %w", err)
-	}
-	r.SegmentIDMS = msSince(start)
-	t := time.Now()
-	if _, err := requestID(ctx, nc, "id.snowflake", 5*time.Second); err != nil {
-		return nil, fmt.Errorf("first snowflake ID: %w", err)
-	}
-	r.SnowflakeIDMS = r.SegmentIDMS + msSince(t)
-	if r.RSSBytes, err = processRSS(strconv.Itoa(c.cmd.Process.Pid)); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
-
-// tailBuffer keeps the last 4 KiB written to it; it is safe for concurrent
-// use.
-type tailBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > 4096 {
-		t.b = append(t.b[:0], t.b[len(t.b)-4096:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
 }
 
 // openMigrated connects to the PostgreSQL segment store at url and applies

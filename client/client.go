@@ -180,6 +180,9 @@ type Client struct {
 	ctx    context.Context // background refills; canceled by Close
 	cancel context.CancelFunc
 
+	// Lock order: none of mu, directMu and a pool's mu is held while
+	// another is taken (a pool's refill requests IDs on a goroutine of
+	// its own, without the pool's mu).
 	mu    sync.Mutex // protects pools
 	pools map[string]*pool
 
@@ -192,13 +195,6 @@ type Client struct {
 	// permissions violation, then for good).
 	directOff map[string]time.Time
 }
-
-// directWanted is the value of protocol.DirectHeader on a request: any.
-var directWanted = []string{"1"}
-
-// directHoldoff is how long a tag's direct subjects are not used after one
-// of them timed out.
-const directHoldoff = time.Minute
 
 // New returns a Client that sends requests on nc.
 func New(nc *nats.Conn, opts ...Option) (*Client, error) {
@@ -456,150 +452,10 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg
 	}
 }
 
-// directSubject returns where tag's request goes: its owner's direct
-// subject, if known and not held off, and true; else segment and false.
-func (c *Client) directSubject(tag, segment string) (string, bool) {
-	if c.noDirect {
-		return segment, false
-	}
-	c.directMu.RLock()
-	d, ok := c.direct[tag]
-	c.directMu.RUnlock()
-	if !ok {
-		return segment, false
-	}
-	return d, true
-}
-
-// learnDirect remembers the direct subject a reply for tag names, if it
-// is one of tag's (protocol.CheckDirect: a reply is untrusted) and tag's
-// direct subjects are not held off.
-func (c *Client) learnDirect(tag string, resp *nats.Msg) {
-	d := resp.Header.Get(protocol.DirectHeader)
-	if d == "" || c.noDirect || protocol.CheckDirect(d, c.prefix, tag) != nil {
-		return
-	}
-	c.directMu.RLock()
-	cur, off := c.direct[tag], c.directOff[tag]
-	c.directMu.RUnlock()
-	if cur == d || !off.IsZero() && time.Now().Before(off) {
-		return
-	}
-	c.directMu.Lock()
-	c.direct[tag] = d
-	delete(c.directOff, tag)
-	c.directMu.Unlock()
-}
-
-// forgetDirect drops tag's direct subject d, which failed; timedOut holds
-// tag's direct subjects off for directHoldoff, or for good if the
-// connection's last error is a permissions violation naming d.
-func (c *Client) forgetDirect(tag, d string, timedOut bool) {
-	c.directMu.Lock()
-	defer c.directMu.Unlock()
-	if c.direct[tag] == d {
-		delete(c.direct, tag)
-	}
-	if !timedOut {
-		return
-	}
-	until := time.Now().Add(directHoldoff)
-	if err := c.nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+d+`"`) {
-		until = time.Now().Add(100 * 365 * 24 * time.Hour) // for good
-	}
-	c.directOff[tag] = until
-}
-
 // retryable reports whether a request that failed with err may be sent
 // again: no worker answered, the attempt timed out, or a worker said 503.
 func retryable(err error) bool {
 	var e *Error
 	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
 		errors.As(err, &e) && e.Code == protocol.CodeUnavailable
-}
-
-func (c *Client) pool(tag string) *pool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	p := c.pools[tag]
-	if p == nil {
-		p = &pool{c: c, tag: tag, ready: make(chan struct{})}
-		c.pools[tag] = p
-	}
-	return p
-}
-
-// pool is the local range of one tag's prefetched IDs.
-type pool struct {
-	c   *Client
-	tag string
-
-	mu sync.Mutex // protects the fields below
-	// runs are the IDs at hand, in increasing order; runs[0].first is next.
-	runs    []protocol.Run
-	left    int           // IDs in runs
-	filling bool          // a refill request is in flight
-	ready   chan struct{} // closed and replaced when a refill ends
-	err     error         // the last refill's error
-}
-
-// take returns the next prefetched ID, waiting for a refill when none is at
-// hand.
-func (p *pool) take(ctx context.Context) (int64, error) {
-	for {
-		p.mu.Lock()
-		if p.left > 0 {
-			r := &p.runs[0]
-			id := r.First
-			if r.First == r.Last {
-				p.runs = p.runs[1:]
-			} else {
-				r.First++
-			}
-			p.left--
-			if p.left < p.c.prefetch/2 {
-				p.refillLocked()
-			}
-			p.mu.Unlock()
-			return id, nil
-		}
-		p.refillLocked()
-		ready, err := p.ready, p.err
-		p.mu.Unlock()
-		select {
-		case <-ready:
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-p.c.ctx.Done():
-			return 0, ErrClosed
-		}
-		p.mu.Lock()
-		err = p.err
-		empty := p.left == 0
-		p.mu.Unlock()
-		if empty && err != nil {
-			return 0, err
-		}
-	}
-}
-
-// refillLocked starts a background refill unless one is in flight.
-func (p *pool) refillLocked() {
-	if p.filling || p.c.ctx.Err() != nil {
-		return
-	}
-	p.filling = true
-	go func() {
-		runs, err := p.c.requestRuns(p.c.ctx, p.tag, p.c.prefetch, true, minSegment)
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.filling = false
-		p.err = err
-		for _, r := range runs { // checked: prefetch IDs in all
-			p.runs = append(p.runs, r)
-			p.left += int(r.Len())
-		}
-		close(p.ready)
-		p.ready = make(chan struct{})
-	}()
 }

@@ -1,5 +1,9 @@
-// Package schema holds dispenser's PostgreSQL schema as embedded SQL
-// migrations and applies them.
+// Package schema holds dispenser's database migrations as embedded SQL
+// files, one directory per database, found by one loader (Load):
+// postgres/ for the PostgreSQL store, applied and recorded by Migrate, and
+// mysql/ for the MySQL store, one CREATE TABLE IF NOT EXISTS per table,
+// applied by segment/mysql's Migrate. A file is NNN_NAME.sql: NNN orders
+// the files, and its leading comment lines document it.
 package schema
 
 import (
@@ -8,14 +12,54 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-//go:embed *.sql
+//go:embed postgres/*.sql mysql/*.sql
 var files embed.FS
+
+// The directories of the two databases' migrations, for Load.
+const (
+	Postgres = "postgres"
+	MySQL    = "mysql"
+)
+
+// Migration is one embedded migration file.
+type Migration struct {
+	// Name is the file name without ".sql", such as 001_leaf_alloc: for
+	// PostgreSQL the version recorded in VersionTable.
+	Name string
+	// SQL is the file's statements, without the comment lines that head
+	// it (the file's documentation).
+	SQL string
+}
+
+// Load returns the embedded migrations of db (Postgres or MySQL) in the
+// order they apply: by file name.
+func Load(db string) []Migration {
+	names, err := fs.Glob(files, db+"/*.sql")
+	if err != nil {
+		panic(err) // the pattern is valid
+	}
+	sort.Strings(names)
+	out := make([]Migration, len(names))
+	for i, n := range names {
+		b, err := files.ReadFile(n)
+		if err != nil {
+			panic(err) // embedded: it is there
+		}
+		sql := string(b)
+		for strings.HasPrefix(sql, "--") {
+			_, sql, _ = strings.Cut(sql, "\n")
+		}
+		out[i] = Migration{Name: strings.TrimSuffix(path.Base(n), ".sql"), SQL: strings.TrimSpace(sql)}
+	}
+	return out
+}
 
 // VersionTable is the table that records applied migrations.
 const VersionTable = "dispenser_schema_migrations"
@@ -24,21 +68,17 @@ const VersionTable = "dispenser_schema_migrations"
 // processes ("dispensr" in ASCII).
 const lockKey int64 = 0x64697370656e7372
 
-// Versions lists the embedded migrations in the order they apply: their file
-// names without ".sql".
+// Versions lists the embedded PostgreSQL migrations in the order they
+// apply: their file names without ".sql".
 func Versions() []string {
-	names, err := fs.Glob(files, "*.sql")
-	if err != nil {
-		panic(err) // the pattern is valid
-	}
-	sort.Strings(names)
-	for i, n := range names {
-		names[i] = strings.TrimSuffix(n, ".sql")
+	var names []string
+	for _, m := range Load(Postgres) {
+		names = append(names, m.Name)
 	}
 	return names
 }
 
-// Migrate applies the embedded migrations that db does not have yet, in the
+// Migrate applies the embedded PostgreSQL migrations that db does not have yet, in the
 // order of Versions, and returns the versions it applied. Each migration runs
 // in its own transaction together with its row in VersionTable, so a failed
 // one leaves no trace. Migrate is idempotent and safe to run from several
@@ -51,17 +91,13 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) (applied []string, err error
 	)`); err != nil {
 		return nil, err
 	}
-	for _, v := range Versions() {
-		sql, err := files.ReadFile(v + ".sql")
-		if err != nil {
-			return applied, fmt.Errorf("schema: %w", err)
-		}
-		switch err := migrate(ctx, db, v, string(sql)); {
+	for _, m := range Load(Postgres) {
+		switch err := migrate(ctx, db, m.Name, m.SQL); {
 		case errors.Is(err, errApplied):
 		case err != nil:
 			return applied, err
 		default:
-			applied = append(applied, v)
+			applied = append(applied, m.Name)
 		}
 	}
 	return applied, nil

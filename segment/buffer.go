@@ -106,6 +106,8 @@ type buffer struct {
 	removed bool
 	calm    bool
 
+	// mu is a leaf of the lock order (Allocator): no lock is taken while
+	// it is held.
 	mu sync.Mutex // protects removed, calm and the fields below
 	// wake, made by the first waiter, is closed and dropped whenever a
 	// fetch ends, well or not (most tags never have a waiter: no channel).

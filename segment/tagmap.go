@@ -17,6 +17,8 @@ import (
 type tagMap struct {
 	read atomic.Pointer[map[string]*buffer] // never written once stored
 
+	// mu comes after the Allocator's refreshMu and before its mu (the lock
+	// order is written at Allocator): add calls make under it.
 	mu sync.Mutex // protects added and stale, and rebuilding read
 	// added holds the tags added since read was built.
 	added map[string]*buffer

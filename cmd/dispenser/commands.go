@@ -8,39 +8,27 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
-	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/segment/witness"
 	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker"
+	"github.com/dispenser-dev/dispenser/worker/adminstore"
 	"github.com/dispenser-dev/dispenser/worker/mysqlstore"
-	"github.com/dispenser-dev/dispenser/worker/pgstore"
 )
 
 // storeFlags are the flags that select the store of admin commands.
 type storeFlags struct {
-	postgresURL   string
-	mysqlURL      string
-	nats          worker.NATS
-	bucket        string
-	witnessBucket string
-	region        worker.Region
-	fs            *flag.FlagSet // the flags, parsed by the time open is called
-	inboxPrefix   string        // --nats-inbox-prefix
+	adminstore.Settings
+	fs *flag.FlagSet // the flags, parsed by the time open is called
 }
 
 // regionFlags adds --region, --region-bits and --regions, as serve has
@@ -53,130 +41,28 @@ func regionFlags(fs *flag.FlagSet, r *worker.Region) {
 
 func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 	f := &storeFlags{fs: fs}
-	fs.StringVar(&f.postgresURL, "postgres-url", "", "PostgreSQL URL of the segment store")
-	fs.StringVar(&f.mysqlURL, "mysql-url", "", "MySQL/MariaDB DSN of the segment store (user:password@tcp(host:3306)/dbname); not with --postgres-url")
-	urlFileFlag(fs, &f.postgresURL, "postgres-url", "the PostgreSQL URL")
-	urlFileFlag(fs, &f.mysqlURL, "mysql-url", "the MySQL/MariaDB DSN")
-	natsFlags(fs, &f.nats, "NATS URL, for the JetStream KV segment store (when --postgres-url and --mysql-url are empty); with --postgres-url or --mysql-url, tags list shows the witness marks", false)
-	inboxFlag(fs, &f.inboxPrefix)
-	fs.StringVar(&f.bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store")
-	fs.StringVar(&f.witnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks (with --postgres-url or --mysql-url, and --nats-url)")
-	regionFlags(fs, &f.region)
+	fs.StringVar(&f.PostgresURL, "postgres-url", "", "PostgreSQL URL of the segment store")
+	fs.StringVar(&f.MySQLURL, "mysql-url", "", "MySQL/MariaDB DSN of the segment store (user:password@tcp(host:3306)/dbname); not with --postgres-url")
+	urlFileFlag(fs, &f.PostgresURL, "postgres-url", "the PostgreSQL URL")
+	urlFileFlag(fs, &f.MySQLURL, "mysql-url", "the MySQL/MariaDB DSN")
+	f.NATS.AddFlags(fs, "NATS URL, for the JetStream KV segment store (when --postgres-url and --mysql-url are empty); with --postgres-url or --mysql-url, tags list shows the witness marks", false)
+	inboxFlag(fs, &f.InboxPrefix)
+	fs.StringVar(&f.Bucket, "segment-bucket", kv.DefaultBucket, "JetStream KV bucket of the segment store")
+	fs.StringVar(&f.WitnessBucket, "witness-bucket", witness.DefaultBucket, "JetStream KV bucket of the witness marks (with --postgres-url or --mysql-url, and --nats-url)")
+	regionFlags(fs, &f.Region)
 	return f
 }
 
-// marker reads the witness marks of tags.
-type marker interface {
-	Mark(ctx context.Context, tag string) (mark int64, ok bool, err error)
-}
-
-// open opens the selected store as a worker would, except that PostgreSQL
-// must answer now and the witness is only read: with PostgreSQL and
-// --nats-url, w reads the marks of the existing witness bucket (else w is
-// nil). close releases them.
-func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, close func(), err error) {
-	if err := f.region.Check(); err != nil {
+// open opens the selected store (adminstore.Open) once the flags are
+// checked. close releases it.
+func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w adminstore.Marker, close func(), err error) {
+	if err := f.Region.Check(); err != nil {
 		return nil, nil, nil, err
 	}
 	if err := checkURLFiles(f.fs, "postgres-url", "mysql-url"); err != nil {
 		return nil, nil, nil, err
 	}
-	if f.nats, err = f.nats.Resolve(); err != nil { // the context may give the URL
-		return nil, nil, nil, err
-	}
-	var raiser witness.Raiser
-	var closeDB func()
-	switch {
-	case f.postgresURL != "" && f.mysqlURL != "":
-		return nil, nil, nil, errors.New("--postgres-url and --mysql-url: give one segment store")
-	case f.postgresURL != "":
-		pool, err := openPostgres(ctx, f.postgresURL)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		pg := postgres.New(pool)
-		st, raiser, closeDB = &worker.Store{Store: pg, Admin: pg, Name: pgstore.Name(pool)}, pg, pool.Close
-	case f.mysqlURL != "":
-		db, err := mysqlstore.Connect(ctx, f.mysqlURL)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		my := mysql.New(db)
-		st, raiser, closeDB = &worker.Store{Store: my, Admin: my, Name: mysqlstore.Name(f.mysqlURL)}, my, func() { db.Close() }
-	}
-	if raiser != nil {
-		if f.nats.URL == "" {
-			return st, nil, closeDB, nil
-		}
-		nc, js, err := f.connect()
-		if err != nil {
-			closeDB()
-			return nil, nil, nil, err
-		}
-		bucket := f.region.Name(f.witnessBucket, witness.DefaultBucket, f.region.PerRegionStores())
-		kvb, err := js.KeyValue(ctx, bucket)
-		if err != nil {
-			nc.Close()
-			closeDB()
-			return nil, nil, nil, refused(nc, fmt.Errorf("witness bucket %q: %w", bucket, err))
-		}
-		return st, witness.New(kvb, raiser, witness.Settings{}), func() { nc.Close(); closeDB() }, nil
-	}
-	if f.nats.URL == "" {
-		return nil, nil, nil, errors.New("set --postgres-url (PostgreSQL store), --mysql-url (MySQL store) or --nats-url (JetStream KV store)")
-	}
-	nc, js, err := f.connect()
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	env := worker.StoreEnv{Logger: slog.Default(), Region: f.region}
-	if f.region.PerRegionStores() {
-		env.Cluster = nc.ConnectedClusterName()
-	}
-	if st, err = (worker.KV{Bucket: f.bucket}).OpenStore(ctx, js, env); err != nil {
-		nc.Close()
-		return nil, nil, nil, refused(nc, err)
-	}
-	return st, nil, nc.Close, nil
-}
-
-// refused adds to err, when the server refused nc a permission, how to
-// get the rights on a worker's embedded nats-server, which gives them to
-// the worker's key only (worker.KeyFile).
-func refused(nc *nats.Conn, err error) error {
-	if last := nc.LastError(); errors.Is(last, nats.ErrPermissionViolation) {
-		return fmt.Errorf("%w (%v: a worker's embedded nats-server lets only the worker's key administer it: add --nats-nkey DATA-DIR/%s, e.g. --nats-nkey ./dispenser-data/%s)", err, last, worker.KeyFile, worker.KeyFile)
-	}
-	return err
-}
-
-// connect connects to --nats-url.
-func (f *storeFlags) connect() (*nats.Conn, jetstream.JetStream, error) {
-	if err := worker.CheckInboxPrefix(f.inboxPrefix, ""); err != nil {
-		return nil, nil, fmt.Errorf("--nats-inbox-prefix: %w", err)
-	}
-	var opts []nats.Option
-	if f.inboxPrefix != "" {
-		opts = append(opts, nats.CustomInboxPrefix(f.inboxPrefix))
-	}
-	nc, err := f.nats.Connect("dispenser-admin", false, opts...)
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
-}
-
-// openPostgres connects to url and checks that the server answers.
-func openPostgres(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	if url == "" {
-		return nil, errors.New("set --postgres-url (env DISPENSER_POSTGRES_URL) or --mysql-url (env DISPENSER_MYSQL_URL)")
-	}
-	return pgstore.Connect(ctx, url)
+	return adminstore.Open(ctx, f.Settings)
 }
 
 func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -207,7 +93,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return nil
 	}
-	pool, err := openPostgres(ctx, *url)
+	pool, err := adminstore.OpenPostgres(ctx, *url)
 	if err != nil {
 		return err
 	}
@@ -305,7 +191,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if sub == "list" {
 			check = tagmodel.MatchRegions
 		}
-		if err := check(ctx, rs, sf.region.Segments()); err != nil {
+		if err := check(ctx, rs, sf.Region.Segments()); err != nil {
 			return err
 		}
 	}
@@ -322,7 +208,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := st.Admin.CreateTag(ctx, t); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d, ordered %s", pos[0], sf.region.Segments().ID(start), step, yesNo(ordered))
+		fmt.Fprintf(stdout, "created tag %s: first ID %d, step %d, ordered %s", pos[0], sf.Region.Segments().ID(start), step, yesNo(ordered))
 		if r, _ := tagmodel.ParseReset(reset); r != tagmodel.ResetNone {
 			fmt.Fprintf(stdout, ", reset every %s (%s)", r, cmp.Or(timeZone, "UTC"))
 		}
@@ -381,7 +267,7 @@ func tags(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // (none, day, month, year), with TIME ZONE and RETENTION for a tag that
 // has one; FORMAT the number format, if any. NEXT ID of a tag with a reset
 // period is every period's start.
-func listTags(ctx context.Context, st tagmodel.Store, marks marker, stdout io.Writer) error {
+func listTags(ctx context.Context, st tagmodel.Store, marks adminstore.Marker, stdout io.Writer) error {
 	names, err := st.Tags(ctx)
 	if err != nil {
 		return err

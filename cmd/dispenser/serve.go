@@ -30,7 +30,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	var pg pgstore.Postgres
 	var my mysqlstore.MySQL
 	var logLevel, logFormat string
-	natsFlags(fs, &c.NATS, "NATS server URL(s), comma-separated; empty starts an embedded nats-server with JetStream", true)
+	c.NATS.AddFlags(fs, "NATS server URL(s), comma-separated; empty starts an embedded nats-server with JetStream", true)
 	inboxFlag(fs, &c.InboxPrefix)
 	fs.StringVar(&c.JSInboxPrefix, "nats-js-inbox-prefix", "", "inbox prefix of the JetStream connection; empty: --nats-inbox-prefix")
 	fs.StringVar(&c.Embedded.Listen, "nats-listen", worker.DefaultListen, "address of the embedded nats-server (when --nats-url is empty)")

@@ -2,7 +2,9 @@
 // segment/mysql, on Leaf's leaf_alloc table), behind the failover witness
 // (package segment/witness) unless told otherwise. It is a package of its
 // own so that the worker package, and with it dispensertest, does not
-// depend on the MySQL driver.
+// depend on the MySQL driver. It also reads Leaf's leaf_alloc for
+// `dispenser tags import` and imports its rows into a store
+// (ReadLeafRows, ImportLeafRow).
 package mysqlstore
 
 import (
