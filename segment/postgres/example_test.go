@@ -6,7 +6,6 @@ import (
 	"log"
 	"os"
 
-	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/tagmodel"
 )
@@ -20,7 +19,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer store.Close()
-	if _, err := schema.Migrate(ctx, store.Pool()); err != nil {
+	if _, err := postgres.Migrate(ctx, store.Pool()); err != nil {
 		log.Fatal(err)
 	}
 	if err := store.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 1000, MaxID: 1, Description: "order numbers"}); err != nil {

@@ -43,7 +43,7 @@ var (
 )
 
 // New returns a Store over pool, whose database must have the schema
-// (schema.Migrate). The caller keeps ownership of pool.
+// (postgres.Migrate). The caller keeps ownership of pool.
 func New(pool *pgxpool.Pool) *Store {
 	return &Store{pool: pool, wrote: map[string]written{}}
 }

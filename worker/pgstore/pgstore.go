@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/worker"
 )
@@ -72,7 +71,7 @@ func (p Postgres) OpenStore(ctx context.Context, js jetstream.JetStream, env wor
 		}
 	}()
 	if p.Migrate {
-		applied, err := schema.Migrate(ctx, pool)
+		applied, err := postgres.Migrate(ctx, pool)
 		if err != nil {
 			return nil, err
 		}
@@ -82,7 +81,7 @@ func (p Postgres) OpenStore(ctx context.Context, js jetstream.JetStream, env wor
 	// start (with what to run) rather than fail every fetch. A database
 	// that cannot be reached now is not checked: the worker starts without
 	// it, as always (its fetches fail until it is back).
-	missing, err := schema.Missing(ctx, pool)
+	missing, err := postgres.Missing(ctx, pool)
 	reachable := err == nil
 	if err != nil {
 		env.Logger.Warn("postgres: cannot check the schema version now; starting anyway", "err", err)

@@ -87,7 +87,6 @@ import (
 
 	"github.com/dispenser-dev/dispenser/internal/leafsql"
 	"github.com/dispenser-dev/dispenser/protocol"
-	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
 	"github.com/dispenser-dev/dispenser/segment/mysql"
@@ -470,7 +469,7 @@ func (s *system) newStore(tb *iterTB, b *backend) {
 			s.t.Fatal(err)
 		}
 		tb.Cleanup(pool.Close)
-		if _, err := schema.Migrate(ctx, pool); err != nil {
+		if _, err := postgres.Migrate(ctx, pool); err != nil {
 			s.t.Fatal(err)
 		}
 		b.pool = pool

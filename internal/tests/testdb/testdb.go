@@ -1,5 +1,5 @@
 // Package testdb is the PostgreSQL fixture of dispenser's tests: a database
-// with the schema (schema.Migrate) and the tags a test names.
+// with the schema (postgres.Migrate) and the tags a test names.
 //
 // It lives apart from testenv because it imports schema and
 // segment/postgres, whose own tests import testenv: testenv importing them
@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/dispenser-dev/dispenser/schema"
 	"github.com/dispenser-dev/dispenser/segment/postgres"
 	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -72,8 +71,8 @@ func setUp(tb testing.TB, st *postgres.Store, tags map[string]int64, ordered []s
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
-	if _, err := schema.Migrate(ctx, st.Pool()); err != nil {
-		tb.Fatalf("testdb: schema.Migrate: %v", err)
+	if _, err := postgres.Migrate(ctx, st.Pool()); err != nil {
+		tb.Fatalf("testdb: postgres.Migrate: %v", err)
 	}
 	for name, step := range tags {
 		t := tagmodel.Tag{Name: name, Step: step, MaxID: 1, Ordered: slices.Contains(ordered, name)}
