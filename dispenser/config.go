@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/internal/buildinfo"
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 )
@@ -74,7 +73,7 @@ type Config struct {
 	// Owners, if set, serves ordered tags: only a tag's owner serves it,
 	// other workers forward its requests to the owner. Without it, requests
 	// for ordered tags get 503.
-	Owners ordered.Owners
+	Owners Owners
 	// OwnerSubject is where this worker takes forwarded requests
 	// (OwnerSubject.<tag>); it must be the subject its Owners records.
 	// Required with Owners.

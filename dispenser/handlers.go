@@ -49,7 +49,7 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
 	switch {
 	case errors.Is(err, segment.ErrOrdered) && s.orderedTags() != nil:
-		s.orderedTags().Serve(r, tag)
+		s.orderedTags().serve(r, tag)
 	case err != nil:
 		s.failOrHandOff(r, err)
 	case pending != nil:
@@ -69,7 +69,7 @@ func (s *Service) park(r replier, p *segment.Pending) {
 		runs, err := p.Wait(context.Background())
 		if ot := s.orderedTags(); errors.Is(err, segment.ErrOrdered) && ot != nil {
 			// Known to be ordered only now: its owner serves it.
-			ot.Reroute(r, r.tag)
+			ot.reroute(r, r.tag)
 			return
 		}
 		if err != nil {

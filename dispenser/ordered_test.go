@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/tagmodel"
@@ -124,11 +123,11 @@ func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*ordered
 	os.Owner, os.Subject, os.Logger = name, subject, quiet
 	os.Lease = cmp.Or(os.Lease, 2*time.Second)
 	var owners *ownership.Leases
-	if o.onAcquire != nil { // the wiring of ordered.OpenLeases, with the hook
+	if o.onAcquire != nil { // the wiring of dispenser.OpenLeases, with the hook
 		os.OnAcquire, os.OnLose, os.Plain = func(tag string) { o.onAcquire(tag, alloc.Reset) }, alloc.Reset, alloc.Plain
 		owners, err = ownership.Open(context.Background(), js, os)
 	} else {
-		owners, err = ordered.OpenLeases(context.Background(), js, alloc, os)
+		owners, err = dispenser.OpenLeases(context.Background(), js, alloc, os)
 	}
 	if err != nil {
 		tb.Fatal(err)

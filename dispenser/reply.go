@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/snowflake"
@@ -21,17 +20,17 @@ import (
 // handler's scratch memory; answers from a parked request's goroutine
 // (detach) do not. A request another worker forwarded has no endpoint.
 type replier struct {
-	s        *Service
-	ep       *endpoint // nil for a forwarded or direct request
-	req      *nats.Msg // the request as received; nil for a forwarded or direct one
-	forward  bool      // forwarded in a batch: reply is a slice of it
-	reply    string    // the requester's reply subject
-	inline   bool
-	scratch  *scratch // the handler's memory, for inline replies of IDs
-	endpoint string
-	tag      string    // metrics label
-	start    time.Time // zero without metrics
-	worker   bool      // the request asked for protocol.WorkerHeader
+	s         *Service
+	ep        *endpoint // nil for a forwarded or direct request
+	req       *nats.Msg // the request as received; nil for a forwarded or direct one
+	forwarded bool      // forwarded in a batch: reply is a slice of it
+	reply     string    // the requester's reply subject
+	inline    bool
+	scratch   *scratch // the handler's memory, for inline replies of IDs
+	endpoint  string
+	tag       string    // metrics label
+	start     time.Time // zero without metrics
+	worker    bool      // the request asked for protocol.WorkerHeader
 	// direct: the request came on this worker's direct subject;
 	// wantDirect: it asked for protocol.DirectHeader.
 	direct, wantDirect bool
@@ -63,22 +62,24 @@ func (s *Service) newReplier(ep *endpoint, req *nats.Msg) (replier, error) {
 	return r, err
 }
 
-// replies answers the requests of ordered tags (ordered.Replies): a
-// replier is the record of one request.
-type replies struct{ s *Service }
-
-func (rs replies) Forwarded(f protocol.Forward, tag string) replier {
-	r := replier{s: rs.s, forward: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format,
+// forwardedReplier returns the replier of a request for tag that another
+// worker forwarded to this one (its reply subject and token are slices of
+// the forwarded message).
+func (s *Service) forwardedReplier(f protocol.Forward, tag string) replier {
+	r := replier{s: s, forwarded: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format,
 		token: f.Token}
-	if rs.s.metrics != nil {
+	if s.metrics != nil {
 		r.start = time.Now()
 	}
 	return r
 }
 
-func (rs replies) Direct(msg *nats.Msg, tag string) (replier, error) {
-	r := replier{s: rs.s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true}
-	if rs.s.metrics != nil {
+// directReplier returns the replier of a request for tag a requester sent
+// to this worker's direct subject, and its token, count and format's error,
+// if any (the replier is then good for fail only).
+func (s *Service) directReplier(msg *nats.Msg, tag string) (replier, error) {
+	r := replier{s: s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true}
+	if s.metrics != nil {
 		r.start = time.Now()
 	}
 	h := micro.Headers(msg.Header)
@@ -89,38 +90,33 @@ func (rs replies) Direct(msg *nats.Msg, tag string) (replier, error) {
 			return r, err
 		}
 	}
-	r.n, r.format, err = rs.s.parseMsg(h, msg.Data)
+	r.n, r.format, err = s.parseMsg(h, msg.Data)
 	if err == nil && r.format == protocol.FormatFormatted {
 		err = errFormattedOrdered
 	}
 	return r, err
 }
 
-func (rs replies) Admit(reply, subject string) bool { return rs.s.admitReply(reply, subject) }
-
-func (replies) Request(r replier) protocol.Forward {
+// forward is the request r as a forwarded line carries it.
+func (r replier) forward() protocol.Forward {
 	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker, Direct: r.wantDirect, Token: r.token}
 }
 
-// IDs answers r as the owner of its ordered tag: a request that asked for
-// protocol.DirectHeader and did not come on this worker's direct subject
-// learns it.
-func (rs replies) IDs(r replier, runs []segment.Run) {
-	if r.wantDirect && !r.direct && rs.s.cfg.OwnerID != "" {
-		r.owner = protocol.DirectSubject(rs.s.cfg.Prefix, r.tag, rs.s.cfg.OwnerID)
+// replyOwned answers r as the owner of its ordered tag, with runs, r.n IDs
+// in all: a request that asked for protocol.DirectHeader and did not come
+// on this worker's direct subject learns it.
+func (s *Service) replyOwned(r replier, runs []segment.Run) {
+	if r.wantDirect && !r.direct && s.cfg.OwnerID != "" {
+		r.owner = protocol.DirectSubject(s.cfg.Prefix, r.tag, s.cfg.OwnerID)
 	}
-	rs.s.reply(r, r.format, runs, r.n)
+	s.reply(r, r.format, runs, r.n)
 }
-
-func (replies) Fail(r replier, err error) { r.fail(err) }
-
-func (replies) Detach(r replier) replier { return r.detach() }
 
 // detach returns r for use off the handler's goroutine: answered by
 // publishing, and without a forwarded batch's memory.
 func (r replier) detach() replier {
 	r.inline, r.scratch = false, nil
-	if r.forward {
+	if r.forwarded {
 		// A forwarded request's reply subject and token are slices of
 		// its whole batch: do not keep the batch while the request waits.
 		r.reply, r.token = strings.Clone(r.reply), strings.Clone(r.token)
@@ -201,12 +197,12 @@ func (s *Service) Classify(err error) (code, desc string) {
 		return protocol.CodeGone, protocol.Describe(err)
 	case errors.Is(err, segment.ErrClosed):
 		return protocol.CodeUnavailable, protocol.Describe(segment.ErrClosed)
-	case errors.Is(err, ordered.ErrNotOwner):
+	case errors.Is(err, ErrNotOwner):
 		return protocol.CodeMisdirected, protocol.Describe(err)
-	case errors.Is(err, ordered.ErrOwnershipMoving):
+	case errors.Is(err, ErrOwnershipMoving):
 		return protocol.CodeUnavailable, protocol.Describe(err) + "; try again"
 	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
-		return protocol.CodeUnavailable, protocol.Describe(ordered.ErrOwnershipMoving) + "; try again"
+		return protocol.CodeUnavailable, protocol.Describe(ErrOwnershipMoving) + "; try again"
 	case errors.Is(err, segment.ErrOrdered):
 		return protocol.CodeUnavailable, protocol.Describe(err) + ": this worker serves no ordered tags"
 	case errors.Is(err, tagmodel.ErrTagDeleted):

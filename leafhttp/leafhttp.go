@@ -56,7 +56,7 @@ type Segments interface {
 }
 
 // Ordered takes IDs of ordered tags, which only their owner serves
-// (package ordered): the worker asks its own service over NATS, which
+// (package dispenser): the worker asks its own service over NATS, which
 // routes the request to the owner, so that the IDs keep the tag's promise
 // (linearizably increasing across workers). Its errors are those Classify
 // maps.

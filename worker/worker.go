@@ -37,7 +37,6 @@ import (
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/htmlpage"
 	"github.com/dispenser-dev/dispenser/internal/redact"
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -541,7 +540,7 @@ func (w *Worker) checkRegions(ctx context.Context) (verify func(context.Context)
 }
 
 // openOwners opens the ownership leases of ordered tags, wired to the
-// allocator by package ordered, and returns the token that names this
+// allocator by dispenser.OpenLeases, and returns the token that names this
 // worker as an owner (in its direct subjects, protocol.DirectSubject) and
 // the subject on which it takes forwarded requests.
 func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (token, subject string, err error) {
@@ -551,7 +550,7 @@ func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (token,
 	if w.cfg.Region.PerRegionStores() {
 		cluster = w.jsnc.ConnectedClusterName()
 	}
-	w.owners, err = ordered.OpenLeases(ctx, js, w.alloc, ownership.Settings{
+	w.owners, err = dispenser.OpenLeases(ctx, js, w.alloc, ownership.Settings{
 		Bucket: w.cfg.Owners.Bucket, Replicas: w.cfg.Owners.Replicas, Lease: w.cfg.Owners.Lease, Cluster: cluster,
 		Owner: w.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: w.log,
 	})

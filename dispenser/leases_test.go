@@ -1,4 +1,4 @@
-package ordered_test
+package dispenser_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispenser-dev/dispenser/ordered"
+	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -47,7 +47,7 @@ func TestOpenLeasesResetsOnAcquireAndLoss(t *testing.T) {
 	}
 	ctx := context.Background()
 	alloc := &resets{}
-	leases, err := ordered.OpenLeases(ctx, js, alloc, ownership.Settings{Owner: "w1", Subject: "id.owner.w1",
+	leases, err := dispenser.OpenLeases(ctx, js, alloc, ownership.Settings{Owner: "w1", Subject: "id.owner.w1",
 		Lease: time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +74,7 @@ func TestOpenLeasesRefusesOwnCallbacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = ordered.OpenLeases(context.Background(), js, &resets{}, ownership.Settings{Owner: "w1", Subject: "id.owner.w1",
+	_, err = dispenser.OpenLeases(context.Background(), js, &resets{}, ownership.Settings{Owner: "w1", Subject: "id.owner.w1",
 		OnAcquire: func(string) {}})
 	if err == nil {
 		t.Fatal("OpenLeases with OnAcquire set: no error")
