@@ -135,9 +135,9 @@ func (cfg *Config) validate() error {
 	}
 	// A decimal list of MaxBatch IDs, with the reply's headers, must fit in
 	// one message.
-	if limit := fits(cfg.Conn.MaxPayload(), protocol.FormatList); cfg.MaxBatch < 1 || cfg.MaxBatch > limit || cfg.MaxBatch > 1e9 {
+	if limit := protocol.Fits(cfg.Conn.MaxPayload(), protocol.FormatList); cfg.MaxBatch < 1 || cfg.MaxBatch > limit || cfg.MaxBatch > 1e9 {
 		return fmt.Errorf("dispenser: MaxBatch %d: want 1..%d (the server's max payload less %d bytes for headers, / %d bytes an ID)",
-			cfg.MaxBatch, limit, replyHeaderRoom, protocol.ListBytesPerID)
+			cfg.MaxBatch, limit, protocol.ReplyHeaderRoom, protocol.ListBytesPerID)
 	}
 	if cfg.Owners != nil && (cfg.OwnerSubject == "" || !validSubjectPrefix(cfg.OwnerSubject)) {
 		return fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)

@@ -3,7 +3,8 @@
 // <prefix>.segment.<tag> and snowflake IDs on <prefix>.snowflake, in a
 // queue group so that many workers share the load. It holds the whole NATS
 // request path: the endpoints and their queue groups (endpoint.go), micro
-// discovery, the handlers (handlers.go), the reading of a request (request.go),
+// discovery, the handlers (handlers.go), the reading of a request (one call
+// of protocol.ReadRequest per request),
 // the replies and the one mapping from errors to reply codes (reply.go), and the ordered tags: routing to the
 // owner, forwarding in batches, the owner's side of forwarded requests and
 // the direct subject (ordered.go, forward.go). The allocator (package
@@ -29,8 +30,9 @@
 //     while it waits (a segment, an owner) is held by one goroutine of one
 //     worker at a time; Stop waits for them.
 //   - A request is read before anything is taken: its token, format, count
-//     and whether its reply fits in a message of the server; one that
-//     fails gets its 400 and changes nothing. Every reply to a request
+//     and whether its reply fits in a message of the server
+//     (protocol.ReadRequest); one that fails gets its 400 and changes
+//     nothing. Every reply to a request
 //     whose protocol.TokenHeader is readable, with IDs or an error, echoes
 //     it.
 //   - A worker is in an endpoint's queue group only while it can serve it:

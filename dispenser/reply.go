@@ -45,21 +45,15 @@ type replier struct {
 	token string
 }
 
-// newReplier returns the replier of req, which came on ep; an error means
-// the request's protocol.TokenHeader is unreadable: fail it (its replies
-// carry no token).
-func (s *Service) newReplier(ep *endpoint, req *nats.Msg) (replier, error) {
-	r := replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name}
+// newReplier returns the replier of req, which came on ep, as rq reads it
+// (protocol.ReadRequest or ReadHeaders).
+func (s *Service) newReplier(ep *endpoint, req *nats.Msg, rq protocol.Request) replier {
+	r := replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name,
+		worker: rq.Worker, wantDirect: rq.Direct, token: rq.Token, n: rq.N, format: rq.Format}
 	if s.metrics != nil {
 		r.start = time.Now()
 	}
-	var err error
-	if h := micro.Headers(req.Header); len(h) > 0 {
-		_, r.worker = h[protocol.WorkerHeader]
-		_, r.wantDirect = h[protocol.DirectHeader]
-		r.token, err = protocol.ParseToken(headerValues(h, protocol.TokenHeader))
-	}
-	return r, err
+	return r
 }
 
 // forwardedReplier returns the replier of a request for tag that another
@@ -76,21 +70,14 @@ func (s *Service) forwardedReplier(f protocol.Forward, tag string) replier {
 
 // directReplier returns the replier of a request for tag a requester sent
 // to this worker's direct subject, and its token, count and format's error,
-// if any (the replier is then good for fail only).
+// if any (the replier is then good for fail only). It asked for nothing
+// by protocol.DirectHeader: it came on the direct subject.
 func (s *Service) directReplier(msg *nats.Msg, tag string) (replier, error) {
-	r := replier{s: s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true}
+	rq, err := protocol.ReadRequest(msg.Header, msg.Data, s.limits)
+	r := replier{s: s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true, worker: rq.Worker, token: rq.Token, n: rq.N, format: rq.Format}
 	if s.metrics != nil {
 		r.start = time.Now()
 	}
-	h := micro.Headers(msg.Header)
-	var err error
-	if len(h) > 0 {
-		_, r.worker = h[protocol.WorkerHeader]
-		if r.token, err = protocol.ParseToken(headerValues(h, protocol.TokenHeader)); err != nil {
-			return r, err
-		}
-	}
-	r.n, r.format, err = s.parseMsg(h, msg.Data)
 	if err == nil && r.format == protocol.FormatFormatted {
 		err = errFormattedOrdered
 	}

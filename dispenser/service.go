@@ -61,6 +61,9 @@ type Service struct {
 	parked  sync.WaitGroup // requests waiting for a segment
 	bufs    sync.Pool      // *[]byte reply buffers
 	metrics *metrics       // nil without Config.Registerer
+	// limits bound the requests protocol.ReadRequest accepts: MaxBatch,
+	// and the max payload of the connection the service serves on now.
+	limits protocol.Limits
 	// segPrefix is "<prefix>.segment.", the subject before a tag.
 	segPrefix string
 	bg        sync.WaitGroup // adds the segment endpoint late
@@ -176,6 +179,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
 	s.segPrefix = protocol.SegmentSubject(cfg.Prefix, "")
+	s.limits = protocol.Limits{MaxBatch: cfg.MaxBatch, MaxPayload: func() int64 { return s.conn().MaxPayload() }}
 	// Metrics first: handlers record in them from the first request on.
 	m, err := newMetrics(cfg.Registerer, s)
 	if err != nil {
