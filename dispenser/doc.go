@@ -3,13 +3,14 @@
 // <prefix>.segment.<tag> and snowflake IDs on <prefix>.snowflake, in a
 // queue group so that many workers share the load. It holds the whole NATS
 // request path: the endpoints and their queue groups (endpoint.go), micro
-// discovery, the handlers (handlers.go), the reading of a request (one call
-// of protocol.ReadRequest per request),
-// the replies and the one mapping from errors to reply codes (reply.go), and the ordered tags: routing to the
-// owner, forwarding in batches, the owner's side of forwarded requests and
-// the direct subject (ordered.go, forward.go). The allocator (package
-// segment), the snowflake generator (package snowflake) and the ownership
-// leases (package ownership) are given to it in Config.
+// discovery, the handlers (handlers.go), the reading of a request (one
+// call of protocol.ReadRequest per request), the replies (reply.go), the
+// one mapping from errors to reply codes (errors.go: a table keyed by
+// sentinel error), and the ordered tags: routing to the owner, forwarding
+// in batches, the owner's side of forwarded requests and the direct
+// subject (ordered.go, forward.go). The allocator (package segment), the
+// snowflake generator (package snowflake) and the ownership leases
+// (package ownership) are given to it in Config.
 //
 // An ordered request is followed from the handler to the reply by plain
 // calls: handleSegment → orderedTags.serve → takeOwned (owner) or
@@ -41,8 +42,9 @@
 //     (watchSnowflake); a request it finds it cannot serve after all is
 //     handed on to another worker (handOff), never answered twice.
 //   - Only the owner of an ordered tag serves it: see below.
-//   - Errors are mapped to reply codes in one place (Service.Classify); a
-//     503 or 500 does not carry the store's or the network's details.
+//   - Errors are mapped to reply codes in one place (Service.Classify, the
+//     table errorCodes); a 503 or 500 does not carry the store's or the
+//     network's details.
 //
 // # Ordered tags: why no ID is handed out out of order
 //

@@ -1,18 +1,14 @@
 package dispenser
 
 import (
-	"errors"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
-	"github.com/dispenser-dev/dispenser/snowflake"
-	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // replier answers one request, by publishing on the connection the service
@@ -158,64 +154,6 @@ func (r replier) fail(err error) {
 		r.s.cfg.Logger.Warn("dispenser: error reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", perr)
 	}
 }
-
-// Classify maps an error of the allocator, the snowflake generator, the
-// ordered tags or the protocol's parsers to the reply code of the wire
-// protocol (protocol.CodeBadRequest, …) and a description for the
-// requester: the one mapping from errors to codes, which the NATS
-// endpoints and Leaf's HTTP API (package leafhttp) share. 400 and 404
-// describe the request; 503 and 500 say what happened without the store's
-// or the network's details (addresses, users, databases), which go to the
-// log instead.
-func (s *Service) Classify(err error) (code, desc string) {
-	switch {
-	case errors.Is(err, protocol.ErrBadCount), errors.Is(err, protocol.ErrBadID), errors.Is(err, protocol.ErrBadHeader), errors.Is(err, protocol.ErrBadSubject),
-		errors.Is(err, tagmodel.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),
-		errors.Is(err, snowflake.ErrInvalidCount):
-		return protocol.CodeBadRequest, protocol.Describe(err)
-	case errors.Is(err, segment.ErrNoFormat):
-		return protocol.CodeBadRequest, protocol.Describe(err)
-	case errors.Is(err, tagmodel.ErrUnknownTag):
-		return protocol.CodeNotFound, protocol.Describe(err)
-	case errors.Is(err, tagmodel.ErrPeriodExpired):
-		s.cfg.Logger.Error("dispenser: a period asked for has expired: this worker's clock is far behind the store's", "err", err)
-		return protocol.CodeUnavailable, "the period asked for has expired: this worker's clock is behind; try again"
-	case errors.Is(err, tagmodel.ErrExhausted):
-		return protocol.CodeGone, protocol.Describe(err)
-	case errors.Is(err, segment.ErrClosed):
-		return protocol.CodeUnavailable, protocol.Describe(segment.ErrClosed)
-	case errors.Is(err, ErrNotOwner):
-		return protocol.CodeMisdirected, protocol.Describe(err)
-	case errors.Is(err, ErrOwnershipMoving):
-		return protocol.CodeUnavailable, protocol.Describe(err) + "; try again"
-	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
-		return protocol.CodeUnavailable, protocol.Describe(ErrOwnershipMoving) + "; try again"
-	case errors.Is(err, segment.ErrOrdered):
-		return protocol.CodeUnavailable, protocol.Describe(err) + ": this worker serves no ordered tags"
-	case errors.Is(err, tagmodel.ErrTagDeleted):
-		return protocol.CodeUnavailable, "the tag's record was deleted by hand: it is not created again until an operator restores it"
-	case errors.Is(err, kvbucket.ErrPurged), errors.Is(err, kvbucket.ErrRecreated):
-		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
-		return protocol.CodeUnavailable, "the store's bucket was purged or recreated: an operator must restore it"
-	case errors.Is(err, segment.ErrUnavailable):
-		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
-		return protocol.CodeUnavailable, protocol.Describe(segment.ErrUnavailable) + " (store slow or unreachable); try again"
-	case s.cfg.Snowflake != nil && s.cfg.Snowflake.Unavailable(err):
-		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
-		for _, e := range snowflakeUnavailable {
-			if errors.Is(err, e) {
-				return protocol.CodeUnavailable, protocol.Describe(e)
-			}
-		}
-		return protocol.CodeUnavailable, protocol.Describe(snowflake.ErrUnavailable)
-	}
-	s.cfg.Logger.Error("dispenser: unexpected error", "err", err)
-	return protocol.CodeInternal, "internal error"
-}
-
-// snowflakeUnavailable are the reasons a snowflake worker cannot issue.
-var snowflakeUnavailable = []error{snowflake.ErrBucketDeleted, snowflake.ErrEpochLost, snowflake.ErrClockBackwards, snowflake.ErrFenced,
-	snowflake.ErrOverloaded, snowflake.ErrClosed, snowflake.ErrNoWorkerID}
 
 // replyNumbered answers with runs written out by num (Id-Format:
 // formatted).
