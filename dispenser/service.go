@@ -158,7 +158,7 @@ const (
 
 // regionN renders the region of r, "" without regions.
 func regionN(r Region) string {
-	if r.Settings == "" {
+	if !r.On() {
 		return ""
 	}
 	return strconv.Itoa(r.N)
@@ -262,7 +262,7 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 		identity: micro.ServiceIdentity{Name: Name, ID: b.id, Version: cfg.Version,
 			Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases,
 				PrefixMetadata: cfg.Prefix, QueueGroupMetadata: cfg.QueueGroup,
-				RegionMetadata: regionN(cfg.Region), RegionSettingsMetadata: cfg.Region.Settings}},
+				RegionMetadata: regionN(cfg.Region), RegionSettingsMetadata: cfg.Region.Settings()}},
 		description: "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
 		started:     time.Now().UTC(),
 		endpoints:   b.endpoints,

@@ -35,9 +35,19 @@ var (
 	ErrBadIDs = errors.New("protocol: bad IDs")
 )
 
-// DefaultPrefix is the first token of the service's subjects unless
-// configured otherwise.
-const DefaultPrefix = "id"
+// Defaults of the service, defined here once (the lowest package that
+// needs them) for the worker, the service, the client and Leaf's HTTP API.
+const (
+	// DefaultPrefix is the first token of the service's subjects unless
+	// configured otherwise.
+	DefaultPrefix = "id"
+	// DefaultQueueGroup is the service's queue group unless configured
+	// otherwise.
+	DefaultQueueGroup = "dispenser"
+	// DefaultMaxBatch is the most IDs one request may ask for unless
+	// configured otherwise.
+	DefaultMaxBatch = 10_000
+)
 
 // SegmentSubject is the subject of requests for IDs of tag.
 func SegmentSubject(prefix, tag string) string { return prefix + ".segment." + tag }

@@ -60,9 +60,9 @@ var (
 const (
 	DefaultListen          = "127.0.0.1:4222"
 	DefaultDataDir         = "./dispenser-data"
-	DefaultPrefix          = "id"
-	DefaultQueueGroup      = "dispenser"
-	DefaultMaxBatch        = 10000
+	DefaultPrefix          = protocol.DefaultPrefix
+	DefaultQueueGroup      = protocol.DefaultQueueGroup
+	DefaultMaxBatch        = protocol.DefaultMaxBatch
 	DefaultShutdownTimeout = 10 * time.Second
 )
 
@@ -220,7 +220,7 @@ func (c Config) validate() error {
 		err = fmt.Errorf("--snowflake-epoch %v is in the future", c.Snowflake.Epoch)
 	}
 	if err == nil {
-		err = c.Region.check()
+		err = c.Region.Check()
 	}
 	if err == nil {
 		err = c.HTTP.check()
@@ -473,9 +473,8 @@ func (w *Worker) start(ctx context.Context) error {
 		Store:           w.store.Name,
 		StoreID:         w.store.ID,
 		SnowflakeLeases: w.leaseName,
-		Region: dispenser.Region{N: cfg.Region.N, Settings: cfg.Region.settings(),
-			OwnStores: cfg.Region.PerRegionStores(), OwnLeases: cfg.Region.Bits > 0},
-		PeerCheck: peerCheck,
+		Region:          cfg.Region,
+		PeerCheck:       peerCheck,
 	}
 	if reg != nil {
 		dc.Registerer = reg

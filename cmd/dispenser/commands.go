@@ -75,7 +75,7 @@ type marker interface {
 // --nats-url, w reads the marks of the existing witness bucket (else w is
 // nil). close releases them.
 func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w marker, close func(), err error) {
-	if err := f.region.Check(); err != nil {
+	if err := worker.CheckRegion(f.region); err != nil {
 		return nil, nil, nil, err
 	}
 	if err := checkURLFiles(f.fs, "postgres-url", "mysql-url"); err != nil {
