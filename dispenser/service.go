@@ -92,6 +92,12 @@ type Service struct {
 	// and handed to another worker (handOff).
 	handedOff atomic.Uint64
 
+	// Lock order: mu before an endpoint's mu (endpoint.mu): mu is held
+	// while endpoints join their queue groups (addSegmentEndpoint, and
+	// Move's bind), never the other way round. statsMu is never held with
+	// mu or an endpoint's mu: it is taken alone (stats), and while held
+	// takes only the allocator's and the ownership leases' own locks
+	// (segmentStats), which never call back into the service.
 	mu      sync.Mutex // protects stopped, replacing bound and adding endpoints
 	stopped bool
 
