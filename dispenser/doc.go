@@ -33,14 +33,16 @@
 //   - A request is read before anything is taken: its token, format, count
 //     and whether its reply fits in a message of the server
 //     (protocol.ReadRequest); one that fails gets its 400 and changes
-//     nothing. Every reply to a request
-//     whose protocol.TokenHeader is readable, with IDs or an error, echoes
-//     it.
-//   - A worker is in an endpoint's queue group only while it can serve it:
-//     the segment endpoint joins once the tag list has loaded, the
-//     snowflake endpoint only while the generator can issue
-//     (watchSnowflake); a request it finds it cannot serve after all is
-//     handed on to another worker (handOff), never answered twice.
+//     nothing. Every reply to a request whose protocol.TokenHeader is
+//     readable, with IDs or an error, echoes it.
+//   - A worker takes only requests it can serve (endpoint.go;
+//     docs/reliability.md, "A worker that cannot serve is not asked"): it
+//     joins the segment endpoint's queue group only once the tag list has
+//     loaded, and is in the snowflake endpoint's only while the generator
+//     can issue (watchSnowflake). A request it finds it cannot serve after
+//     all (no segment within the wait, the generator unable to issue) is
+//     handed on to another worker of the group (handOff), whose reply it
+//     passes on: still one answer.
 //   - Only the owner of an ordered tag serves it: see below.
 //   - Errors are mapped to reply codes in one place (Service.Classify, the
 //     table errorCodes); a 503 or 500 does not carry the store's or the

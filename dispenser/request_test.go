@@ -26,7 +26,8 @@ func TestRateLimit(t *testing.T) {
 }
 
 // TestProtocolHeadersAreMicros: the protocol's error headers are those of
-// NATS micro services, which the service sets through req.Error.
+// NATS micro services, which the service sets on the error replies it
+// publishes (replier.fail).
 func TestProtocolHeadersAreMicros(t *testing.T) {
 	if protocol.ErrorCodeHeader != micro.ErrorCodeHeader || protocol.ErrorHeader != micro.ErrorHeader {
 		t.Fatalf("protocol headers %q, %q; micro's %q, %q", protocol.ErrorCodeHeader, protocol.ErrorHeader, micro.ErrorCodeHeader, micro.ErrorHeader)
