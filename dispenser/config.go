@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/internal/buildinfo"
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 )
@@ -29,11 +28,14 @@ type Config struct {
 	// Snowflake serves <prefix>.snowflake and <prefix>.snowflake.decode;
 	// nil leaves them out.
 	Snowflake Snowflake
-	// Prefix is the first subject token. Default "id".
+	// Prefix is the first subject token. Default protocol.DefaultPrefix
+	// ("id").
 	Prefix string
-	// QueueGroup is the endpoints' queue group. Default "dispenser".
+	// QueueGroup is the endpoints' queue group. Default
+	// protocol.DefaultQueueGroup ("dispenser").
 	QueueGroup string
-	// MaxBatch is the most IDs one request may ask for. Default 10000.
+	// MaxBatch is the most IDs one request may ask for. Default
+	// protocol.DefaultMaxBatch (10,000).
 	MaxBatch int
 	// Version is the service version reported by micro, a semantic
 	// version. Default: the binary's (package internal/buildinfo), the
@@ -58,8 +60,7 @@ type Config struct {
 	// workers can refuse to share a queue group with a worker that leases
 	// its worker IDs elsewhere: both would issue the same IDs.
 	SnowflakeLeases string
-	// Region is the worker's region (worker.Region); the zero value
-	// without regions. Peers of other regions may use other stores and
+	// Region is the worker's region; the zero value without regions. Peers of other regions may use other stores and
 	// lease buckets as Region says (checkPeers), but must have the same
 	// region settings.
 	Region Region
@@ -74,7 +75,7 @@ type Config struct {
 	// Owners, if set, serves ordered tags: only a tag's owner serves it,
 	// other workers forward its requests to the owner. Without it, requests
 	// for ordered tags get 503.
-	Owners ordered.Owners
+	Owners Owners
 	// OwnerSubject is where this worker takes forwarded requests
 	// (OwnerSubject.<tag>); it must be the subject its Owners records.
 	// Required with Owners.
@@ -110,8 +111,8 @@ type Config struct {
 // withDefaults fills in the documented defaults of zero fields.
 func (cfg *Config) withDefaults() {
 	cfg.Prefix = cmp.Or(cfg.Prefix, protocol.DefaultPrefix)
-	cfg.QueueGroup = cmp.Or(cfg.QueueGroup, "dispenser")
-	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, 10000)
+	cfg.QueueGroup = cmp.Or(cfg.QueueGroup, protocol.DefaultQueueGroup)
+	cfg.MaxBatch = cmp.Or(cfg.MaxBatch, protocol.DefaultMaxBatch)
 	cfg.Version = cmp.Or(cfg.Version, buildinfo.Version())
 	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, 2*time.Second)
 	cfg.WarmTimeout = cmp.Or(cfg.WarmTimeout, 10*time.Second)
@@ -136,9 +137,9 @@ func (cfg *Config) validate() error {
 	}
 	// A decimal list of MaxBatch IDs, with the reply's headers, must fit in
 	// one message.
-	if limit := fits(cfg.Conn.MaxPayload(), protocol.FormatList); cfg.MaxBatch < 1 || cfg.MaxBatch > limit || cfg.MaxBatch > 1e9 {
+	if limit := protocol.Fits(cfg.Conn.MaxPayload(), protocol.FormatList); cfg.MaxBatch < 1 || cfg.MaxBatch > limit || cfg.MaxBatch > 1e9 {
 		return fmt.Errorf("dispenser: MaxBatch %d: want 1..%d (the server's max payload less %d bytes for headers, / %d bytes an ID)",
-			cfg.MaxBatch, limit, replyHeaderRoom, protocol.ListBytesPerID)
+			cfg.MaxBatch, limit, protocol.ReplyHeaderRoom, protocol.ListBytesPerID)
 	}
 	if cfg.Owners != nil && (cfg.OwnerSubject == "" || !validSubjectPrefix(cfg.OwnerSubject)) {
 		return fmt.Errorf("dispenser: OwnerSubject %q: want dot-separated tokens without wildcards (required with Owners)", cfg.OwnerSubject)
@@ -159,16 +160,4 @@ func validSubjectPrefix(p string) bool {
 		}
 	}
 	return true
-}
-
-// Region is what the peer check knows of a worker's region.
-type Region struct {
-	// N is the worker's region.
-	N int
-	// Settings describe the region settings all regions share (say "2
-	// region bits, 3 regions"); "" without regions.
-	Settings string
-	// OwnStores: each region has its own segment store; OwnLeases: its
-	// own snowflake lease bucket.
-	OwnStores, OwnLeases bool
 }

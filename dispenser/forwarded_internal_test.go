@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -40,7 +39,7 @@ func (fixedOwners) Stats() ownership.Stats { return ownership.Stats{} }
 // orderedService starts a Service with owners on a NATS server and a KV
 // store holding the ordered tag "seq", step 1000, from 1, and returns the
 // server and the Service; both stop in Cleanup. opts edit the Config.
-func orderedService(t *testing.T, owners ordered.Owners, maxBatch int, opts ...func(*Config)) (*server.Server, *Service) {
+func orderedService(t *testing.T, owners Owners, maxBatch int, opts ...func(*Config)) (*server.Server, *Service) {
 	t.Helper()
 	ns := testenv.NATS(t)
 	js, err := jetstream.New(testenv.Connect(t, ns))

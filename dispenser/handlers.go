@@ -19,9 +19,10 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r, err := s.newReplier(ep, req)
-	if err != nil {
-		r.fail(err)
+	rq, rerr := protocol.ReadRequest(req.Header, req.Data, s.limits)
+	r := s.newReplier(ep, req, rq)
+	if errors.Is(rerr, protocol.ErrBadToken) {
+		r.fail(rerr) // its replies carry no token
 		return
 	}
 	r.scratch = sc
@@ -35,12 +36,11 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 		return
 	}
 	r.tag = tag
-	n, format, err := s.parse(req)
-	if err != nil {
-		r.fail(err)
+	if rerr != nil { // format, count or fit
+		r.fail(rerr)
 		return
 	}
-	r.n, r.format = n, format
+	n, format := rq.N, rq.Format
 	var arr [2]segment.Run
 	if format == protocol.FormatFormatted {
 		s.takeNumbered(r, tag, n, arr[:0])
@@ -49,7 +49,7 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 	runs, pending, err := s.cfg.Segments.TakeNow(tag, n, arr[:0])
 	switch {
 	case errors.Is(err, segment.ErrOrdered) && s.orderedTags() != nil:
-		s.orderedTags().Serve(r, tag)
+		s.orderedTags().serve(r, tag)
 	case err != nil:
 		s.failOrHandOff(r, err)
 	case pending != nil:
@@ -69,7 +69,7 @@ func (s *Service) park(r replier, p *segment.Pending) {
 		runs, err := p.Wait(context.Background())
 		if ot := s.orderedTags(); errors.Is(err, segment.ErrOrdered) && ot != nil {
 			// Known to be ordered only now: its owner serves it.
-			ot.Reroute(r, r.tag)
+			ot.reroute(r, r.tag)
 			return
 		}
 		if err != nil {
@@ -121,23 +121,24 @@ func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r, err := s.newReplier(ep, req)
-	if err != nil {
-		r.fail(err)
+	rq, err := protocol.ReadRequest(req.Header, req.Data, s.limits)
+	r := s.newReplier(ep, req, rq)
+	if errors.Is(err, protocol.ErrBadToken) {
+		r.fail(err) // its replies carry no token
 		return
 	}
 	if s.handedBefore(req) {
 		s.failOrHandOff(r, errHandedBefore(r.endpoint))
 		return
 	}
-	n, format, err := s.parse(req)
-	if err == nil && format == protocol.FormatFormatted {
+	if err == nil && rq.Format == protocol.FormatFormatted {
 		err = errFormattedSnowflake
 	}
-	if err != nil {
+	if err != nil { // format, count or fit
 		r.fail(err)
 		return
 	}
+	n, format := rq.N, rq.Format
 	ids, err := s.cfg.Snowflake.AppendIDs(sc.ids[:0], n)
 	sc.ids = ids
 	if err != nil {
@@ -157,7 +158,8 @@ func (s *Service) handleDecode(ep *endpoint, req *nats.Msg, _ *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	r, err := s.newReplier(ep, req)
+	rq, err := protocol.ReadHeaders(req.Header)
+	r := s.newReplier(ep, req, rq)
 	if err != nil {
 		r.fail(err)
 		return

@@ -352,7 +352,7 @@ func (c ownersCollector) Collect(ch chan<- prometheus.Metric) {
 	if ot == nil {
 		return
 	}
-	st := ot.Stats()
+	st := ot.stats()
 	ch <- prometheus.MustNewConstMetric(ordOwned, prometheus.GaugeValue, float64(len(st.Owned)))
 	ch <- prometheus.MustNewConstMetric(ordClaims, prometheus.CounterValue, float64(st.Claims))
 	ch <- prometheus.MustNewConstMetric(ordHandovers, prometheus.CounterValue, float64(st.Handovers))

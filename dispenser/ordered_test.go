@@ -17,7 +17,6 @@ import (
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/tests/check"
 	"github.com/dispenser-dev/dispenser/internal/tests/wait"
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/tagmodel"
@@ -89,10 +88,10 @@ func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*ordered
 	os.Owner, os.Subject, os.Logger = name, subject, quiet
 	os.Lease = cmp.Or(os.Lease, 2*time.Second)
 	var owners *ownership.Leases
-	if o.onReset != nil { // the wiring of ordered.OpenLeases, with the hook
+	if o.onReset != nil { // the wiring of ownership.Open, with the hook
 		owners, err = ownership.Open(context.Background(), js, hookedReset{alloc, o.onReset}, os)
 	} else {
-		owners, err = ordered.OpenLeases(context.Background(), js, alloc, os)
+		owners, err = ownership.Open(context.Background(), js, alloc, os)
 	}
 	if err != nil {
 		tb.Fatal(err)

@@ -55,20 +55,20 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 			continue
 		}
 		settings, region := info.Metadata[RegionSettingsMetadata], info.Metadata[RegionMetadata]
-		if settings != s.cfg.Region.Settings {
+		if settings != s.cfg.Region.Settings() {
 			return fmt.Errorf("%w: worker %s in queue group %q has region settings %q, this one %q: "+
 				"every region must use the same --region-bits and --regions (docs/regions.md)",
-				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, settings, s.cfg.Region.Settings)
+				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, settings, s.cfg.Region.Settings())
 		}
 		otherRegion := settings != "" && region != regionN(s.cfg.Region)
-		if other := info.Metadata[StoreMetadata]; s.cfg.Segments != nil && other != "" && !(otherRegion && s.cfg.Region.OwnStores) &&
+		if other := info.Metadata[StoreMetadata]; s.cfg.Segments != nil && other != "" && !(otherRegion && s.cfg.Region.PerRegionStores()) &&
 			!s.sameStore(other, info.Metadata[StoreIDMetadata]) {
 			return fmt.Errorf("%w: worker %s in queue group %q serves %s<tag> from store %q, this one would use %q: "+
 				"workers of different stores hand out the same IDs; use the same store or another queue group or prefix",
 				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.segPrefix, other, s.cfg.Store)
 		}
 		if other := info.Metadata[SnowflakeMetadata]; s.cfg.Snowflake != nil && other != "" && s.cfg.SnowflakeLeases != "" &&
-			!(otherRegion && s.cfg.Region.OwnLeases) && other != s.cfg.SnowflakeLeases {
+			!(otherRegion && s.cfg.Region.PerRegionLeases()) && other != s.cfg.SnowflakeLeases {
 			return fmt.Errorf("%w: worker %s in queue group %q serves %s.snowflake with worker IDs leased from %q, this one from %q: "+
 				"workers of different lease buckets or epochs hand out the same IDs; use the same snowflake bucket "+
 				"(in the same JetStream domain) and epoch, or another queue group or prefix",

@@ -149,10 +149,10 @@ func TestPeerOfAnotherStoreRefused(t *testing.T) {
 // of one region hold.
 func TestPeersOfRegions(t *testing.T) {
 	perRegion := func(n int) dispenser.Region {
-		return dispenser.Region{N: n, Settings: "1 region bits, 2 regions", OwnStores: true, OwnLeases: true}
+		return dispenser.Region{N: n, Bits: 1, Count: 2} // "1 region bits, 2 regions": own stores, own leases
 	}
 	shared := func(n int) dispenser.Region {
-		return dispenser.Region{N: n, Settings: "1 region bits, 1 regions", OwnLeases: true}
+		return dispenser.Region{N: n, Bits: 1} // "1 region bits, 1 regions": own leases
 	}
 	type peer struct {
 		store, id string
@@ -169,7 +169,7 @@ func TestPeersOfRegions(t *testing.T) {
 		{"shared store, own witnesses", peer{"pg:db witness:w_r0", "pg-id witness:w_r0", shared(0)}, peer{"pg:db witness:w_r1", "pg-id witness:w_r1", shared(1)}, true},
 		{"shared mode, two stores", peer{"pg:db witness:w", "pg-id witness:w", shared(0)}, peer{"pg:other witness:w", "other-id witness:w", shared(1)}, true},
 		{"shared mode, one region, two witnesses", peer{"pg:db witness:w_r0", "pg-id witness:w_r0", shared(0)}, peer{"pg:db witness:w_r1", "pg-id witness:w_r1", shared(0)}, true},
-		{"other region settings", peer{"kv:segments_r0", "", perRegion(0)}, peer{"kv:segments_r1", "", dispenser.Region{N: 1, Settings: "2 region bits, 2 regions", OwnStores: true}}, true},
+		{"other region settings", peer{"kv:segments_r0", "", perRegion(0)}, peer{"kv:segments_r1", "", dispenser.Region{N: 1, Bits: 2, Count: 2}}, true},
 		{"regions and none", peer{"kv:segments", "", dispenser.Region{}}, peer{"kv:segments_r1", "", perRegion(1)}, true},
 	}
 	for _, tt := range tests {

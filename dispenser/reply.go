@@ -1,19 +1,14 @@
 package dispenser
 
 import (
-	"errors"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/dispenser-dev/dispenser/internal/kvbucket"
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
-	"github.com/dispenser-dev/dispenser/snowflake"
-	"github.com/dispenser-dev/dispenser/tagmodel"
 )
 
 // replier answers one request, by publishing on the connection the service
@@ -21,17 +16,17 @@ import (
 // handler's scratch memory; answers from a parked request's goroutine
 // (detach) do not. A request another worker forwarded has no endpoint.
 type replier struct {
-	s        *Service
-	ep       *endpoint // nil for a forwarded or direct request
-	req      *nats.Msg // the request as received; nil for a forwarded or direct one
-	forward  bool      // forwarded in a batch: reply is a slice of it
-	reply    string    // the requester's reply subject
-	inline   bool
-	scratch  *scratch // the handler's memory, for inline replies of IDs
-	endpoint string
-	tag      string    // metrics label
-	start    time.Time // zero without metrics
-	worker   bool      // the request asked for protocol.WorkerHeader
+	s         *Service
+	ep        *endpoint // nil for a forwarded or direct request
+	req       *nats.Msg // the request as received; nil for a forwarded or direct one
+	forwarded bool      // forwarded in a batch: reply is a slice of it
+	reply     string    // the requester's reply subject
+	inline    bool
+	scratch   *scratch // the handler's memory, for inline replies of IDs
+	endpoint  string
+	tag       string    // metrics label
+	start     time.Time // zero without metrics
+	worker    bool      // the request asked for protocol.WorkerHeader
 	// direct: the request came on this worker's direct subject;
 	// wantDirect: it asked for protocol.DirectHeader.
 	direct, wantDirect bool
@@ -46,81 +41,65 @@ type replier struct {
 	token string
 }
 
-// newReplier returns the replier of req, which came on ep; an error means
-// the request's protocol.TokenHeader is unreadable: fail it (its replies
-// carry no token).
-func (s *Service) newReplier(ep *endpoint, req *nats.Msg) (replier, error) {
-	r := replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name}
+// newReplier returns the replier of req, which came on ep, as rq reads it
+// (protocol.ReadRequest or ReadHeaders).
+func (s *Service) newReplier(ep *endpoint, req *nats.Msg, rq protocol.Request) replier {
+	r := replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name,
+		worker: rq.Worker, wantDirect: rq.Direct, token: rq.Token, n: rq.N, format: rq.Format}
 	if s.metrics != nil {
-		r.start = time.Now()
-	}
-	var err error
-	if h := micro.Headers(req.Header); len(h) > 0 {
-		_, r.worker = h[protocol.WorkerHeader]
-		_, r.wantDirect = h[protocol.DirectHeader]
-		r.token, err = protocol.ParseToken(headerValues(h, protocol.TokenHeader))
-	}
-	return r, err
-}
-
-// replies answers the requests of ordered tags (ordered.Replies): a
-// replier is the record of one request.
-type replies struct{ s *Service }
-
-func (rs replies) Forwarded(f protocol.Forward, tag string) replier {
-	r := replier{s: rs.s, forward: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format,
-		token: f.Token}
-	if rs.s.metrics != nil {
 		r.start = time.Now()
 	}
 	return r
 }
 
-func (rs replies) Direct(msg *nats.Msg, tag string) (replier, error) {
-	r := replier{s: rs.s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true}
-	if rs.s.metrics != nil {
+// forwardedReplier returns the replier of a request for tag that another
+// worker forwarded to this one (its reply subject and token are slices of
+// the forwarded message).
+func (s *Service) forwardedReplier(f protocol.Forward, tag string) replier {
+	r := replier{s: s, forwarded: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format,
+		token: f.Token}
+	if s.metrics != nil {
 		r.start = time.Now()
 	}
-	h := micro.Headers(msg.Header)
-	var err error
-	if len(h) > 0 {
-		_, r.worker = h[protocol.WorkerHeader]
-		if r.token, err = protocol.ParseToken(headerValues(h, protocol.TokenHeader)); err != nil {
-			return r, err
-		}
+	return r
+}
+
+// directReplier returns the replier of a request for tag a requester sent
+// to this worker's direct subject, and its token, count and format's error,
+// if any (the replier is then good for fail only). It asked for nothing
+// by protocol.DirectHeader: it came on the direct subject.
+func (s *Service) directReplier(msg *nats.Msg, tag string) (replier, error) {
+	rq, err := protocol.ReadRequest(msg.Header, msg.Data, s.limits)
+	r := replier{s: s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true, worker: rq.Worker, token: rq.Token, n: rq.N, format: rq.Format}
+	if s.metrics != nil {
+		r.start = time.Now()
 	}
-	r.n, r.format, err = rs.s.parseMsg(h, msg.Data)
 	if err == nil && r.format == protocol.FormatFormatted {
 		err = errFormattedOrdered
 	}
 	return r, err
 }
 
-func (rs replies) Admit(reply, subject string) bool { return rs.s.admitReply(reply, subject) }
-
-func (replies) Request(r replier) protocol.Forward {
+// forward is the request r as a forwarded line carries it.
+func (r replier) forward() protocol.Forward {
 	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker, Direct: r.wantDirect, Token: r.token}
 }
 
-// IDs answers r as the owner of its ordered tag: a request that asked for
-// protocol.DirectHeader and did not come on this worker's direct subject
-// learns it.
-func (rs replies) IDs(r replier, runs []segment.Run) {
-	if r.wantDirect && !r.direct && rs.s.cfg.OwnerID != "" {
-		r.owner = protocol.DirectSubject(rs.s.cfg.Prefix, r.tag, rs.s.cfg.OwnerID)
+// replyOwned answers r as the owner of its ordered tag, with runs, r.n IDs
+// in all: a request that asked for protocol.DirectHeader and did not come
+// on this worker's direct subject learns it.
+func (s *Service) replyOwned(r replier, runs []segment.Run) {
+	if r.wantDirect && !r.direct && s.cfg.OwnerID != "" {
+		r.owner = protocol.DirectSubject(s.cfg.Prefix, r.tag, s.cfg.OwnerID)
 	}
-	rs.s.reply(r, r.format, runs, r.n)
+	s.reply(r, r.format, runs, r.n)
 }
-
-func (replies) Fail(r replier, err error) { r.fail(err) }
-
-func (replies) Detach(r replier) replier { return r.detach() }
 
 // detach returns r for use off the handler's goroutine: answered by
 // publishing, and without a forwarded batch's memory.
 func (r replier) detach() replier {
 	r.inline, r.scratch = false, nil
-	if r.forward {
+	if r.forwarded {
 		// A forwarded request's reply subject and token are slices of
 		// its whole batch: do not keep the batch while the request waits.
 		r.reply, r.token = strings.Clone(r.reply), strings.Clone(r.token)
@@ -175,64 +154,6 @@ func (r replier) fail(err error) {
 		r.s.cfg.Logger.Warn("dispenser: error reply failed", "endpoint", r.endpoint, "tag", r.tag, "reply", r.reply, "err", perr)
 	}
 }
-
-// Classify maps an error of the allocator, the snowflake generator, the
-// ordered tags or the protocol's parsers to the reply code of the wire
-// protocol (protocol.CodeBadRequest, …) and a description for the
-// requester: the one mapping from errors to codes, which the NATS
-// endpoints and Leaf's HTTP API (package leafhttp) share. 400 and 404
-// describe the request; 503 and 500 say what happened without the store's
-// or the network's details (addresses, users, databases), which go to the
-// log instead.
-func (s *Service) Classify(err error) (code, desc string) {
-	switch {
-	case errors.Is(err, protocol.ErrBadCount), errors.Is(err, protocol.ErrBadID), errors.Is(err, protocol.ErrBadHeader), errors.Is(err, protocol.ErrBadSubject),
-		errors.Is(err, tagmodel.ErrInvalidTag), errors.Is(err, segment.ErrInvalidCount),
-		errors.Is(err, snowflake.ErrInvalidCount):
-		return protocol.CodeBadRequest, protocol.Describe(err)
-	case errors.Is(err, segment.ErrNoFormat):
-		return protocol.CodeBadRequest, protocol.Describe(err)
-	case errors.Is(err, tagmodel.ErrUnknownTag):
-		return protocol.CodeNotFound, protocol.Describe(err)
-	case errors.Is(err, tagmodel.ErrPeriodExpired):
-		s.cfg.Logger.Error("dispenser: a period asked for has expired: this worker's clock is far behind the store's", "err", err)
-		return protocol.CodeUnavailable, "the period asked for has expired: this worker's clock is behind; try again"
-	case errors.Is(err, tagmodel.ErrExhausted):
-		return protocol.CodeGone, protocol.Describe(err)
-	case errors.Is(err, segment.ErrClosed):
-		return protocol.CodeUnavailable, protocol.Describe(segment.ErrClosed)
-	case errors.Is(err, ordered.ErrNotOwner):
-		return protocol.CodeMisdirected, protocol.Describe(err)
-	case errors.Is(err, ordered.ErrOwnershipMoving):
-		return protocol.CodeUnavailable, protocol.Describe(err) + "; try again"
-	case errors.Is(err, segment.ErrOrdered) && s.cfg.Owners != nil:
-		return protocol.CodeUnavailable, protocol.Describe(ordered.ErrOwnershipMoving) + "; try again"
-	case errors.Is(err, segment.ErrOrdered):
-		return protocol.CodeUnavailable, protocol.Describe(err) + ": this worker serves no ordered tags"
-	case errors.Is(err, tagmodel.ErrTagDeleted):
-		return protocol.CodeUnavailable, "the tag's record was deleted by hand: it is not created again until an operator restores it"
-	case errors.Is(err, kvbucket.ErrPurged), errors.Is(err, kvbucket.ErrRecreated):
-		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
-		return protocol.CodeUnavailable, "the store's bucket was purged or recreated: an operator must restore it"
-	case errors.Is(err, segment.ErrUnavailable):
-		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
-		return protocol.CodeUnavailable, protocol.Describe(segment.ErrUnavailable) + " (store slow or unreachable); try again"
-	case s.cfg.Snowflake != nil && s.cfg.Snowflake.Unavailable(err):
-		s.cfg.Logger.Debug("dispenser: unavailable", "err", err)
-		for _, e := range snowflakeUnavailable {
-			if errors.Is(err, e) {
-				return protocol.CodeUnavailable, protocol.Describe(e)
-			}
-		}
-		return protocol.CodeUnavailable, protocol.Describe(snowflake.ErrUnavailable)
-	}
-	s.cfg.Logger.Error("dispenser: unexpected error", "err", err)
-	return protocol.CodeInternal, "internal error"
-}
-
-// snowflakeUnavailable are the reasons a snowflake worker cannot issue.
-var snowflakeUnavailable = []error{snowflake.ErrBucketDeleted, snowflake.ErrEpochLost, snowflake.ErrClockBackwards, snowflake.ErrFenced,
-	snowflake.ErrOverloaded, snowflake.ErrClosed, snowflake.ErrNoWorkerID}
 
 // replyNumbered answers with runs written out by num (Id-Format:
 // formatted).

@@ -1,6 +1,3 @@
-// Package dispenser serves unique IDs over NATS as a micro service named
-// "dispenser": segment IDs on <prefix>.segment.<tag> and snowflake IDs on
-// <prefix>.snowflake, in a queue group so that many workers share the load.
 package dispenser
 
 import (
@@ -19,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
 
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
@@ -47,6 +43,16 @@ var (
 	ErrPeerMismatch = errors.New("dispenser: a worker of this queue group would hand out the same IDs")
 	// ErrStopped is Move's error after Stop.
 	ErrStopped = errors.New("dispenser: service stopped")
+	// ErrOwnershipMoving means no worker could be found to own an ordered
+	// tag within the wait (the owner died, paused past its lease, or is
+	// handing the tag over), or a forwarded request reached a worker that
+	// no longer owns it: try again.
+	ErrOwnershipMoving = errors.New("dispenser: ordered tag's owner is changing")
+	// ErrNotOwner means a request on this worker's direct subject is for a
+	// tag this worker does not own (any more, or the tag is not ordered):
+	// nothing was taken; the requester sends it to the queue group's
+	// subject instead (protocol.CodeMisdirected).
+	ErrNotOwner = errors.New("dispenser: this worker does not own the tag; ask <prefix>.segment.<tag>")
 )
 
 // Service is a running dispenser micro service. It is safe for concurrent use.
@@ -55,6 +61,9 @@ type Service struct {
 	parked  sync.WaitGroup // requests waiting for a segment
 	bufs    sync.Pool      // *[]byte reply buffers
 	metrics *metrics       // nil without Config.Registerer
+	// limits bound the requests protocol.ReadRequest accepts: MaxBatch,
+	// and the max payload of the connection the service serves on now.
+	limits protocol.Limits
 	// segPrefix is "<prefix>.segment.", the subject before a tag.
 	segPrefix string
 	bg        sync.WaitGroup // adds the segment endpoint late
@@ -66,11 +75,11 @@ type Service struct {
 	// forwarded to an owner.
 	forwarded atomic.Uint64
 	// direct and misdirected count the requests on this worker's direct
-	// subject served as owner and refused (ordered.Stats), over every
+	// subject served as owner and refused (orderedStats), over every
 	// binding.
 	direct, misdirected atomic.Uint64
 	// noOwner counts the requests of ordered tags answered 503 because
-	// no owner was found within the wait (ordered.Stats), over every
+	// no owner was found within the wait (orderedStats), over every
 	// binding.
 	noOwner atomic.Uint64
 	// own are the subject prefixes no reply goes to (CheckReply).
@@ -83,6 +92,12 @@ type Service struct {
 	// and handed to another worker (handOff).
 	handedOff atomic.Uint64
 
+	// Lock order: mu before an endpoint's mu (endpoint.mu): mu is held
+	// while endpoints join their queue groups (addSegmentEndpoint, and
+	// Move's bind), never the other way round. statsMu is never held with
+	// mu or an endpoint's mu: it is taken alone (stats), and while held
+	// takes only the allocator's and the ownership leases' own locks
+	// (segmentStats), which never call back into the service.
 	mu      sync.Mutex // protects stopped, replacing bound and adding endpoints
 	stopped bool
 
@@ -104,8 +119,8 @@ type binding struct {
 	conn    *nats.Conn
 	id      string // micro service ID: unique per binding
 	disc    *discovery
-	ordered *ordered.Tags[replier] // nil without Owners or Segments
-	baseSub int                    // subscriptions on conn before the service's
+	ordered *orderedTags // nil without Owners or Segments
+	baseSub int          // subscriptions on conn before the service's
 	// seg, sf and decode are the endpoints; sf and decode nil without
 	// Snowflake. added: seg has been added (it joins once the tag list
 	// has loaded).
@@ -119,7 +134,7 @@ func (s *Service) conn() *nats.Conn { return s.bound.Load().conn }
 
 // orderedTags returns the current binding's ordered tags, or nil (also
 // while New has not bound the service yet).
-func (s *Service) orderedTags() *ordered.Tags[replier] {
+func (s *Service) orderedTags() *orderedTags {
 	if b := s.bound.Load(); b != nil {
 		return b.ordered
 	}
@@ -149,7 +164,7 @@ const (
 
 // regionN renders the region of r, "" without regions.
 func regionN(r Region) string {
-	if r.Settings == "" {
+	if !r.On() {
 		return ""
 	}
 	return strconv.Itoa(r.N)
@@ -170,6 +185,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.bufs.New = func() any { b := make([]byte, 0, 64); return &b }
 	s.segPrefix = protocol.SegmentSubject(cfg.Prefix, "")
+	s.limits = protocol.Limits{MaxBatch: cfg.MaxBatch, MaxPayload: func() int64 { return s.conn().MaxPayload() }}
 	// Metrics first: handlers record in them from the first request on.
 	m, err := newMetrics(cfg.Registerer, s)
 	if err != nil {
@@ -252,7 +268,7 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 		identity: micro.ServiceIdentity{Name: Name, ID: b.id, Version: cfg.Version,
 			Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases,
 				PrefixMetadata: cfg.Prefix, QueueGroupMetadata: cfg.QueueGroup,
-				RegionMetadata: regionN(cfg.Region), RegionSettingsMetadata: cfg.Region.Settings}},
+				RegionMetadata: regionN(cfg.Region), RegionSettingsMetadata: cfg.Region.Settings()}},
 		description: "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",
 		started:     time.Now().UTC(),
 		endpoints:   b.endpoints,
@@ -270,12 +286,9 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 	}
 	var err error
 	if cfg.Owners != nil && cfg.Segments != nil { // before any request can be routed
-		b.ordered, err = ordered.New(ordered.Settings[replier]{Conn: nc, Allocator: cfg.Segments, Owners: cfg.Owners,
-			Subject: cfg.OwnerSubject, Direct: cfg.OwnerID, Prefix: cfg.Prefix, Replies: replies{s}, MaxBatch: cfg.MaxBatch, Logger: cfg.Logger,
-			Forwarded: &s.forwarded, DirectServed: &s.direct, Misdirected: &s.misdirected, NoOwner: &s.noOwner}, b.id)
-		if err != nil {
+		if b.ordered, err = s.newOrderedTags(nc, b.id); err != nil {
 			b.disc.stop()
-			return nil, fmt.Errorf("dispenser: %w", err)
+			return nil, err
 		}
 	}
 	if cfg.Snowflake != nil {
@@ -317,8 +330,8 @@ func (b *binding) close() {
 // unbindNow stops b's registrations without waiting for requests in flight.
 func (s *Service) unbindNow(b *binding) {
 	if b.ordered != nil {
-		_ = b.ordered.Drain()
-		b.ordered.Leave()
+		_ = b.ordered.drain()
+		b.ordered.leave()
 	}
 	b.close()
 }
@@ -368,7 +381,7 @@ func (s *Service) Stop(ctx context.Context) error {
 	b, err := s.stop()
 	if err != nil {
 		if b.ordered != nil {
-			b.ordered.Leave()
+			b.ordered.leave()
 		}
 		return fmt.Errorf("dispenser: stopping: %w", err)
 	}
@@ -398,7 +411,7 @@ func (s *Service) drained(ctx context.Context, b *binding) error {
 		select {
 		case <-ctx.Done():
 			if b.ordered != nil {
-				b.ordered.Leave()
+				b.ordered.leave()
 			}
 			return fmt.Errorf("dispenser: draining requests: %w", ctx.Err())
 		case <-tick.C:
@@ -407,8 +420,8 @@ func (s *Service) drained(ctx context.Context, b *binding) error {
 	if b.ordered == nil {
 		return nil
 	}
-	b.ordered.Leave() // no handler runs any more: send what it holds
-	if err := b.ordered.Wait(ctx); err != nil {
+	b.ordered.leave() // no handler runs any more: send what it holds
+	if err := b.ordered.waitParked(ctx); err != nil {
 		return fmt.Errorf("dispenser: %w", err)
 	}
 	return nil
@@ -434,7 +447,7 @@ func (s *Service) stop() (*binding, error) {
 // micro service, which drain their subscriptions.
 func (s *Service) unbind(b *binding) {
 	if b.ordered != nil {
-		if err := b.ordered.Drain(); err != nil {
+		if err := b.ordered.drain(); err != nil {
 			s.cfg.Logger.Warn("dispenser: stopping", "err", err)
 		}
 	}

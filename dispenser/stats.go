@@ -49,7 +49,7 @@ func (s *Service) segmentStats() (_ any, many bool) {
 	m := map[string]any{"totals": s.cfg.Segments.Totals(), "shown": shown, "tags": tags,
 		"refused": map[string]uint64{"no_reply": s.noReply.Load(), "reply_subject": s.badReply.Load()}}
 	if ot := s.orderedTags(); ot != nil {
-		m["ordered"] = ot.Stats()
+		m["ordered"] = ot.stats()
 	}
 	return m, many
 }

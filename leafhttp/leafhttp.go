@@ -56,7 +56,7 @@ type Segments interface {
 }
 
 // Ordered takes IDs of ordered tags, which only their owner serves
-// (package ordered): the worker asks its own service over NATS, which
+// (package dispenser): the worker asks its own service over NATS, which
 // routes the request to the owner, so that the IDs keep the tag's promise
 // (linearizably increasing across workers). Its errors are those Classify
 // maps.
@@ -105,7 +105,8 @@ type Settings struct {
 	// description (dispenser.Service.Classify): the one mapping of errors
 	// to codes. Required.
 	Classify func(error) (code, desc string)
-	// MaxBatch is the most IDs count may ask for. Default 10,000.
+	// MaxBatch is the most IDs count may ask for. Default
+	// protocol.DefaultMaxBatch (10,000).
 	MaxBatch int
 	// RowsTimeout bounds the store reads of one /db. Default 10 s.
 	RowsTimeout time.Duration
@@ -140,7 +141,7 @@ type Handler struct {
 
 // New validates s and returns its Handler.
 func New(s Settings) (*Handler, error) {
-	s.MaxBatch = cmp.Or(s.MaxBatch, 10_000)
+	s.MaxBatch = cmp.Or(s.MaxBatch, protocol.DefaultMaxBatch)
 	s.RowsTimeout = cmp.Or(s.RowsTimeout, 10*time.Second)
 	if s.Logger == nil {
 		s.Logger = slog.Default()

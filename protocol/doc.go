@@ -1,5 +1,6 @@
 // Package protocol is dispenser's wire protocol, in one place: the subjects,
-// the headers, the error codes, how a request's count and format are read,
+// the headers, the error codes, how a request is read (ReadRequest: its
+// headers, count and format, and whether its reply fits in a message),
 // how IDs are written into a reply and read back out of one, which reply
 // subjects a worker may answer to, and the line format of requests one
 // worker forwards to the owner of an ordered tag. The service (package

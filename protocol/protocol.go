@@ -14,6 +14,9 @@ var (
 	// ErrBadHeader means a header the service reads has a value it does not
 	// understand.
 	ErrBadHeader = errors.New("protocol: bad header")
+	// ErrBadToken is the ErrBadHeader of an unreadable TokenHeader (same
+	// text): the replies to its request carry no token.
+	ErrBadToken = fmt.Errorf("%w", ErrBadHeader)
 	// ErrBadSubject means the subject does not name a valid tag.
 	ErrBadSubject = errors.New("protocol: bad subject")
 	// ErrBadID is a body of a decode request that is no snowflake ID.
@@ -32,9 +35,19 @@ var (
 	ErrBadIDs = errors.New("protocol: bad IDs")
 )
 
-// DefaultPrefix is the first token of the service's subjects unless
-// configured otherwise.
-const DefaultPrefix = "id"
+// Defaults of the service, defined here once (the lowest package that
+// needs them) for the worker, the service, the client and Leaf's HTTP API.
+const (
+	// DefaultPrefix is the first token of the service's subjects unless
+	// configured otherwise.
+	DefaultPrefix = "id"
+	// DefaultQueueGroup is the service's queue group unless configured
+	// otherwise.
+	DefaultQueueGroup = "dispenser"
+	// DefaultMaxBatch is the most IDs one request may ask for unless
+	// configured otherwise.
+	DefaultMaxBatch = 10_000
+)
 
 // SegmentSubject is the subject of requests for IDs of tag.
 func SegmentSubject(prefix, tag string) string { return prefix + ".segment." + tag }
@@ -244,9 +257,9 @@ func ParseToken(values []string) (string, error) {
 	case len(values) == 0:
 		return "", nil
 	case len(values) > 1:
-		return "", fmt.Errorf("%w: %s given %d times", ErrBadHeader, TokenHeader, len(values))
+		return "", fmt.Errorf("%w: %s given %d times", ErrBadToken, TokenHeader, len(values))
 	case !ValidToken(values[0]):
-		return "", fmt.Errorf("%w: %s %q: want 1-%d characters of [A-Za-z0-9_-]", ErrBadHeader, TokenHeader, truncate(values[0], 80), MaxTokenLen)
+		return "", fmt.Errorf("%w: %s %q: want 1-%d characters of [A-Za-z0-9_-]", ErrBadToken, TokenHeader, truncate(values[0], 80), MaxTokenLen)
 	}
 	return values[0], nil
 }

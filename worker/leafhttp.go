@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/leafhttp"
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 )
@@ -101,7 +101,7 @@ func (o leafOrdered) Take(ctx context.Context, tag string, n int) ([]segment.Run
 		return nil, err
 	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
 		// No worker answered in time: the owner is moving (503).
-		return nil, fmt.Errorf("%w: %w", ordered.ErrOwnershipMoving, err)
+		return nil, fmt.Errorf("%w: %w", dispenser.ErrOwnershipMoving, err)
 	}
 	return nil, err
 }

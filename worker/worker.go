@@ -34,7 +34,6 @@ import (
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/htmlpage"
 	"github.com/dispenser-dev/dispenser/internal/redact"
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -58,9 +57,9 @@ var (
 const (
 	DefaultListen          = "127.0.0.1:4222"
 	DefaultDataDir         = "./dispenser-data"
-	DefaultPrefix          = "id"
-	DefaultQueueGroup      = "dispenser"
-	DefaultMaxBatch        = 10000
+	DefaultPrefix          = protocol.DefaultPrefix
+	DefaultQueueGroup      = protocol.DefaultQueueGroup
+	DefaultMaxBatch        = protocol.DefaultMaxBatch
 	DefaultShutdownTimeout = 10 * time.Second
 )
 
@@ -218,7 +217,7 @@ func (c Config) validate() error {
 		err = fmt.Errorf("--snowflake-epoch %v is in the future", c.Snowflake.Epoch)
 	}
 	if err == nil {
-		err = c.Region.check()
+		err = c.Region.Check()
 	}
 	if err == nil {
 		err = c.HTTP.check()
@@ -471,9 +470,8 @@ func (w *Worker) start(ctx context.Context) error {
 		Store:           w.store.Name,
 		StoreID:         w.store.ID,
 		SnowflakeLeases: w.leaseName,
-		Region: dispenser.Region{N: cfg.Region.N, Settings: cfg.Region.settings(),
-			OwnStores: cfg.Region.PerRegionStores(), OwnLeases: cfg.Region.Bits > 0},
-		PeerCheck: peerCheck,
+		Region:          cfg.Region,
+		PeerCheck:       peerCheck,
 	}
 	if reg != nil {
 		dc.Registerer = reg
@@ -538,7 +536,7 @@ func (w *Worker) checkRegions(ctx context.Context) (verify func(context.Context)
 }
 
 // openOwners opens the ownership leases of ordered tags, wired to the
-// allocator by package ordered, and returns the token that names this
+// allocator by ownership.Open, and returns the token that names this
 // worker as an owner (in its direct subjects, protocol.DirectSubject) and
 // the subject on which it takes forwarded requests.
 func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (token, subject string, err error) {
@@ -548,7 +546,7 @@ func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (token,
 	if w.cfg.Region.PerRegionStores() {
 		cluster = w.jsnc.ConnectedClusterName()
 	}
-	w.owners, err = ordered.OpenLeases(ctx, js, w.alloc, ownership.Settings{
+	w.owners, err = ownership.Open(ctx, js, w.alloc, ownership.Settings{
 		Bucket: w.cfg.Owners.Bucket, Replicas: w.cfg.Owners.Replicas, Lease: w.cfg.Owners.Lease, Cluster: cluster,
 		Owner: w.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: w.log,
 	})

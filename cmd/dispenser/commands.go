@@ -56,7 +56,7 @@ func addStoreFlags(fs *flag.FlagSet) *storeFlags {
 // open opens the selected store (adminstore.Open) once the flags are
 // checked. close releases it.
 func (f *storeFlags) open(ctx context.Context) (st *worker.Store, w adminstore.Marker, close func(), err error) {
-	if err := f.Region.Check(); err != nil {
+	if err := worker.CheckRegion(f.Region); err != nil {
 		return nil, nil, nil, err
 	}
 	if err := checkURLFiles(f.fs, "postgres-url", "mysql-url"); err != nil {

@@ -1,4 +1,4 @@
-package ordered_test
+package dispenser_test
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/dispenser-dev/dispenser/ordered"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -34,7 +33,7 @@ func (r *resets) Reset(tag string) {
 	r.owned = append(r.owned, r.leases != nil && r.leases.Owns(tag))
 }
 
-// TestOpenLeasesResetsOnAcquireAndLoss: the leases OpenLeases opens reset
+// TestOpenLeasesResetsOnAcquireAndLoss: the leases ownership.Open opens reset
 // the tag's buffers when this worker gains the tag, before it owns it, and
 // when it loses it, after it stopped owning it. Seen failing with
 // the reset on claiming left unwired and with the reset moved
@@ -47,7 +46,7 @@ func TestOpenLeasesResetsOnAcquireAndLoss(t *testing.T) {
 	}
 	ctx := context.Background()
 	alloc := &resets{}
-	leases, err := ordered.OpenLeases(ctx, js, alloc, ownership.Settings{Owner: "w1", Subject: "id.owner.w1",
+	leases, err := ownership.Open(ctx, js, alloc, ownership.Settings{Owner: "w1", Subject: "id.owner.w1",
 		Lease: time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

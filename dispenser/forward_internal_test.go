@@ -1,4 +1,4 @@
-package ordered
+package dispenser
 
 import (
 	"fmt"
@@ -12,28 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/protocol"
-	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
-
-// errorReplies answers forwarded requests that fail, with the micro error
-// headers, as the service does.
-type errorReplies struct{ nc *nats.Conn }
-
-func (e errorReplies) Forwarded(f protocol.Forward, tag string) protocol.Forward { return f }
-func (e errorReplies) Admit(string, string) bool                                 { return true }
-func (e errorReplies) Direct(msg *nats.Msg, _ string) (protocol.Forward, error) {
-	return protocol.Forward{Reply: msg.Reply, N: 1}, nil
-}
-func (e errorReplies) Request(f protocol.Forward) protocol.Forward { return f }
-func (e errorReplies) IDs(protocol.Forward, []segment.Run)         {}
-func (e errorReplies) Detach(f protocol.Forward) protocol.Forward  { return f }
-func (e errorReplies) Fail(f protocol.Forward, err error) {
-	msg := nats.NewMsg(f.Reply)
-	msg.Header.Set(protocol.ErrorCodeHeader, protocol.CodeUnavailable)
-	msg.Header.Set(protocol.ErrorHeader, err.Error())
-	_ = e.nc.PublishMsg(msg)
-}
 
 // forward runs a forwarder of worker "w1" on a connection to ns over items
 // and returns the messages on id.owner.> until they hold want lines.
@@ -42,7 +22,11 @@ func forward(t testing.TB, ns *server.Server, items []forwardItem, want int) []*
 	owner := testenv.Connect(t, ns)
 	sub := testenv.Subscribe(t, owner, "id.owner.>")
 	conn := testenv.Connect(t, ns)
-	s := &Tags[protocol.Forward]{cfg: Settings[protocol.Forward]{Conn: conn, Replies: errorReplies{conn}, Logger: slog.New(slog.DiscardHandler)}, id: "w1"}
+	// A service of its own for the answers to requests that could not be
+	// forwarded, bound to conn.
+	svc := &Service{cfg: Config{Logger: slog.New(slog.DiscardHandler)}}
+	svc.bound.Store(&binding{conn: conn})
+	s := &orderedTags{s: svc, conn: conn, id: "w1"}
 	s.fwd.ch = make(chan forwardItem, len(items))
 	s.fwd.stop = make(chan struct{})
 	for _, it := range items {

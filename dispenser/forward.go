@@ -1,4 +1,4 @@
-package ordered
+package dispenser
 
 import (
 	"fmt"
@@ -53,28 +53,28 @@ func (f *forwarder) leave() {
 
 // enqueueForward hands r to the forwarder, or, if it is backed up, sends it
 // alone.
-func (t *Tags[R]) enqueueForward(r R, owner, tag string) {
-	it := forwardItem{owner: owner, tag: tag, Forward: t.cfg.Replies.Request(r)}
+func (t *orderedTags) enqueueForward(r replier, owner, tag string) {
+	it := forwardItem{owner: owner, tag: tag, Forward: r.forward()}
 	select {
 	case t.fwd.ch <- it:
-		t.forwarded.Add(1)
+		t.s.forwarded.Add(1)
 	default:
 		t.forwardNow(r, it)
 	}
 }
 
 // forwardNow sends one request to the owner from the caller's goroutine.
-func (t *Tags[R]) forwardNow(r R, it forwardItem) {
+func (t *orderedTags) forwardNow(r replier, it forwardItem) {
 	msg := nats.Msg{Subject: it.owner + "." + it.tag, Data: protocol.AppendForward(nil, it.Forward), Header: t.forwardHeader()}
-	if err := t.cfg.Conn.PublishMsg(&msg); err != nil {
-		t.cfg.Replies.Fail(r, fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+	if err := t.conn.PublishMsg(&msg); err != nil {
+		r.fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		return
 	}
-	t.forwarded.Add(1)
+	t.s.forwarded.Add(1)
 }
 
 // forwardHeader is the header of the messages this worker forwards.
-func (t *Tags[R]) forwardHeader() nats.Header {
+func (t *orderedTags) forwardHeader() nats.Header {
 	return nats.Header{protocol.ForwardedHeader: []string{t.id}}
 }
 
@@ -85,8 +85,8 @@ type outbox struct {
 }
 
 // runForwarder sends the forwarder's requests, as many per message as have
-// piled up, until Stop, then those left.
-func (t *Tags[R]) runForwarder() {
+// piled up, until leave, then those left.
+func (t *orderedTags) runForwarder() {
 	defer t.parked.Done()
 	hdr := t.forwardHeader() // read-only from here on
 	var batch []forwardItem
@@ -95,8 +95,8 @@ func (t *Tags[R]) runForwarder() {
 	var outs []outbox
 	publish := func(o *outbox, body []byte) {
 		msg := nats.Msg{Subject: o.owner + "." + o.tag, Data: body, Header: hdr}
-		if err := t.cfg.Conn.PublishMsg(&msg); err != nil {
-			t.cfg.Logger.Warn("ordered: forwarding to the owner of an ordered tag", "subject", msg.Subject, "err", err)
+		if err := t.conn.PublishMsg(&msg); err != nil {
+			t.s.cfg.Logger.Warn("ordered: forwarding to the owner of an ordered tag", "subject", msg.Subject, "err", err)
 			t.failForwarded(o.tag, body, err)
 		}
 	}
@@ -104,7 +104,7 @@ func (t *Tags[R]) runForwarder() {
 		// A message stays within the server's max payload (read each time:
 		// a reconnect may change it), with room for the header: a line that
 		// would not fit starts the next message.
-		maxPayload := int(t.cfg.Conn.MaxPayload())
+		maxPayload := int(t.conn.MaxPayload())
 		limit := maxPayload - min(forwardHeaderRoom, maxPayload/2)
 		outs = outs[:0]
 		last := -1
@@ -164,10 +164,10 @@ func (t *Tags[R]) runForwarder() {
 
 // failForwarded answers the requests for tag in body, a message that could
 // not be sent.
-func (t *Tags[R]) failForwarded(tag string, body []byte, err error) {
+func (t *orderedTags) failForwarded(tag string, body []byte, err error) {
 	for line := range strings.Lines(string(body)) {
 		if f, perr := protocol.ParseForward(strings.TrimSuffix(line, "\n")); perr == nil {
-			t.cfg.Replies.Fail(t.cfg.Replies.Forwarded(f, tag), fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
+			t.s.forwardedReplier(f, tag).fail(fmt.Errorf("%w: forwarding to the owner: %w", ErrOwnershipMoving, err))
 		}
 	}
 }
