@@ -23,11 +23,9 @@ const module = "github.com/dispenser-dev/dispenser"
 // package imports only packages of lower rank. Test-only infrastructure
 // (internal/tests/...) is above them all and no product code imports it.
 var layers = map[string]int{
-	// The bottom: the wire protocol, migrations, core libraries, test
-	// servers.
+	// The bottom: the wire protocol, migrations, core libraries.
 	"protocol":           0,
 	"schema":             0,
-	"testenv":            0,
 	"deploy":             0,
 	"internal/buildinfo": 0,
 	"internal/redact":    0,
@@ -46,10 +44,9 @@ var layers = map[string]int{
 	"segment/witness":  2,
 	"ownership":        2,
 	"snowflake":        2,
-	// The transports: the NATS service, Leaf's HTTP API; the store suite.
-	"dispenser":         3,
-	"leafhttp":          3,
-	"segment/storetest": 3,
+	// The transports: the NATS service, Leaf's HTTP API.
+	"dispenser": 3,
+	"leafhttp":  3,
 	// One worker in a process, its store openers, users' test worker.
 	"worker":            4,
 	"worker/pgstore":    5,
@@ -101,7 +98,11 @@ func rel(path string) (string, bool) {
 	return r, ok
 }
 
-func testOnly(p string) bool { return strings.HasPrefix(p, "internal/tests/") }
+// testOnly reports whether p is test-only infrastructure: testenv, the
+// store conformance suite and internal/tests/....
+func testOnly(p string) bool {
+	return p == "testenv" || p == "segment/storetest" || strings.HasPrefix(p, "internal/tests/")
+}
 
 func TestLayers(t *testing.T) {
 	_, pkgs := list(t)
