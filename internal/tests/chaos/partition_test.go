@@ -118,6 +118,12 @@ type faultSides struct {
 	// asserted.
 	snowflakeExcused bool
 	healed           int64 // when the fault was healed; 0 while it lasts
+	// routed is when every server was seen routing to every other again
+	// after the heal (heal); 0 if the fault cut no routes.
+	routed int64
+	// cuts are when links were cut: the window's start, and each later
+	// cut of a flap (a request in flight then may time out).
+	cuts []int64
 }
 
 func (s faultSides) side(node int) string {
@@ -333,6 +339,7 @@ func (p *partition) logf(format string, args ...any) {
 func (p *partition) begin(name string, s faultSides) int {
 	w := p.log.begin(name)
 	p.logf("%s: begins", name)
+	s.cuts = append(s.cuts, p.log.windows[w].start)
 	p.sides = append(p.sides, s)
 	if len(p.sides) != len(p.log.windows) {
 		p.t.Fatalf("partition: %d sides for %d fault windows", len(p.sides), len(p.log.windows))
@@ -407,6 +414,9 @@ func (p *partition) heal(w int) {
 	for i := range p.cl.Servers {
 		p.cl.WaitRoutes(p.t, i, len(p.cl.Servers)-1)
 	}
+	p.sides[w].routed = p.load.now()
+	p.logf("%s: routes back %.3fs after the heal began (links healed after %.3fs)", p.log.windows[w].kind,
+		float64(p.sides[w].routed-begun)/1e9, float64(at-begun)/1e9)
 	p.healed(w, at)
 }
 
@@ -707,6 +717,9 @@ func (p *partition) flap(name string) {
 		rounds = 3 + p.rng.IntN(6)
 	}
 	for r := range rounds {
+		if r > 0 {
+			p.sides[w].cuts = append(p.sides[w].cuts, p.load.now())
+		}
 		p.cl.Isolate(iso)
 		d := time.Second + time.Duration(p.rng.Int64N(int64(2*time.Second)))
 		if r == rounds-1 && drops == 0 {
@@ -892,6 +905,7 @@ func (p *partition) report() {
 	t.Logf("%d requests, %d answered, %d IDs; failed requests by fault:\n%s", requests, ok, ids, table)
 	t.Logf("availability by fault, side and subject (gap: longest time without an answer to a client on that side, from the fault's start to its heal plus %v):\n%s",
 		p.log.grace, availabilityTable(p.load, p.log, p.sides))
+	t.Logf("failures by node and subject, classified (whole run):\n%s", nodeTable(p.load, p.log, p.sides))
 	t.Logf("time from heal to every subject answered on every node (bound %v):\n%s", healBound(p.lease), strings.Join(healDelays(p.loopers, p.heals), "\n"))
 	t.Logf("example errors: %v", p.load.firstErrors())
 	p.log.checkEffects(t)
