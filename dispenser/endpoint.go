@@ -102,6 +102,16 @@ func (e *endpoint) leaveLocked() bool {
 	if err := e.sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		_ = e.sub.Unsubscribe()
 	}
+	// While the connection is reconnecting, nats.go (v1.55) sends no UNSUB
+	// for a drain: it resends the draining subscription at the reconnect
+	// and then drops it locally, so the server would keep a member that
+	// never answers and the group's requests it picks would time out
+	// (TestLeaveWhileReconnecting). Unsubscribe removes it at once, so the
+	// reconnect does not resend it; what it still held was in flight at
+	// the cut.
+	if e.conn.IsReconnecting() {
+		_ = e.sub.Unsubscribe()
+	}
 	e.sub = nil
 	return true
 }
