@@ -280,11 +280,11 @@ func availabilityTable(l *load, fl *faultLog, sides []faultSides) string {
 // worker that comes back joins only once it can serve; but leases too
 // short to ride out an election keep snowflake fenced until the workers
 // lease again, so with snowflakeExcused its excuse lasts until afterHeal
-// past the heal (the heal bound); and a healed node's clients get no
-// responders for snowflake until its routes are back (its own worker left
-// the group while it was cut off): excused until every route was seen
-// back (faultSides.routed), not a moment longer, for from then on the
-// node has a route to the majority. For snowflake, "no responders" counts as
+// past the heal (the heal bound); and a healed node is still cut off until
+// its routes are back (its own worker left the snowflake group while it
+// was cut off, and may have no segments): excused until every connection
+// of every route was seen back (faultSides.routed), not a moment longer,
+// for from then on the node has a route to the majority. For snowflake, "no responders" counts as
 // a 503: a worker that cannot issue leaves the queue group, so when none
 // can, nobody answers. Ordered tags are left out: an owner move answers
 // 503 by design (docs/ordered-tags.md). One message per subject and node,
@@ -304,11 +304,13 @@ func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Durati
 			short := c.target.snowflake && (s.snowflakeExcused || shortLeases)
 			// A healed node's routes come back seconds after the heal
 			// (healing the links themselves took up to 15 s on a busy
-			// machine); until then its clients reach only its own
-			// worker, which left the snowflake group while it was cut
-			// off. The nodes of a bridge kept their routes to the third.
-			rejoining := c.target.snowflake && f.kind == "no responders" && slices.Contains(s.cut, c.node) &&
-				win.kind != "bridge" && f.sent < s.routed
+			// machine, and the last connections of a route's pool
+			// follow the first by up to a reconnect delay); until then
+			// its clients reach only its own worker, which left the
+			// snowflake group while it was cut off and may have no
+			// segments. The nodes of a bridge kept their routes to the
+			// third.
+			rejoining := slices.Contains(s.cut, c.node) && win.kind != "bridge" && f.sent < s.routed
 			switch {
 			case f.sent < win.start:
 			case end == 0 || f.sent < end:
@@ -415,6 +417,7 @@ func nodeTable(l *load, fl *faultLog, sides []faultSides) string {
 	}
 	rows := map[key]*row{}
 	var keys []key
+	var odd []string // the unclassified, the first 20
 	for _, c := range l.clients {
 		k := key{c.node, c.target.name}
 		r := rows[k]
@@ -436,7 +439,16 @@ func nodeTable(l *load, fl *faultLog, sides []faultSides) string {
 			default:
 				r.other++
 			}
-			r.class[failureClass(c, f, fl, sides)]++
+			cl := failureClass(c, f, fl, sides)
+			r.class[cl]++
+			if cl == "unclassified" && len(odd) < 20 {
+				by := ""
+				if f.worker != "" {
+					by = " from " + f.worker
+				}
+				odd = append(odd, fmt.Sprintf("n%d %s: %s sent at %.3fs during %s, failed at %.3fs%s: %s",
+					c.node, c.target.name, f.kind, float64(f.sent)/1e9, fl.attribute(f.sent), float64(f.got)/1e9, by, f.err))
+			}
 		}
 	}
 	sort.Slice(keys, func(i, j int) bool {
@@ -457,5 +469,8 @@ func nodeTable(l *load, fl *faultLog, sides []faultSides) string {
 		fmt.Fprintf(tw, "\t\n")
 	}
 	tw.Flush()
+	if len(odd) > 0 {
+		b.WriteString("unclassified (the first 20):\n" + strings.Join(odd, "\n"))
+	}
 	return b.String()
 }

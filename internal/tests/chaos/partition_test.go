@@ -101,6 +101,10 @@ type partition struct {
 	// the first one isolates (0: the ordered tag's owner's, 1: a snowflake
 	// worker ID holder's), the next ones alternate.
 	isolations, isoKind int
+	// pool is how many route connections each server has to each other
+	// one (nats-server's route pool, plus pinned accounts), read when the
+	// first fault begins.
+	pool int
 }
 
 // faultSides says, for one fault window, which nodes were on the cut
@@ -337,6 +341,13 @@ func (p *partition) logf(format string, args ...any) {
 
 // begin starts a fault window with its sides.
 func (p *partition) begin(name string, s faultSides) int {
+	if p.pool == 0 {
+		for i := range p.cl.Servers {
+			for _, n := range p.routeConns(i) {
+				p.pool = max(p.pool, n)
+			}
+		}
+	}
 	w := p.log.begin(name)
 	p.logf("%s: begins", name)
 	s.cuts = append(s.cuts, p.log.windows[w].start)
@@ -414,10 +425,44 @@ func (p *partition) heal(w int) {
 	for i := range p.cl.Servers {
 		p.cl.WaitRoutes(p.t, i, len(p.cl.Servers)-1)
 	}
+	listed := p.load.now()
+	// A route is listed once one connection of its pool is up; the others
+	// (each carrying some accounts' interest) follow up to a reconnect
+	// delay later, and until then a healed node may not know the
+	// majority's subscriptions (seen: snowflake no responders and plain
+	// 503s on the healed node for 1 s after the routes were listed).
+	err := waitFor(60*time.Second, func() error {
+		for i := range p.cl.Servers {
+			conns := p.routeConns(i)
+			for _, j := range p.others(i) {
+				if n := conns[p.cl.Servers[j].Name()]; n < p.pool {
+					return fmt.Errorf("n%d has %d route connections to n%d, want %d", i, n, j, p.pool)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		p.t.Fatalf("%s: %v 60s after the heal", p.log.windows[w].kind, err)
+	}
 	p.sides[w].routed = p.load.now()
-	p.logf("%s: routes back %.3fs after the heal began (links healed after %.3fs)", p.log.windows[w].kind,
-		float64(p.sides[w].routed-begun)/1e9, float64(at-begun)/1e9)
+	p.logf("%s: routes back %.3fs after the heal began, listed after %.3fs (links healed after %.3fs)", p.log.windows[w].kind,
+		float64(p.sides[w].routed-begun)/1e9, float64(listed-begun)/1e9, float64(at-begun)/1e9)
 	p.healed(w, at)
+}
+
+// routeConns returns how many route connections server i has to each
+// other server, by name.
+func (p *partition) routeConns(i int) map[string]int {
+	rz, err := p.cl.Servers[i].Routez(nil)
+	if err != nil {
+		p.t.Fatalf("routez of n%d: %v", i, err)
+	}
+	out := map[string]int{}
+	for _, r := range rz.Routes {
+		out[r.RemoteName]++
+	}
+	return out
 }
 
 // healed records a heal of window w at at, waits for the answers and ends
