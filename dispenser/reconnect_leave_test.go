@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,11 +85,137 @@ func TestLeaveWhileReconnecting(t *testing.T) {
 	// The subscription is gone on the worker's side (at once, or once a
 	// drain completed after the reconnect).
 	waitUntil(t, "the worker's subscription gone", func() bool { return wc.NumSubscriptions() < subs })
-	if err := wc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	// A flush cut short by a reconnect is tried again.
+	waitUntil(t, "a flush of the worker's connection", func() bool { return wc.Flush() == nil })
 	_, err = nc.Request("id.snowflake", nil, 2*time.Second)
 	if !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("request after the worker left its queue group while reconnecting: %v, want %v (the server still has its subscription)", err, nats.ErrNoResponders)
+	}
+}
+
+// silentConn is a connection that can die without its client noticing:
+// once killed, the server sees it closed, while the client's writes
+// vanish and its reads wait, as for a worker frozen while its server
+// closed its connection.
+type silentConn struct {
+	net.Conn
+	dead   atomic.Bool
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (c *silentConn) kill() { c.dead.Store(true); _ = c.Conn.Close() }
+
+func (c *silentConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil && c.dead.Load() {
+		<-c.closed
+	}
+	return n, err
+}
+
+func (c *silentConn) Write(b []byte) (int, error) {
+	if c.dead.Load() {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *silentConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+type silentDialer struct {
+	mu   sync.Mutex // protects last
+	last *silentConn
+}
+
+func (d *silentDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := net.Dial(network, address)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.last = &silentConn{Conn: c, closed: make(chan struct{})}
+	return d.last, nil
+}
+
+func (d *silentDialer) kill() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.last.kill()
+}
+
+// heldSnowflake is a servableSnowflake whose AppendIDs waits while held.
+type heldSnowflake struct {
+	*servableSnowflake
+	held sync.RWMutex // write-locked: AppendIDs waits
+}
+
+func (h *heldSnowflake) AppendIDs(dst []int64, n int) ([]int64, error) {
+	h.held.RLock()
+	defer h.held.RUnlock()
+	return h.servableSnowflake.AppendIDs(dst, n)
+}
+
+// TestLeaveOnADeadConnection: the other way a drain's UNSUB is lost. A
+// worker's connection died without it noticing yet (its server closed
+// it, as for a frozen worker), requests are queued in its subscription,
+// and it leaves the queue group: the UNSUB goes nowhere, the reconnect
+// resends the still draining subscription, and nats.go drops it locally
+// once the queued requests are answered. The server must not keep it: a
+// request then finds no responders, not a member that never answers.
+func TestLeaveOnADeadConnection(t *testing.T) {
+	ns := testenv.NATS(t)
+	d := &silentDialer{}
+	wc, err := nats.Connect(ns.ClientURL(), nats.SetCustomDialer(d), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond),
+		nats.PingInterval(300*time.Millisecond), nats.MaxPingsOutstanding(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wc.Close)
+	sick := &heldSnowflake{servableSnowflake: &servableSnowflake{downSnowflake: newDownSnowflake(t, 2)}}
+	svc, err := dispenser.New(dispenser.Config{Conn: wc, Snowflake: sick, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+	nc := testenv.Connect(t, ns)
+	if _, err := nc.Request("id.snowflake", nil, 10*time.Second); err != nil {
+		t.Fatalf("serving: %v", err)
+	}
+
+	subs := wc.NumSubscriptions()
+	sick.held.Lock() // the handler waits in AppendIDs: requests queue up
+	for range 3 {
+		if err := nc.PublishRequest("id.snowflake", nc.NewInbox(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	d.kill()
+	sick.down.Store(true) // the watcher drains the subscription on the dead connection
+	waitUntil(t, "the worker leaving the queue group", func() bool { return !svc.Serving()["snowflake"] })
+	if wc.Stats().Reconnects > 0 || !wc.IsConnected() {
+		t.Fatal("the worker's connection noticed its death before the worker left: the test needs it unnoticed")
+	}
+	waitUntil(t, "the worker's connection reconnected", func() bool { return wc.Stats().Reconnects >= 1 && wc.IsConnected() })
+	sick.held.Unlock()
+	waitUntil(t, "the worker's subscription gone", func() bool { return wc.NumSubscriptions() < subs })
+	// Whatever the worker does about the server's copy, it does now;
+	// give it the time a reconnect takes before asking.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && wc.Stats().Reconnects < 2; {
+		time.Sleep(5 * time.Millisecond)
+	}
+	waitUntil(t, "the worker's connection back", wc.IsConnected)
+	// A flush cut short by a reconnect is tried again.
+	waitUntil(t, "a flush of the worker's connection", func() bool { return wc.Flush() == nil })
+	_, err = nc.Request("id.snowflake", nil, 2*time.Second)
+	if !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("request after the worker left its queue group on a dead connection: %v, want %v (the server still has its subscription)", err, nats.ErrNoResponders)
 	}
 }
