@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -349,8 +350,12 @@ type load struct {
 	// retried: failures of the clients with retries, per subject.
 	retried map[string][]string
 	// raw: failures of the clients without retries, by "<phase when
-	// sent>, client on <server>[→<server it moved to>], <subject>".
+	// sent>, client on <server>[→<server it moved to>], <subject>"; cut:
+	// how many of them timed out with a disconnection of the client's
+	// connection between the request's send and its failure (in flight
+	// when its server closed the connection), by the same key.
 	raw map[string][]string
+	cut map[string]int
 	// highest is the ordered tag's highest ID of a completed reply; an ID
 	// at or below the highest when its request was sent breaks order.
 	highest  int64
@@ -361,13 +366,15 @@ func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &load{cancel: cancel, phase: "previous", answers: map[string]int{}, seen: map[string]map[int64]bool{},
-		retried: map[string][]string{}, raw: map[string][]string{}}
+		retried: map[string][]string{}, raw: map[string][]string{}, cut: map[string]int{}}
 	for _, s := range subjects {
 		l.seen[s] = map[int64]bool{}
 	}
 	for _, s := range c.Servers {
 		for _, retries := range []bool{true, false} {
-			nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+			var disconnects atomic.Int64 // the connection's disconnections so far
+			nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+				nats.DisconnectErrHandler(func(*nats.Conn, error) { disconnects.Add(1) }))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -380,6 +387,7 @@ func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 						floor, phase := l.highest, l.phase
 						l.mu.Unlock()
 						at := nc.ConnectedServerName() // clients move when their server restarts
+						before := disconnects.Load()
 						var id int64
 						var err error
 						if subject == "snowflake" {
@@ -391,7 +399,8 @@ func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 						if now := nc.ConnectedServerName(); now != at {
 							on += "→" + now
 						}
-						l.record(subject, phase+", client on "+on, retries, id, err, floor)
+						cut := disconnects.Load() != before && errors.Is(err, nats.ErrTimeout)
+						l.record(subject, phase+", client on "+on, retries, id, err, cut, floor)
 					}
 				})
 			}
@@ -413,7 +422,7 @@ func (l *load) setPhase(t *testing.T, phase string) {
 	l.mu.Unlock()
 }
 
-func (l *load) record(subject, where string, retries bool, id int64, err error, floor int64) {
+func (l *load) record(subject, where string, retries bool, id int64, err error, cut bool, floor int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.answers[subject]++
@@ -424,6 +433,9 @@ func (l *load) record(subject, where string, retries bool, id int64, err error, 
 		} else {
 			key := where + ", " + subject
 			l.raw[key] = append(l.raw[key], msg)
+			if cut {
+				l.cut[key]++
+			}
 		}
 		return
 	}
@@ -618,19 +630,20 @@ func TestRollingUpgrade(t *testing.T) {
 	ordered := map[string]int{}
 	for _, key := range keys {
 		fails := l.raw[key]
-		t.Logf("without retries: %s: %d failed, e.g. %s", key, len(fails), fails[0])
+		t.Logf("without retries: %s: %d failed (%d timed out across a disconnection), e.g. %s", key, len(fails), l.cut[key], fails[0])
 		parts := strings.Split(key, ", ") // phase (maybe with a comma), client's server(s), subject
-		phase, on, subject := strings.Join(parts[:len(parts)-2], ", "), parts[len(parts)-2], parts[len(parts)-1]
-		_, restarting, isServer := strings.Cut(phase, ": server ")
+		phase, subject := strings.Join(parts[:len(parts)-2], ", "), parts[len(parts)-1]
 		switch {
 		case subject == "orders":
 			ordered[half(phase)] += len(fails)
-		case isServer && slices.Contains(strings.Split(strings.TrimPrefix(on, "client on "), "→"), restarting):
-			// A client on the restarting server loses what is in
-			// flight when the server closes its connection (see
-			// worker.TestRollingRestarts).
+		case l.cut[key] == len(fails):
+			// A client on a restarting server loses what is in flight
+			// when the server closes its connection: a timeout, with
+			// the disconnection between the request and its failure
+			// (see worker.TestRollingRestarts).
 		default:
-			t.Errorf("without retries: %s: %d requests failed, want 0, e.g. %s", key, len(fails), fails[0])
+			t.Errorf("without retries: %s: %d requests failed, %d of them timeouts in flight when the client's connection closed, want no other, e.g. %s",
+				key, len(fails), l.cut[key], fails[0])
 		}
 	}
 	// Server restarts (long mode): each may fail the ordered requests in
