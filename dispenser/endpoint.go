@@ -99,11 +99,40 @@ func (e *endpoint) leaveLocked() bool {
 	if e.sub == nil {
 		return false
 	}
-	if err := e.sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		_ = e.sub.Unsubscribe()
+	sub, reconnects := e.sub, e.conn.Stats().Reconnects
+	if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		_ = sub.Unsubscribe()
 	}
+	// A drain's UNSUB may not reach the server: nats.go (v1.55) sends none
+	// while the connection is reconnecting, and one written to a
+	// connection that is dead but not yet noticed (a worker thawed after a
+	// freeze) is lost. Either way, a reconnect before the drain ends
+	// resends the draining subscription, which nats.go then drops locally:
+	// the server keeps a member that never answers, and the requests the
+	// group gives it time out (TestLeaveWhileReconnecting). So: while
+	// reconnecting, unsubscribe at once (the reconnect does not resend it;
+	// what it held was in flight at the cut); and if the connection
+	// reconnected before the drain ended, reconnect once more, which
+	// drops the server's copy (leftAfterDrain).
+	if e.conn.IsReconnecting() {
+		_ = sub.Unsubscribe()
+	}
+	go e.leftAfterDrain(sub, reconnects)
 	e.sub = nil
 	return true
+}
+
+// leftAfterDrain waits for sub's drain to end and, if the connection
+// reconnected since reconnects (its count when the drain began), forces
+// another reconnect: the server may hold the subscription the reconnect
+// resent (see leaveLocked).
+func (e *endpoint) leftAfterDrain(sub *nats.Subscription, reconnects uint64) {
+	for sub.IsDraining() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if e.conn.Stats().Reconnects != reconnects && !e.conn.IsClosed() {
+		_ = e.conn.ForceReconnect()
+	}
 }
 
 // close leaves the queue group for good.

@@ -360,6 +360,19 @@ func (w *Node) readBucket(ctx context.Context) (view, configRecord, error) {
 			return view{}, configRecord{}, err
 		}
 		c := v.conf
+		if !c.found || c.op != jetstream.KeyValuePut {
+			// The snapshot's consumer may sit on a replica that has not
+			// applied the latest writes yet (in an R3 bucket, the epoch the
+			// first worker just stored): the epoch is lost only if the
+			// snapshot saw the last message the stream's leader reports.
+			info, err := kvbucket.StreamInfo(ctx, w.kv)
+			if err != nil {
+				return view{}, configRecord{}, fmt.Errorf("snowflake: read epoch: %w", err)
+			}
+			if info.State.LastSeq > v.maxRev && pass < configPasses {
+				continue
+			}
+		}
 		switch {
 		case !c.found:
 			return view{}, configRecord{}, fmt.Errorf("%w: bucket %q has no key %q while workers run: "+

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -279,9 +280,11 @@ func availabilityTable(l *load, fl *faultLog, sides []faultSides) string {
 // worker that comes back joins only once it can serve; but leases too
 // short to ride out an election keep snowflake fenced until the workers
 // lease again, so with snowflakeExcused its excuse lasts until afterHeal
-// past the heal (the heal bound); and a healed node's clients get no
-// responders for snowflake until its routes are back (its own worker left
-// the group while it was cut off), also until afterHeal. For snowflake, "no responders" counts as
+// past the heal (the heal bound); and a healed node is still cut off until
+// its routes are back (its own worker left the snowflake group while it
+// was cut off, and may have no segments): excused until every connection
+// of every route was seen back (faultSides.routed), not a moment longer,
+// for from then on the node has a route to the majority. For snowflake, "no responders" counts as
 // a 503: a worker that cannot issue leaves the queue group, so when none
 // can, nobody answers. Ordered tags are left out: an owner move answers
 // 503 by design (docs/ordered-tags.md). One message per subject and node,
@@ -299,17 +302,22 @@ func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Durati
 				end = win.end
 			}
 			short := c.target.snowflake && (s.snowflakeExcused || shortLeases)
-			// A healed node's routes come back seconds after the heal;
-			// until then its clients reach only its own worker, which
-			// left the snowflake group while it was cut off.
-			rejoining := c.target.snowflake && f.kind == "no responders" && slices.Contains(s.cut, c.node)
+			// A healed node's routes come back seconds after the heal
+			// (healing the links themselves took up to 15 s on a busy
+			// machine, and the last connections of a route's pool
+			// follow the first by up to a reconnect delay); until then
+			// its clients reach only its own worker, which left the
+			// snowflake group while it was cut off and may have no
+			// segments. The nodes of a bridge kept their routes to the
+			// third.
+			rejoining := slices.Contains(s.cut, c.node) && win.kind != "bridge" && f.sent < s.routed
 			switch {
 			case f.sent < win.start:
 			case end == 0 || f.sent < end:
 				if slices.Contains(s.cut, c.node) || win.kind == "bridge" || short || inWindow(f.sent, s.excused) {
 					return true
 				}
-			case (short || rejoining) && f.sent < end+int64(afterHeal):
+			case short && f.sent < end+int64(afterHeal), rejoining:
 				return true
 			}
 		}
@@ -349,4 +357,120 @@ func checkNo503(l *load, fl *faultLog, sides []faultSides, afterHeal time.Durati
 			count[k], k.subject, k.node, example[k]))
 	}
 	return out
+}
+
+// failureClass names why a failed request of client c failed, as far as
+// the fault records tell: on a cut side while its node was cut off (until
+// its routes were back), in flight when a link was cut (a timeout sent
+// from partTimeout before a cut to inFlight after it), sent while a
+// majority worker was being killed, during a bridge, an ordered tag's
+// (owner moves answer 503 by design), or "unclassified".
+func failureClass(c *client, f failure, fl *faultLog, sides []faultSides) string {
+	if c.target.ordered {
+		return "ordered"
+	}
+	for w, s := range sides {
+		win := fl.windows[w]
+		end := max(s.healed, s.routed)
+		if end == 0 {
+			end = win.end
+		}
+		if end == 0 {
+			end = math.MaxInt64
+		}
+		if slices.Contains(s.cut, c.node) && win.start <= f.sent && f.sent <= end && win.kind != "bridge" {
+			return "cut side"
+		}
+	}
+	for w, s := range sides {
+		if f.kind == "timeout" && slices.ContainsFunc(s.cuts, func(cut int64) bool {
+			return cut-int64(partTimeout) <= f.sent && f.sent <= cut+int64(inFlight)
+		}) && fl.windows[w].kind != "latency" && fl.windows[w].kind != "pg-cut" {
+			return "in flight"
+		}
+		if inWindow(f.sent, s.excused) {
+			return "worker killed"
+		}
+		win := fl.windows[w]
+		if win.kind == "bridge" && win.start <= f.sent && (win.end == 0 || f.sent <= max(s.healed, s.routed, win.end)) {
+			return "bridge"
+		}
+	}
+	return "unclassified"
+}
+
+// failureClasses are failureClass's answers, in the order nodeTable shows
+// them.
+var failureClasses = []string{"cut side", "in flight", "worker killed", "bridge", "ordered", "unclassified"}
+
+// nodeTable returns, per node and subject over the whole run, the
+// requests, the failures by kind (503, no responders, timeout, other) and
+// by failureClass.
+func nodeTable(l *load, fl *faultLog, sides []faultSides) string {
+	type key struct {
+		node    int
+		subject string
+	}
+	type row struct {
+		requests, failed, unavailable, noResponders, timeouts, other int
+		class                                                        map[string]int
+	}
+	rows := map[key]*row{}
+	var keys []key
+	var odd []string // the unclassified, the first 20
+	for _, c := range l.clients {
+		k := key{c.node, c.target.name}
+		r := rows[k]
+		if r == nil {
+			r = &row{class: map[string]int{}}
+			rows[k] = r
+			keys = append(keys, k)
+		}
+		r.requests += len(c.replies) + len(c.fails)
+		for _, f := range c.fails {
+			r.failed++
+			switch f.kind {
+			case protocol.CodeUnavailable:
+				r.unavailable++
+			case "no responders":
+				r.noResponders++
+			case "timeout":
+				r.timeouts++
+			default:
+				r.other++
+			}
+			cl := failureClass(c, f, fl, sides)
+			r.class[cl]++
+			if cl == "unclassified" && len(odd) < 20 {
+				by := ""
+				if f.worker != "" {
+					by = " from " + f.worker
+				}
+				odd = append(odd, fmt.Sprintf("n%d %s: %s sent at %.3fs during %s, failed at %.3fs%s: %s",
+					c.node, c.target.name, f.kind, float64(f.sent)/1e9, fl.attribute(f.sent), float64(f.got)/1e9, by, f.err))
+			}
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].node != keys[j].node {
+			return keys[i].node < keys[j].node
+		}
+		return keys[i].subject < keys[j].subject
+	})
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "node\tsubject\trequests\tfailed\t503\tno responders\ttimeout\tother\t%s\t\n", strings.Join(failureClasses, "\t"))
+	for _, k := range keys {
+		r := rows[k]
+		fmt.Fprintf(tw, "n%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d", k.node, k.subject, r.requests, r.failed, r.unavailable, r.noResponders, r.timeouts, r.other)
+		for _, cl := range failureClasses {
+			fmt.Fprintf(tw, "\t%d", r.class[cl])
+		}
+		fmt.Fprintf(tw, "\t\n")
+	}
+	tw.Flush()
+	if len(odd) > 0 {
+		b.WriteString("unclassified (the first 20):\n" + strings.Join(odd, "\n"))
+	}
+	return b.String()
 }

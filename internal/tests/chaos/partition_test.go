@@ -102,6 +102,10 @@ type partition struct {
 	// the first one isolates (0: the ordered tag's owner's, 1: a snowflake
 	// worker ID holder's), the next ones alternate.
 	isolations, isoKind int
+	// pool is how many route connections each server has to each other
+	// one (nats-server's route pool, plus pinned accounts), read when the
+	// first fault begins.
+	pool int
 }
 
 // faultSides says, for one fault window, which nodes were on the cut
@@ -119,6 +123,12 @@ type faultSides struct {
 	// asserted.
 	snowflakeExcused bool
 	healed           int64 // when the fault was healed; 0 while it lasts
+	// routed is when every server was seen routing to every other again
+	// after the heal (heal); 0 if the fault cut no routes.
+	routed int64
+	// cuts are when links were cut: the window's start, and each later
+	// cut of a flap (a request in flight then may time out).
+	cuts []int64
 }
 
 func (s faultSides) side(node int) string {
@@ -332,8 +342,16 @@ func (p *partition) logf(format string, args ...any) {
 
 // begin starts a fault window with its sides.
 func (p *partition) begin(name string, s faultSides) int {
+	if p.pool == 0 {
+		for i := range p.cl.Servers {
+			for _, n := range p.routeConns(i) {
+				p.pool = max(p.pool, n)
+			}
+		}
+	}
 	w := p.log.begin(name)
 	p.logf("%s: begins", name)
+	s.cuts = append(s.cuts, p.log.windows[w].start)
 	p.sides = append(p.sides, s)
 	if len(p.sides) != len(p.log.windows) {
 		p.t.Fatalf("partition: %d sides for %d fault windows", len(p.sides), len(p.log.windows))
@@ -408,7 +426,44 @@ func (p *partition) heal(w int) {
 	for i := range p.cl.Servers {
 		p.cl.WaitRoutes(p.t, i, len(p.cl.Servers)-1)
 	}
+	listed := p.load.now()
+	// A route is listed once one connection of its pool is up; the others
+	// (each carrying some accounts' interest) follow up to a reconnect
+	// delay later, and until then a healed node may not know the
+	// majority's subscriptions (seen: snowflake no responders and plain
+	// 503s on the healed node for 1 s after the routes were listed).
+	err := wait.Until(60*time.Second, func() error {
+		for i := range p.cl.Servers {
+			conns := p.routeConns(i)
+			for _, j := range p.others(i) {
+				if n := conns[p.cl.Servers[j].Name()]; n < p.pool {
+					return fmt.Errorf("n%d has %d route connections to n%d, want %d", i, n, j, p.pool)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		p.t.Fatalf("%s: %v 60s after the heal", p.log.windows[w].kind, err)
+	}
+	p.sides[w].routed = p.load.now()
+	p.logf("%s: routes back %.3fs after the heal began, listed after %.3fs (links healed after %.3fs)", p.log.windows[w].kind,
+		float64(p.sides[w].routed-begun)/1e9, float64(listed-begun)/1e9, float64(at-begun)/1e9)
 	p.healed(w, at)
+}
+
+// routeConns returns how many route connections server i has to each
+// other server, by name.
+func (p *partition) routeConns(i int) map[string]int {
+	rz, err := p.cl.Servers[i].Routez(nil)
+	if err != nil {
+		p.t.Fatalf("routez of n%d: %v", i, err)
+	}
+	out := map[string]int{}
+	for _, r := range rz.Routes {
+		out[r.RemoteName]++
+	}
+	return out
 }
 
 // healed records a heal of window w at at, waits for the answers and ends
@@ -708,6 +763,9 @@ func (p *partition) flap(name string) {
 		rounds = 3 + p.rng.IntN(6)
 	}
 	for r := range rounds {
+		if r > 0 {
+			p.sides[w].cuts = append(p.sides[w].cuts, p.load.now())
+		}
 		p.cl.Isolate(iso)
 		d := time.Second + time.Duration(p.rng.Int64N(int64(2*time.Second)))
 		if r == rounds-1 && drops == 0 {
@@ -893,6 +951,7 @@ func (p *partition) report() {
 	t.Logf("%d requests, %d answered, %d IDs; failed requests by fault:\n%s", requests, ok, ids, table)
 	t.Logf("availability by fault, side and subject (gap: longest time without an answer to a client on that side, from the fault's start to its heal plus %v):\n%s",
 		p.log.grace, availabilityTable(p.load, p.log, p.sides))
+	t.Logf("failures by node and subject, classified (whole run):\n%s", nodeTable(p.load, p.log, p.sides))
 	t.Logf("time from heal to every subject answered on every node (bound %v):\n%s", healBound(p.lease), strings.Join(healDelays(p.loopers, p.heals), "\n"))
 	t.Logf("example errors: %v", p.load.firstErrors())
 	p.log.checkEffects(t)

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -350,18 +351,24 @@ type load struct {
 	// retried: failures of the clients with retries, per subject.
 	retried map[string][]string
 	// raw: failures of the clients without retries, by "<phase when
-	// sent>, client on <server>[→<server it moved to>], <subject>".
+	// sent>, client on <server>[→<server it moved to>], <subject>"; cut:
+	// how many of them timed out with a disconnection of the client's
+	// connection between the request's send and its failure (in flight
+	// when its server closed the connection), by the same key.
 	raw map[string][]string
+	cut map[string]int
 }
 
 func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &load{cancel: cancel, phase: "previous", answers: map[string]int{}, obs: map[string][]check.Observation{},
-		retried: map[string][]string{}, raw: map[string][]string{}}
+		retried: map[string][]string{}, raw: map[string][]string{}, cut: map[string]int{}}
 	for _, s := range c.Servers {
 		for _, retries := range []bool{true, false} {
-			nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+			var disconnects atomic.Int64 // the connection's disconnections so far
+			nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+				nats.DisconnectErrHandler(func(*nats.Conn, error) { disconnects.Add(1) }))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -375,6 +382,7 @@ func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 						l.mu.Unlock()
 						start := time.Now()
 						at := nc.ConnectedServerName() // clients move when their server restarts
+						before := disconnects.Load()
 						var id int64
 						var err error
 						if subject == "snowflake" {
@@ -386,7 +394,8 @@ func startLoad(t *testing.T, c *faultnet.Cluster) *load {
 						if now := nc.ConnectedServerName(); now != at {
 							on += "→" + now
 						}
-						l.record(subject, phase+", client on "+on, retries, id, err, start, time.Now())
+						cut := disconnects.Load() != before && errors.Is(err, nats.ErrTimeout)
+						l.record(subject, phase+", client on "+on, retries, id, err, cut, start, time.Now())
 					}
 				})
 			}
@@ -409,8 +418,8 @@ func (l *load) setPhase(t *testing.T, phase string) {
 }
 
 // record records a request of subject sent at start and answered (id or
-// err) at end.
-func (l *load) record(subject, where string, retries bool, id int64, err error, start, end time.Time) {
+// err) at end; cut: it timed out across a disconnection of its connection.
+func (l *load) record(subject, where string, retries bool, id int64, err error, cut bool, start, end time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.answers[subject]++
@@ -421,6 +430,9 @@ func (l *load) record(subject, where string, retries bool, id int64, err error, 
 		} else {
 			key := where + ", " + subject
 			l.raw[key] = append(l.raw[key], msg)
+			if cut {
+				l.cut[key]++
+			}
 		}
 		return
 	}
@@ -608,19 +620,20 @@ func TestRollingUpgrade(t *testing.T) {
 	ordered := map[string]int{}
 	for _, key := range keys {
 		fails := l.raw[key]
-		t.Logf("without retries: %s: %d failed, e.g. %s", key, len(fails), fails[0])
+		t.Logf("without retries: %s: %d failed (%d timed out across a disconnection), e.g. %s", key, len(fails), l.cut[key], fails[0])
 		parts := strings.Split(key, ", ") // phase (maybe with a comma), client's server(s), subject
-		phase, on, subject := strings.Join(parts[:len(parts)-2], ", "), parts[len(parts)-2], parts[len(parts)-1]
-		_, restarting, isServer := strings.Cut(phase, ": server ")
+		phase, subject := strings.Join(parts[:len(parts)-2], ", "), parts[len(parts)-1]
 		switch {
 		case subject == "orders":
 			ordered[half(phase)] += len(fails)
-		case isServer && slices.Contains(strings.Split(strings.TrimPrefix(on, "client on "), "→"), restarting):
-			// A client on the restarting server loses what is in
-			// flight when the server closes its connection (see
-			// worker.TestRollingRestarts).
+		case l.cut[key] == len(fails):
+			// A client on a restarting server loses what is in flight
+			// when the server closes its connection: a timeout, with
+			// the disconnection between the request and its failure
+			// (see worker.TestRollingRestarts).
 		default:
-			t.Errorf("without retries: %s: %d requests failed, want 0, e.g. %s", key, len(fails), fails[0])
+			t.Errorf("without retries: %s: %d requests failed, %d of them timeouts in flight when the client's connection closed, want no other, e.g. %s",
+				key, len(fails), l.cut[key], fails[0])
 		}
 	}
 	// Server restarts (long mode): each may fail the ordered requests in
