@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,5 +137,74 @@ func TestLoadArgs(t *testing.T) {
 	want.ChildArgs = []string{"--nats-creds", "x.creds"}
 	if args := want.args(); !slices.Equal(args[len(args)-2:], want.ChildArgs) {
 		t.Errorf("args %q do not end with ChildArgs %q", args, want.ChildArgs)
+	}
+}
+
+// TestLoadCallers: raw request targets (rawPrefix), loaded by callers of
+// their own, count their replies and find errors and duplicates as the
+// pipelined targets do.
+func TestLoadCallers(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	var counter atomic.Int64
+	nc.Subscribe("good", func(m *nats.Msg) { m.Respond(fmt.Appendf(nil, "%d", counter.Add(1))) })
+	nc.Subscribe("same", func(m *nats.Msg) { m.Respond([]byte("7")) })
+	nc.Subscribe("junk", func(m *nats.Msg) { m.Respond([]byte("7x")) })
+	nc.Subscribe("fail", func(m *nats.Msg) {
+		r := nats.NewMsg(m.Reply)
+		r.Header.Set(micro.ErrorCodeHeader, "503")
+		r.Header.Set(micro.ErrorHeader, "no segment")
+		nc.PublishMsg(r)
+	})
+	nc.Flush()
+	cfg := LoadConfig{URL: ns.ClientURL(), Inflight: 4, Batch: 1, Format: "list", Warmup: 10 * time.Millisecond,
+		Duration: 100 * time.Millisecond, Slice: 20 * time.Millisecond, Drain: time.Second, Verify: true,
+		Subjects: []string{"raw:good", "raw:same", "raw:junk", "raw:fail", "raw:nobody"}}
+	rs, err := RunLoad(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name       string
+		dups, errs bool
+		errText    string
+	}{
+		{name: "good"},
+		{name: "same", dups: true},
+		{name: "junk", errs: true, errText: `"7x" is no ID`},
+		{name: "fail", errs: true, errText: "error reply 503: no segment"},
+		{name: "nobody", errs: true, errText: "no responders"},
+	} {
+		var r *LoadResult
+		for _, x := range rs {
+			if x.Subject == "raw:"+tt.name {
+				r = x
+			}
+		}
+		if r == nil {
+			t.Fatalf("no result for raw:%s", tt.name)
+		}
+		if (r.Duplicates > 0) != tt.dups || (r.Errors > 0) != tt.errs || !strings.Contains(r.FirstError, tt.errText) || r.Lost != 0 {
+			t.Errorf("raw:%s: %d duplicates, %d errors (%q), %d lost; want duplicates %v, errors %v (%q)", tt.name, r.Duplicates, r.Errors, r.FirstError, r.Lost, tt.dups, tt.errs, tt.errText)
+		}
+		if !tt.errs && (r.Requests == 0 || r.Checked == 0) {
+			t.Errorf("raw:%s: %d requests, %d IDs checked; want some", tt.name, r.Requests, r.Checked)
+		}
+	}
+}
+
+func TestSpread(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		in   []float64
+		want Spread
+	}{
+		{name: "odd", in: []float64{0.9, 0.7, 0.8}, want: Spread{Median: 0.8, Min: 0.7, Max: 0.9}},
+		{name: "even", in: []float64{0.9, 0.7, 0.8, 1}, want: Spread{Median: 0.85, Min: 0.7, Max: 1}},
+	} {
+		got := spread(tt.in)
+		if got.Median != tt.want.Median || got.Min != tt.want.Min || got.Max != tt.want.Max || !slices.Equal(got.Rounds, tt.in) {
+			t.Errorf("%s: spread(%v) = %+v, want %+v", tt.name, tt.in, got, tt.want)
+		}
 	}
 }
