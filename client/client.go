@@ -256,11 +256,10 @@ func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, er
 	if err := checkTag(tag); err != nil {
 		return nil, err
 	}
-	ctx, cancel, msg, err := c.newRequest(ctx, protocol.SegmentSubject(c.prefix, tag), n)
+	msg, err := c.newRequest(protocol.SegmentSubject(c.prefix, tag), n)
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
 	msg.Header.Set(protocol.FormatHeader, protocol.FormatFormatted.String())
 	resp, err := c.send(ctx, msg, "")
 	if err != nil {
@@ -329,22 +328,17 @@ func (c *Client) request(ctx context.Context, tag string, n int, ranges bool, lo
 // maxCount is the largest count a request can carry.
 const maxCount = protocol.MaxCount
 
-// newRequest checks a count of n, gives ctx the client's timeout if it has
-// no deadline (cancel releases it) and returns the request for n IDs on
+// newRequest checks a count of n and returns the request for n IDs on
 // subject.
-func (c *Client) newRequest(ctx context.Context, subject string, n int) (_ context.Context, cancel context.CancelFunc, _ *nats.Msg, _ error) {
+func (c *Client) newRequest(subject string, n int) (*nats.Msg, error) {
 	if n < 1 || n > maxCount {
-		return ctx, nil, nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
-	}
-	cancel = func() {}
-	if _, ok := ctx.Deadline(); !ok {
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
 	}
 	msg := nats.NewMsg(subject)
 	if n > 1 {
 		msg.Data = strconv.AppendInt(nil, int64(n), 10)
 	}
-	return ctx, cancel, msg, nil
+	return msg, nil
 }
 
 // requestRuns asks for n IDs of tag (snowflake IDs if tag is empty), each
@@ -354,11 +348,10 @@ func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool
 	if tag != "" {
 		subject = protocol.SegmentSubject(c.prefix, tag)
 	}
-	ctx, cancel, msg, err := c.newRequest(ctx, subject, n)
+	msg, err := c.newRequest(subject, n)
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
 	format := protocol.FormatList
 	if ranges {
 		format = protocol.FormatRange
@@ -382,14 +375,24 @@ func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool
 }
 
 // send sends msg and returns the reply with IDs, retrying what is safe to
-// retry (see WithoutRetries) until ctx ends. An error reply is returned
-// as *Error. A request for tag (empty for snowflake IDs) goes to the
-// tag's direct subject if the client knows one; if that fails with
-// CodeMisdirected, no responders or a timeout (the owner moved, or is
-// gone), the client forgets it and sends the request to msg.Subject at
-// once, retries or not: a request lost on the way is a gap, never a
-// duplicate.
+// retry (see WithoutRetries) until ctx ends, or the client's timeout if
+// ctx has no deadline. An error reply is returned as *Error. A request
+// for tag (empty for snowflake IDs) goes to the tag's direct subject if
+// the client knows one; if that fails with CodeMisdirected, no responders
+// or a timeout (the owner moved, or is gone), the client forgets it and
+// sends the request to msg.Subject at once, retries or not: a request
+// lost on the way is a gap, never a duplicate.
 func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg, error) {
+	// The request's deadline: ctx's, or the client's timeout from now
+	// (own). It is kept as a time, not as a context of its own: most
+	// requests end at their first attempt, and a context with a timer
+	// for each would cost more than a NATS round trip's own work
+	// (BenchmarkClientCost).
+	deadline, hasDeadline := ctx.Deadline()
+	own := !hasDeadline
+	if own {
+		deadline = time.Now().Add(c.timeout)
+	}
 	backoff := retryMin
 	var last error
 	segment := msg.Subject
@@ -398,16 +401,11 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg
 		msg.Subject, direct = c.directSubject(tag, segment)
 	}
 	for {
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if !c.noRetry || direct {
-			actx, cancel = context.WithTimeout(ctx, AttemptTimeout)
-		}
 		// A new token for every attempt: an error reply shows its
 		// attempt's token to whoever can read the inbox.
 		token := newToken()
 		msg.Header[protocol.TokenHeader] = []string{token}
-		resp, err := c.nc.RequestMsgWithContext(actx, msg)
-		cancel()
+		resp, err := c.attempt(ctx, msg, deadline, own, !c.noRetry || direct)
 		if err == nil {
 			if got := resp.Header[protocol.TokenHeader]; len(got) != 1 || got[0] != token {
 				// Not the reply to this request: never used, whatever it
@@ -424,7 +422,8 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg
 		default:
 			err = fmt.Errorf("client: %s: %w", msg.Subject, err)
 		}
-		if direct && ctx.Err() == nil {
+		ended := requestEnded(ctx, deadline)
+		if direct && ended == nil {
 			var e *Error
 			moved := errors.As(err, &e) && e.Code == protocol.CodeMisdirected
 			timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
@@ -436,20 +435,70 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg
 				}
 			}
 		}
-		if ctx.Err() != nil && last != nil && errors.Is(err, ctx.Err()) {
+		if ended != nil && last != nil && errors.Is(err, ended) {
 			err = last // the deadline cut a retry short: say why it was retried
 		}
-		if c.noRetry || ctx.Err() != nil || !retryable(err) {
+		if c.noRetry || ended != nil || !retryable(err) {
 			return nil, err
 		}
 		last = err
+		t := time.NewTimer(min(backoff, time.Until(deadline)))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil, last
-		case <-time.After(backoff):
+		case <-t.C:
+		}
+		if requestEnded(ctx, deadline) != nil {
+			return nil, last
 		}
 		backoff = min(2*backoff, retryMax)
 	}
+}
+
+// requestEnded returns why a request with ctx and deadline may not try
+// again: ctx's error, or context.DeadlineExceeded at the deadline; nil
+// while it may.
+func requestEnded(ctx context.Context, deadline time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// attempt sends msg once and waits for the reply until deadline (ctx's
+// own if not own) and, if bounded, for at most AttemptTimeout. It makes no
+// context of its own unless it must: when ctx's deadline bounds the
+// attempt, ctx is enough; when ctx is never canceled (no Done channel), a
+// timer of nats.go's pool is. A timeout wraps context.DeadlineExceeded.
+func (c *Client) attempt(ctx context.Context, msg *nats.Msg, deadline time.Time, own, bounded bool) (*nats.Msg, error) {
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, context.DeadlineExceeded
+	}
+	cut := own // the attempt must end before ctx does
+	if bounded && wait > AttemptTimeout {
+		wait, cut = AttemptTimeout, true
+	}
+	if !cut {
+		return c.nc.RequestMsgWithContext(ctx, msg)
+	}
+	if ctx.Done() == nil {
+		resp, err := c.nc.RequestMsg(msg, wait)
+		if errors.Is(err, nats.ErrTimeout) {
+			err = context.DeadlineExceeded
+		}
+		return resp, err
+	}
+	actx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return c.nc.RequestMsgWithContext(actx, msg)
 }
 
 // retryable reports whether a request that failed with err may be sent
