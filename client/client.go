@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -232,11 +231,7 @@ func (c *Client) Segment(ctx context.Context, tag string) (int64, error) {
 	if c.prefetch > 0 {
 		return c.pool(tag).take(ctx)
 	}
-	ids, err := c.request(ctx, tag, 1, false, minSegment)
-	if err != nil {
-		return 0, err
-	}
-	return ids[0], nil
+	return c.one(ctx, tag, minSegment)
 }
 
 // SegmentN returns n IDs of tag, in increasing order. Prefetch does not
@@ -256,12 +251,14 @@ func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, er
 	if err := checkTag(tag); err != nil {
 		return nil, err
 	}
-	msg, err := c.newRequest(protocol.SegmentSubject(c.prefix, tag), n)
+	r, err := c.newRequest(protocol.SegmentSubject(c.prefix, tag), n)
 	if err != nil {
 		return nil, err
 	}
-	msg.Header.Set(protocol.FormatHeader, protocol.FormatFormatted.String())
-	resp, err := c.send(ctx, msg, "")
+	defer r.release()
+	msg := &r.msg
+	msg.Header[protocol.FormatHeader] = formatFormatted
+	resp, err := c.send(ctx, r, "")
 	if err != nil {
 		return nil, err
 	}
@@ -287,11 +284,17 @@ func truncate(s string, n int) string {
 
 // Snowflake returns one snowflake ID.
 func (c *Client) Snowflake(ctx context.Context) (int64, error) {
-	ids, err := c.request(ctx, "", 1, false, minSnowflake)
+	return c.one(ctx, "", minSnowflake)
+}
+
+// one asks for one ID of tag (a snowflake ID if tag is empty), at least
+// lowest, without the slice that request returns.
+func (c *Client) one(ctx context.Context, tag string, lowest int64) (int64, error) {
+	runs, err := c.requestRuns(ctx, tag, 1, false, lowest)
 	if err != nil {
 		return 0, err
 	}
-	return ids[0], nil
+	return runs[0].First, nil // protocol.ParseIDs has checked: one run of one ID
 }
 
 // SnowflakeN returns n snowflake IDs, in increasing order.
@@ -329,38 +332,45 @@ func (c *Client) request(ctx context.Context, tag string, n int, ranges bool, lo
 const maxCount = protocol.MaxCount
 
 // newRequest checks a count of n and returns the request for n IDs on
-// subject.
-func (c *Client) newRequest(subject string, n int) (*nats.Msg, error) {
+// subject; release it when the call returns.
+func (c *Client) newRequest(subject string, n int) (*request, error) {
 	if n < 1 || n > maxCount {
 		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
 	}
-	msg := nats.NewMsg(subject)
-	if n > 1 {
-		msg.Data = strconv.AppendInt(nil, int64(n), 10)
-	}
-	return msg, nil
+	return getRequest(subject, n), nil
 }
+
+// Values of protocol.FormatHeader, shared by all requests (nats.go only
+// reads them).
+var (
+	formatRange     = []string{protocol.FormatRange.String()}
+	formatFormatted = []string{protocol.FormatFormatted.String()}
+)
 
 // requestRuns asks for n IDs of tag (snowflake IDs if tag is empty), each
 // at least lowest, and returns them as runs.
 func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool, lowest int64) ([]protocol.Run, error) {
-	subject := protocol.SnowflakeSubject(c.prefix)
+	var subject string
 	if tag != "" {
 		subject = protocol.SegmentSubject(c.prefix, tag)
+	} else {
+		subject = protocol.SnowflakeSubject(c.prefix)
 	}
-	msg, err := c.newRequest(subject, n)
+	r, err := c.newRequest(subject, n)
 	if err != nil {
 		return nil, err
 	}
+	defer r.release()
+	msg := &r.msg
 	format := protocol.FormatList
 	if ranges {
 		format = protocol.FormatRange
-		msg.Header.Set(protocol.FormatHeader, format.String())
+		msg.Header[protocol.FormatHeader] = formatRange
 	}
 	if tag != "" && !c.noDirect {
 		msg.Header[protocol.DirectHeader] = directWanted // the owner names its direct subject
 	}
-	resp, err := c.send(ctx, msg, tag)
+	resp, err := c.send(ctx, r, tag)
 	if err != nil {
 		return nil, err
 	}
@@ -374,15 +384,16 @@ func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool
 	return runs, nil
 }
 
-// send sends msg and returns the reply with IDs, retrying what is safe to
-// retry (see WithoutRetries) until ctx ends, or the client's timeout if
-// ctx has no deadline. An error reply is returned as *Error. A request
-// for tag (empty for snowflake IDs) goes to the tag's direct subject if
-// the client knows one; if that fails with CodeMisdirected, no responders
-// or a timeout (the owner moved, or is gone), the client forgets it and
-// sends the request to msg.Subject at once, retries or not: a request
-// lost on the way is a gap, never a duplicate.
-func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg, error) {
+// send sends r's message and returns the reply with IDs, retrying what is
+// safe to retry (see WithoutRetries) until ctx ends, or the client's
+// timeout if ctx has no deadline. An error reply is returned as *Error. A
+// request for tag (empty for snowflake IDs) goes to the tag's direct
+// subject if the client knows one; if that fails with CodeMisdirected, no
+// responders or a timeout (the owner moved, or is gone), the client
+// forgets it and sends the request to the message's subject at once,
+// retries or not: a request lost on the way is a gap, never a duplicate.
+func (c *Client) send(ctx context.Context, r *request, tag string) (*nats.Msg, error) {
+	msg := &r.msg
 	// The request's deadline: ctx's, or the client's timeout from now
 	// (own). It is kept as a time, not as a context of its own: most
 	// requests end at their first attempt, and a context with a timer
@@ -403,8 +414,7 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg
 	for {
 		// A new token for every attempt: an error reply shows its
 		// attempt's token to whoever can read the inbox.
-		token := newToken()
-		msg.Header[protocol.TokenHeader] = []string{token}
+		token := r.newToken()
 		resp, err := c.attempt(ctx, msg, deadline, own, !c.noRetry || direct)
 		if err == nil {
 			if got := resp.Header[protocol.TokenHeader]; len(got) != 1 || got[0] != token {

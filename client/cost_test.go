@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -54,6 +55,16 @@ func BenchmarkClientCost(b *testing.B) {
 		call func() error
 	}{
 		{"raw", func() error { _, err := nc.RequestWithContext(ctx, "bare.segment.t", nil); return err }},
+		{"raw-token", func() error {
+			// The token alone, as the client sends and checks it: the
+			// protocol's share of the client's cost.
+			tok := client.NewTokenForTest()
+			m, err := nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: "bare.segment.t", Header: nats.Header{protocol.TokenHeader: {tok}}})
+			if err == nil && m.Header.Get(protocol.TokenHeader) != tok {
+				return fmt.Errorf("token %q, want %q", m.Header.Get(protocol.TokenHeader), tok)
+			}
+			return err
+		}},
 		{"client", func() error { _, err := c.Segment(ctx, "t"); return err }},
 	}
 	for _, cc := range calls {
