@@ -9,13 +9,16 @@ import (
 // The client run (issue 38): the Go client's own cost. One bare counter
 // responder (the baseline responder's handler under a prefix of its own)
 // is called by the same number of callers, on one connection of the load
-// child, first with plain nc.RequestWithContext calls, then through the
-// Go client (Client.Segment: a token per request, every reply checked);
-// then the service under test is called through the Go client. The three
-// are loaded in turn, a slice each, and the whole is repeated
-// Config.ClientRounds times: the ratios of each round are measured in the
-// same stretch of time, so noise from the rest of the machine falls on
-// all three alike, and the rounds give their spread.
+// child, first with plain nc.RequestWithContext calls, then with raw
+// requests carrying a new token each (protocol.TokenHeader, its echo
+// checked: what the protocol asks of any client that wants its replies
+// checked), then through the Go client (Client.Segment: a token per
+// request, every reply checked); then the service under test is called
+// through the Go client. The four are loaded in turn, a slice each, and
+// the whole is repeated Config.ClientRounds times: the ratios of each
+// round are measured in the same stretch of time, so noise from the rest
+// of the machine falls on all of them alike, and the rounds give their
+// spread.
 
 // clientBarePrefix is the prefix under which the bare responder of the
 // client run answers.
@@ -24,6 +27,7 @@ const clientBarePrefix = "benchclient"
 // Endpoints of the client run.
 const (
 	clientRaw     = "baseline" // raw nc.RequestWithContext, bare responder
+	clientToken   = "raw request + token"
 	clientBare    = "client, bare responder"
 	clientService = "client, service"
 )
@@ -39,6 +43,13 @@ type ClientResult struct {
 	// the same raw requests to the bare responder.
 	ClientVsRaw  Spread `json:"client_vs_raw"`
 	ServiceVsRaw Spread `json:"service_vs_raw"`
+	// TokenVsRaw is a raw request's with a new protocol.TokenHeader
+	// (checked on the reply) over one's without, both to the bare
+	// responder: the protocol's share of the client's cost. ClientVsToken
+	// is the Go client's over the raw request with the token: the share
+	// of the client's code.
+	TokenVsRaw    Spread `json:"token_vs_raw"`
+	ClientVsToken Spread `json:"client_vs_token"`
 }
 
 // Spread is a ratio measured in each round: its median and range.
@@ -73,6 +84,7 @@ func runClient(ctx context.Context, c Config, e *env, p *progress, run func(*gro
 	}
 	eps := []endpoint{
 		{clientRaw, rawPrefix + clientBarePrefix + ".segment.bare"},
+		{clientToken, tokenPrefix + clientBarePrefix + ".segment.bare"},
 		{clientBare, clientPrefix + clientBarePrefix + ".segment.bare"},
 		{clientService, clientPrefix + "id.segment." + c.Tag},
 	}
@@ -87,7 +99,7 @@ func runClient(ctx context.Context, c Config, e *env, p *progress, run func(*gro
 
 // clientSummary sums up the client run's rounds in runs; nil without them.
 func clientSummary(runs []*Result) *ClientResult {
-	type trio struct{ raw, bare, service *Result }
+	type trio struct{ raw, token, bare, service *Result }
 	var labels []string
 	rounds := map[string]*trio{}
 	for _, r := range runs {
@@ -103,6 +115,8 @@ func clientSummary(runs []*Result) *ClientResult {
 		switch r.Endpoint {
 		case clientRaw:
 			rd.raw = r
+		case clientToken:
+			rd.token = r
 		case clientBare:
 			rd.bare = r
 		case clientService:
@@ -110,20 +124,23 @@ func clientSummary(runs []*Result) *ClientResult {
 		}
 	}
 	res := &ClientResult{}
-	var bare, service []float64
+	var bare, service, token, vsToken []float64
 	for _, l := range labels {
 		rd := rounds[l]
-		if rd.raw == nil || rd.bare == nil || rd.service == nil || rd.raw.RPS <= 0 {
+		if rd.raw == nil || rd.token == nil || rd.bare == nil || rd.service == nil || rd.raw.RPS <= 0 || rd.token.RPS <= 0 {
 			continue
 		}
 		res.Rounds++
 		res.Callers = rd.raw.Inflight
 		bare = append(bare, round(rd.bare.RPS/rd.raw.RPS, 3))
 		service = append(service, round(rd.service.RPS/rd.raw.RPS, 3))
+		token = append(token, round(rd.token.RPS/rd.raw.RPS, 3))
+		vsToken = append(vsToken, round(rd.bare.RPS/rd.token.RPS, 3))
 	}
 	if res.Rounds == 0 {
 		return nil
 	}
 	res.ClientVsRaw, res.ServiceVsRaw = spread(bare), spread(service)
+	res.TokenVsRaw, res.ClientVsToken = spread(token), spread(vsToken)
 	return res
 }

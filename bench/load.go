@@ -2,9 +2,12 @@ package bench
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,8 +104,10 @@ type target struct {
 	client *client.Client
 	tag    string
 	// raw is the subject of a target loaded with plain
-	// nc.RequestWithContext calls (rawPrefix), the Go client's baseline.
-	raw string
+	// nc.RequestWithContext calls (rawPrefix), the Go client's baseline;
+	// token: each with a new Id-Token, its echo checked (tokenPrefix).
+	raw   string
+	token bool
 
 	// Lock order: no other lock is taken while mu is held; the package's
 	// other mutexes (a tailBuffer's, parallel's) are leaves too.
@@ -197,6 +202,11 @@ func RunLoad(ctx context.Context, cfg LoadConfig, progress io.Writer) ([]*LoadRe
 				return nil, fmt.Errorf("load: %s: want %s<subject>, one ID a request, in format list", subj, rawPrefix)
 			}
 			t.raw = raw
+		} else if raw, ok := strings.CutPrefix(subj, tokenPrefix); ok {
+			if cfg.Format != "list" || cfg.Batch != 1 || raw == "" {
+				return nil, fmt.Errorf("load: %s: want %s<subject>, one ID a request, in format list", subj, tokenPrefix)
+			}
+			t.raw, t.token = raw, true
 		}
 		for i := range t.msgs {
 			m := &nats.Msg{Subject: subj, Reply: l.inbox + "." + strconv.Itoa(i), Data: body}
@@ -397,6 +407,30 @@ func clientTarget(subject string) (prefix, tag string, ok bool) {
 // baseline.
 const rawPrefix = "raw:"
 
+// tokenPrefix marks a subject loaded like a rawPrefix one, but with a new
+// token in each request (protocol.TokenHeader: 128 bits of a ChaCha8
+// seeded from crypto/rand, as the Go client makes them) whose echo is
+// checked: the protocol's share of the Go client's cost.
+const tokenPrefix = "token:"
+
+// tokenRNG holds the generators of tokenPrefix targets.
+var tokenRNG = sync.Pool{New: func() any {
+	var seed [32]byte
+	if _, err := crand.Read(seed[:]); err != nil {
+		panic("load: crypto/rand: " + err.Error()) // crypto/rand.Read does not fail on supported systems
+	}
+	return rand.NewChaCha8(seed)
+}}
+
+// newToken returns a request token: 128 random bits, base64url.
+func newToken() string {
+	g := tokenRNG.Get().(*rand.ChaCha8)
+	var b [16]byte
+	_, _ = g.Read(b[:])
+	tokenRNG.Put(g)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
 // callers loads target t (index i) until end the way an application calls
 // the Go client: one goroutine per request in flight (cfg.Inflight
 // callers), each sending its next request when the last one returns.
@@ -447,7 +481,17 @@ func (l *loader) call(t *target, slot int32) bool {
 	var err error
 	if t.raw != "" {
 		var m *nats.Msg
-		if m, err = l.nc.RequestWithContext(context.Background(), t.raw, nil); err == nil {
+		var token string
+		if t.token {
+			token = newToken()
+			m, err = l.nc.RequestMsgWithContext(context.Background(), &nats.Msg{Subject: t.raw, Header: nats.Header{protocol.TokenHeader: {token}}})
+			if err == nil && m.Header.Get(protocol.TokenHeader) != token {
+				err = fmt.Errorf("%w: token %.40q, want the request's", errBadReply, m.Header.Get(protocol.TokenHeader))
+			}
+		} else {
+			m, err = l.nc.RequestWithContext(context.Background(), t.raw, nil)
+		}
+		if err == nil {
 			var id int64
 			if id, err = checkRaw(m); err == nil {
 				ids = 1

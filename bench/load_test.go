@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -147,8 +148,14 @@ func TestLoadCallers(t *testing.T) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns)
 	var counter atomic.Int64
-	nc.Subscribe("good", func(m *nats.Msg) { m.Respond(fmt.Appendf(nil, "%d", counter.Add(1))) })
-	nc.Subscribe("same", func(m *nats.Msg) { m.Respond([]byte("7")) })
+	// good and same echo the token of a request that has one.
+	nc.Subscribe("good", func(m *nats.Msg) {
+		m.RespondMsg(&nats.Msg{Header: nats.Header{protocol.TokenHeader: m.Header[protocol.TokenHeader]}, Data: fmt.Appendf(nil, "%d", counter.Add(1))})
+	})
+	nc.Subscribe("same", func(m *nats.Msg) {
+		m.RespondMsg(&nats.Msg{Header: nats.Header{protocol.TokenHeader: m.Header[protocol.TokenHeader]}, Data: []byte("7")})
+	})
+	nc.Subscribe("deaf", func(m *nats.Msg) { m.Respond(fmt.Appendf(nil, "%d", counter.Add(1))) }) // no token
 	nc.Subscribe("junk", func(m *nats.Msg) { m.Respond([]byte("7x")) })
 	nc.Subscribe("fail", func(m *nats.Msg) {
 		r := nats.NewMsg(m.Reply)
@@ -159,7 +166,7 @@ func TestLoadCallers(t *testing.T) {
 	nc.Flush()
 	cfg := LoadConfig{URL: ns.ClientURL(), Inflight: 4, Batch: 1, Format: "list", Warmup: 10 * time.Millisecond,
 		Duration: 100 * time.Millisecond, Slice: 20 * time.Millisecond, Drain: time.Second, Verify: true,
-		Subjects: []string{"raw:good", "raw:same", "raw:junk", "raw:fail", "raw:nobody"}}
+		Subjects: []string{"raw:good", "raw:same", "raw:junk", "raw:fail", "raw:nobody", "token:good", "token:same", "token:deaf"}}
 	rs, err := RunLoad(context.Background(), cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -174,21 +181,27 @@ func TestLoadCallers(t *testing.T) {
 		{name: "junk", errs: true, errText: `"7x" is no ID`},
 		{name: "fail", errs: true, errText: "error reply 503: no segment"},
 		{name: "nobody", errs: true, errText: "no responders"},
+		{name: "token:good"},
+		{name: "token:same", dups: true},
+		{name: "token:deaf", errs: true, errText: `token "", want the request's`},
 	} {
+		if !strings.Contains(tt.name, ":") {
+			tt.name = "raw:" + tt.name
+		}
 		var r *LoadResult
 		for _, x := range rs {
-			if x.Subject == "raw:"+tt.name {
+			if x.Subject == tt.name {
 				r = x
 			}
 		}
 		if r == nil {
-			t.Fatalf("no result for raw:%s", tt.name)
+			t.Fatalf("no result for %s", tt.name)
 		}
 		if (r.Duplicates > 0) != tt.dups || (r.Errors > 0) != tt.errs || !strings.Contains(r.FirstError, tt.errText) || r.Lost != 0 {
-			t.Errorf("raw:%s: %d duplicates, %d errors (%q), %d lost; want duplicates %v, errors %v (%q)", tt.name, r.Duplicates, r.Errors, r.FirstError, r.Lost, tt.dups, tt.errs, tt.errText)
+			t.Errorf("%s: %d duplicates, %d errors (%q), %d lost; want duplicates %v, errors %v (%q)", tt.name, r.Duplicates, r.Errors, r.FirstError, r.Lost, tt.dups, tt.errs, tt.errText)
 		}
 		if !tt.errs && (r.Requests == 0 || r.Checked == 0) {
-			t.Errorf("raw:%s: %d requests, %d IDs checked; want some", tt.name, r.Requests, r.Checked)
+			t.Errorf("%s: %d requests, %d IDs checked; want some", tt.name, r.Requests, r.Checked)
 		}
 	}
 }

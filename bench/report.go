@@ -256,8 +256,9 @@ func (rep *Report) print(w *bytes.Buffer) {
 		lines = append(lines, l)
 	}
 	if cl := rep.Client; cl != nil {
-		lines = append(lines, fmt.Sprintf("Go client's own cost (%d rounds, %d callers, one connection; baseline: raw nc.RequestWithContext to a bare counter responder): the Go client to the same responder %.3f× (%.3f-%.3f), to the service %.3f× (%.3f-%.3f); medians (ranges)",
-			cl.Rounds, cl.Callers, cl.ClientVsRaw.Median, cl.ClientVsRaw.Min, cl.ClientVsRaw.Max, cl.ServiceVsRaw.Median, cl.ServiceVsRaw.Min, cl.ServiceVsRaw.Max))
+		sp := func(s Spread) string { return fmt.Sprintf("%.3f× (%.3f-%.3f)", s.Median, s.Min, s.Max) }
+		lines = append(lines, fmt.Sprintf("Go client's own cost (%d rounds, %d callers, one connection; baseline: raw nc.RequestWithContext to a bare counter responder): the Go client to the same responder %s, to the service %s; a raw request with a token %s; the Go client over that raw request with a token %s; medians (ranges)",
+			cl.Rounds, cl.Callers, sp(cl.ClientVsRaw), sp(cl.ServiceVsRaw), sp(cl.TokenVsRaw), sp(cl.ClientVsToken)))
 	}
 	if t := rep.Tags; t != nil {
 		how := "created on first use (KV, --auto-create-tags)"
