@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -139,8 +140,14 @@ func WithoutDirect() Option {
 // AttemptTimeout bounds one attempt of a request that is retried: longer
 // than any reply of a worker takes (it answers 503 after at most its
 // MaxWait, or 2 s for an ordered tag whose owner moves), shorter than the
-// default request timeout.
+// default request timeout. An attempt of a request whose context has
+// neither a deadline nor a Done channel (context.Background) may wait up
+// to attemptSlack longer, never past the client's timeout.
 const AttemptTimeout = 2500 * time.Millisecond
+
+// attemptSlack is how much longer than AttemptTimeout an attempt that
+// uses a shared attempt context (attemptContext) may wait.
+const attemptSlack = 50 * time.Millisecond
 
 // Backoff between the attempts of a request.
 const (
@@ -193,6 +200,19 @@ type Client struct {
 	// one failed by timeout (a worker gone without a word, or a
 	// permissions violation, then for good).
 	directOff map[string]time.Time
+
+	// epoch is the current shared attempt context (attemptContext).
+	epoch atomic.Pointer[epoch]
+}
+
+// epoch is an attempt context shared by the attempts that start before
+// until (unix nanoseconds): it ends AttemptTimeout+attemptSlack after
+// until-attemptSlack, its start, so that each of them waits at least
+// AttemptTimeout and at most AttemptTimeout+attemptSlack.
+type epoch struct {
+	ctx    context.Context
+	cancel context.CancelFunc // never called before the timeout: attempts share ctx
+	until  int64
 }
 
 // New returns a Client that sends requests on nc.
@@ -479,13 +499,31 @@ func requestEnded(ctx context.Context, deadline time.Time) error {
 	return nil
 }
 
+// attemptContext returns a context that ends between AttemptTimeout and
+// AttemptTimeout+attemptSlack from now and is never canceled otherwise,
+// for an attempt of a request whose own context never ends: one context
+// (and one timer) per attemptSlack for all of the client's attempts, not
+// one per attempt.
+func (c *Client) attemptContext(now time.Time) context.Context {
+	if e := c.epoch.Load(); e != nil && now.UnixNano() < e.until {
+		return e.ctx
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout+attemptSlack)
+	e := &epoch{ctx: ctx, cancel: cancel, until: now.Add(attemptSlack).UnixNano()}
+	c.epoch.Store(e) // another goroutine's newer one may be lost: no matter
+	return ctx
+}
+
 // attempt sends msg once and waits for the reply until deadline (ctx's
-// own if not own) and, if bounded, for at most AttemptTimeout. It makes no
-// context of its own unless it must: when ctx's deadline bounds the
-// attempt, ctx is enough; when ctx is never canceled (no Done channel), a
-// timer of nats.go's pool is. A timeout wraps context.DeadlineExceeded.
+// own if not own) and, if bounded, for at most AttemptTimeout (see
+// attemptSlack). It makes no context of its own unless it must: when
+// ctx's deadline bounds the attempt, ctx is enough; when ctx is never
+// canceled (no Done channel), a shared attempt context (attemptContext) or,
+// near the deadline, a timer of nats.go's pool is. A timeout wraps
+// context.DeadlineExceeded.
 func (c *Client) attempt(ctx context.Context, msg *nats.Msg, deadline time.Time, own, bounded bool) (*nats.Msg, error) {
-	wait := time.Until(deadline)
+	now := time.Now()
+	wait := deadline.Sub(now)
 	if wait <= 0 {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -493,11 +531,17 @@ func (c *Client) attempt(ctx context.Context, msg *nats.Msg, deadline time.Time,
 		return nil, context.DeadlineExceeded
 	}
 	cut := own // the attempt must end before ctx does
+	shared := false
 	if bounded && wait > AttemptTimeout {
-		wait, cut = AttemptTimeout, true
+		// The shared attempt context ends before the deadline only if
+		// the deadline is more than AttemptTimeout+attemptSlack away.
+		wait, cut, shared = AttemptTimeout, true, wait > AttemptTimeout+attemptSlack
 	}
 	if !cut {
 		return c.nc.RequestMsgWithContext(ctx, msg)
+	}
+	if ctx.Done() == nil && shared {
+		return c.nc.RequestMsgWithContext(c.attemptContext(now), msg)
 	}
 	if ctx.Done() == nil {
 		resp, err := c.nc.RequestMsg(msg, wait)
