@@ -52,12 +52,12 @@ var ErrFailed = errors.New("bench failed")
 
 // Modes are the measurements Config.Modes selects from, in the order they
 // run: pipelined, sequential, batch and step are load runs; ordered (three
-// workers, an ordered tag), tags (many tags), fetch, memory and startup
+// workers, an ordered tag), client (the Go client's own cost), tags (many tags), fetch, memory and startup
 // need the local set-up.
-var Modes = []string{"pipelined", "sequential", "batch", "step", "burst", "ordered", "tags", "fetch", "memory", "startup"}
+var Modes = []string{"pipelined", "sequential", "batch", "step", "burst", "ordered", "client", "tags", "fetch", "memory", "startup"}
 
 // localModes are the modes that need the local set-up.
-var localModes = []string{"step", "burst", "ordered", "tags", "fetch", "memory", "startup"}
+var localModes = []string{"step", "burst", "ordered", "client", "tags", "fetch", "memory", "startup"}
 
 // Config describes one bench. The program's flags fill it; the flags in
 // parentheses are those of `dispenser bench`.
@@ -90,6 +90,10 @@ type Config struct {
 	Formats []string
 	// Modes are the measurements to make, out of Modes.
 	Modes map[string]bool
+	// ClientRounds is the number of rounds of the client run, each a raw
+	// request, the Go client and the service through it, loaded in turn
+	// (--client-rounds).
+	ClientRounds int
 	// MemoryTags is the number of warm tags of the idle worker whose
 	// memory is measured.
 	MemoryTags int
@@ -190,6 +194,9 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 	if e != nil && c.Modes["ordered"] {
 		total += 2
 	}
+	if e != nil && c.Modes["client"] {
+		total += c.ClientRounds
+	}
 	if e != nil && c.Modes["tags"] {
 		total += 2
 	}
@@ -211,6 +218,11 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (err error) {
 	if e != nil && c.Modes["ordered"] {
 		if err := runOrdered(ctx, c, e, log, p, run); err != nil {
 			return fmt.Errorf("ordered: %w", err)
+		}
+	}
+	if e != nil && c.Modes["client"] {
+		if err := runClient(ctx, c, e, p, run); err != nil {
+			return fmt.Errorf("client: %w", err)
 		}
 	}
 	if e != nil && c.Modes["tags"] {

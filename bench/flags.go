@@ -35,6 +35,7 @@ func Flags(fs *flag.FlagSet) Main {
 	fs.IntVar(&c.Batch, "batch", 1000, "IDs per request in the batch runs")
 	fs.StringVar(&formats, "format", "range,list", "Id-Format of the batch runs: range, list or both, comma-separated")
 	fs.StringVar(&modes, "modes", strings.Join(Modes, ","), "what to measure, comma-separated: "+strings.Join(Modes, ", "))
+	fs.IntVar(&c.ClientRounds, "client-rounds", 5, "client run: rounds of a raw request and the Go client to a bare responder and the Go client to the service, loaded in turn (--inflight callers each)")
 	fs.IntVar(&c.MemoryTags, "memory-tags", 1000, "warm tags of the idle worker whose memory is measured")
 	fs.IntVar(&c.Tags, "tags", 20_000, "tags run: new tags asked for their first ID, then warm in its worker (KV: created on first use)")
 	fs.IntVar(&c.TagsStore, "tags-store", 1_000_000, "tags run with --postgres-url: tags in the PostgreSQL store, created in bulk where missing (at least --tags)")
@@ -60,6 +61,9 @@ func Flags(fs *flag.FlagSet) Main {
 			}
 			if !set["duration"] {
 				c.Duration = 300 * time.Millisecond
+			}
+			if !set["client-rounds"] {
+				c.ClientRounds = 2
 			}
 			if !set["memory-tags"] {
 				c.MemoryTags = 50
@@ -93,6 +97,8 @@ func Flags(fs *flag.FlagSet) Main {
 			return fmt.Errorf("bench: --batch %d: want 1..10000 (the service's default --max-batch)", c.Batch)
 		case c.Warmup < 0 || c.Duration <= 0:
 			return fmt.Errorf("bench: --warmup %v, --duration %v: want a positive duration", c.Warmup, c.Duration)
+		case c.ClientRounds < 1 || c.ClientRounds > 100:
+			return fmt.Errorf("bench: --client-rounds %d: want 1..100", c.ClientRounds)
 		case c.MemoryTags < 1 || c.MemoryTags > 10_000:
 			return fmt.Errorf("bench: --memory-tags %d: want 1..10000", c.MemoryTags)
 		case c.Tags < 4 || c.Tags > 1_000_000:

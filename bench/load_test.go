@@ -7,12 +7,14 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -136,5 +138,86 @@ func TestLoadArgs(t *testing.T) {
 	want.ChildArgs = []string{"--nats-creds", "x.creds"}
 	if args := want.args(); !slices.Equal(args[len(args)-2:], want.ChildArgs) {
 		t.Errorf("args %q do not end with ChildArgs %q", args, want.ChildArgs)
+	}
+}
+
+// TestLoadCallers: raw request targets (rawPrefix), loaded by callers of
+// their own, count their replies and find errors and duplicates as the
+// pipelined targets do.
+func TestLoadCallers(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	var counter atomic.Int64
+	// good and same echo the token of a request that has one.
+	nc.Subscribe("good", func(m *nats.Msg) {
+		m.RespondMsg(&nats.Msg{Header: nats.Header{protocol.TokenHeader: m.Header[protocol.TokenHeader]}, Data: fmt.Appendf(nil, "%d", counter.Add(1))})
+	})
+	nc.Subscribe("same", func(m *nats.Msg) {
+		m.RespondMsg(&nats.Msg{Header: nats.Header{protocol.TokenHeader: m.Header[protocol.TokenHeader]}, Data: []byte("7")})
+	})
+	nc.Subscribe("deaf", func(m *nats.Msg) { m.Respond(fmt.Appendf(nil, "%d", counter.Add(1))) }) // no token
+	nc.Subscribe("junk", func(m *nats.Msg) { m.Respond([]byte("7x")) })
+	nc.Subscribe("fail", func(m *nats.Msg) {
+		r := nats.NewMsg(m.Reply)
+		r.Header.Set(micro.ErrorCodeHeader, "503")
+		r.Header.Set(micro.ErrorHeader, "no segment")
+		nc.PublishMsg(r)
+	})
+	nc.Flush()
+	cfg := LoadConfig{URL: ns.ClientURL(), Inflight: 4, Batch: 1, Format: "list", Warmup: 10 * time.Millisecond,
+		Duration: 100 * time.Millisecond, Slice: 20 * time.Millisecond, Drain: time.Second, Verify: true,
+		Subjects: []string{"raw:good", "raw:same", "raw:junk", "raw:fail", "raw:nobody", "token:good", "token:same", "token:deaf"}}
+	rs, err := RunLoad(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name       string
+		dups, errs bool
+		errText    string
+	}{
+		{name: "good"},
+		{name: "same", dups: true},
+		{name: "junk", errs: true, errText: `"7x" is no ID`},
+		{name: "fail", errs: true, errText: "error reply 503: no segment"},
+		{name: "nobody", errs: true, errText: "no responders"},
+		{name: "token:good"},
+		{name: "token:same", dups: true},
+		{name: "token:deaf", errs: true, errText: `token "", want the request's`},
+	} {
+		if !strings.Contains(tt.name, ":") {
+			tt.name = "raw:" + tt.name
+		}
+		var r *LoadResult
+		for _, x := range rs {
+			if x.Subject == tt.name {
+				r = x
+			}
+		}
+		if r == nil {
+			t.Fatalf("no result for %s", tt.name)
+		}
+		if (r.Duplicates > 0) != tt.dups || (r.Errors > 0) != tt.errs || !strings.Contains(r.FirstError, tt.errText) || r.Lost != 0 {
+			t.Errorf("%s: %d duplicates, %d errors (%q), %d lost; want duplicates %v, errors %v (%q)", tt.name, r.Duplicates, r.Errors, r.FirstError, r.Lost, tt.dups, tt.errs, tt.errText)
+		}
+		if !tt.errs && (r.Requests == 0 || r.Checked == 0) {
+			t.Errorf("%s: %d requests, %d IDs checked; want some", tt.name, r.Requests, r.Checked)
+		}
+	}
+}
+
+func TestSpread(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		in   []float64
+		want Spread
+	}{
+		{name: "odd", in: []float64{0.9, 0.7, 0.8}, want: Spread{Median: 0.8, Min: 0.7, Max: 0.9}},
+		{name: "even", in: []float64{0.9, 0.7, 0.8, 1}, want: Spread{Median: 0.85, Min: 0.7, Max: 1}},
+	} {
+		got := spread(tt.in)
+		if got.Median != tt.want.Median || got.Min != tt.want.Min || got.Max != tt.want.Max || !slices.Equal(got.Rounds, tt.in) {
+			t.Errorf("%s: spread(%v) = %+v, want %+v", tt.name, tt.in, got, tt.want)
+		}
 	}
 }

@@ -61,6 +61,7 @@ type Report struct {
 	Step      []StepResult   `json:"step,omitempty"`
 	Burst     *BurstResult   `json:"burst,omitempty"`
 	Ordered   *OrderedResult `json:"ordered,omitempty"`
+	Client    *ClientResult  `json:"client,omitempty"`
 	Tags      *TagsResult    `json:"tags,omitempty"`
 	Fetch     *FetchResult   `json:"fetch,omitempty"`
 	Memory    *MemoryResult  `json:"memory,omitempty"`
@@ -172,6 +173,11 @@ func (rep *Report) finish() {
 				fmt.Sprintf("%.3f×", o.ClientVsBaseline), o.ClientVsBaseline >= 0.9)
 		}
 	}
+	if rep.Client = clientSummary(rep.Runs); rep.Client != nil {
+		cl := rep.Client
+		add(fmt.Sprintf("Go client to a bare responder, %d callers, 1 ID: requests/s, median of %d rounds", cl.Callers, cl.Rounds), "≥ 0.95× raw request",
+			fmt.Sprintf("%.3f× (%.3f-%.3f)", cl.ClientVsRaw.Median, cl.ClientVsRaw.Min, cl.ClientVsRaw.Max), cl.ClientVsRaw.Median >= 0.95)
+	}
 	if t := rep.Tags; t != nil {
 		add(fmt.Sprintf("new tags, last %d of %d vs first %d: first requests/s", t.Block, t.NewTags, t.Block), "≥ 0.5×",
 			fmt.Sprintf("%.2f×", t.LastOverFirst), t.LastOverFirst >= 0.5)
@@ -248,6 +254,11 @@ func (rep *Report) print(w *bytes.Buffer) {
 			l += fmt.Sprintf("; the owner alone %.3f× baseline, %d workers %.3f× of that", o.AloneVsBaseline, o.Workers, o.VsAlone)
 		}
 		lines = append(lines, l)
+	}
+	if cl := rep.Client; cl != nil {
+		sp := func(s Spread) string { return fmt.Sprintf("%.3f× (%.3f-%.3f)", s.Median, s.Min, s.Max) }
+		lines = append(lines, fmt.Sprintf("Go client's own cost (%d rounds, %d callers, one connection; baseline: raw nc.RequestWithContext to a bare counter responder): the Go client to the same responder %s, to the service %s; a raw request with a token %s; the Go client over that raw request with a token %s; medians (ranges)",
+			cl.Rounds, cl.Callers, sp(cl.ClientVsRaw), sp(cl.ServiceVsRaw), sp(cl.TokenVsRaw), sp(cl.ClientVsToken)))
 	}
 	if t := rep.Tags; t != nil {
 		how := "created on first use (KV, --auto-create-tags)"

@@ -19,9 +19,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -140,8 +140,14 @@ func WithoutDirect() Option {
 // AttemptTimeout bounds one attempt of a request that is retried: longer
 // than any reply of a worker takes (it answers 503 after at most its
 // MaxWait, or 2 s for an ordered tag whose owner moves), shorter than the
-// default request timeout.
+// default request timeout. An attempt of a request whose context has
+// neither a deadline nor a Done channel (context.Background) may wait up
+// to attemptSlack longer, never past the client's timeout.
 const AttemptTimeout = 2500 * time.Millisecond
+
+// attemptSlack is how much longer than AttemptTimeout an attempt that
+// uses a shared attempt context (attemptContext) may wait.
+const attemptSlack = 50 * time.Millisecond
 
 // Backoff between the attempts of a request.
 const (
@@ -194,6 +200,19 @@ type Client struct {
 	// one failed by timeout (a worker gone without a word, or a
 	// permissions violation, then for good).
 	directOff map[string]time.Time
+
+	// epoch is the current shared attempt context (attemptContext).
+	epoch atomic.Pointer[epoch]
+}
+
+// epoch is an attempt context shared by the attempts that start before
+// until (unix nanoseconds): it ends AttemptTimeout+attemptSlack after
+// until-attemptSlack, its start, so that each of them waits at least
+// AttemptTimeout and at most AttemptTimeout+attemptSlack.
+type epoch struct {
+	ctx    context.Context
+	cancel context.CancelFunc // never called before the timeout: attempts share ctx
+	until  int64
 }
 
 // New returns a Client that sends requests on nc.
@@ -232,11 +251,7 @@ func (c *Client) Segment(ctx context.Context, tag string) (int64, error) {
 	if c.prefetch > 0 {
 		return c.pool(tag).take(ctx)
 	}
-	ids, err := c.request(ctx, tag, 1, false, minSegment)
-	if err != nil {
-		return 0, err
-	}
-	return ids[0], nil
+	return c.one(ctx, tag, minSegment)
 }
 
 // SegmentN returns n IDs of tag, in increasing order. Prefetch does not
@@ -256,13 +271,14 @@ func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, er
 	if err := checkTag(tag); err != nil {
 		return nil, err
 	}
-	ctx, cancel, msg, err := c.newRequest(ctx, protocol.SegmentSubject(c.prefix, tag), n)
+	r, err := c.newRequest(protocol.SegmentSubject(c.prefix, tag), n)
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
-	msg.Header.Set(protocol.FormatHeader, protocol.FormatFormatted.String())
-	resp, err := c.send(ctx, msg, "")
+	defer r.release()
+	msg := &r.msg
+	msg.Header[protocol.FormatHeader] = formatFormatted
+	resp, err := c.send(ctx, r, "")
 	if err != nil {
 		return nil, err
 	}
@@ -288,11 +304,17 @@ func truncate(s string, n int) string {
 
 // Snowflake returns one snowflake ID.
 func (c *Client) Snowflake(ctx context.Context) (int64, error) {
-	ids, err := c.request(ctx, "", 1, false, minSnowflake)
+	return c.one(ctx, "", minSnowflake)
+}
+
+// one asks for one ID of tag (a snowflake ID if tag is empty), at least
+// lowest, without the slice that request returns.
+func (c *Client) one(ctx context.Context, tag string, lowest int64) (int64, error) {
+	runs, err := c.requestRuns(ctx, tag, 1, false, lowest)
 	if err != nil {
 		return 0, err
 	}
-	return ids[0], nil
+	return runs[0].First, nil // protocol.ParseIDs has checked: one run of one ID
 }
 
 // SnowflakeN returns n snowflake IDs, in increasing order.
@@ -329,45 +351,46 @@ func (c *Client) request(ctx context.Context, tag string, n int, ranges bool, lo
 // maxCount is the largest count a request can carry.
 const maxCount = protocol.MaxCount
 
-// newRequest checks a count of n, gives ctx the client's timeout if it has
-// no deadline (cancel releases it) and returns the request for n IDs on
-// subject.
-func (c *Client) newRequest(ctx context.Context, subject string, n int) (_ context.Context, cancel context.CancelFunc, _ *nats.Msg, _ error) {
+// newRequest checks a count of n and returns the request for n IDs on
+// subject; release it when the call returns.
+func (c *Client) newRequest(subject string, n int) (*request, error) {
 	if n < 1 || n > maxCount {
-		return ctx, nil, nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
+		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
 	}
-	cancel = func() {}
-	if _, ok := ctx.Deadline(); !ok {
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-	}
-	msg := nats.NewMsg(subject)
-	if n > 1 {
-		msg.Data = strconv.AppendInt(nil, int64(n), 10)
-	}
-	return ctx, cancel, msg, nil
+	return getRequest(subject, n), nil
 }
+
+// Values of protocol.FormatHeader, shared by all requests (nats.go only
+// reads them).
+var (
+	formatRange     = []string{protocol.FormatRange.String()}
+	formatFormatted = []string{protocol.FormatFormatted.String()}
+)
 
 // requestRuns asks for n IDs of tag (snowflake IDs if tag is empty), each
 // at least lowest, and returns them as runs.
 func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool, lowest int64) ([]protocol.Run, error) {
-	subject := protocol.SnowflakeSubject(c.prefix)
+	var subject string
 	if tag != "" {
 		subject = protocol.SegmentSubject(c.prefix, tag)
+	} else {
+		subject = protocol.SnowflakeSubject(c.prefix)
 	}
-	ctx, cancel, msg, err := c.newRequest(ctx, subject, n)
+	r, err := c.newRequest(subject, n)
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
+	defer r.release()
+	msg := &r.msg
 	format := protocol.FormatList
 	if ranges {
 		format = protocol.FormatRange
-		msg.Header.Set(protocol.FormatHeader, format.String())
+		msg.Header[protocol.FormatHeader] = formatRange
 	}
 	if tag != "" && !c.noDirect {
 		msg.Header[protocol.DirectHeader] = directWanted // the owner names its direct subject
 	}
-	resp, err := c.send(ctx, msg, tag)
+	resp, err := c.send(ctx, r, tag)
 	if err != nil {
 		return nil, err
 	}
@@ -381,15 +404,26 @@ func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool
 	return runs, nil
 }
 
-// send sends msg and returns the reply with IDs, retrying what is safe to
-// retry (see WithoutRetries) until ctx ends. An error reply is returned
-// as *Error. A request for tag (empty for snowflake IDs) goes to the
-// tag's direct subject if the client knows one; if that fails with
-// CodeMisdirected, no responders or a timeout (the owner moved, or is
-// gone), the client forgets it and sends the request to msg.Subject at
-// once, retries or not: a request lost on the way is a gap, never a
-// duplicate.
-func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg, error) {
+// send sends r's message and returns the reply with IDs, retrying what is
+// safe to retry (see WithoutRetries) until ctx ends, or the client's
+// timeout if ctx has no deadline. An error reply is returned as *Error. A
+// request for tag (empty for snowflake IDs) goes to the tag's direct
+// subject if the client knows one; if that fails with CodeMisdirected, no
+// responders or a timeout (the owner moved, or is gone), the client
+// forgets it and sends the request to the message's subject at once,
+// retries or not: a request lost on the way is a gap, never a duplicate.
+func (c *Client) send(ctx context.Context, r *request, tag string) (*nats.Msg, error) {
+	msg := &r.msg
+	// The request's deadline: ctx's, or the client's timeout from now
+	// (own). It is kept as a time, not as a context of its own: most
+	// requests end at their first attempt, and a context with a timer
+	// for each would cost more than a NATS round trip's own work
+	// (BenchmarkClientCost).
+	deadline, hasDeadline := ctx.Deadline()
+	own := !hasDeadline
+	if own {
+		deadline = time.Now().Add(c.timeout)
+	}
 	backoff := retryMin
 	var last error
 	segment := msg.Subject
@@ -398,16 +432,10 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg
 		msg.Subject, direct = c.directSubject(tag, segment)
 	}
 	for {
-		actx, cancel := ctx, context.CancelFunc(func() {})
-		if !c.noRetry || direct {
-			actx, cancel = context.WithTimeout(ctx, AttemptTimeout)
-		}
 		// A new token for every attempt: an error reply shows its
 		// attempt's token to whoever can read the inbox.
-		token := newToken()
-		msg.Header[protocol.TokenHeader] = []string{token}
-		resp, err := c.nc.RequestMsgWithContext(actx, msg)
-		cancel()
+		token := r.newToken()
+		resp, err := c.attempt(ctx, msg, deadline, own, !c.noRetry || direct)
 		if err == nil {
 			if got := resp.Header[protocol.TokenHeader]; len(got) != 1 || got[0] != token {
 				// Not the reply to this request: never used, whatever it
@@ -424,7 +452,8 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg
 		default:
 			err = fmt.Errorf("client: %s: %w", msg.Subject, err)
 		}
-		if direct && ctx.Err() == nil {
+		ended := requestEnded(ctx, deadline)
+		if direct && ended == nil {
 			var e *Error
 			moved := errors.As(err, &e) && e.Code == protocol.CodeMisdirected
 			timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
@@ -436,20 +465,94 @@ func (c *Client) send(ctx context.Context, msg *nats.Msg, tag string) (*nats.Msg
 				}
 			}
 		}
-		if ctx.Err() != nil && last != nil && errors.Is(err, ctx.Err()) {
+		if ended != nil && last != nil && errors.Is(err, ended) {
 			err = last // the deadline cut a retry short: say why it was retried
 		}
-		if c.noRetry || ctx.Err() != nil || !retryable(err) {
+		if c.noRetry || ended != nil || !retryable(err) {
 			return nil, err
 		}
 		last = err
+		t := time.NewTimer(min(backoff, time.Until(deadline)))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil, last
-		case <-time.After(backoff):
+		case <-t.C:
+		}
+		if requestEnded(ctx, deadline) != nil {
+			return nil, last
 		}
 		backoff = min(2*backoff, retryMax)
 	}
+}
+
+// requestEnded returns why a request with ctx and deadline may not try
+// again: ctx's error, or context.DeadlineExceeded at the deadline; nil
+// while it may.
+func requestEnded(ctx context.Context, deadline time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// attemptContext returns a context that ends between AttemptTimeout and
+// AttemptTimeout+attemptSlack from now and is never canceled otherwise,
+// for an attempt of a request whose own context never ends: one context
+// (and one timer) per attemptSlack for all of the client's attempts, not
+// one per attempt.
+func (c *Client) attemptContext(now time.Time) context.Context {
+	if e := c.epoch.Load(); e != nil && now.UnixNano() < e.until {
+		return e.ctx
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout+attemptSlack)
+	e := &epoch{ctx: ctx, cancel: cancel, until: now.Add(attemptSlack).UnixNano()}
+	c.epoch.Store(e) // another goroutine's newer one may be lost: no matter
+	return ctx
+}
+
+// attempt sends msg once and waits for the reply until deadline (ctx's
+// own if not own) and, if bounded, for at most AttemptTimeout (see
+// attemptSlack). It makes no context of its own unless it must: when
+// ctx's deadline bounds the attempt, ctx is enough; when ctx is never
+// canceled (no Done channel), a shared attempt context (attemptContext) or,
+// near the deadline, a timer of nats.go's pool is. A timeout wraps
+// context.DeadlineExceeded.
+func (c *Client) attempt(ctx context.Context, msg *nats.Msg, deadline time.Time, own, bounded bool) (*nats.Msg, error) {
+	now := time.Now()
+	wait := deadline.Sub(now)
+	if wait <= 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, context.DeadlineExceeded
+	}
+	cut := own // the attempt must end before ctx does
+	shared := false
+	if bounded && wait > AttemptTimeout {
+		// The shared attempt context ends before the deadline only if
+		// the deadline is more than AttemptTimeout+attemptSlack away.
+		wait, cut, shared = AttemptTimeout, true, wait > AttemptTimeout+attemptSlack
+	}
+	if !cut {
+		return c.nc.RequestMsgWithContext(ctx, msg)
+	}
+	if ctx.Done() == nil && shared {
+		return c.nc.RequestMsgWithContext(c.attemptContext(now), msg)
+	}
+	if ctx.Done() == nil {
+		resp, err := c.nc.RequestMsg(msg, wait)
+		if errors.Is(err, nats.ErrTimeout) {
+			err = context.DeadlineExceeded
+		}
+		return resp, err
+	}
+	actx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return c.nc.RequestMsgWithContext(actx, msg)
 }
 
 // retryable reports whether a request that failed with err may be sent

@@ -131,14 +131,20 @@ func TestRetriesAcrossRestart(t *testing.T) {
 // TestRetriesAfterSilentAttempt: an attempt that gets no reply (its worker
 // stopped answering, or the connection moved) is sent again after
 // AttemptTimeout and answered by a worker that is up by then.
+// The caller's context either has a deadline or none (context.Background:
+// the client's timeout bounds the request, and no context is made for an
+// attempt, a timer of nats.go's is).
 func TestRetriesAfterSilentAttempt(t *testing.T) {
 	for _, tt := range []struct {
-		name string
-		opts []client.Option
-		ok   bool
+		name       string
+		opts       []client.Option
+		noDeadline bool
+		ok         bool
 	}{
 		{name: "retries", ok: true},
 		{name: "without retries", opts: []client.Option{client.WithoutRetries()}},
+		{name: "retries, no deadline", noDeadline: true, ok: true},
+		{name: "without retries, no deadline", opts: []client.Option{client.WithoutRetries(), client.WithTimeout(client.AttemptTimeout)}, noDeadline: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			w := &restartable{store: testdb.New(t, map[string]int64{"orders": 50}).Store, ns: testenv.NATS(t)}
@@ -155,6 +161,9 @@ func TestRetriesAfterSilentAttempt(t *testing.T) {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), client.AttemptTimeout+2*time.Second)
 				defer cancel()
+				if tt.noDeadline {
+					ctx = context.Background()
+				}
 				_, err := c.Segment(ctx, "orders")
 				done <- err
 			}()
@@ -166,8 +175,14 @@ func TestRetriesAfterSilentAttempt(t *testing.T) {
 			}
 			w.start(t)
 			t.Cleanup(func() { w.stop(t) })
-			if err := <-done; (err == nil) != tt.ok {
-				t.Fatalf("Segment after a silent attempt: %v, want success %v", err, tt.ok)
+			var got error
+			select {
+			case got = <-done:
+			case <-time.After(hangAfter):
+				t.Fatalf("Segment after a silent attempt did not return within %v: its first attempt never timed out", hangAfter)
+			}
+			if (got == nil) != tt.ok {
+				t.Fatalf("Segment after a silent attempt: %v, want success %v", got, tt.ok)
 			}
 		})
 	}
@@ -215,6 +230,49 @@ func TestRetriesAnOrderedTagsMove(t *testing.T) {
 				t.Fatalf("Segment during a move: %d, %v; want 42 after a retry", id, err)
 			case tt.want != nil && !errors.Is(err, tt.want):
 				t.Fatalf("Segment during a move without retries: %d, %v; want %v", id, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestTimeoutErrors: a request nobody answers fails at the deadline with an
+// error that wraps context.DeadlineExceeded, whichever bounds it: the
+// client's timeout (a context without a deadline, canceled or not) or the
+// context's deadline, with retries or without.
+func TestTimeoutErrors(t *testing.T) {
+	ns := testenv.NATS(t)
+	snc := testenv.Connect(t, ns)
+	if _, err := snc.QueueSubscribeSync("id.segment.orders", "dispenser"); err != nil { // never answers
+		t.Fatal(err)
+	}
+	if err := snc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	nc := testenv.Connect(t, ns)
+	const timeout = 200 * time.Millisecond
+	for _, tt := range []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		opts []client.Option
+	}{
+		{name: "background", ctx: func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
+		{name: "cancelable, no deadline", ctx: func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }},
+		{name: "deadline", ctx: func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), timeout)
+		}},
+		{name: "background, without retries", ctx: func() (context.Context, context.CancelFunc) { return context.Background(), func() {} },
+			opts: []client.Option{client.WithoutRetries()}},
+		{name: "deadline, without retries", ctx: func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), timeout)
+		},
+			opts: []client.Option{client.WithoutRetries()}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newClient(t, nc, append([]client.Option{client.WithTimeout(timeout)}, tt.opts...)...)
+			ctx, cancel := tt.ctx()
+			defer cancel()
+			if _, err := c.Segment(ctx, "orders"); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Segment nobody answers: %v, want %v", err, context.DeadlineExceeded)
 			}
 		})
 	}

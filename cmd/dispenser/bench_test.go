@@ -65,9 +65,11 @@ func TestBenchSmoke(t *testing.T) {
 	// 3 endpoints × (pipelined, sequential, range, list) + 4 step runs
 	// + 2 burst runs + 3 + 5 ordered (baseline, ordered, plain; one worker,
 	// then three, also through the Go client: baseline and ordered) + 2 × 3
+	// client (two rounds of a raw request, one with a token and the Go
+	// client to a bare responder, the Go client to the service) + 2 × 3
 	// tags_refresh.
-	if len(rep.Runs) != 32 {
-		t.Errorf("%d runs, want 32", len(rep.Runs))
+	if len(rep.Runs) != 40 {
+		t.Errorf("%d runs, want 40", len(rep.Runs))
 	}
 	// Every run got IDs, each checked. How many requests fell into a
 	// run's 300 ms window is speed, which a smoke run does not judge: on a
@@ -86,6 +88,9 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	if o := rep.Ordered; o == nil || o.Workers != 3 || o.VsBaseline <= 0 || o.VsPlain <= 0 || o.VsAlone <= 0 || o.ClientVsBaseline <= 0 {
 		t.Errorf("ordered %+v: want three workers measured against the baseline, the plain tag, the owner alone and through the Go client", o)
+	}
+	if cl := rep.Client; cl == nil || cl.Rounds != 2 || cl.ClientVsRaw.Median <= 0 || cl.ServiceVsRaw.Median <= 0 || cl.TokenVsRaw.Median <= 0 || cl.ClientVsToken.Median <= 0 {
+		t.Errorf("client %+v: want two rounds, the Go client measured against raw requests, with and without a token", cl)
 	}
 	if b := rep.Burst; b == nil || b.Workers != 2 || b.VsLarge <= 0 || b.P999Ratio <= 0 || b.Fetches == 0 {
 		t.Errorf("burst %+v: want two workers, the cold small step measured against the large one", b)
