@@ -1,13 +1,10 @@
 package chaos
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/internal/tests/procs"
 	"github.com/dispenser-dev/dispenser/internal/tests/testdb"
 	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/segment"
@@ -70,66 +68,19 @@ func dispenserBinary(tb testing.TB) string {
 func raceWorkers() bool { return envBool("DISPENSER_CHAOS_RACE", raceBuild) }
 
 func buildBinary() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	root, err := procs.ModuleRoot()
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("go env GOMOD: not in a module")
+		return "", err
 	}
 	if binary.dir, err = os.MkdirTemp("", "dispenser-chaos-"); err != nil {
 		return "", err
 	}
 	path := filepath.Join(binary.dir, "dispenser")
-	args := []string{"build", "-o", path}
-	if raceWorkers() {
-		args = append(args, "-race")
+	if err := procs.Build(root, path, raceWorkers()); err != nil {
+		return "", err
 	}
-	args = append(args, "./cmd/dispenser")
-	cmd := exec.Command("go", args...)
-	cmd.Dir = filepath.Dir(mod)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	statSources(filepath.Dir(mod))
+	procs.StatSources(root)
 	return path, nil
-}
-
-// statSources stats the module's source files. go test caches a passing
-// result keyed by the test binary and by the files the test looked at; the
-// worker binary is built from sources the test binary does not contain
-// (cmd/dispenser), so looking at them makes a change there run the tests
-// again instead of reporting a stale "(cached)".
-func statSources(root string) {
-	filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if d.IsDir() {
-			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		switch filepath.Ext(path) {
-		case ".go", ".mod", ".sum", ".sql":
-			os.Stat(path)
-		}
-		return nil
-	})
-}
-
-// workerEnv is the environment of worker processes: ours without the
-// DISPENSER_ variables, which would set flags behind the test's back.
-func workerEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "DISPENSER_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 // fleet starts dispenser worker processes and keeps every process it
@@ -231,7 +182,7 @@ func (f *fleet) start(instance string, extra ...string) *proc {
 	args = append(args, "--instance", instance, "--log-format", "json")
 	args = append(args, extra...)
 	p.cmd = exec.Command(f.bin, args...)
-	p.cmd.Env = workerEnv()
+	p.cmd.Env = procs.WorkerEnv()
 	p.cmd.Stdout, p.cmd.Stderr = lf, lf
 	if f.pipeLogs {
 		if p.pipe, err = newLogPipe(lf); err != nil {
@@ -288,7 +239,7 @@ func (f *fleet) start(instance string, extra ...string) *proc {
 // readStartLog reads the service ID and the snowflake worker ID from the
 // worker's JSON log lines "serving" and "snowflake worker ID leased".
 func (p *proc) readStartLog() {
-	for _, line := range logLines(p.log) {
+	for _, line := range procs.LogLines(p.log) {
 		switch line["msg"] {
 		case "serving":
 			p.id, _ = line["id"].(string)
@@ -300,29 +251,10 @@ func (p *proc) readStartLog() {
 	}
 }
 
-// logLines returns the JSON lines of a worker log as maps.
-func logLines(name string) []map[string]any {
-	f, err := os.Open(name)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var lines []map[string]any
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var m map[string]any
-		if json.Unmarshal(sc.Bytes(), &m) == nil {
-			lines = append(lines, m)
-		}
-	}
-	return lines
-}
-
 // logged returns the log lines whose msg is msg.
 func (p *proc) logged(msg string) []map[string]any {
 	var out []map[string]any
-	for _, l := range logLines(p.log) {
+	for _, l := range procs.LogLines(p.log) {
 		if l["msg"] == msg {
 			out = append(out, l)
 		}

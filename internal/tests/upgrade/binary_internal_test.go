@@ -5,13 +5,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/procs"
 )
 
 // TestCheckHistory: the upgrade test is skipped only where the history is
 // missing (not a checkout, a shallow clone), and refuses a commit that is
 // not an ancestor of HEAD.
 func TestCheckHistory(t *testing.T) {
-	root, err := moduleRoot()
+	root, err := procs.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

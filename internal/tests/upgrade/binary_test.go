@@ -3,7 +3,6 @@ package upgrade
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/dispenser-dev/dispenser/internal/tests/procs"
 )
 
 // previous is the commit of this repository that the upgrade test runs
@@ -34,19 +35,6 @@ func git(dir string, args ...string) (string, error) {
 		return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return strings.TrimSpace(string(out)), nil
-}
-
-// moduleRoot returns the directory of this module's go.mod.
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("go env GOMOD: not in a module")
-	}
-	return filepath.Dir(mod), nil
 }
 
 // errNoHistory means the checkout lacks the git history the previous
@@ -92,7 +80,7 @@ func currentBinary(tb testing.TB) string {
 	if p, ok := binaries.paths["current"]; ok {
 		return p
 	}
-	root, err := moduleRoot()
+	root, err := procs.ModuleRoot()
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -102,10 +90,10 @@ func currentBinary(tb testing.TB) string {
 		}
 	}
 	path := filepath.Join(binaries.dir, "dispenser")
-	if err := goBuild(root, path); err != nil {
+	if err := procs.Build(root, path, false); err != nil {
 		tb.Fatal(err)
 	}
-	statSources(root)
+	procs.StatSources(root)
 	binaries.paths["current"] = path
 	return path
 }
@@ -122,7 +110,7 @@ func previousBinary(tb testing.TB, commit string) string {
 	if p, ok := binaries.paths[commit]; ok {
 		return p
 	}
-	root, err := moduleRoot()
+	root, err := procs.ModuleRoot()
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -157,7 +145,7 @@ func previousBinary(tb testing.TB, commit string) string {
 		tb.Fatalf("unpacking %s: %v: %s", commit, err, out)
 	}
 	tmp := filepath.Join(dir, fmt.Sprintf("dispenser.%d.tmp", os.Getpid()))
-	if err := goBuild(src, tmp); err != nil {
+	if err := procs.Build(src, tmp, false); err != nil {
 		tb.Fatalf("building commit %s: %v", commit, err)
 	}
 	if err := os.Rename(tmp, path); err != nil { // atomic: a concurrent run sees all of it or nothing
@@ -165,39 +153,4 @@ func previousBinary(tb testing.TB, commit string) string {
 	}
 	binaries.paths[commit] = path
 	return path
-}
-
-// goBuild builds cmd/dispenser of the module in dir into out, from the
-// shared module cache (no network needed once the current version built).
-func goBuild(dir, out string) error {
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/dispenser")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/dispenser in %s: %v\n%s", dir, err, b)
-	}
-	return nil
-}
-
-// statSources stats the module's source files, so that go test's result
-// cache, which keys on the files a test looked at, runs the test again
-// when cmd/dispenser or what it imports changes (the test binary does not
-// contain them; see internal/tests/chaos).
-func statSources(root string) {
-	filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if d.IsDir() {
-			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		switch filepath.Ext(path) {
-		case ".go", ".mod", ".sum", ".sql":
-			os.Stat(path)
-		}
-		return nil
-	})
 }

@@ -1,7 +1,6 @@
 package upgrade
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -26,6 +25,7 @@ import (
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/tests/check"
 	"github.com/dispenser-dev/dispenser/internal/tests/faultnet"
+	"github.com/dispenser-dev/dispenser/internal/tests/procs"
 	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -45,24 +45,12 @@ type proc struct {
 	state   *os.ProcessState // set when done is closed
 }
 
-// workerEnv is the environment of worker processes: ours without the
-// DISPENSER_ variables, which would set flags behind the test's back.
-func workerEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "DISPENSER_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
 // run runs a one-shot command of bin (migrate, tags) and returns its
 // output.
 func run(tb testing.TB, bin string, args ...string) string {
 	tb.Helper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = workerEnv()
+	cmd.Env = procs.WorkerEnv()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		tb.Fatalf("%s %s: %v\n%s", filepath.Base(filepath.Dir(bin)), strings.Join(args, " "), err, out)
@@ -156,7 +144,7 @@ func (f *fleet) start(bin, version string, node int) *proc {
 		// leaving the tag without an owner for two leases: 10 s, not the
 		// default 30 s, which the retrying clients' 30 s would not ride out.
 		"--ordered-lease", "5s")
-	p.cmd.Env = workerEnv()
+	p.cmd.Env = procs.WorkerEnv()
 	p.cmd.Stdout, p.cmd.Stderr = lf, lf
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // should the test die
 	if err := p.cmd.Start(); err != nil {
@@ -171,7 +159,7 @@ func (f *fleet) start(bin, version string, node int) *proc {
 	f.procs = append(f.procs, p)
 	f.mu.Unlock()
 	for deadline := time.Now().Add(60 * time.Second); p.id == ""; {
-		for _, l := range logLines(p.log) {
+		for _, l := range procs.LogLines(p.log) {
 			if l["msg"] == "serving" {
 				p.id, _ = l["id"].(string)
 			}
@@ -196,7 +184,7 @@ func (f *fleet) start(bin, version string, node int) *proc {
 // line "moved".
 func (p *proc) serviceID() string {
 	id := p.id
-	for _, l := range logLines(p.log) {
+	for _, l := range procs.LogLines(p.log) {
 		if l["msg"] == "moved" {
 			if v, ok := l["id"].(string); ok {
 				id = v
@@ -220,25 +208,6 @@ func (f *fleet) stop(p *proc) {
 	if !p.state.Success() {
 		f.tb.Errorf("%s exited with %v; log:\n%s", p.name, p.state, tail(p.log, 4096))
 	}
-}
-
-// logLines returns the JSON lines of a worker log as maps.
-func logLines(name string) []map[string]any {
-	f, err := os.Open(name)
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var lines []map[string]any
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var m map[string]any
-		if json.Unmarshal(sc.Bytes(), &m) == nil {
-			lines = append(lines, m)
-		}
-	}
-	return lines
 }
 
 // tail returns at most the last n bytes of file name.
