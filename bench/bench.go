@@ -359,13 +359,16 @@ func runOrdered(ctx context.Context, c Config, e *env, log *slog.Logger, p *prog
 		return err
 	}
 	// The Go client follows the owner's Id-Direct header: straight to the
-	// owner. The plain NATS client's run ignores it. The Go client's
-	// baseline is the baseline responder called the same way, through the
-	// Go client (its segment subjects under a prefix of their own).
+	// owner. The plain NATS client's run ignores it. What a user compares
+	// the Go client with is a raw nc.RequestWithContext to the baseline
+	// responder, by as many callers (baseline_raw); the baseline through the
+	// Go client (its segment subjects under a prefix of their own) is
+	// reported beside it, to tell the client's own cost from the service's.
 	if err := startBaseline(e.baseNC, clientBaselinePrefix+".segment.*"); err != nil {
 		return err
 	}
 	eps = append(eps,
+		endpoint{"baseline_raw", rawPrefix + clientBaselinePrefix + ".segment.base"},
 		endpoint{"baseline_client", clientPrefix + clientBaselinePrefix + ".segment.base"},
 		endpoint{"ordered_client", clientPrefix + orderedPrefix + ".segment." + tagOrdered})
 	return run(newGroup("ordered", fmt.Sprintf("%d workers, %d in flight, 1 ID", orderedWorkers, c.Inflight), c.Inflight, 1, "list", eps))

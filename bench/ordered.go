@@ -55,6 +55,10 @@ type OrderedResult struct {
 	// ClientP50US its p50 minus the plain NATS client's on the ordered
 	// tag. Zero without that run.
 	ClientVsBaseline float64 `json:"client_vs_baseline,omitempty"`
+	// ClientVsRaw is the ordered tag's requests/s through the Go client
+	// over a raw nc.RequestWithContext's to the baseline responder, by as
+	// many callers: what a user compares the Go client with (issue 38).
+	ClientVsRaw float64 `json:"client_vs_raw,omitempty"`
 	ClientP50US      float64 `json:"client_p50_us,omitempty"`
 	// AloneVsBaseline is the ordered tag's requests/s over the baseline's
 	// with the owner alone (mode "ordered_alone"); VsAlone is VsBaseline
@@ -148,7 +152,7 @@ func ensureOrderedTag(ctx context.Context, store tagmodel.Store, name string, st
 
 // orderedSummary sums up the ordered runs of runs; nil without them.
 func orderedSummary(runs []*Result) *OrderedResult {
-	var base, ord, plain, viaClient, baseClient, aloneBase, alone *Result
+	var base, ord, plain, viaClient, baseClient, baseRaw, aloneBase, alone *Result
 	for _, r := range runs {
 		if r.Mode == "ordered_alone" {
 			switch r.Endpoint {
@@ -172,6 +176,8 @@ func orderedSummary(runs []*Result) *OrderedResult {
 			viaClient = r
 		case "baseline_client":
 			baseClient = r
+		case "baseline_raw":
+			baseRaw = r
 		}
 	}
 	if base == nil || ord == nil || plain == nil || base.RPS <= 0 || plain.RPS <= 0 {
@@ -188,6 +194,9 @@ func orderedSummary(runs []*Result) *OrderedResult {
 	if viaClient != nil && baseClient != nil && baseClient.RPS > 0 {
 		o.ClientVsBaseline = round(viaClient.RPS/baseClient.RPS, 3)
 		o.ClientP50US = round(viaClient.Latency.P50-ord.Latency.P50, 1)
+	}
+	if viaClient != nil && baseRaw != nil && baseRaw.RPS > 0 {
+		o.ClientVsRaw = round(viaClient.RPS/baseRaw.RPS, 3)
 	}
 	if aloneBase != nil && alone != nil && aloneBase.RPS > 0 && alone.RPS > 0 {
 		o.AloneVsBaseline = round(alone.RPS/aloneBase.RPS, 3)

@@ -168,9 +168,9 @@ func (rep *Report) finish() {
 		o := rep.Ordered
 		add(fmt.Sprintf("ordered tag, %d workers, %d in flight, 1 ID: requests/s", o.Workers, o.Inflight), "≥ 0.7× baseline",
 			fmt.Sprintf("%.3f×", o.VsBaseline), o.VsBaseline >= 0.7)
-		if o.ClientVsBaseline > 0 {
-			add(fmt.Sprintf("ordered tag through the Go client (Id-Direct), %d workers, %d in flight, 1 ID: requests/s", o.Workers, o.Inflight), "≥ 0.9× baseline via the Go client",
-				fmt.Sprintf("%.3f×", o.ClientVsBaseline), o.ClientVsBaseline >= 0.9)
+		if o.ClientVsRaw > 0 {
+			add(fmt.Sprintf("ordered tag through the Go client (Id-Direct), %d workers, %d callers, 1 ID: requests/s", o.Workers, o.Inflight), "≥ 0.9× a raw request to the baseline",
+				fmt.Sprintf("%.3f×", o.ClientVsRaw), o.ClientVsRaw >= 0.9)
 		}
 	}
 	if rep.Client = clientSummary(rep.Runs); rep.Client != nil {
@@ -248,7 +248,7 @@ func (rep *Report) print(w *bytes.Buffer) {
 		l := fmt.Sprintf("ordered tag, %d workers (one owner allocates, the others forward): %.3f× baseline; plain tag %.3f× baseline; ordered over plain %.3f×, p50 %+.0fµs (forwarding)",
 			o.Workers, o.VsBaseline, o.PlainVsBaseline, o.VsPlain, o.ForwardP50US)
 		if o.ClientVsBaseline > 0 {
-			l += fmt.Sprintf("; through the Go client, straight to the owner (Id-Direct), %.3f× the baseline through the Go client, p50 %+.0fµs over the plain NATS client's", o.ClientVsBaseline, o.ClientP50US)
+			l += fmt.Sprintf("; through the Go client, straight to the owner (Id-Direct), %.3f× a raw request to the baseline (%.3f× the baseline through the Go client), p50 %+.0fµs over the plain NATS client's", o.ClientVsRaw, o.ClientVsBaseline, o.ClientP50US)
 		}
 		if o.AloneVsBaseline > 0 {
 			l += fmt.Sprintf("; the owner alone %.3f× baseline, %d workers %.3f× of that", o.AloneVsBaseline, o.Workers, o.VsAlone)
