@@ -63,13 +63,14 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("--json output: %v\n%s", err, out.String())
 	}
 	// 3 endpoints × (pipelined, sequential, range, list) + 4 step runs
-	// + 2 burst runs + 3 + 5 ordered (baseline, ordered, plain; one worker,
-	// then three, also through the Go client: baseline and ordered) + 2 × 3
+	// + 2 burst runs + 3 + 6 ordered (baseline, ordered, plain; one worker,
+	// then three, also a raw request to the baseline and, through the Go
+	// client, the baseline and the ordered tag) + 2 × 3
 	// client (two rounds of a raw request, one with a token and the Go
 	// client to a bare responder, the Go client to the service) + 2 × 3
 	// tags_refresh.
-	if len(rep.Runs) != 40 {
-		t.Errorf("%d runs, want 40", len(rep.Runs))
+	if len(rep.Runs) != 41 {
+		t.Errorf("%d runs, want 41", len(rep.Runs))
 	}
 	// Every run got IDs, each checked. How many requests fell into a
 	// run's 300 ms window is speed, which a smoke run does not judge: on a
