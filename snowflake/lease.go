@@ -157,6 +157,7 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lay
 		return err
 	}
 	restore := restoreCommand(kv.Bucket(), epoch, layout, region)
+	behind := 0 // reads of the key that missed what the leader holds
 	for attempt := 1; ; attempt++ {
 		// The stream's last sequence is read before the key: a worker
 		// stores the epoch before it writes anything else, so if the
@@ -182,6 +183,18 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lay
 				continue // another worker stored it first: compare
 			}
 			return fmt.Errorf("snowflake: store epoch: %w", err)
+		case e == nil && behind < configPasses:
+			// A key's direct get and history may be answered by a replica
+			// of an R3 bucket that has not applied the epoch the first
+			// worker just stored (as readBucket's snapshots may): the
+			// stream's leader said it holds messages, so read again before
+			// calling the epoch lost. A real loss stays missing.
+			behind++
+			if err := sleepCtx(ctx, time.Duration(behind)*10*time.Millisecond); err != nil {
+				return fmt.Errorf("snowflake: read epoch: %w", err)
+			}
+			attempt--
+			continue
 		case e == nil:
 			return fmt.Errorf("%w: bucket %q has no key %q although it has held %d messages: "+
 				"the key or the whole bucket was purged, and lease bounds may have gone with it; "+
@@ -424,5 +437,17 @@ func (w *Node) readBucket(ctx context.Context) (view, configRecord, error) {
 			continue // another worker wrote it first: read again
 		}
 		return view{}, configRecord{}, fmt.Errorf("snowflake: record the longest lease: %w", err)
+	}
+}
+
+// sleepCtx waits d, or until ctx ends (its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
