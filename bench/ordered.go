@@ -55,11 +55,11 @@ type OrderedResult struct {
 	// ClientP50US its p50 minus the plain NATS client's on the ordered
 	// tag. Zero without that run.
 	ClientVsBaseline float64 `json:"client_vs_baseline,omitempty"`
+	ClientP50US      float64 `json:"client_p50_us,omitempty"`
 	// ClientVsRaw is the ordered tag's requests/s through the Go client
 	// over a raw nc.RequestWithContext's to the baseline responder, by as
 	// many callers: what a user compares the Go client with (issue 38).
 	ClientVsRaw float64 `json:"client_vs_raw,omitempty"`
-	ClientP50US float64 `json:"client_p50_us,omitempty"`
 	// AloneVsBaseline is the ordered tag's requests/s over the baseline's
 	// with the owner alone (mode "ordered_alone"); VsAlone is VsBaseline
 	// over it (each against the baseline of its own load run).
