@@ -147,9 +147,9 @@ func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 	}
 	if format == protocol.FormatRange {
 		sc.runs = protocol.Runs(sc.runs[:0], ids)
-		sc.buf = protocol.AppendRanges(sc.buf[:0], sc.runs)
+		sc.buf = protocol.AppendRanges(r.head(sc.buf[:0]), sc.runs)
 	} else {
-		sc.buf = protocol.AppendIDs(sc.buf[:0], ids)
+		sc.buf = protocol.AppendIDs(r.head(sc.buf[:0]), ids)
 	}
 	r.respond(sc.buf, n)
 }

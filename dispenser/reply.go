@@ -36,16 +36,20 @@ type replier struct {
 	owner  string
 	n      int // IDs asked for, once parsed
 	format protocol.Format
-	// token is the request's protocol.TokenHeader, echoed in every reply
-	// to it; "" if it had none.
-	token string
+	// token is the request's token, echoed in every reply to it; "" if
+	// it had none. bodyToken: it came in the body, so a reply with IDs
+	// carries it (and owner) in the body's first line
+	// (protocol.AppendTokenLine), not in headers; an error reply carries
+	// it in protocol.TokenHeader either way.
+	token     string
+	bodyToken bool
 }
 
 // newReplier returns the replier of req, which came on ep, as rq reads it
 // (protocol.ReadRequest or ReadHeaders).
 func (s *Service) newReplier(ep *endpoint, req *nats.Msg, rq protocol.Request) replier {
 	r := replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name,
-		worker: rq.Worker, wantDirect: rq.Direct, token: rq.Token, n: rq.N, format: rq.Format}
+		worker: rq.Worker, wantDirect: rq.Direct, token: rq.Token, bodyToken: rq.BodyToken, n: rq.N, format: rq.Format}
 	if s.metrics != nil {
 		r.start = time.Now()
 	}
@@ -57,7 +61,7 @@ func (s *Service) newReplier(ep *endpoint, req *nats.Msg, rq protocol.Request) r
 // the forwarded message).
 func (s *Service) forwardedReplier(f protocol.Forward, tag string) replier {
 	r := replier{s: s, forwarded: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format,
-		token: f.Token}
+		token: f.Token, bodyToken: f.BodyToken}
 	if s.metrics != nil {
 		r.start = time.Now()
 	}
@@ -70,7 +74,8 @@ func (s *Service) forwardedReplier(f protocol.Forward, tag string) replier {
 // by protocol.DirectHeader: it came on the direct subject.
 func (s *Service) directReplier(msg *nats.Msg, tag string) (replier, error) {
 	rq, err := protocol.ReadRequest(msg.Header, msg.Data, s.limits)
-	r := replier{s: s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true, worker: rq.Worker, token: rq.Token, n: rq.N, format: rq.Format}
+	r := replier{s: s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true, worker: rq.Worker, token: rq.Token, bodyToken: rq.BodyToken,
+		n: rq.N, format: rq.Format}
 	if s.metrics != nil {
 		r.start = time.Now()
 	}
@@ -82,7 +87,7 @@ func (s *Service) directReplier(msg *nats.Msg, tag string) (replier, error) {
 
 // forward is the request r as a forwarded line carries it.
 func (r replier) forward() protocol.Forward {
-	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker, Direct: r.wantDirect, Token: r.token}
+	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker, Direct: r.wantDirect, Token: r.token, BodyToken: r.bodyToken}
 }
 
 // replyOwned answers r as the owner of its ordered tag, with runs, r.n IDs
@@ -107,12 +112,24 @@ func (r replier) detach() replier {
 	return r
 }
 
+// head starts the body of a reply with IDs in dst: the token line
+// (protocol.AppendTokenLine) if the request's token came in its body,
+// nothing otherwise. The IDs are appended after it.
+func (r replier) head(dst []byte) []byte {
+	if r.bodyToken {
+		return protocol.AppendTokenLine(dst, r.token, r.owner)
+	}
+	return dst
+}
+
+// respond publishes a reply with ids IDs, data its whole body (head
+// included).
 func (r replier) respond(data []byte, ids int) {
 	// Counted before the reply goes out, so that a client that got its
 	// IDs finds them counted.
 	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
 	var err error
-	if r.worker || r.owner != "" || r.token != "" {
+	if r.worker || !r.bodyToken && (r.owner != "" || r.token != "") {
 		err = r.s.conn().PublishMsg(&nats.Msg{Subject: r.reply, Header: nats.Header(r.header()), Data: data})
 	} else { // a plain publish: a nats.Msg per reply costs
 		err = r.s.conn().Publish(r.reply, data)
@@ -122,12 +139,14 @@ func (r replier) respond(data []byte, ids int) {
 	}
 }
 
-// header is the header of a reply with IDs that asked for
-// protocol.WorkerHeader, carries protocol.DirectHeader or echoes
-// protocol.TokenHeader.
+// header is the header of a reply that asked for protocol.WorkerHeader,
+// carries protocol.DirectHeader or echoes protocol.TokenHeader: an error
+// reply always echoes the token there; a reply with IDs to a request
+// whose token came in the body has it, and owner, in the body instead
+// (head), and fail clears owner.
 func (r replier) header() micro.Headers {
 	h := make(micro.Headers, 3)
-	if r.token != "" {
+	if r.token != "" && !r.bodyToken {
 		h[protocol.TokenHeader] = []string{r.token}
 	}
 	if r.worker {
@@ -145,7 +164,8 @@ func (r replier) fail(err error) {
 	if r.ep != nil {
 		r.ep.failed(code + ":" + desc)
 	}
-	r.owner = "" // an error names no direct subject
+	r.owner = ""        // an error names no direct subject
+	r.bodyToken = false // and carries the token in its header
 	msg := &nats.Msg{Subject: r.reply, Header: nats.Header(r.header())}
 	msg.Header[micro.ErrorHeader] = []string{desc}
 	msg.Header[micro.ErrorCodeHeader] = []string{code}
@@ -159,12 +179,12 @@ func (r replier) fail(err error) {
 // formatted).
 func (s *Service) replyNumbered(r replier, num segment.Numbering, runs []segment.Run, n int) {
 	if r.inline {
-		r.scratch.buf = num.Append(r.scratch.buf[:0], runs)
+		r.scratch.buf = num.Append(r.head(r.scratch.buf[:0]), runs)
 		r.respond(r.scratch.buf, n)
 		return
 	}
 	bp := s.bufs.Get().(*[]byte)
-	buf := num.Append((*bp)[:0], runs)
+	buf := num.Append(r.head((*bp)[:0]), runs)
 	r.respond(buf, n)
 	if cap(buf) <= 1<<16 {
 		*bp = buf
@@ -177,12 +197,12 @@ func (s *Service) replyNumbered(r replier, num segment.Numbering, runs []segment
 // subscription's); parked ones into a pooled buffer.
 func (s *Service) reply(r replier, format protocol.Format, runs []segment.Run, n int) {
 	if r.inline {
-		r.scratch.buf = protocol.AppendRuns(r.scratch.buf[:0], format, runs)
+		r.scratch.buf = protocol.AppendRuns(r.head(r.scratch.buf[:0]), format, runs)
 		r.respond(r.scratch.buf, n)
 		return
 	}
 	bp := s.bufs.Get().(*[]byte)
-	buf := protocol.AppendRuns((*bp)[:0], format, runs)
+	buf := protocol.AppendRuns(r.head((*bp)[:0]), format, runs)
 	r.respond(buf, n)
 	if cap(buf) <= 1<<16 { // keep big batch buffers out of the pool
 		*bp = buf

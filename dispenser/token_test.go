@@ -2,6 +2,8 @@ package dispenser_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,19 +22,49 @@ import (
 // reply; it fails the test unless the reply echoes exactly that token.
 func tokenReply(tb testing.TB, nc *nats.Conn, msg *nats.Msg, token string) *nats.Msg {
 	tb.Helper()
+	resp, _ := tokenReplyAs(tb, nc, msg, token, false)
+	return resp
+}
+
+// tokenReplyAs is tokenReply with the token in the body ("<count>
+// <token>", the count 1 if msg has none) if inBody. A reply with IDs to a
+// body token carries it as its body's first line, which is cut off (the
+// direct subject it names is returned); an error reply carries it in
+// protocol.TokenHeader.
+func tokenReplyAs(tb testing.TB, nc *nats.Conn, msg *nats.Msg, token string, inBody bool) (*nats.Msg, string) {
+	tb.Helper()
 	if msg.Header == nil {
 		msg.Header = nats.Header{}
 	}
-	msg.Header[protocol.TokenHeader] = []string{token}
+	if inBody {
+		count := strings.TrimSpace(string(msg.Data))
+		if count == "" {
+			count = "1"
+		}
+		msg.Data = []byte(count + " " + token)
+	} else {
+		msg.Header[protocol.TokenHeader] = []string{token}
+	}
 	resp, err := nc.RequestMsg(msg, 10*time.Second)
 	if err != nil {
 		tb.Fatalf("%s: %v", msg.Subject, err)
 	}
-	if got := resp.Header.Values(protocol.TokenHeader); len(got) != 1 || got[0] != token {
-		tb.Fatalf("%s: reply (code %q, body %q) carries %s %q, want exactly %q", msg.Subject,
-			resp.Header.Get(protocol.ErrorCodeHeader), resp.Data, protocol.TokenHeader, got, token)
+	if !inBody || resp.Header.Get(protocol.ErrorCodeHeader) != "" {
+		if got := resp.Header.Values(protocol.TokenHeader); len(got) != 1 || got[0] != token {
+			tb.Fatalf("%s: reply (code %q, body %q) carries %s %q, want exactly %q", msg.Subject,
+				resp.Header.Get(protocol.ErrorCodeHeader), resp.Data, protocol.TokenHeader, got, token)
+		}
+		return resp, resp.Header.Get(protocol.DirectHeader)
 	}
-	return resp
+	if got := resp.Header.Values(protocol.TokenHeader); got != nil {
+		tb.Fatalf("%s: reply with IDs to a body token carries %s %q", msg.Subject, protocol.TokenHeader, got)
+	}
+	tok, direct, rest, ok := protocol.CutTokenLine(resp.Data)
+	if !ok || string(tok) != token {
+		tb.Fatalf("%s: reply body %q, want the token line %q first", msg.Subject, resp.Data, token)
+	}
+	resp.Data = rest
+	return resp, string(direct)
 }
 
 // TestRepliesEchoToken: every reply to a request with protocol.TokenHeader
@@ -74,15 +106,52 @@ func TestRepliesEchoToken(t *testing.T) {
 		{name: "direct subject, bad count", subject: direct, body: "x", wantCode: protocol.CodeBadRequest},
 		{name: "direct subject of a tag not owned", subject: protocol.DirectSubject("id", "plain", owner.name), wantCode: protocol.CodeMisdirected},
 	}
-	for i, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			token := "tok" + string(rune('A'+i)) + "-x_9"
-			resp := tokenReply(t, nc, &nats.Msg{Subject: tt.subject, Data: []byte(tt.body), Header: tt.hdr}, token)
-			if got := resp.Header.Get(protocol.ErrorCodeHeader); got != tt.wantCode {
-				t.Fatalf("code %q (%s), want %q", got, resp.Header.Get(protocol.ErrorHeader), tt.wantCode)
+	for _, inBody := range []bool{false, true} {
+		for i, tt := range tests {
+			name := tt.name
+			if inBody {
+				name = "body token, " + name
 			}
-		})
+			t.Run(name, func(t *testing.T) {
+				token := "tok" + string(rune('A'+i)) + "-x_9"
+				hdr := nats.Header{}
+				for k, v := range tt.hdr {
+					hdr[k] = v
+				}
+				resp, gotDirect := tokenReplyAs(t, nc, &nats.Msg{Subject: tt.subject, Data: []byte(tt.body), Header: hdr}, token, inBody)
+				if got := resp.Header.Get(protocol.ErrorCodeHeader); got != tt.wantCode {
+					t.Fatalf("code %q (%s), want %q", got, resp.Header.Get(protocol.ErrorHeader), tt.wantCode)
+				}
+				if tt.wantCode != "" {
+					return
+				}
+				if _, err := protocol.ParseIDs(resp.Data, max(1, atoi(tt.body)), formatOf(tt.hdr), 1); err != nil {
+					t.Errorf("IDs: %v", err)
+				}
+				// The owner names its direct subject to a request on the
+				// segment subject that asked for it: by DirectHeader, or
+				// by a body token.
+				wantDirect := ""
+				if tt.subject == "id.segment.seq" && (inBody || tt.hdr[protocol.DirectHeader] != nil) {
+					wantDirect = direct
+				}
+				if gotDirect != wantDirect {
+					t.Errorf("direct subject %q, want %q", gotDirect, wantDirect)
+				}
+			})
+		}
 	}
+	t.Run("body token, ordered tag, each worker", func(t *testing.T) {
+		// Whichever worker the queue group picks, the owner answers (a
+		// forwarded request too) and names its direct subject in the
+		// token line.
+		for i := range 20 {
+			_, got := tokenReplyAs(t, nc, &nats.Msg{Subject: "id.segment.seq"}, "each"+string(rune('a'+i)), true)
+			if got != direct {
+				t.Fatalf("request %d: direct subject %q, want %q", i, got, direct)
+			}
+		}
+	})
 
 	t.Run("forwarded to the owner", func(t *testing.T) {
 		// Requests on the queue group reach both workers; the non-owner
@@ -108,6 +177,8 @@ func TestRepliesEchoToken(t *testing.T) {
 		}{
 			{"IDs", "2 range 0:fwdIDs", "fwdIDs", ""},
 			{"error", "0 list 1:fwdErr", "fwdErr", protocol.CodeBadRequest},
+			{"IDs, body token", "2 range 4:fwdBodyIDs", "fwdBodyIDs", ""},
+			{"error, body token", "0 list 5:fwdBodyErr", "fwdBodyErr", protocol.CodeBadRequest},
 		} {
 			inbox := nats.NewInbox()
 			sub, err := nc.SubscribeSync(inbox)
@@ -121,7 +192,18 @@ func TestRepliesEchoToken(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", tt.name, err)
 			}
-			if got, code := resp.Header.Get(protocol.TokenHeader), resp.Header.Get(protocol.ErrorCodeHeader); got != tt.token || code != tt.code {
+			got, code := resp.Header.Get(protocol.TokenHeader), resp.Header.Get(protocol.ErrorCodeHeader)
+			if strings.Contains(tt.line, " 4:") { // a body token: in the body's first line with IDs
+				tok, _, rest, ok := protocol.CutTokenLine(resp.Data)
+				if !ok || string(tok) != tt.token || got != "" {
+					t.Errorf("%s: body %q, %s %q; want the token line %q and no header", tt.name, resp.Data, protocol.TokenHeader, got, tt.token)
+				}
+				if _, err := protocol.ParseIDs(rest, 2, protocol.FormatRange, 1); err != nil {
+					t.Errorf("%s: %v", tt.name, err)
+				}
+				continue
+			}
+			if got != tt.token || code != tt.code {
 				t.Errorf("%s: token %q, code %q; want %q, %q", tt.name, got, code, tt.token, tt.code)
 			}
 		}
@@ -167,14 +249,22 @@ func TestRepliesEchoToken(t *testing.T) {
 			}
 			before[resp.Header.Get(protocol.WorkerHeader)] = parseIDs(t, string(resp.Data))[0]
 		}
+		var refused []*nats.Msg
 		for _, v := range [][]string{{""}, {"a.b"}, {"a", "b"}, {string(make([]byte, protocol.MaxTokenLen+1))}} {
-			msg := &nats.Msg{Subject: "id.segment.plain", Header: nats.Header{protocol.TokenHeader: v}}
+			refused = append(refused, &nats.Msg{Subject: "id.segment.plain", Header: nats.Header{protocol.TokenHeader: v}})
+		}
+		for _, body := range []string{"1 a.b", "1 a b", "1 " + strings.Repeat("a", protocol.MaxTokenLen+1), "1 tok\x00"} {
+			refused = append(refused, &nats.Msg{Subject: "id.segment.plain", Data: []byte(body)})
+		}
+		// A token in both places is refused: which would the reply echo?
+		refused = append(refused, &nats.Msg{Subject: "id.segment.plain", Data: []byte("1 tokA"), Header: nats.Header{protocol.TokenHeader: {"tokB"}}})
+		for _, msg := range refused {
 			resp, err := nc.RequestMsg(msg, 10*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if code := resp.Header.Get(protocol.ErrorCodeHeader); code != protocol.CodeBadRequest || resp.Header.Get(protocol.TokenHeader) != "" {
-				t.Errorf("token %q: code %q, token %q; want 400 without a token", v, code, resp.Header.Get(protocol.TokenHeader))
+				t.Errorf("header %q, body %q: code %q, token %q; want 400 without a token", msg.Header, msg.Data, code, resp.Header.Get(protocol.TokenHeader))
 			}
 		}
 		// After: the first ID each worker hands out.
@@ -215,5 +305,29 @@ func TestSnowflakeRepliesEchoToken(t *testing.T) {
 		if code := resp.Header.Get(protocol.ErrorCodeHeader); code != tt.code {
 			t.Errorf("%s: code %q, want %q", tt.name, code, tt.code)
 		}
+		if tt.subject == "id.snowflake.decode" {
+			continue // its body is an ID: a token goes in the header only
+		}
+		resp, _ = tokenReplyAs(t, nc, &nats.Msg{Subject: tt.subject, Data: []byte(tt.body)}, "sfBody"+tt.code, true)
+		if code := resp.Header.Get(protocol.ErrorCodeHeader); code != tt.code {
+			t.Errorf("%s, body token: code %q, want %q", tt.name, code, tt.code)
+		}
+		if tt.code == "" {
+			if _, err := protocol.ParseIDs(resp.Data, atoi(tt.body), protocol.FormatList, 0); err != nil {
+				t.Errorf("%s, body token: %v", tt.name, err)
+			}
+		}
 	}
+}
+
+// atoi is s as a count: 0 if it is none.
+func atoi(s string) int {
+	n, _ := strconv.Atoi(strings.TrimSpace(s))
+	return n
+}
+
+// formatOf is the reply format a request with headers h asks for.
+func formatOf(h nats.Header) protocol.Format {
+	f, _ := protocol.ParseFormat(h.Values(protocol.FormatHeader))
+	return f
 }

@@ -21,18 +21,41 @@
 //
 // The body is the count: empty for one ID, otherwise a decimal number from
 // 1 to the service's batch limit, optionally surrounded by ASCII white space
-// (ParseCount). A tag is 1 to 128 characters of [A-Za-z0-9_-], so that it
-// is always one subject token (ValidTag).
+// (ParseCount); or the count, white space and a token: "<count> <token>"
+// (SplitBody; see Tokens). A tag is 1 to 128 characters of [A-Za-z0-9_-],
+// so that it is always one subject token (ValidTag).
 //
 // Headers a request may carry: FormatHeader ("list", the default,
 // "range", or "formatted" for a segment tag with a format), WorkerHeader
 // (any value: the reply names the worker that answered it), DirectHeader
-// (any value: see Direct requests) and TokenHeader (a token of 1 to
-// MaxTokenLen characters of [A-Za-z0-9_-], ValidToken; any other value is
-// answered 400): every reply to the request, IDs or error, from whichever
-// worker answers it, carries the same token back, so that a requester that
-// sends a new unpredictable one with every request (the Go client: 128
-// random bits) accepts only replies to its own request.
+// (any value: see Direct requests) and TokenHeader (a token in the
+// header; see Tokens).
+//
+// # Tokens
+//
+// A request may carry a token: 1 to MaxTokenLen characters of
+// [A-Za-z0-9_-] (ValidToken), after the count in the body ("1 <token>",
+// the count then required) or in TokenHeader; in both, or not valid, is
+// answered 400 without a token. Every reply to the request, IDs or error,
+// from whichever worker answers it, carries the same token back, so that a
+// requester that sends a new unpredictable one with every request (the Go
+// client: 128 random bits) accepts only replies to its own request. Where
+// it comes back: an error reply carries it in TokenHeader; a reply with
+// IDs carries it where the request had it: in TokenHeader, or, for a token
+// in the body, as the body's first line (AppendTokenLine, CutTokenLine):
+// "<token>\n" before the IDs, or "<token> <direct subject>\n" from the
+// owner of an ordered tag answering on <prefix>.segment.<tag> (see Direct
+// requests: a body token asks for the direct subject too). A body token
+// costs a request and its reply no headers: nats.go encodes and decodes
+// headers into new maps and strings, which costs a request more than the
+// rest of what a client does (docs/performance.md). The line is within
+// ReplyHeaderRoom, which every reply keeps free. Workers older than body
+// tokens answer "<count> <token>" with 400 (a bad count) without the
+// token; a requester that sees that 400 may send the request again with
+// the token in TokenHeader (nothing was taken), as the Go client does. An
+// owner older than body tokens, given such a request by a newer worker,
+// echoes the token in TokenHeader: a requester accepts the token from
+// either place, once.
 //
 // # Replies
 //
@@ -63,8 +86,9 @@
 // it on <prefix>.segment.<tag> (itself, or forwarded by another worker)
 // and carry DirectHeader (any value) with the reply header
 // DirectHeader, "Id-Direct: <prefix>.direct.<tag>.<owner>" (owner is
-// one token of [A-Za-z0-9_-] naming the worker): where it takes the tag's
-// requests itself. A client may send the tag's next requests there, with
+// one token of [A-Za-z0-9_-] naming the worker), or, for a request with
+// its token in the body, with the same subject in the reply's token line:
+// where it takes the tag's requests itself. A client may send the tag's next requests there, with
 // the same body and headers; the reply is the same, without DirectHeader.
 // A client must check the value is the direct subject of the tag it asked
 // for under its prefix (CheckDirect): a reply is untrusted. When that
@@ -80,5 +104,6 @@
 // A worker that does not own an ordered tag forwards the tag's requests to
 // the owner: one message to "<owner subject>.<tag>", with ForwardedHeader
 // naming the forwarding worker, holding one request per line (Forward,
-// AppendForward, ParseForward), its TokenHeader included.
+// AppendForward, ParseForward), its token included, and whether it came
+// in the body.
 package protocol

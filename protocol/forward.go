@@ -22,7 +22,9 @@ type Forward struct {
 	Format Format
 	Worker bool   // the requester asked for WorkerHeader
 	Direct bool   // the requester asked for DirectHeader
-	Token  string // the request's TokenHeader, "" if none
+	Token  string // the request's token, "" if none
+	// BodyToken: the token came in the body (Request.BodyToken).
+	BodyToken bool
 }
 
 // AppendForward appends f as one line, newline included.
@@ -38,6 +40,9 @@ func AppendForward(dst []byte, f Forward) []byte {
 	}
 	if f.Direct {
 		flags += 2
+	}
+	if f.BodyToken && f.Token != "" {
+		flags += 4
 	}
 	dst = append(dst, ' ', flags)
 	if f.Token != "" {
@@ -62,14 +67,17 @@ func ParseForward(line string) (Forward, error) {
 	}
 	fw := Forward{Reply: f[0]}
 	flags, token, tokened := strings.Cut(f[3], ":")
-	if len(flags) == 1 && '0' <= flags[0] && flags[0] <= '3' {
-		fw.Worker, fw.Direct = (flags[0]-'0')&1 != 0, (flags[0]-'0')&2 != 0
+	if len(flags) == 1 && '0' <= flags[0] && flags[0] <= '7' {
+		fl := flags[0] - '0'
+		fw.Worker, fw.Direct, fw.BodyToken = fl&1 != 0, fl&2 != 0, fl&4 != 0
 	}
 	if tokened {
 		if !ValidToken(token) {
 			return fw, fmt.Errorf("%w: forwarded %s %q", ErrBadHeader, TokenHeader, truncate(token, 80))
 		}
 		fw.Token = token
+	} else {
+		fw.BodyToken = false // nothing to echo
 	}
 	var err error
 	if fw.N, err = strconv.Atoi(f[1]); err != nil {

@@ -120,14 +120,20 @@ const (
 // newlines. The body's length is checked before anything is parsed, and no
 // arithmetic passes 2^63-1. Errors wrap ErrBadIDs.
 func ParseIDs(body []byte, n int, f Format, lowest int64) ([]Run, error) {
-	runs, err := parseIDs(body, n, f, lowest)
+	return AppendParsedIDs(nil, body, n, f, lowest)
+}
+
+// AppendParsedIDs is ParseIDs appending the runs to dst (nil if the body
+// is refused), so that a caller with room for them allocates nothing.
+func AppendParsedIDs(dst []Run, body []byte, n int, f Format, lowest int64) ([]Run, error) {
+	runs, err := parseIDs(dst, body, n, f, lowest)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadIDs, err)
 	}
 	return runs, nil
 }
 
-func parseIDs(body []byte, n int, f Format, lowest int64) ([]Run, error) {
+func parseIDs(dst []Run, body []byte, n int, f Format, lowest int64) ([]Run, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("count %d: want at least 1", n)
 	}
@@ -137,7 +143,7 @@ func parseIDs(body []byte, n int, f Format, lowest int64) ([]Run, error) {
 	if limit := int64(f.BytesPerID()) * int64(n); int64(len(body)) > limit {
 		return nil, fmt.Errorf("body of %d bytes: %d IDs take at most %d", len(body), n, limit)
 	}
-	var runs []Run
+	runs, base := dst, len(dst)
 	left := int64(n) // IDs still to come
 	for no := 1; ; no++ {
 		line, rest, more := bytes.Cut(body, []byte{'\n'})
@@ -158,7 +164,7 @@ func parseIDs(body []byte, n int, f Format, lowest int64) ([]Run, error) {
 		}
 		switch {
 		case err != nil:
-		case len(runs) > 0 && r.First <= runs[len(runs)-1].Last:
+		case len(runs) > base && r.First <= runs[len(runs)-1].Last:
 			err = fmt.Errorf("does not start above the line before (%d)", runs[len(runs)-1].Last)
 		case r.Last-r.First >= left: // no overflow: 0 <= first <= last
 			// Refused at the first run too many, so that left and the

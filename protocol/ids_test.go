@@ -106,6 +106,16 @@ func TestForwardRoundTrip(t *testing.T) {
 		{"direct with worker", Forward{Reply: "_INBOX.d", N: 2, Format: FormatList, Worker: true, Direct: true}, "_INBOX.d 2 list 3\n"},
 		{"token", Forward{Reply: "_INBOX.e", N: 1, Format: FormatList, Token: "tok-0_A"}, "_INBOX.e 1 list 0:tok-0_A\n"},
 		{"token with flags", Forward{Reply: "_INBOX.e", N: 3, Format: FormatRange, Worker: true, Direct: true, Token: "x"}, "_INBOX.e 3 range 3:x\n"},
+		{"body token", Forward{Reply: "_INBOX.f", N: 1, Format: FormatList, Direct: true, Token: "b", BodyToken: true}, "_INBOX.f 1 list 6:b\n"},
+		{"body token with all flags", Forward{Reply: "_INBOX.f", N: 2, Format: FormatRange, Worker: true, Direct: true, Token: "b", BodyToken: true}, "_INBOX.f 2 range 7:b\n"},
+	}
+	// A body token without a token is nothing to echo: written and read
+	// as no body token.
+	if got := string(AppendForward(nil, Forward{Reply: "_INBOX.g", N: 1, BodyToken: true})); got != "_INBOX.g 1 list 0\n" {
+		t.Errorf("body token without a token: %q", got)
+	}
+	if got, err := ParseForward("_INBOX.g 1 list 4"); err != nil || got.BodyToken {
+		t.Errorf("flag 4 without a token: %+v, %v; want no body token", got, err)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

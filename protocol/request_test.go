@@ -62,6 +62,19 @@ func TestReadRequest(t *testing.T) {
 		{name: "bad count", body: "0", wantErr: ErrBadCount, errHas: "want 1..10000"},
 		{name: "does not fit", body: "200", wantErr: ErrBadCount, errHas: "(max payload 4096 bytes); at most 153 (list)"},
 		{name: "fits", body: "153", want: Request{N: 153}},
+		{name: "body token", body: "1 tok-1_A", want: Request{N: 1, Token: "tok-1_A", BodyToken: true, Direct: true}},
+		{name: "body token, white space", body: " \t7 \t tok\r\n", h: map[string][]string{FormatHeader: {"range"}},
+			want: Request{N: 7, Format: FormatRange, Token: "tok", BodyToken: true, Direct: true}},
+		{name: "body token before a bad format", body: "1 t2", h: map[string][]string{FormatHeader: {"csv"}},
+			want: Request{Token: "t2", BodyToken: true, Direct: true}, wantErr: ErrBadHeader, errHas: FormatHeader},
+		{name: "body token, bad count", body: "0 t3", want: Request{Token: "t3", BodyToken: true, Direct: true}, wantErr: ErrBadCount, errHas: "want 1..10000"},
+		{name: "body token, no count", body: "t3", wantErr: ErrBadCount},
+		{name: "body token, does not fit", body: "200 t4", want: Request{Token: "t4", BodyToken: true, Direct: true}, wantErr: ErrBadCount, errHas: "max payload"},
+		{name: "body token with a dot", body: "1 a.b", wantErr: ErrBadToken, errHas: "body token"},
+		{name: "body token with a space", body: "1 a b", wantErr: ErrBadToken, errHas: "body token"},
+		{name: "body token too long", body: "1 " + strings.Repeat("a", MaxTokenLen+1), wantErr: ErrBadToken, errHas: "body token"},
+		{name: "tokens in the header and the body", body: "1 a", h: map[string][]string{TokenHeader: {"b"}, WorkerHeader: {""}},
+			want: Request{Worker: true}, wantErr: ErrBadToken, errHas: "both"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -89,4 +102,75 @@ func BenchmarkReadRequest(b *testing.B) {
 			b.Fatal(r, err)
 		}
 	}
+}
+
+// TestTokenLine: what AppendTokenLine writes, CutTokenLine reads back, and
+// a body without a newline has no token line.
+func TestTokenLine(t *testing.T) {
+	tests := []struct {
+		name, token, direct, ids string
+	}{
+		{"token", "tok", "", "1"},
+		{"token and direct subject", "tok", "id.direct.seq.w1", "1-3"},
+		{"no IDs", "t", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := append(AppendTokenLine(nil, tt.token, tt.direct), tt.ids...)
+			tok, direct, rest, ok := CutTokenLine(body)
+			if !ok || string(tok) != tt.token || string(direct) != tt.direct || string(rest) != tt.ids {
+				t.Fatalf("CutTokenLine(%q) = %q, %q, %q, %v; want %q, %q, %q", body, tok, direct, rest, ok, tt.token, tt.direct, tt.ids)
+			}
+		})
+	}
+	if _, _, _, ok := CutTokenLine([]byte("123")); ok {
+		t.Error("a body without a newline has a token line")
+	}
+}
+
+// TestRequestToken: a responder finds the token where the requester put
+// it.
+func TestRequestToken(t *testing.T) {
+	tests := []struct {
+		name       string
+		h          map[string][]string
+		body       string
+		want       string
+		wantInBody bool
+	}{
+		{"none", nil, "3", "", false},
+		{"header", map[string][]string{TokenHeader: {"h"}}, "3", "h", false},
+		{"body", nil, "3 b", "b", true},
+		{"body first", map[string][]string{TokenHeader: {"h"}}, "3 b", "b", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, inBody := RequestToken(tt.h, []byte(tt.body))
+			if got != tt.want || inBody != tt.wantInBody {
+				t.Fatalf("RequestToken = %q, %v; want %q, %v", got, inBody, tt.want, tt.wantInBody)
+			}
+		})
+	}
+}
+
+// FuzzReadRequestBody: whatever the body, ReadRequest either fails with a
+// 400's error or reads a count in 1..max and, with a body token, a valid
+// one.
+func FuzzReadRequestBody(f *testing.F) {
+	for _, s := range []string{"", "1", "1 tok", " 2\ttok \n", "1 a b", "x y", "1 ", " tok"} {
+		f.Add(s)
+	}
+	l := Limits{MaxBatch: 100, MaxPayload: func() int64 { return 1 << 20 }}
+	f.Fuzz(func(t *testing.T, body string) {
+		r, err := ReadRequest(nil, []byte(body), l)
+		if err != nil {
+			if !errors.Is(err, ErrBadCount) && !errors.Is(err, ErrBadToken) {
+				t.Fatalf("ReadRequest(%q): %v is no 400", body, err)
+			}
+			return
+		}
+		if r.N < 1 || r.N > 100 || r.BodyToken != (r.Token != "") || r.BodyToken && !ValidToken(r.Token) {
+			t.Fatalf("ReadRequest(%q) = %+v", body, r)
+		}
+	})
 }
