@@ -10,7 +10,7 @@ import (
 // responder (the baseline responder's handler under a prefix of its own)
 // is called by the same number of callers, on one connection of the load
 // child, first with plain nc.RequestWithContext calls, then with raw
-// requests carrying a new token each (protocol.TokenHeader, its echo
+// requests carrying a new token each (in the body, "1 <token>", its echo
 // checked: what the protocol asks of any client that wants its replies
 // checked), then through the Go client (Client.Segment: a token per
 // request, every reply checked); then the service under test is called

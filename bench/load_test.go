@@ -148,13 +148,17 @@ func TestLoadCallers(t *testing.T) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns)
 	var counter atomic.Int64
-	// good and same echo the token of a request that has one.
-	nc.Subscribe("good", func(m *nats.Msg) {
-		m.RespondMsg(&nats.Msg{Header: nats.Header{protocol.TokenHeader: m.Header[protocol.TokenHeader]}, Data: fmt.Appendf(nil, "%d", counter.Add(1))})
-	})
-	nc.Subscribe("same", func(m *nats.Msg) {
-		m.RespondMsg(&nats.Msg{Header: nats.Header{protocol.TokenHeader: m.Header[protocol.TokenHeader]}, Data: []byte("7")})
-	})
+	// good and same echo the token of a request that has one, in the
+	// body's first line (tokenPrefix sends it in the body).
+	echo := func(m *nats.Msg, data []byte) {
+		var head []byte
+		if tok, inBody := protocol.RequestToken(m.Header, m.Data); inBody {
+			head = protocol.AppendTokenLine(nil, tok, "")
+		}
+		m.Respond(append(head, data...))
+	}
+	nc.Subscribe("good", func(m *nats.Msg) { echo(m, fmt.Appendf(nil, "%d", counter.Add(1))) })
+	nc.Subscribe("same", func(m *nats.Msg) { echo(m, []byte("7")) })
 	nc.Subscribe("deaf", func(m *nats.Msg) { m.Respond(fmt.Appendf(nil, "%d", counter.Add(1))) }) // no token
 	nc.Subscribe("junk", func(m *nats.Msg) { m.Respond([]byte("7x")) })
 	nc.Subscribe("fail", func(m *nats.Msg) {
@@ -183,7 +187,7 @@ func TestLoadCallers(t *testing.T) {
 		{name: "nobody", errs: true, errText: "no responders"},
 		{name: "token:good"},
 		{name: "token:same", dups: true},
-		{name: "token:deaf", errs: true, errText: `token "", want the request's`},
+		{name: "token:deaf", errs: true, errText: `token line "", want the request's`},
 	} {
 		if !strings.Contains(tt.name, ":") {
 			tt.name = "raw:" + tt.name

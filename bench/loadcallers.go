@@ -37,9 +37,10 @@ func clientTarget(subject string) (prefix, tag string, ok bool) {
 const rawPrefix = "raw:"
 
 // tokenPrefix marks a subject loaded like a rawPrefix one, but with a new
-// token in each request (protocol.TokenHeader: 128 bits of a ChaCha8
-// seeded from crypto/rand, as the Go client makes them) whose echo is
-// checked: the protocol's share of the Go client's cost.
+// token in each request's body ("1 <token>": 128 bits of a ChaCha8 seeded
+// from crypto/rand, as the Go client makes and sends them) whose echo in
+// the reply's first line is checked: the protocol's share of the Go
+// client's cost.
 const tokenPrefix = "token:"
 
 // tokenRNG holds the generators of tokenPrefix targets.
@@ -112,10 +113,16 @@ func (l *loader) call(t *target, slot int32) bool {
 		var m *nats.Msg
 		var token string
 		if t.token {
+			// The token in the body, as the Go client sends it, and
+			// its echo in the reply's first line checked.
 			token = newToken()
-			m, err = l.nc.RequestMsgWithContext(context.Background(), &nats.Msg{Subject: t.raw, Header: nats.Header{protocol.TokenHeader: {token}}})
-			if err == nil && m.Header.Get(protocol.TokenHeader) != token {
-				err = fmt.Errorf("%w: token %.40q, want the request's", errBadReply, m.Header.Get(protocol.TokenHeader))
+			m, err = l.nc.RequestWithContext(context.Background(), t.raw, []byte("1 "+token))
+			if err == nil && len(m.Header) == 0 {
+				tok, _, rest, ok := protocol.CutTokenLine(m.Data)
+				if !ok || string(tok) != token {
+					err = fmt.Errorf("%w: token line %.40q, want the request's", errBadReply, tok)
+				}
+				m.Data = rest
 			}
 		} else {
 			m, err = l.nc.RequestWithContext(context.Background(), t.raw, nil)
@@ -131,8 +138,18 @@ func (l *loader) call(t *target, slot int32) bool {
 		}
 	} else {
 		var got []int64
-		got, err = t.client.SegmentN(context.Background(), t.tag, l.cfg.Batch)
-		ids = len(got)
+		if l.cfg.Batch == 1 { // one ID: the call a user makes for it
+			var id int64
+			if id, err = t.client.Segment(context.Background(), t.tag); err == nil {
+				ids = 1
+				if l.cfg.Verify {
+					reply = []segmentRun{{id, id}}
+				}
+			}
+		} else {
+			got, err = t.client.SegmentN(context.Background(), t.tag, l.cfg.Batch)
+			ids = len(got)
+		}
 		if err == nil && l.cfg.Verify {
 			for _, id := range got {
 				if n := len(reply); n > 0 && reply[n-1].Last+1 == id {

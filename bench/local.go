@@ -259,22 +259,31 @@ func ensureTag(ctx context.Context, store tagmodel.Store, name string, step int6
 // startBaseline serves subject with the ceiling of any ID service: a plain
 // queue subscription that answers with an atomic counter, parsing the count
 // and formatting the reply as the dispenser does, and echoing the request's
-// protocol.TokenHeader as a worker does (the Go client refuses a reply
-// without it).
+// token as a worker does (the Go client refuses a reply without it): in
+// the reply's first line if it came in the body, in protocol.TokenHeader
+// if it came there. A request without headers or a token (the raw
+// requests every ratio is measured against) costs it what it would cost
+// any responder: a count parsed, a number formatted.
 func startBaseline(nc *nats.Conn, subject string) error {
 	var counter atomic.Int64
 	var buf []byte // only the subscription's goroutine uses it
 	_, err := nc.QueueSubscribe(subject, "bench", func(m *nats.Msg) {
-		n, err := protocol.ParseCount(m.Data, 1_000_000)
+		count, token, inBody := protocol.SplitBody(m.Data)
+		n, err := protocol.ParseCount(count, 1_000_000)
 		format := protocol.FormatList
 		if err == nil && len(m.Header) > 0 {
 			format, err = protocol.ParseFormat(m.Header.Values(protocol.FormatHeader))
 		}
-		token := m.Header.Values(protocol.TokenHeader)
+		var tokens []string
+		if inBody {
+			tokens = []string{token}
+		} else {
+			tokens = m.Header.Values(protocol.TokenHeader)
+		}
 		if err != nil {
 			reply := nats.NewMsg(m.Reply)
-			if token != nil {
-				reply.Header[protocol.TokenHeader] = token
+			if tokens != nil {
+				reply.Header[protocol.TokenHeader] = tokens
 			}
 			reply.Header.Set(protocol.ErrorCodeHeader, protocol.CodeBadRequest)
 			reply.Header.Set(protocol.ErrorHeader, err.Error())
@@ -283,13 +292,17 @@ func startBaseline(nc *nats.Conn, subject string) error {
 		}
 		last := counter.Add(int64(n))
 		runs := [1]protocol.Run{{First: last - int64(n) + 1, Last: last}}
-		if format == protocol.FormatRange {
-			buf = protocol.AppendRanges(buf[:0], runs[:])
-		} else {
-			buf = protocol.AppendList(buf[:0], runs[:])
+		buf = buf[:0]
+		if inBody {
+			buf = protocol.AppendTokenLine(buf, token, "")
 		}
-		if token != nil {
-			nc.PublishMsg(&nats.Msg{Subject: m.Reply, Header: nats.Header{protocol.TokenHeader: token}, Data: buf})
+		if format == protocol.FormatRange {
+			buf = protocol.AppendRanges(buf, runs[:])
+		} else {
+			buf = protocol.AppendList(buf, runs[:])
+		}
+		if tokens != nil && !inBody {
+			nc.PublishMsg(&nats.Msg{Subject: m.Reply, Header: nats.Header{protocol.TokenHeader: tokens}, Data: buf})
 			return
 		}
 		nc.Publish(m.Reply, buf)

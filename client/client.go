@@ -201,17 +201,20 @@ type Client struct {
 	// permissions violation, then for good).
 	directOff map[string]time.Time
 
-	// epoch is the current shared attempt context (attemptContext).
-	epoch atomic.Pointer[epoch]
+	// headerUntil is until when (unix nanoseconds) tokens go in
+	// protocol.TokenHeader rather than in the body: headerTokensFor after
+	// a worker older than body tokens answered one.
+	headerUntil atomic.Int64
 }
 
-// epoch is an attempt context shared by the attempts that start before
-// until (unix nanoseconds): it ends AttemptTimeout+attemptSlack after
-// until-attemptSlack, its start, so that each of them waits at least
-// AttemptTimeout and at most AttemptTimeout+attemptSlack.
+// epoch is an attempt context shared by the attempts of one request
+// object (request.attemptContext) that start before until (unix
+// nanoseconds): it ends AttemptTimeout+attemptSlack after until-attemptSlack,
+// its start, so that each of them waits at least AttemptTimeout and at most
+// AttemptTimeout+attemptSlack.
 type epoch struct {
 	ctx    context.Context
-	cancel context.CancelFunc // never called before the timeout: attempts share ctx
+	cancel context.CancelFunc // called when the next one replaces it
 	until  int64
 }
 
@@ -278,11 +281,11 @@ func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, er
 	defer r.release()
 	msg := &r.msg
 	msg.Header[protocol.FormatHeader] = formatFormatted
-	resp, err := c.send(ctx, r, "")
+	ans, err := c.send(ctx, r, "")
 	if err != nil {
 		return nil, err
 	}
-	out := strings.Split(string(resp.Data), "\n")
+	out := strings.Split(string(ans.ids), "\n")
 	if len(out) != n {
 		return nil, fmt.Errorf("%w from %s: %d formatted numbers, want %d", ErrBadReply, msg.Subject, len(out), n)
 	}
@@ -310,7 +313,8 @@ func (c *Client) Snowflake(ctx context.Context) (int64, error) {
 // one asks for one ID of tag (a snowflake ID if tag is empty), at least
 // lowest, without the slice that request returns.
 func (c *Client) one(ctx context.Context, tag string, lowest int64) (int64, error) {
-	runs, err := c.requestRuns(ctx, tag, 1, false, lowest)
+	var arr [1]protocol.Run
+	runs, err := c.requestRuns(ctx, tag, 1, false, lowest, arr[:0])
 	if err != nil {
 		return 0, err
 	}
@@ -332,7 +336,10 @@ const (
 // least lowest, and returns them; ranges asks for the compact "first-last"
 // reply format.
 func (c *Client) request(ctx context.Context, tag string, n int, ranges bool, lowest int64) ([]int64, error) {
-	runs, err := c.requestRuns(ctx, tag, n, ranges, lowest)
+	// One ID is one line either way: no FormatHeader (a header costs a
+	// request more than the rest of the client).
+	var arr [1]protocol.Run
+	runs, err := c.requestRuns(ctx, tag, n, ranges && n > 1, lowest, arr[:0])
 	if err != nil {
 		return nil, err
 	}
@@ -368,18 +375,13 @@ var (
 )
 
 // requestRuns asks for n IDs of tag (snowflake IDs if tag is empty), each
-// at least lowest, and returns them as runs.
-func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool, lowest int64) ([]protocol.Run, error) {
-	var subject string
-	if tag != "" {
-		subject = protocol.SegmentSubject(c.prefix, tag)
-	} else {
-		subject = protocol.SnowflakeSubject(c.prefix)
+// at least lowest, and returns them as runs appended to dst.
+func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool, lowest int64, dst []protocol.Run) ([]protocol.Run, error) {
+	if n < 1 || n > maxCount {
+		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
 	}
-	r, err := c.newRequest(subject, n)
-	if err != nil {
-		return nil, err
-	}
+	r := getRequest("", n)
+	r.msg.Subject = r.subject(c.prefix, tag)
 	defer r.release()
 	msg := &r.msg
 	format := protocol.FormatList
@@ -387,21 +389,84 @@ func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool
 		format = protocol.FormatRange
 		msg.Header[protocol.FormatHeader] = formatRange
 	}
-	if tag != "" && !c.noDirect {
-		msg.Header[protocol.DirectHeader] = directWanted // the owner names its direct subject
-	}
-	resp, err := c.send(ctx, r, tag)
+	r.direct = tag != "" && !c.noDirect // the owner names its direct subject
+	ans, err := c.send(ctx, r, tag)
 	if err != nil {
 		return nil, err
 	}
-	runs, err := protocol.ParseIDs(resp.Data, n, format, lowest)
+	runs, err := protocol.AppendParsedIDs(dst, ans.ids, n, format, lowest)
 	if err != nil {
 		return nil, fmt.Errorf("%w from %s: %w", ErrBadReply, msg.Subject, err)
 	}
-	if tag != "" {
-		c.learnDirect(tag, resp)
+	if tag != "" && len(ans.direct) > 0 {
+		c.learnDirect(tag, string(ans.direct))
 	}
 	return runs, nil
+}
+
+// answer is a reply with IDs whose token was checked: its IDs (the body
+// after the token line, if the token came in the body) and the direct
+// subject it names, if any (unchecked: CheckDirect).
+type answer struct {
+	ids, direct []byte
+}
+
+// errOlderWorker is the answer of a worker older than body tokens to a
+// request with one: 400 (it reads "<count> <token>" as a bad count),
+// without the token, which it did not see.
+var errOlderWorker = errors.New("client: a worker older than body tokens")
+
+// check reads resp, the reply to r's attempt with a token in its body if
+// inBody (else in protocol.TokenHeader): an answer, an *Error, or
+// ErrBadReply if it is not a reply to this attempt (no token, or another
+// one: never used, whatever it holds, error replies included), or
+// errOlderWorker. A reply to a body token may echo it in the header
+// instead: an owner older than body tokens does, for a request another
+// worker forwarded to it (protocol.Forward).
+func (c *Client) check(resp *nats.Msg, r *request, inBody bool) (answer, error) {
+	if len(resp.Header) > 0 {
+		code := resp.Header.Get(protocol.ErrorCodeHeader)
+		got, echoed := resp.Header[protocol.TokenHeader]
+		switch {
+		case echoed && (len(got) != 1 || got[0] != string(r.token[:])) || !echoed && !inBody:
+			return answer{}, c.notOurs(r, fmt.Sprintf("%s %.40q", protocol.TokenHeader, got))
+		case !echoed && code == protocol.CodeBadRequest:
+			return answer{}, errOlderWorker
+		case code != "":
+			if !echoed {
+				return answer{}, c.notOurs(r, fmt.Sprintf("%s none", protocol.TokenHeader))
+			}
+			return answer{}, &Error{Code: code, Description: resp.Header.Get(protocol.ErrorHeader)}
+		case echoed:
+			return answer{ids: resp.Data, direct: []byte(resp.Header.Get(protocol.DirectHeader))}, nil
+		}
+	}
+	if !inBody {
+		return answer{}, c.notOurs(r, protocol.TokenHeader+" none")
+	}
+	tok, direct, ids, ok := protocol.CutTokenLine(resp.Data)
+	if !ok || !r.tokenIs(tok) {
+		return answer{}, c.notOurs(r, fmt.Sprintf("token line %.40q", tok))
+	}
+	return answer{ids: ids, direct: direct}, nil
+}
+
+// notOurs is the error of a reply to r that does not carry its token.
+func (c *Client) notOurs(r *request, got string) error {
+	return fmt.Errorf("%w from %s: %s, want the request's token (a forged reply, or a worker older than the token: upgrade the workers)",
+		ErrBadReply, r.msg.Subject, got)
+}
+
+// headerTokensFor is how long a client that met a worker older than body
+// tokens (errOlderWorker) sends its tokens in protocol.TokenHeader, before
+// it tries the body again.
+const headerTokensFor = time.Minute
+
+// tokensInBody reports whether an attempt starting now sends its token in
+// the body.
+func (c *Client) tokensInBody() bool {
+	u := c.headerUntil.Load()
+	return u == 0 || time.Now().UnixNano() >= u
 }
 
 // send sends r's message and returns the reply with IDs, retrying what is
@@ -412,7 +477,7 @@ func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool
 // responders or a timeout (the owner moved, or is gone), the client
 // forgets it and sends the request to the message's subject at once,
 // retries or not: a request lost on the way is a gap, never a duplicate.
-func (c *Client) send(ctx context.Context, r *request, tag string) (*nats.Msg, error) {
+func (c *Client) send(ctx context.Context, r *request, tag string) (answer, error) {
 	msg := &r.msg
 	// The request's deadline: ctx's, or the client's timeout from now
 	// (own). It is kept as a time, not as a context of its own: most
@@ -434,22 +499,24 @@ func (c *Client) send(ctx context.Context, r *request, tag string) (*nats.Msg, e
 	for {
 		// A new token for every attempt: an error reply shows its
 		// attempt's token to whoever can read the inbox.
-		token := r.newToken()
-		resp, err := c.attempt(ctx, msg, deadline, own, !c.noRetry || direct)
+		inBody := c.tokensInBody()
+		r.newToken(inBody)
+		resp, err := c.attempt(ctx, r, deadline, own, !c.noRetry || direct)
 		if err == nil {
-			if got := resp.Header[protocol.TokenHeader]; len(got) != 1 || got[0] != token {
-				// Not the reply to this request: never used, whatever it
-				// holds (error replies included).
-				return nil, fmt.Errorf("%w from %s: %s %.40q, want the request's (a forged reply, or a worker older than the token: upgrade the workers)",
-					ErrBadReply, msg.Subject, protocol.TokenHeader, got)
+			var ans answer
+			switch ans, err = c.check(resp, r, inBody); {
+			case err == nil:
+				return ans, nil
+			case errors.Is(err, errOlderWorker):
+				// Nothing was taken: send it again at once, with the
+				// token in the header. (A forged 400 can make the
+				// client do so too: it costs a round trip, no more.)
+				c.headerUntil.Store(time.Now().Add(headerTokensFor).UnixNano())
+				continue
+			case errors.Is(err, ErrBadReply):
+				return answer{}, err
 			}
-		}
-		switch {
-		case err == nil && resp.Header.Get(protocol.ErrorCodeHeader) == "":
-			return resp, nil
-		case err == nil:
-			err = &Error{Code: resp.Header.Get(protocol.ErrorCodeHeader), Description: resp.Header.Get(protocol.ErrorHeader)}
-		default:
+		} else {
 			err = fmt.Errorf("client: %s: %w", msg.Subject, err)
 		}
 		ended := requestEnded(ctx, deadline)
@@ -469,18 +536,18 @@ func (c *Client) send(ctx context.Context, r *request, tag string) (*nats.Msg, e
 			err = last // the deadline cut a retry short: say why it was retried
 		}
 		if c.noRetry || ended != nil || !retryable(err) {
-			return nil, err
+			return answer{}, err
 		}
 		last = err
 		t := time.NewTimer(min(backoff, time.Until(deadline)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, last
+			return answer{}, last
 		case <-t.C:
 		}
 		if requestEnded(ctx, deadline) != nil {
-			return nil, last
+			return answer{}, last
 		}
 		backoff = min(2*backoff, retryMax)
 	}
@@ -501,16 +568,20 @@ func requestEnded(ctx context.Context, deadline time.Time) error {
 
 // attemptContext returns a context that ends between AttemptTimeout and
 // AttemptTimeout+attemptSlack from now and is never canceled otherwise,
-// for an attempt of a request whose own context never ends: one context
-// (and one timer) per attemptSlack for all of the client's attempts, not
-// one per attempt.
-func (c *Client) attemptContext(now time.Time) context.Context {
-	if e := c.epoch.Load(); e != nil && now.UnixNano() < e.until {
+// for an attempt of r whose own context never ends: one context (and one
+// timer) per request object and attemptSlack, not one per attempt. It is
+// the request object's, not the client's: a context shared by every
+// caller makes them all wait on one channel, whose lock they then
+// contend for (the client's largest cost before, with 256 callers).
+func (r *request) attemptContext(now time.Time) context.Context {
+	if e := &r.epoch; e.ctx != nil && now.UnixNano() < e.until {
 		return e.ctx
 	}
+	if r.epoch.cancel != nil {
+		r.epoch.cancel() // no attempt uses it: r's attempts come one at a time
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), AttemptTimeout+attemptSlack)
-	e := &epoch{ctx: ctx, cancel: cancel, until: now.Add(attemptSlack).UnixNano()}
-	c.epoch.Store(e) // another goroutine's newer one may be lost: no matter
+	r.epoch = epoch{ctx: ctx, cancel: cancel, until: now.Add(attemptSlack).UnixNano()}
 	return ctx
 }
 
@@ -521,7 +592,8 @@ func (c *Client) attemptContext(now time.Time) context.Context {
 // canceled (no Done channel), a shared attempt context (attemptContext) or,
 // near the deadline, a timer of nats.go's pool is. A timeout wraps
 // context.DeadlineExceeded.
-func (c *Client) attempt(ctx context.Context, msg *nats.Msg, deadline time.Time, own, bounded bool) (*nats.Msg, error) {
+func (c *Client) attempt(ctx context.Context, r *request, deadline time.Time, own, bounded bool) (*nats.Msg, error) {
+	msg := &r.msg
 	now := time.Now()
 	wait := deadline.Sub(now)
 	if wait <= 0 {
@@ -541,7 +613,7 @@ func (c *Client) attempt(ctx context.Context, msg *nats.Msg, deadline time.Time,
 		return c.nc.RequestMsgWithContext(ctx, msg)
 	}
 	if ctx.Done() == nil && shared {
-		return c.nc.RequestMsgWithContext(c.attemptContext(now), msg)
+		return c.nc.RequestMsgWithContext(r.attemptContext(now), msg)
 	}
 	if ctx.Done() == nil {
 		resp, err := c.nc.RequestMsg(msg, wait)

@@ -234,9 +234,11 @@ func BenchmarkSegment(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			tok := client.NewTokenForTest()
-			msg := &nats.Msg{Subject: "id.segment.orders", Header: nats.Header{protocol.TokenHeader: {tok}}}
-			resp, err := nc.RequestMsg(msg, 5*time.Second)
-			if err != nil || resp.Header.Get(protocol.TokenHeader) != tok {
+			resp, err := nc.Request("id.segment.orders", []byte("1 "+tok), 5*time.Second)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if got, _, _, _ := protocol.CutTokenLine(resp.Data); string(got) != tok {
 				b.Fatal(resp, err)
 			}
 		}

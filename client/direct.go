@@ -35,8 +35,7 @@ func (c *Client) directSubject(tag, segment string) (string, bool) {
 // learnDirect remembers the direct subject a reply for tag names, if it
 // is one of tag's (protocol.CheckDirect: a reply is untrusted) and tag's
 // direct subjects are not held off.
-func (c *Client) learnDirect(tag string, resp *nats.Msg) {
-	d := resp.Header.Get(protocol.DirectHeader)
+func (c *Client) learnDirect(tag string, d string) {
 	if d == "" || c.noDirect || protocol.CheckDirect(d, c.prefix, tag) != nil {
 		return
 	}

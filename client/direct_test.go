@@ -30,17 +30,16 @@ func (f *fakeOrdered) handle(header string, direct bool) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		f.mu.Lock()
 		f.seen = append(f.seen, m.Subject)
-		resp := nats.NewMsg(m.Reply)
-		resp.Header[protocol.TokenHeader] = m.Header[protocol.TokenHeader]
+		var resp *nats.Msg
 		if direct && f.code != "" {
-			resp.Header.Set(protocol.ErrorCodeHeader, f.code)
-			resp.Header.Set(protocol.ErrorHeader, "not the owner")
+			resp = failure(m, f.code, "not the owner")
 		} else {
 			f.next++
-			resp.Data = strconv.AppendInt(nil, f.next, 10)
-			if !direct && header != "" {
-				resp.Header.Set(protocol.DirectHeader, header)
+			d := ""
+			if !direct {
+				d = header
 			}
+			resp = answer(m, strconv.AppendInt(nil, f.next, 10), d)
 		}
 		f.mu.Unlock()
 		_ = m.RespondMsg(resp)

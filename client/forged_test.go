@@ -36,25 +36,42 @@ func TestRepliesWithoutTheToken(t *testing.T) {
 	prefetched := call{"Segment with prefetch", func(c *client.Client, ctx context.Context) ([]int64, error) {
 		return one(c.Segment(ctx, "orders"))
 	}}
+	none := func(string) []string { return nil }
 	tests := []struct {
 		name  string
 		call  call
-		token func(sent string) []string // the reply's token values
+		token func(sent string) []string // the reply's TokenHeader values
+		line  func(sent string) string   // the reply's first line, if not nil
 		body  string
 		code  string // the reply's error code
+		sends int    // requests the call sends (0: 1)
 	}{
-		{"no token", segmentOne, func(string) []string { return nil }, "1", ""},
-		{"no token, batch", segmentN(3), func(string) []string { return nil }, "1-3", ""},
-		{"no token, snowflake", snowflakeOne, func(string) []string { return nil }, "7", ""},
-		{"no token, formatted", formatted, func(string) []string { return nil }, "ORD-1", ""},
-		{"no token, prefetch refill", prefetched, func(string) []string { return nil }, "1-10", ""},
-		{"no token, 503", segmentOne, func(string) []string { return nil }, "", protocol.CodeUnavailable},
-		{"empty token", segmentOne, func(string) []string { return []string{""} }, "1", ""},
-		{"another token", segmentOne, func(string) []string { return []string{"AAAAAAAAAAAAAAAAAAAAAA"} }, "1", ""},
-		{"another token, prefetch refill", prefetched, func(string) []string { return []string{"AAAAAAAAAAAAAAAAAAAAAA"} }, "1-10", ""},
-		{"the token and another", segmentOne, func(s string) []string { return []string{s, "x"} }, "1", ""},
-		{"the token twice", segmentOne, func(s string) []string { return []string{s, s} }, "1", ""},
-		{"the token's prefix", segmentOne, func(s string) []string { return []string{s[:len(s)-1]} }, "1", ""},
+		{"no token", segmentOne, none, nil, "1", "", 0},
+		{"no token, batch", segmentN(3), none, nil, "1-3", "", 0},
+		{"no token, snowflake", snowflakeOne, none, nil, "7", "", 0},
+		{"no token, formatted", formatted, none, nil, "ORD-1", "", 0},
+		{"no token, prefetch refill", prefetched, none, nil, "1-10", "", 0},
+		{"no token, 503", segmentOne, none, nil, "", protocol.CodeUnavailable, 0},
+		// A 400 without the token is what a worker older than body
+		// tokens answers: the request goes again with the token in its
+		// header, whose reply must echo it there.
+		{"no token, 400", segmentOne, none, nil, "", protocol.CodeBadRequest, 2},
+		{"empty token", segmentOne, func(string) []string { return []string{""} }, nil, "1", "", 0},
+		{"another token", segmentOne, func(string) []string { return []string{"AAAAAAAAAAAAAAAAAAAAAA"} }, nil, "1", "", 0},
+		{"another token, prefetch refill", prefetched, func(string) []string { return []string{"AAAAAAAAAAAAAAAAAAAAAA"} }, nil, "1-10", "", 0},
+		{"the token and another", segmentOne, func(s string) []string { return []string{s, "x"} }, nil, "1", "", 0},
+		{"the token twice", segmentOne, func(s string) []string { return []string{s, s} }, nil, "1", "", 0},
+		{"the token's prefix", segmentOne, func(s string) []string { return []string{s[:len(s)-1]} }, nil, "1", "", 0},
+		{"another token line", segmentOne, none, func(string) string { return "AAAAAAAAAAAAAAAAAAAAAA" }, "1", "", 0},
+		{"another token line, snowflake", snowflakeOne, none, func(string) string { return "AAAAAAAAAAAAAAAAAAAAAA" }, "7", "", 0},
+		{"another token line, formatted", formatted, none, func(string) string { return "AAAAAAAAAAAAAAAAAAAAAA" }, "ORD-1", "", 0},
+		{"another token line, prefetch refill", prefetched, none, func(string) string { return "AAAAAAAAAAAAAAAAAAAAAA" }, "1-10", "", 0},
+		{"the token's prefix line", segmentOne, none, func(s string) string { return s[:len(s)-1] }, "1", "", 0},
+		{"the token with more", segmentOne, none, func(s string) string { return s + "x" }, "1", "", 0},
+		{"the token after a space", segmentOne, none, func(s string) string { return " " + s }, "1", "", 0},
+		{"the token on the second line", segmentOne, none, func(s string) string { return "\n" + s }, "1", "", 0},
+		{"the token line, another header token", segmentOne, func(string) []string { return []string{"AAAAAAAAAAAAAAAAAAAAAA"} }, func(s string) string { return s }, "1", "", 0},
+		{"an empty line", segmentOne, none, func(string) string { return "" }, "1", "", 0},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -62,8 +79,12 @@ func TestRepliesWithoutTheToken(t *testing.T) {
 			var seen atomic.Int64
 			sub, err := responder.Subscribe(prefix+".>", func(m *nats.Msg) {
 				seen.Add(1)
+				sent, _ := protocol.RequestToken(m.Header, m.Data)
 				resp := &nats.Msg{Subject: m.Reply, Data: []byte(tt.body), Header: nats.Header{}}
-				if v := tt.token(m.Header.Get(protocol.TokenHeader)); v != nil {
+				if tt.line != nil {
+					resp.Data = []byte(tt.line(sent) + "\n" + tt.body)
+				}
+				if v := tt.token(sent); v != nil {
 					resp.Header[protocol.TokenHeader] = v
 				}
 				if tt.code != "" {
@@ -87,8 +108,8 @@ func TestRepliesWithoutTheToken(t *testing.T) {
 			if !errors.Is(err, client.ErrBadReply) || ids != nil {
 				t.Fatalf("%s: IDs %v, err %v; want ErrBadReply and no IDs", tt.call.name, ids, err)
 			}
-			if got := seen.Load(); got != 1 {
-				t.Errorf("%d requests sent, want 1: a reply without the token is not retried", got)
+			if got, want := seen.Load(), int64(max(tt.sends, 1)); got != want {
+				t.Errorf("%d requests sent, want %d: a reply without the token is not retried", got, want)
 			}
 		})
 	}
@@ -111,9 +132,9 @@ func TestForgedReplyWithObservedToken(t *testing.T) {
 	var mu sync.Mutex // protects tokens
 	tokens := map[string]bool{}
 	spy, err := attacker.Subscribe("_INBOX.>", func(m *nats.Msg) {
-		if v := m.Header.Get(protocol.TokenHeader); v != "" {
+		if tok, _, _, ok := protocol.CutTokenLine(m.Data); ok {
 			mu.Lock()
-			tokens[v] = true
+			tokens[string(tok)] = true
 			mu.Unlock()
 		}
 	})
@@ -137,7 +158,7 @@ func TestForgedReplyWithObservedToken(t *testing.T) {
 				seen = append(seen, tok)
 			}
 			mu.Unlock()
-			forged := &nats.Msg{Subject: m.Reply, Data: []byte("1"), Header: nats.Header{protocol.TokenHeader: seen[:1]}}
+			forged := &nats.Msg{Subject: m.Reply, Data: []byte(seen[0] + "\n1")}
 			if err := attacker.PublishMsg(forged); err != nil {
 				t.Error(err)
 			}

@@ -79,7 +79,7 @@ func (p *pool) refillLocked() {
 	}
 	p.filling = true
 	go func() {
-		runs, err := p.c.requestRuns(p.c.ctx, p.tag, p.c.prefetch, true, minSegment)
+		runs, err := p.c.requestRuns(p.c.ctx, p.tag, p.c.prefetch, true, minSegment, nil)
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		p.filling = false

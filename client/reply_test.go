@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/client"
-	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -24,15 +23,11 @@ import (
 
 const maxID = math.MaxInt64 // 9223372036854775807, a valid snowflake ID
 
-// echo answers m with data, echoing its protocol.TokenHeader as a worker
-// does: the replies of the rogue responders below are checked for their
-// bodies, past the token check.
+// echo answers m with data as a worker does (answer): the replies of the
+// rogue responders below are checked for their bodies, past the token
+// check.
 func echo(m *nats.Msg, data []byte) error {
-	resp := &nats.Msg{Subject: m.Reply, Data: data, Header: nats.Header{}}
-	if v, ok := m.Header[protocol.TokenHeader]; ok {
-		resp.Header[protocol.TokenHeader] = v
-	}
-	return m.RespondMsg(resp)
+	return m.RespondMsg(answer(m, data, ""))
 }
 
 // rogue answers every request under prefix with reply (echoing its
@@ -173,7 +168,8 @@ func TestRogueReplies(t *testing.T) {
 		{"trailing space", segmentOne, "1 "},
 		{"carriage return", segmentN(2), "1-2\r"},
 		{"range in a list reply", segmentOne, "1-1"},
-		{"single ID in a range reply", segmentN(1), "1"},
+		{"single ID in a range reply", segmentN(2), "1"},
+		{"a run for one ID asked as a list", segmentN(1), "1-1"},
 		{"three parts", segmentN(2), "1-2-3"},
 		{"range without a last", segmentN(2), "1-"},
 		{"empty body", segmentOne, ""},
@@ -221,7 +217,7 @@ func TestEdgeReplies(t *testing.T) {
 		{"2^63-1 as a segment ID", segmentOne, "9223372036854775807", []int64{maxID}},
 		{"range ending at 2^63-1", snowflakeN(3), "9223372036854775805-9223372036854775807", []int64{maxID - 2, maxID - 1, maxID}},
 		{"two runs ending at 2^63-1", segmentN(3), "9223372036854775800-9223372036854775801\n9223372036854775807-9223372036854775807", []int64{maxID - 7, maxID - 6, maxID}},
-		{"one-ID range at 2^63-1", segmentN(1), "9223372036854775807-9223372036854775807", []int64{maxID}},
+		{"one ID of a batch at 2^63-1 (asked as a list)", segmentN(1), "9223372036854775807", []int64{maxID}},
 		{"snowflake ID 0", snowflakeOne, "0", []int64{0}},
 		{"snowflake range from 0", snowflakeN(2), "0-1", []int64{0, 1}},
 		{"segment ID 1", segmentOne, "1", []int64{1}},

@@ -208,13 +208,11 @@ func TestRetriesAnOrderedTagsMove(t *testing.T) {
 			var asked atomic.Int32
 			// A worker whose first answer is the move's 503, then an ID.
 			if _, err := wnc.QueueSubscribe("id.segment.ledger", "dispenser", func(msg *nats.Msg) {
-				reply := nats.NewMsg(msg.Reply)
-				reply.Header[protocol.TokenHeader] = msg.Header[protocol.TokenHeader] // as a worker echoes it
+				var reply *nats.Msg
 				if asked.Add(1) == 1 {
-					reply.Header.Set(protocol.ErrorCodeHeader, protocol.CodeUnavailable)
-					reply.Header.Set(protocol.ErrorHeader, `dispenser: ordered tag's owner is changing: "ledger" is not owned here any more; try again`)
+					reply = failure(msg, protocol.CodeUnavailable, `dispenser: ordered tag's owner is changing: "ledger" is not owned here any more; try again`)
 				} else {
-					reply.Data = []byte("42")
+					reply = answer(msg, []byte("42"), "")
 				}
 				_ = msg.RespondMsg(reply)
 			}); err != nil {

@@ -3,6 +3,7 @@ package client
 import (
 	crand "crypto/rand"
 	"encoding/base64"
+	"encoding/binary"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -22,18 +23,44 @@ import (
 // much as formatting an ID (BenchmarkNewToken).
 
 // request is one request's reusable parts: the message and its header
-// map, the token header's value, a buffer for the count and a token
-// generator. A call takes one from requests and puts it back when it has
-// returned: nats.go encodes the message, headers included, into its
-// buffer when it publishes it and keeps no reference to it (the reply is
-// a message of its own), and nothing of a request is handed to the
-// caller. Reusing them saves a map, its entries and the header values per
-// request (BenchmarkClientCost).
+// map, the token, a buffer for the body and a token generator. A call
+// takes one from requests and puts it back when it has returned: nats.go
+// encodes the message, headers included, into its buffer when it
+// publishes it and keeps no reference to it (the reply is a message of its
+// own), and nothing of a request is handed to the caller. Reusing them
+// saves a map, its entries and the body per request (BenchmarkClientCost).
 type request struct {
-	msg   nats.Msg
-	token [1]string // msg.Header[protocol.TokenHeader]
-	count [20]byte  // msg.Data for a count above 1
-	rng   *rand.ChaCha8
+	msg    nats.Msg
+	n      int
+	direct bool // ask for the owner's direct subject (a segment tag's request)
+	// token is the attempt's token (newToken); tokenValue holds it as
+	// msg.Header[protocol.TokenHeader] when it goes in the header.
+	token      [tokenLen]byte
+	tokenValue [1]string
+	body       [protocol.MaxCountDigits + 1 + tokenLen]byte // msg.Data
+	rng        *rand.ChaCha8
+	// subjectOf is the prefix and tag of subject, the last subject built
+	// (subject): most calls ask for the tag the request object last
+	// served, and a subject built anew costs an allocation.
+	subjectOf [2]string
+	subjects  string
+	// epoch is the attempt context of r's attempts without a deadline
+	// of their own (attemptContext).
+	epoch epoch
+}
+
+// subject returns prefix's subject for tag (snowflake IDs if tag is
+// empty), reusing the one built last if it is the same.
+func (r *request) subject(prefix, tag string) string {
+	if r.subjects == "" || r.subjectOf != [2]string{prefix, tag} {
+		if tag != "" {
+			r.subjects = protocol.SegmentSubject(prefix, tag)
+		} else {
+			r.subjects = protocol.SnowflakeSubject(prefix)
+		}
+		r.subjectOf = [2]string{prefix, tag}
+	}
+	return r.subjects
 }
 
 var requests = sync.Pool{New: func() any {
@@ -44,42 +71,59 @@ var requests = sync.Pool{New: func() any {
 	return &request{msg: nats.Msg{Header: nats.Header{}}, rng: rand.NewChaCha8(seed)}
 }}
 
-// getRequest returns an empty request for n IDs on subject; put it back
-// with release.
+// getRequest returns an empty request for n IDs (1..protocol.MaxCount) on
+// subject; put it back with release.
 func getRequest(subject string, n int) *request {
 	r := requests.Get().(*request)
-	r.msg.Subject = subject
-	if n > 1 {
-		r.msg.Data = strconv.AppendInt(r.count[:0], int64(n), 10)
-	}
+	r.msg.Subject, r.n = subject, n
 	return r
 }
 
 // release empties r and puts it back for another call.
 func (r *request) release() {
 	clear(r.msg.Header)
-	r.msg.Subject, r.msg.Data, r.token[0] = "", nil, ""
+	r.msg.Subject, r.msg.Data, r.tokenValue[0], r.direct = "", nil, "", false
 	requests.Put(r)
 }
 
 // tokenLen is the length of a token: 16 bytes in unpadded base64url.
 const tokenLen = 22
 
-// newToken sets a fresh request token on r's message and returns it: 128
-// random bits, base64url (protocol.ValidToken).
-func (r *request) newToken() string {
+// newToken gives r's message a fresh token, 128 random bits in base64url
+// (protocol.ValidToken): in its body after the count ("<count> <token>",
+// protocol.SplitBody), or, if inBody is false, in protocol.TokenHeader with
+// the count alone in the body (and protocol.DirectHeader if r.direct).
+func (r *request) newToken(inBody bool) {
 	var b [16]byte
-	_, _ = r.rng.Read(b[:]) // never fails
-	var out [tokenLen]byte
-	base64.RawURLEncoding.Encode(out[:], b[:])
-	r.token[0] = string(out[:])
-	r.msg.Header[protocol.TokenHeader] = r.token[:]
-	return r.token[0]
+	binary.LittleEndian.PutUint64(b[:8], r.rng.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], r.rng.Uint64())
+	base64.RawURLEncoding.Encode(r.token[:], b[:])
+	if inBody {
+		d := strconv.AppendInt(r.body[:0], int64(r.n), 10)
+		d = append(d, ' ')
+		r.msg.Data = append(d, r.token[:]...)
+		delete(r.msg.Header, protocol.TokenHeader)
+		delete(r.msg.Header, protocol.DirectHeader)
+		return
+	}
+	r.msg.Data = nil
+	if r.n > 1 {
+		r.msg.Data = strconv.AppendInt(r.body[:0], int64(r.n), 10)
+	}
+	r.tokenValue[0] = string(r.token[:])
+	r.msg.Header[protocol.TokenHeader] = r.tokenValue[:]
+	if r.direct {
+		r.msg.Header[protocol.DirectHeader] = directWanted
+	}
 }
+
+// tokenIs reports whether b is r's token.
+func (r *request) tokenIs(b []byte) bool { return string(b) == string(r.token[:]) }
 
 // newToken returns a fresh request token, as a request gets it.
 func newToken() string {
 	r := getRequest("", 1)
 	defer r.release()
-	return r.newToken()
+	r.newToken(true)
+	return string(r.token[:])
 }

@@ -200,7 +200,7 @@ func testHostileTenants(t *testing.T, d tenantDeployment, block string) {
 		spyMu.Lock()
 		defer spyMu.Unlock()
 		for _, m := range spied {
-			tok := m.Header.Get(protocol.TokenHeader)
+			tok := tokenOf(m)
 			if tok != "" && !strings.HasPrefix(tok, "atk") {
 				tokens = append(tokens, tok)
 				inboxes = append(inboxes, m.Subject[:strings.LastIndexByte(m.Subject, '.')])
@@ -228,8 +228,12 @@ func testHostileTenants(t *testing.T, d tenantDeployment, block string) {
 	// Inject: answer the service's subjects with forged IDs.
 	forge := func(m *nats.Msg) {
 		resp := &nats.Msg{Subject: m.Reply, Data: []byte("1"), Header: nats.Header{}}
-		if v := m.Header.Values(protocol.TokenHeader); v != nil {
-			resp.Header[protocol.TokenHeader] = v // it sees the request: the token too
+		// It sees the request: the token too, and echoes it as a worker.
+		switch tok, inBody := protocol.RequestToken(m.Header, m.Data); {
+		case inBody:
+			resp.Data = append(protocol.AppendTokenLine(nil, tok, ""), '1')
+		case tok != "":
+			resp.Header[protocol.TokenHeader] = []string{tok}
 		}
 		_ = attacker.PublishMsg(resp)
 	}
@@ -294,7 +298,7 @@ func testHostileTenants(t *testing.T, d tenantDeployment, block string) {
 	leaks := 0
 	attackerResp := respPrefix(attacker)
 	for _, m := range spied {
-		tok := m.Header.Get(protocol.TokenHeader)
+		tok := tokenOf(m)
 		own := m.Header.Get(hostileHeader) != "" || // its own hostile messages
 			tok != "" && strings.HasPrefix(tok, "atk") || // replies to them
 			strings.HasPrefix(m.Subject, "$JS.EVENT.ADVISORY.API") && strings.Contains(string(m.Data), `"user":"orders-app"`) || // its own API calls' audit
@@ -368,4 +372,20 @@ func bothWorkers(t *testing.T, nc *nats.Conn, subject string) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// tokenOf is the token a message the attacker read carries, wherever a
+// requester or a worker puts it: protocol.TokenHeader, a request's body
+// ("<count> <token>") or a reply's first line; "" if none.
+func tokenOf(m *nats.Msg) string {
+	if tok := m.Header.Get(protocol.TokenHeader); tok != "" {
+		return tok
+	}
+	if tok, inBody := protocol.RequestToken(nil, m.Data); inBody && protocol.ValidToken(tok) {
+		return tok
+	}
+	if tok, _, _, ok := protocol.CutTokenLine(m.Data); ok && protocol.ValidToken(string(tok)) {
+		return string(tok)
+	}
+	return ""
 }
