@@ -80,9 +80,9 @@ func (e *endpoint) join() error {
 }
 
 // serve handles one request on the goroutine of the subscription whose
-// memory sc is, and counts it with its processing time.
-// Its two clock readings are all a request reads of the clock: the first
-// is also the start of the request's metrics (scratch.start).
+// memory sc is, and counts it with its processing time: two readings of
+// the monotonic clock (mono), the first of which also starts the
+// request's metrics (scratch.start; they add one reading, the latency).
 func (e *endpoint) serve(msg *nats.Msg, sc *scratch) {
 	sc.start = mono()
 	e.handle(e, msg, sc)
