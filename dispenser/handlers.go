@@ -20,7 +20,7 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 		return
 	}
 	rq, rerr := protocol.ReadRequest(req.Header, req.Data, s.limits)
-	r := s.newReplier(ep, req, rq)
+	r := s.newReplier(ep, req, rq, sc.start)
 	if errors.Is(rerr, protocol.ErrBadToken) {
 		r.fail(rerr) // its replies carry no token
 		return
@@ -122,7 +122,7 @@ func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 		return
 	}
 	rq, err := protocol.ReadRequest(req.Header, req.Data, s.limits)
-	r := s.newReplier(ep, req, rq)
+	r := s.newReplier(ep, req, rq, sc.start)
 	if errors.Is(err, protocol.ErrBadToken) {
 		r.fail(err) // its replies carry no token
 		return
@@ -154,12 +154,12 @@ func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 	r.respond(sc.buf, n)
 }
 
-func (s *Service) handleDecode(ep *endpoint, req *nats.Msg, _ *scratch) {
+func (s *Service) handleDecode(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
 	rq, err := protocol.ReadHeaders(req.Header)
-	r := s.newReplier(ep, req, rq)
+	r := s.newReplier(ep, req, rq, sc.start)
 	if err != nil {
 		r.fail(err)
 		return

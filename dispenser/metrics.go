@@ -155,13 +155,17 @@ func codeIndex(c string) int {
 
 // observe records one request answered over NATS. tag is counted under
 // its own label value only if it is named in Config.MetricsTags, else
-// under "".
-func (m *metrics) observe(endpoint, tag, code string, ids int, start time.Time) {
-	m.record(0, endpoint, tag, code, ids, start)
+// under "". start is when it came, as mono read it.
+func (m *metrics) observe(endpoint, tag, code string, ids int, start time.Duration) {
+	if m == nil {
+		return
+	}
+	m.record(0, endpoint, tag, code, ids, mono()-start)
 }
 
-// record records one answered request of transport tr (0 NATS, 1 HTTP).
-func (m *metrics) record(tr int, endpoint, tag, code string, ids int, start time.Time) {
+// record records one answered request of transport tr (0 NATS, 1 HTTP)
+// that took d.
+func (m *metrics) record(tr int, endpoint, tag, code string, ids int, d time.Duration) {
 	if m == nil {
 		return
 	}
@@ -190,13 +194,12 @@ func (m *metrics) record(tr int, endpoint, tag, code string, ids int, start time
 			ctr.Add(float64(ids))
 		}
 	}
-	d := time.Since(start).Seconds()
 	if p := m.observers[tr][e].Load(); p != nil {
-		(*p).Observe(d)
+		(*p).Observe(d.Seconds())
 	} else {
 		o := m.latency.WithLabelValues(transport, endpoint)
 		m.observers[tr][e].Store(&o)
-		o.Observe(d)
+		o.Observe(d.Seconds())
 	}
 }
 
@@ -206,7 +209,9 @@ func (m *metrics) record(tr int, endpoint, tag, code string, ids int, start time
 // reply code (the HTTP status), ids how many IDs it handed out, start
 // when it arrived. It records nothing without Config.Registerer.
 func (s *Service) ObserveHTTP(endpoint, tag, code string, ids int, start time.Time) {
-	s.metrics.record(1, endpoint, tag, code, ids, start)
+	if s.metrics != nil {
+		s.metrics.record(1, endpoint, tag, code, ids, time.Since(start))
+	}
 }
 
 var refusedDesc = prometheus.NewDesc("dispenser_requests_refused_total",

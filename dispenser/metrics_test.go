@@ -2,11 +2,16 @@ package dispenser_test
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/tests/wait"
@@ -118,3 +123,77 @@ func (countingSnowflake) Unavailable(error) bool   { return false }
 func (countingSnowflake) Epoch() time.Time         { return snowflake.DefaultEpoch }
 func (countingSnowflake) Layout() snowflake.Layout { return snowflake.DefaultLayout }
 func (countingSnowflake) Stats() any               { return nil }
+
+// TestTimesWithinTheRequests: the processing time in $SRV.STATS and the
+// request durations of the metrics are those of the requests: more than
+// zero, and no more than the time the test took to send them and get
+// every reply, within which all of it happened. The requests are counted,
+// the bad one as an error with its last error.
+func TestTimesWithinTheRequests(t *testing.T) {
+	ns := testenv.NATS(t)
+	reg := prometheus.NewPedanticRegistry()
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, ns), Snowflake: countingSnowflake{}, Logger: quiet, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Stop(context.Background()) })
+	nc := testenv.Connect(t, ns)
+	const requests = 20
+	began := time.Now()
+	for range requests - 1 {
+		if _, code := request(t, nc, "id.snowflake", "3", nil); code != "" {
+			t.Fatalf("code %s", code)
+		}
+	}
+	if _, code := request(t, nc, "id.snowflake", "zero", nil); code != "400" {
+		t.Fatalf("a bad count: code %q, want 400", code)
+	}
+	window := time.Since(began)
+
+	resp, err := nc.Request("$SRV.STATS."+dispenser.Name, nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st micro.Stats
+	if err := json.Unmarshal(resp.Data, &st); err != nil {
+		t.Fatal(err)
+	}
+	var ep *micro.EndpointStats
+	for _, e := range st.Endpoints {
+		if e.Name == "snowflake" {
+			ep = e
+		}
+	}
+	if ep == nil {
+		t.Fatalf("no snowflake endpoint in %s", resp.Data)
+	}
+	if ep.NumRequests != requests || ep.NumErrors != 1 || !strings.HasPrefix(ep.LastError, "400:") {
+		t.Errorf("requests %d, errors %d, last error %q; want %d, 1, 400:...", ep.NumRequests, ep.NumErrors, ep.LastError, requests)
+	}
+	if ep.ProcessingTime <= 0 || ep.ProcessingTime > window {
+		t.Errorf("processing time %v, want more than 0 and at most the %v the requests took", ep.ProcessingTime, window)
+	}
+	if want := ep.ProcessingTime / requests; ep.AverageProcessingTime != want {
+		t.Errorf("average processing time %v, want %v", ep.AverageProcessingTime, want)
+	}
+
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h *dto.Histogram
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if f.GetName() == "dispenser_request_duration_seconds" && m.GetHistogram() != nil &&
+				slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == "endpoint" && l.GetValue() == "snowflake" }) {
+				h = m.GetHistogram()
+			}
+		}
+	}
+	if h == nil {
+		t.Fatal("no request duration of the snowflake endpoint")
+	}
+	if sum := time.Duration(h.GetSampleSum() * float64(time.Second)); h.GetSampleCount() != requests || sum <= 0 || sum > window {
+		t.Errorf("request durations: %d samples summing to %v, want %d summing to more than 0 and at most %v", h.GetSampleCount(), sum, requests, window)
+	}
+}

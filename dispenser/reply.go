@@ -24,9 +24,9 @@ type replier struct {
 	inline    bool
 	scratch   *scratch // the handler's memory, for inline replies of IDs
 	endpoint  string
-	tag       string    // metrics label
-	start     time.Time // zero without metrics
-	worker    bool      // the request asked for protocol.WorkerHeader
+	tag       string        // metrics label
+	start     time.Duration // when it came (mono); zero without metrics
+	worker    bool          // the request asked for protocol.WorkerHeader
 	// direct: the request came on this worker's direct subject;
 	// wantDirect: it asked for protocol.DirectHeader.
 	direct, wantDirect bool
@@ -45,15 +45,12 @@ type replier struct {
 	bodyToken bool
 }
 
-// newReplier returns the replier of req, which came on ep, as rq reads it
-// (protocol.ReadRequest or ReadHeaders).
-func (s *Service) newReplier(ep *endpoint, req *nats.Msg, rq protocol.Request) replier {
-	r := replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name,
-		worker: rq.Worker, wantDirect: rq.Direct, token: rq.Token, bodyToken: rq.BodyToken, n: rq.N, format: rq.Format}
-	if s.metrics != nil {
-		r.start = time.Now()
-	}
-	return r
+// newReplier returns the replier of req, which came on ep at start (mono,
+// read by endpoint.serve), as rq reads it (protocol.ReadRequest or
+// ReadHeaders).
+func (s *Service) newReplier(ep *endpoint, req *nats.Msg, rq protocol.Request, start time.Duration) replier {
+	return replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name,
+		worker: rq.Worker, wantDirect: rq.Direct, token: rq.Token, bodyToken: rq.BodyToken, n: rq.N, format: rq.Format, start: start}
 }
 
 // forwardedReplier returns the replier of a request for tag that another
@@ -63,7 +60,7 @@ func (s *Service) forwardedReplier(f protocol.Forward, tag string) replier {
 	r := replier{s: s, forwarded: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format,
 		token: f.Token, bodyToken: f.BodyToken}
 	if s.metrics != nil {
-		r.start = time.Now()
+		r.start = mono()
 	}
 	return r
 }
@@ -77,7 +74,7 @@ func (s *Service) directReplier(msg *nats.Msg, tag string) (replier, error) {
 	r := replier{s: s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true, worker: rq.Worker, token: rq.Token, bodyToken: rq.BodyToken,
 		n: rq.N, format: rq.Format}
 	if s.metrics != nil {
-		r.start = time.Now()
+		r.start = mono()
 	}
 	if err == nil && r.format == protocol.FormatFormatted {
 		err = errFormattedOrdered
@@ -213,7 +210,8 @@ func (s *Service) reply(r replier, format protocol.Format, runs []segment.Run, n
 // scratch is memory one endpoint's handler reuses from request to request.
 // Only that endpoint's handler goroutine touches it.
 type scratch struct {
-	ids  []int64
-	runs []segment.Run
-	buf  []byte
+	start time.Duration // when the request being handled came (mono)
+	ids   []int64
+	runs  []segment.Run
+	buf   []byte
 }

@@ -13,7 +13,12 @@ import (
 // and dropped buffers (removed or idle tags) stay in the snapshot marked
 // dropped; once those two together reach an eighth of the snapshot, the
 // snapshot is rebuilt. So adding or dropping a tag costs O(1) amortized,
-// whatever the number of tags, instead of a copy of the whole map.
+// whatever the number of tags, instead of a copy of the whole map. A tag
+// found in added takes the mutex: once such lookups (misses) reach the
+// number of tags, the snapshot is rebuilt too, so that a tag in use is
+// soon looked up without the lock (with few tags, under the eighth, it
+// would never be), again at O(1) amortized: the copy is paid for by as
+// many lookups that took the mutex.
 type tagMap struct {
 	read atomic.Pointer[map[string]*buffer] // never written once stored
 
@@ -24,6 +29,8 @@ type tagMap struct {
 	added map[string]*buffer
 	// stale counts the buffers in read that were dropped since.
 	stale int
+	// misses counts the lookups that found their tag in added since.
+	misses int
 }
 
 func newTagMap() *tagMap {
@@ -38,8 +45,13 @@ func (m *tagMap) get(tag string) *buffer {
 		return b
 	}
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	b := m.added[tag]
-	m.mu.Unlock()
+	if b != nil {
+		if m.misses++; m.misses >= len(*m.read.Load())+len(m.added) {
+			m.rebuild()
+		}
+	}
 	return b
 }
 
@@ -84,10 +96,15 @@ func (m *tagMap) drop(tag string, b *buffer) bool {
 // maybeRebuild folds added into a new snapshot without the dropped buffers
 // once the changes reach an eighth of the snapshot. m.mu must be held.
 func (m *tagMap) maybeRebuild() {
-	read := *m.read.Load()
-	if len(m.added)+m.stale < 64+len(read)/8 {
-		return
+	if len(m.added)+m.stale >= 64+len(*m.read.Load())/8 {
+		m.rebuild()
 	}
+}
+
+// rebuild folds added into a new snapshot without the dropped buffers.
+// m.mu must be held.
+func (m *tagMap) rebuild() {
+	read := *m.read.Load()
 	next := make(map[string]*buffer, len(read)-m.stale+len(m.added))
 	for k, b := range read {
 		if !b.dropped.Load() {
@@ -99,7 +116,7 @@ func (m *tagMap) maybeRebuild() {
 	}
 	m.read.Store(&next)
 	m.added = map[string]*buffer{}
-	m.stale = 0
+	m.stale, m.misses = 0, 0
 }
 
 // all returns every live buffer.

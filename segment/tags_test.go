@@ -57,6 +57,48 @@ func TestTagMapAgainstAMap(t *testing.T) {
 	}
 }
 
+// TestTagMapTagsInUseInTheSnapshot: with few tags (far fewer than the
+// changes that rebuild the snapshot), tags that are looked up still end
+// up in the read snapshot, where a lookup takes no lock, and stay found;
+// one dropped and added again too.
+func TestTagMapTagsInUseInTheSnapshot(t *testing.T) {
+	m := newTagMap()
+	bufs := map[string]*buffer{}
+	for _, tag := range []string{"a", "b", "c"} {
+		bufs[tag], _ = m.add(tag, func() *buffer { return &buffer{tag: tag} })
+	}
+	lookups := func() {
+		t.Helper()
+		for range 10 {
+			for tag, b := range bufs {
+				if got := m.get(tag); got != b {
+					t.Fatalf("get(%s) = %p, want %p", tag, got, b)
+				}
+			}
+		}
+	}
+	inSnapshot := func() {
+		t.Helper()
+		read := *m.read.Load()
+		for tag, b := range bufs {
+			if read[tag] != b {
+				t.Errorf("%s: %p in the snapshot after 10 lookups, want %p (its buffer)", tag, read[tag], b)
+			}
+		}
+	}
+	lookups()
+	inSnapshot()
+	if !m.drop("b", bufs["b"]) {
+		t.Fatal("drop(b) = false")
+	}
+	bufs["b"], _ = m.add("b", func() *buffer { return &buffer{tag: "b"} })
+	lookups()
+	inSnapshot()
+	if n := m.len(); n != 3 {
+		t.Errorf("len = %d, want 3", n)
+	}
+}
+
 // changeStore is a memStore that also lists what changed (ChangeLister),
 // and counts full listings.
 type changeStore struct {

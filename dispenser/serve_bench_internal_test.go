@@ -1,0 +1,130 @@
+package dispenser
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dispenser-dev/dispenser/protocol"
+	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/segment/kv"
+	"github.com/dispenser-dev/dispenser/snowflake"
+	"github.com/dispenser-dev/dispenser/tagmodel"
+	"github.com/dispenser-dev/dispenser/testenv"
+)
+
+// BenchmarkServe is one single-ID request as an endpoint's subscription
+// hands it to the service (endpoint.serve: the handler, the reply
+// published, micro's counts), beside the bench's bare responder (the
+// baseline of `dispenser bench`, bench/local.go startBaseline) doing its
+// parse-add-format-publish on a connection to the same server: the
+// difference is what a request costs the service beyond NATS. Compare
+// ns/op and allocs/op within one run; the replies go to a subject nobody
+// subscribes to.
+func BenchmarkServe(b *testing.B) {
+	ns := testenv.NATS(b)
+	js, err := jetstream.New(testenv.Connect(b, ns))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	store, err := kv.New(ctx, js, kv.Settings{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := store.CreateTag(ctx, tagmodel.Tag{Name: "bench", Step: 1_000_000, MaxID: 1}); err != nil {
+		b.Fatal(err)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	alloc, err := segment.New(segment.Settings{Store: store, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	node, err := snowflake.Start(ctx, js, snowflake.NodeSettings{Instance: "bench", Settings: snowflake.Settings{Logger: quiet}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = alloc.Close(ctx)
+		_ = node.Close(ctx)
+	})
+	const reply = "_INBOX.bench.nobody"
+
+	b.Run("baseline", func(b *testing.B) {
+		nc := testenv.Connect(b, ns)
+		var counter atomic.Int64
+		var buf []byte
+		// bench/local.go startBaseline's handler, as it runs for a
+		// request without headers.
+		handle := func(m *nats.Msg) {
+			n, err := protocol.ParseCount(m.Data, 1_000_000)
+			format := protocol.FormatList
+			if err == nil && len(m.Header) > 0 {
+				format, err = protocol.ParseFormat(m.Header.Values(protocol.FormatHeader))
+			}
+			token := m.Header.Values(protocol.TokenHeader)
+			if err != nil {
+				b.Fatal(err)
+			}
+			last := counter.Add(int64(n))
+			runs := [1]protocol.Run{{First: last - int64(n) + 1, Last: last}}
+			if format == protocol.FormatRange {
+				buf = protocol.AppendRanges(buf[:0], runs[:])
+			} else {
+				buf = protocol.AppendList(buf[:0], runs[:])
+			}
+			if token != nil {
+				nc.PublishMsg(&nats.Msg{Subject: m.Reply, Header: nats.Header{protocol.TokenHeader: token}, Data: buf})
+				return
+			}
+			nc.Publish(m.Reply, buf)
+		}
+		msg := &nats.Msg{Subject: "bench.baseline", Reply: reply}
+		b.ReportAllocs()
+		for b.Loop() {
+			handle(msg)
+		}
+	})
+	for _, metrics := range []bool{false, true} {
+		cfg := Config{Conn: testenv.Connect(b, ns), Segments: alloc, Snowflake: node, Logger: quiet}
+		name := "metrics=off"
+		if metrics {
+			cfg.Registerer, cfg.MetricsTags, name = prometheus.NewRegistry(), []string{"bench"}, "metrics=on"
+		}
+		svc, err := New(cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = svc.Stop(context.Background()) })
+		// The tag's first segment, fetched before the loop.
+		if _, err := testenv.Connect(b, ns).Request("id.segment.bench", nil, 10*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		bd := svc.bound.Load()
+		for _, ep := range []*endpoint{bd.seg, bd.sf} {
+			b.Run(ep.name+"/"+name, func(b *testing.B) {
+				subject := "id.snowflake"
+				if ep == bd.seg {
+					subject = "id.segment.bench"
+				}
+				msg := &nats.Msg{Subject: subject, Reply: reply}
+				sc := new(scratch)
+				b.ReportAllocs()
+				for b.Loop() {
+					ep.serve(msg, sc)
+				}
+				if got := ep.errs.Load(); got != 0 {
+					b.Fatalf("%d errors, last %s", got, *ep.lastError.Load())
+				}
+			})
+		}
+	}
+}
