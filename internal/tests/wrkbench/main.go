@@ -4,7 +4,7 @@
 // endpoints with dispenser's own load generator at the same concurrency:
 //
 //	go run ./internal/tests/wrkbench [-connections 64] [-duration 5s] [-rounds 5]
-//	    [-bare-limits] [-worker NAME=PATH ...] [-cpuprofile FILE]
+//	    [-bare-limits] [-bare-path /api/segment/get/bench] [-worker NAME=PATH ...] [-cpuprofile FILE]
 //
 // It starts, in its own process, an embedded nats-server, a worker (as
 // `dispenser serve` runs one, KV store, tag "bench" with step 1,000,000,
@@ -104,6 +104,7 @@ func main() {
 		return nil
 	})
 	flag.BoolVar(&cfg.bareLimits, "bare-limits", false, "also measure the bare handler on a server with the worker's HTTP limits (timeouts, header bound, connection cap: worker.HTTPLimits' defaults)")
+	flag.StringVar(&cfg.barePath, "bare-path", segmentPath, "the path the bare HTTP handler is asked for (it answers any); the segment path by default, so that its server parses the same request line as the worker's")
 	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "after the rounds, load each HTTP path for -duration in turn while writing this process's CPU profile to FILE.<path> (the worker in this process only)")
 	flag.Parse()
 	if err := run(cfg); err != nil {
@@ -118,6 +119,7 @@ type config struct {
 	d                      time.Duration
 	workers                []*viewWorker // -worker: dispenser binaries; none: the worker in this process
 	bareLimits             bool
+	barePath               string
 	cpuprofile             string
 }
 
@@ -190,18 +192,22 @@ func bareHandler(counter *atomic.Int64) http.Handler {
 	})
 }
 
+// segmentPath is the segment path of tag bench, which the bare HTTP
+// handler is asked for by default: its server then reads and parses the
+// same request line as the worker's (the handler ignores it; a request for
+// "/" costs net/http's URL parser less than the API's path).
+const segmentPath = "/api/segment/get/bench"
+
 // serveBare serves h on a loopback port, with the worker's HTTP limits if
 // limits (the settings of worker.HTTPLimits.serve with its defaults), and
-// returns its URL: the segment path, so that the bare server reads and
-// parses the same request line as the worker (the handler ignores it; a
-// request for "/" costs net/http's URL parser less than the API's path).
-func serveBare(h http.Handler, limits bool) (*http.Server, string, error) {
+// returns its URL for path.
+func serveBare(h http.Handler, limits bool, path string) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, "", err
 	}
 	s := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	url := "http://" + ln.Addr().String() + "/api/segment/get/bench"
+	url := "http://" + ln.Addr().String() + path
 	if limits {
 		s.ReadHeaderTimeout = worker.DefaultReadHeaderTimeout
 		s.ReadTimeout, s.WriteTimeout = worker.DefaultReadTimeout, worker.DefaultWriteTimeout
@@ -216,6 +222,9 @@ func run(cfg config) error {
 	conns, threads, d, rounds := cfg.conns, cfg.threads, cfg.d, cfg.rounds
 	if conns < 1 || threads < 1 || rounds < 1 || d < time.Second {
 		return errors.New("-connections, -threads and -rounds must be positive, -duration at least 1s")
+	}
+	if !strings.HasPrefix(cfg.barePath, "/") {
+		return fmt.Errorf("-bare-path %q: want a path (/...)", cfg.barePath)
 	}
 	if cfg.cpuprofile != "" && len(cfg.workers) > 0 {
 		return errors.New("-cpuprofile profiles the worker in this process: not with -worker")
@@ -235,7 +244,7 @@ func run(cfg config) error {
 	}
 	// The bare handlers: an atomic counter, over HTTP and over NATS.
 	var counter atomic.Int64
-	bare, bareURL, err := serveBare(bareHandler(&counter), false)
+	bare, bareURL, err := serveBare(bareHandler(&counter), false, cfg.barePath)
 	if err != nil {
 		return err
 	}
@@ -246,7 +255,7 @@ func run(cfg config) error {
 	// is measured: this one but for the -worker binaries.
 	pids := map[string]int{}
 	if cfg.bareLimits {
-		bl, u, err := serveBare(bareHandler(&counter), true)
+		bl, u, err := serveBare(bareHandler(&counter), true, cfg.barePath)
 		if err != nil {
 			return err
 		}
@@ -312,7 +321,7 @@ func run(cfg config) error {
 		}
 		leaf := "http://" + w.LeafAddr()
 		units[0] = append(units[0], "http segment", "http snowflake")
-		urls["http segment"] = leaf + "/api/segment/get/bench"
+		urls["http segment"] = leaf + segmentPath
 		urls["http snowflake"] = leaf + "/api/snowflake/get/bench"
 		units = append(units, []string{"nats bare", "nats segment", "nats snowflake"})
 	}
@@ -326,7 +335,7 @@ func run(cfg config) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("wrk -t%d -c%d, %v per path per round, %d rounds", threads, conns, d, rounds)
+	fmt.Printf("wrk -t%d -c%d, %v per path per round, %d rounds; the bare HTTP handler asked for %s", threads, conns, d, rounds, cfg.barePath)
 	if len(units) > 1 {
 		fmt.Printf("; NATS: %d requests in flight on one connection", conns)
 	}
