@@ -166,7 +166,7 @@ func viewsMain(args []string) error {
 	}
 	for i, w := range workers {
 		w.dir = fmt.Sprintf("%s/w%d", dir, i)
-		if err := w.start(); err != nil {
+		if err := w.start(viewFlags...); err != nil {
 			return fmt.Errorf("%s: %w", w.name, err)
 		}
 		start := time.Now()
@@ -276,8 +276,15 @@ func freeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// start runs `bin serve` and waits until its /readyz says ready.
-func (w *viewWorker) start() error {
+// viewFlags are the flags of `serve` for the views benchmark: tags
+// created on first use without bound, no snowflake, the tag list
+// reloaded hourly rather than every minute: with several workers up at
+// once, one's reload of 100,000 tags would fall on another's measurement.
+var viewFlags = []string{"--auto-create-tags", "--auto-create-max", "-1", "--snowflake=false", "--refresh-interval", "1h"}
+
+// start runs `bin serve` with an embedded nats-server, --http-addr,
+// --metrics-addr and flags, and waits until its /readyz says ready.
+func (w *viewWorker) start(flags ...string) error {
 	var addrs [3]string
 	for i := range addrs {
 		a, err := freeAddr()
@@ -287,12 +294,8 @@ func (w *viewWorker) start() error {
 		addrs[i] = a
 	}
 	w.http, w.metrics = addrs[1], addrs[2]
-	// The tag list is reloaded every hour rather than every minute: with
-	// several workers up at once, one's reload of 100,000 tags would fall
-	// on another's measurement.
-	w.cmd = exec.Command(w.bin, "serve", "--data-dir", w.dir, "--nats-listen", addrs[0],
-		"--http-addr", w.http, "--metrics-addr", w.metrics, "--auto-create-tags", "--auto-create-max", "-1",
-		"--snowflake=false", "--refresh-interval", "1h", "--log-level", "warn")
+	w.cmd = exec.Command(w.bin, append([]string{"serve", "--data-dir", w.dir, "--nats-listen", addrs[0],
+		"--http-addr", w.http, "--metrics-addr", w.metrics, "--log-level", "warn"}, flags...)...)
 	// The worker dies with this process, however it ends.
 	w.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	w.stderr = &lockedBuffer{}
@@ -327,8 +330,12 @@ func (w *viewWorker) start() error {
 
 // cpu returns the worker's CPU time so far (user and system), from
 // /proc; 0 where there is none.
-func (w *viewWorker) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", w.cmd.Process.Pid))
+func (w *viewWorker) cpu() time.Duration { return procCPU(w.cmd.Process.Pid) }
+
+// procCPU returns the CPU time so far (user and system) of process pid,
+// from /proc; 0 where there is none.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}
