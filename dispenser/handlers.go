@@ -55,7 +55,7 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 	case pending != nil:
 		s.park(r, pending)
 	default:
-		s.reply(r, format, runs, n)
+		s.reply(&r, format, runs, n)
 	}
 }
 
@@ -76,7 +76,7 @@ func (s *Service) park(r replier, p *segment.Pending) {
 			s.failOrHandOff(r, err)
 			return
 		}
-		s.reply(r, r.format, runs, r.n)
+		s.reply(&r, r.format, runs, r.n)
 	}()
 }
 
@@ -108,11 +108,11 @@ func (s *Service) takeNumbered(r replier, tag string, n int, dst []segment.Run) 
 			case err != nil:
 				s.failOrHandOff(r, err)
 			default:
-				s.replyNumbered(r, pending.Numbering(), runs, n)
+				s.replyNumbered(&r, pending.Numbering(), runs, n)
 			}
 		}()
 	default:
-		s.replyNumbered(r, num, runs, n)
+		s.replyNumbered(&r, num, runs, n)
 	}
 }
 

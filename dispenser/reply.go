@@ -94,7 +94,7 @@ func (s *Service) replyOwned(r replier, runs []segment.Run) {
 	if r.wantDirect && !r.direct && s.cfg.OwnerID != "" {
 		r.owner = protocol.DirectSubject(s.cfg.Prefix, r.tag, s.cfg.OwnerID)
 	}
-	s.reply(r, r.format, runs, r.n)
+	s.reply(&r, r.format, runs, r.n)
 }
 
 // detach returns r for use off the handler's goroutine: answered by
@@ -112,7 +112,7 @@ func (r replier) detach() replier {
 // head starts the body of a reply with IDs in dst: the token line
 // (protocol.AppendTokenLine) if the request's token came in its body,
 // nothing otherwise. The IDs are appended after it.
-func (r replier) head(dst []byte) []byte {
+func (r *replier) head(dst []byte) []byte {
 	if r.bodyToken {
 		return protocol.AppendTokenLine(dst, r.token, r.owner)
 	}
@@ -121,7 +121,7 @@ func (r replier) head(dst []byte) []byte {
 
 // respond publishes a reply with ids IDs, data its whole body (head
 // included).
-func (r replier) respond(data []byte, ids int) {
+func (r *replier) respond(data []byte, ids int) {
 	// Counted before the reply goes out, so that a client that got its
 	// IDs finds them counted.
 	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
@@ -174,7 +174,7 @@ func (r replier) fail(err error) {
 
 // replyNumbered answers with runs written out by num (Id-Format:
 // formatted).
-func (s *Service) replyNumbered(r replier, num segment.Numbering, runs []segment.Run, n int) {
+func (s *Service) replyNumbered(r *replier, num segment.Numbering, runs []segment.Run, n int) {
 	if r.inline {
 		r.scratch.buf = num.Append(r.head(r.scratch.buf[:0]), runs)
 		r.respond(r.scratch.buf, n)
@@ -192,7 +192,7 @@ func (s *Service) replyNumbered(r replier, num segment.Numbering, runs []segment
 // reply answers with runs. Inline replies format into their handler's
 // scratch buffer (an endpoint's handler runs on one goroutine: its
 // subscription's); parked ones into a pooled buffer.
-func (s *Service) reply(r replier, format protocol.Format, runs []segment.Run, n int) {
+func (s *Service) reply(r *replier, format protocol.Format, runs []segment.Run, n int) {
 	if r.inline {
 		r.scratch.buf = protocol.AppendRuns(r.head(r.scratch.buf[:0]), format, runs)
 		r.respond(r.scratch.buf, n)

@@ -110,21 +110,27 @@ func BenchmarkServe(b *testing.B) {
 		}
 		bd := svc.bound.Load()
 		for _, ep := range []*endpoint{bd.seg, bd.sf} {
-			b.Run(ep.name+"/"+name, func(b *testing.B) {
-				subject := "id.snowflake"
-				if ep == bd.seg {
-					subject = "id.segment.bench"
+			for _, body := range []string{"", "1 AAAAAAAAAAAAAAAAAAAAAA"} {
+				bname := ep.name + "/" + name
+				if body != "" {
+					bname += "/token" // as the Go client sends it
 				}
-				msg := &nats.Msg{Subject: subject, Reply: reply}
-				sc := new(scratch)
-				b.ReportAllocs()
-				for b.Loop() {
-					ep.serve(msg, sc)
-				}
-				if got := ep.errs.Load(); got != 0 {
-					b.Fatalf("%d errors, last %s", got, *ep.lastError.Load())
-				}
-			})
+				b.Run(bname, func(b *testing.B) {
+					subject := "id.snowflake"
+					if ep == bd.seg {
+						subject = "id.segment.bench"
+					}
+					msg := &nats.Msg{Subject: subject, Reply: reply, Data: []byte(body)}
+					sc := new(scratch)
+					b.ReportAllocs()
+					for b.Loop() {
+						ep.serve(msg, sc)
+					}
+					if got := ep.errs.Load(); got != 0 {
+						b.Fatalf("%d errors, last %s", got, *ep.lastError.Load())
+					}
+				})
+			}
 		}
 	}
 }

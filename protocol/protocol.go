@@ -176,8 +176,8 @@ const (
 // number in 1..max, optionally surrounded by ASCII white space (so that
 // `echo 10 | nats req ...` works).
 func ParseCount(body []byte, max int) (int, error) {
-	s := strings.Trim(string(body), " \t\r\n")
-	if s == "" {
+	s := trimSpace(body) // a string only for an error: no allocation
+	if len(s) == 0 {
 		return 1, nil
 	}
 	if len(s) > MaxCountDigits {

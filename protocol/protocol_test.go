@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -273,6 +274,77 @@ func TestParseToken(t *testing.T) {
 			got, err := ParseToken(tt.values)
 			if got != tt.want || !errors.Is(err, tt.err) {
 				t.Fatalf("ParseToken(%q) = %q, %v; want %q, %v", tt.values, got, err, tt.want, tt.err)
+			}
+		})
+	}
+}
+
+// checkReplyBefore is CheckReply's byte loop as it was written first, one
+// switch per byte: FuzzCheckReplySame holds the faster loop to it.
+func checkReplyBefore(reply string, own ...string) error {
+	if reply == "" {
+		return ErrNoReply
+	}
+	if len(reply) > MaxReplyLen {
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrBadReply, len(reply), MaxReplyLen)
+	}
+	if reply[0] == '$' {
+		return fmt.Errorf("%w %q: a system namespace ($...)", ErrBadReply, truncate(reply, 64))
+	}
+	tokenStart := 0
+	for i := 0; i <= len(reply); i++ {
+		if i < len(reply) {
+			c := reply[i]
+			if c <= ' ' || c == 0x7f {
+				return fmt.Errorf("%w %q: white space or a control character", ErrBadReply, truncate(reply, 64))
+			}
+			if c != '.' {
+				continue
+			}
+		}
+		switch tok := reply[tokenStart:i]; tok {
+		case "":
+			return fmt.Errorf("%w %q: an empty token", ErrBadReply, truncate(reply, 64))
+		case "*", ">":
+			return fmt.Errorf("%w %q: a wildcard", ErrBadReply, truncate(reply, 64))
+		}
+		tokenStart = i + 1
+	}
+	for _, p := range own {
+		if p != "" && (reply == p || strings.HasPrefix(reply, p) && reply[len(p)] == '.') {
+			return fmt.Errorf("%w %q: the service's own subjects (%s.>)", ErrBadReply, truncate(reply, 64), p)
+		}
+	}
+	return nil
+}
+
+// FuzzCheckReplySame: CheckReply refuses exactly what it refused before
+// its faster loop, with the same error.
+func FuzzCheckReplySame(f *testing.F) {
+	for _, s := range []string{"_INBOX.abc.def", "a..b", "a.*.b", "a.>", ">", "*", "a b", "a\x7fb", "$JS.x", "id.x", "id", "a.", ".a", "a.**", "a.>>", "é.ü", "a\tb"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, reply string) {
+		got, want := CheckReply(reply, "id"), checkReplyBefore(reply, "id")
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("CheckReply(%q) = %v, want %v", reply, got, want)
+		}
+	})
+}
+
+// BenchmarkCheckReply: a request's reply subject as nats.go makes it,
+// checked by CheckReply and by the loop it replaced (checkReplyBefore).
+func BenchmarkCheckReply(b *testing.B) {
+	const reply = "_INBOX.kZ3Qe9YxJ0mW2bT7vR4nLp.aB3dE5gH"
+	for _, bb := range []struct {
+		name string
+		f    func(string, ...string) error
+	}{{"now", CheckReply}, {"before", checkReplyBefore}} {
+		b.Run(bb.name, func(b *testing.B) {
+			for b.Loop() {
+				if err := bb.f(reply, "id"); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}

@@ -37,29 +37,45 @@ func CheckReply(reply string, own ...string) error {
 	if reply[0] == '$' {
 		return fmt.Errorf("%w %q: a system namespace ($...)", ErrBadReply, truncate(reply, 64))
 	}
+	// One pass over the bytes: most are letters, digits or '_' (above '.',
+	// below DEL) and need one comparison; white space, controls, DEL and
+	// the token-ending dot are looked at, and '*' or '>' only as a whole
+	// token. Errors in the order of the bytes, as a reader would find them.
 	tokenStart := 0
-	for i := 0; i <= len(reply); i++ {
-		if i < len(reply) {
-			c := reply[i]
-			if c <= ' ' || c == 0x7f {
-				return fmt.Errorf("%w %q: white space or a control character", ErrBadReply, truncate(reply, 64))
-			}
-			if c != '.' {
-				continue
-			}
+	for i := 0; i < len(reply); i++ {
+		c := reply[i]
+		if c > '.' && c < 0x7f {
+			continue
 		}
-		switch tok := reply[tokenStart:i]; tok {
-		case "":
-			return fmt.Errorf("%w %q: an empty token", ErrBadReply, truncate(reply, 64))
-		case "*", ">":
-			return fmt.Errorf("%w %q: a wildcard", ErrBadReply, truncate(reply, 64))
+		if c <= ' ' || c == 0x7f {
+			return fmt.Errorf("%w %q: white space or a control character", ErrBadReply, truncate(reply, 64))
+		}
+		if c != '.' {
+			continue
+		}
+		if err := checkToken(reply, reply[tokenStart:i]); err != nil {
+			return err
 		}
 		tokenStart = i + 1
+	}
+	if err := checkToken(reply, reply[tokenStart:]); err != nil {
+		return err
 	}
 	for _, p := range own {
 		if p != "" && (reply == p || strings.HasPrefix(reply, p) && reply[len(p)] == '.') {
 			return fmt.Errorf("%w %q: the service's own subjects (%s.>)", ErrBadReply, truncate(reply, 64), p)
 		}
+	}
+	return nil
+}
+
+// checkToken refuses tok, a token of reply, if it is empty or a wildcard.
+func checkToken(reply, tok string) error {
+	switch {
+	case tok == "":
+		return fmt.Errorf("%w %q: an empty token", ErrBadReply, truncate(reply, 64))
+	case tok == "*" || tok == ">":
+		return fmt.Errorf("%w %q: a wildcard", ErrBadReply, truncate(reply, 64))
 	}
 	return nil
 }

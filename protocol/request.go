@@ -3,6 +3,7 @@ package protocol
 import (
 	"fmt"
 	"strings"
+	"unsafe"
 )
 
 // Request is what a request for IDs asks for, as ReadRequest reads it.
@@ -70,7 +71,7 @@ func ReadHeaders(h map[string][]string) (Request, error) {
 // caller with checks of its own between the headers and the count (the
 // service's hand-on and tag) fails an ErrBadToken at once and the others
 // after its checks, as it did when it read them apart. It allocates nothing
-// but its error and a body token's string.
+// but its error. A token from the body shares body's memory (SplitBody).
 func ReadRequest(h map[string][]string, body []byte, l Limits) (Request, error) {
 	r, err := ReadHeaders(h)
 	if err != nil {
@@ -110,9 +111,11 @@ func ReadRequest(h map[string][]string, body []byte, l Limits) (Request, error) 
 // SplitBody splits a request body into its count and its token: a body
 // "<count> <token>" (after ASCII white space is trimmed from both ends, the
 // two fields separated by spaces or tabs) has a token, and tokened is
-// true; any other body is all count (ParseCount reads it). The token is a
-// new string (the body's memory is nats.go's); it is not checked here
-// (ValidToken).
+// true; any other body is all count (ParseCount reads it). The token is not
+// checked here (ValidToken). It shares body's memory, not a copy (a
+// request's hot path allocates nothing for it): body must not change while
+// the token is used. A NATS message's body is its own (nats.go copies each
+// message out of its read buffer) and nobody writes to it.
 func SplitBody(body []byte) (count []byte, token string, tokened bool) {
 	b := trimSpace(body)
 	i := 0
@@ -122,7 +125,8 @@ func SplitBody(body []byte) (count []byte, token string, tokened bool) {
 	if i == len(b) {
 		return body, "", false
 	}
-	return b[:i], string(trimSpace(b[i:])), true
+	t := trimSpace(b[i:])
+	return b[:i], unsafe.String(unsafe.SliceData(t), len(t)), true
 }
 
 // RequestToken returns the token of a request with headers h and body,
