@@ -22,15 +22,21 @@ const WeightSubs = weightSubs
 // Weighted returns the tags whose queue group s's current binding weights.
 func Weighted(s *Service) []string { return s.orderedTags().weights.weighted() }
 
-// Weigh weights tag on s's current binding with subscriptions whose
-// handler calls h instead of serving the request, and returns the drop of
-// that weight (as the weigher drops one).
+// Weigh weights tag on s's current binding with requests served by h
+// instead of the segment endpoint's handler (before any other weight), and
+// returns the drop of that weight (as the weigher drops one).
 func Weigh(s *Service, tag string, h func()) (leave func(), err error) {
-	t := s.orderedTags()
-	seg := newEndpoint(t.conn, "segment", s.segPrefix+tag, s.cfg.QueueGroup, nil, func(*endpoint, *nats.Msg, *scratch) { h() })
-	wt, err := t.weigh(seg, tag, time.Now())
+	w := &s.orderedTags().weights
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.handle = func(*endpoint, *nats.Msg, *scratch) { h() }
+	wt, err := w.weigh(s.bound.Load().seg, tag, time.Now())
 	if err != nil {
 		return nil, err
 	}
-	return func() { wt.leave(t.conn) }, nil
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.leave(wt)
+	}, nil
 }

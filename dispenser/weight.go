@@ -35,6 +35,18 @@ import (
 // assumes another worker answers a request: whoever gets it serves or
 // forwards it.
 //
+// The weight subscriptions deliver into one channel, and one goroutine
+// serves their requests (serve), as the endpoint's one subscription does:
+// 33 subscriptions with a goroutine each spread the requests over 33
+// goroutines woken one request at a time, which halved the owner's rate
+// alone (measured, issue 38). The limit: nats.go drops a request that
+// does not fit in the channel (a slow consumer, reported to the
+// connection's error handler; the requester times out), where the
+// endpoint's own subscription has no limit. Each request waits for its
+// reply, so the channel holds at most the requests in flight to this
+// owner's weighted tags at once: weightBacklog of them
+// (TestWeightLosesNoRequestWhenBehind).
+//
 // A worker out of the segment endpoint's queue group must get none of
 // these requests either (docs/reliability.md, "A worker that cannot serve
 // is not asked"): the weight is dropped when the binding's ordered tags
@@ -64,6 +76,9 @@ const (
 	weighEvery = 100 * time.Millisecond
 	// weightIdle is how long a weight stays without a request on it.
 	weightIdle = time.Minute
+	// weightBacklog is the capacity of the channel of the weights'
+	// requests (512 KiB of pointers, made with the first weight).
+	weightBacklog = 1 << 16
 )
 
 // weigher holds the weights of one binding's ordered tags (orderedTags).
@@ -74,12 +89,21 @@ type weigher struct {
 	t    *orderedTags
 	wake chan struct{} // a pass is due: buffered, 1
 	stop chan struct{} // closed by close
-	mu   sync.Mutex    // protects tags, wanted and closed
+	// handle serves a request: serveOne (tests hold it).
+	handle func(seg *endpoint, msg *nats.Msg, sc *scratch)
+	mu     sync.Mutex // protects the fields below
 	// tags are the tags weighted now; wanted those a request asked for
 	// since the last pass (at most maxWeightedTags in all).
 	tags   map[string]*weight
 	wanted map[string]struct{}
 	closed bool
+	// ch takes the requests of every weight, which serve answers as
+	// seg's; both set with the first weight.
+	ch  chan *nats.Msg
+	seg *endpoint
+	// leaving are the subscriptions of weights dropped that may still
+	// deliver into ch.
+	leaving []*nats.Subscription
 	// known is tags and wanted for the request path, read without mu
 	// (replaced, never changed).
 	known atomic.Pointer[map[string]struct{}]
@@ -96,6 +120,7 @@ type weight struct {
 // start makes w the weigher of t, wanting seed, and starts its passes.
 func (w *weigher) start(t *orderedTags, seed []string) {
 	w.t, w.wake, w.stop = t, make(chan struct{}, 1), make(chan struct{})
+	w.handle = serveOne
 	w.tags, w.wanted = map[string]*weight{}, map[string]struct{}{}
 	for _, tag := range seed {
 		w.wanted[tag] = struct{}{}
@@ -172,7 +197,7 @@ func (w *weigher) close() {
 	}
 	w.closed = true
 	for tag, wt := range w.tags {
-		wt.leave(w.t.conn)
+		w.leave(wt)
 		delete(w.tags, tag)
 	}
 	clear(w.wanted)
@@ -216,7 +241,7 @@ func (w *weigher) pass(now time.Time) {
 		if seg == wt.seg && owners.Owns(tag) && !wt.idle(now) {
 			continue
 		}
-		wt.leave(t.conn)
+		w.leave(wt)
 		delete(w.tags, tag)
 	}
 	if seg != nil { // else wanted waits for the endpoint (a Move)
@@ -225,7 +250,7 @@ func (w *weigher) pass(now time.Time) {
 			if !owners.Owns(tag) {
 				continue
 			}
-			wt, err := t.weigh(seg, tag, now)
+			wt, err := w.weigh(seg, tag, now)
 			if err != nil {
 				t.s.cfg.Logger.Warn("ordered: weighting the queue group toward this owner", "tag", tag, "err", err)
 				continue
@@ -251,32 +276,68 @@ func (wt *weight) idle(now time.Time) bool {
 }
 
 // weigh subscribes weightSubs times to tag's subject in seg's queue
-// group, each subscription handing its requests to seg's handler as
-// seg's own subscription does (endpoint.join: its own scratch, counted
-// in seg's requests and processing time, no pending limits).
-func (t *orderedTags) weigh(seg *endpoint, tag string, now time.Time) (*weight, error) {
+// group, into ch, and starts serve with the first weight. Call it with mu
+// held.
+func (w *weigher) weigh(seg *endpoint, tag string, now time.Time) (*weight, error) {
+	t := w.t
+	if w.ch == nil {
+		w.ch, w.seg = make(chan *nats.Msg, weightBacklog), seg
+		t.parked.Add(1)
+		go w.serve(w.ch, seg)
+	}
 	subject := t.s.segPrefix + tag
 	wt := &weight{seg: seg, active: now}
 	for range weightSubs {
-		sc := new(scratch)
-		sub, err := t.conn.QueueSubscribe(subject, seg.queue, func(msg *nats.Msg) {
-			start := time.Now()
-			seg.handle(seg, msg, sc)
-			seg.requests.Add(1)
-			seg.processing.Add(int64(time.Since(start)))
-		})
-		if err == nil {
-			if err = sub.SetPendingLimits(-1, -1); err != nil {
-				_ = sub.Unsubscribe()
-			}
-		}
+		sub, err := t.conn.ChanQueueSubscribe(subject, seg.queue, w.ch)
 		if err != nil {
-			wt.leave(t.conn)
+			w.leave(wt)
 			return nil, fmt.Errorf("subscribing %s: %w", subject, err)
 		}
 		wt.subs = append(wt.subs, sub)
 	}
 	return wt, nil
+}
+
+// serve answers the weights' requests, as seg's own subscription does
+// (endpoint.join: its own scratch, counted in seg's requests and
+// processing time), until close, then those the dropped weights still
+// deliver, until no subscription can deliver more.
+func (w *weigher) serve(ch chan *nats.Msg, seg *endpoint) {
+	defer w.t.parked.Done()
+	sc := new(scratch)
+	for {
+		select {
+		case msg := <-ch:
+			w.handle(seg, msg, sc)
+			continue
+		case <-w.stop:
+		}
+		for !w.quiet() || len(ch) > 0 {
+			select {
+			case msg := <-ch:
+				w.handle(seg, msg, sc)
+			case <-time.After(time.Millisecond):
+			}
+		}
+		return
+	}
+}
+
+// serveOne serves one request of a weight as seg's subscription does.
+func serveOne(seg *endpoint, msg *nats.Msg, sc *scratch) {
+	start := time.Now()
+	seg.handle(seg, msg, sc)
+	seg.requests.Add(1)
+	seg.processing.Add(int64(time.Since(start)))
+}
+
+// quiet reports whether no subscription of a dropped weight can deliver
+// into ch any more.
+func (w *weigher) quiet() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.leaving = slices.DeleteFunc(w.leaving, func(sub *nats.Subscription) bool { return !sub.IsValid() })
+	return len(w.leaving) == 0
 }
 
 // leave drops wt's subscriptions from the queue group with the care of
@@ -288,7 +349,12 @@ func (t *orderedTags) weigh(seg *endpoint, tag string, now time.Time) (*weight, 
 // before the drains ended (a dead connection not noticed yet), reconnected
 // once more so that the server drops the copies the reconnect resent
 // (TestWeightLeftOnADeadConnection).
-func (wt *weight) leave(nc *nats.Conn) {
+//
+// Call it with w.mu held.
+func (w *weigher) leave(wt *weight) {
+	nc := w.t.conn
+	w.leaving = slices.DeleteFunc(w.leaving, func(sub *nats.Subscription) bool { return !sub.IsValid() })
+	w.leaving = append(w.leaving, wt.subs...)
 	reconnects := nc.Stats().Reconnects
 	for _, sub := range wt.subs {
 		if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

@@ -2,10 +2,12 @@ package dispenser
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/internal/tests/wait"
 	"github.com/dispenser-dev/dispenser/testenv"
@@ -75,5 +77,51 @@ func TestWeightedTagsBounded(t *testing.T) {
 	}
 	if n := weightSubsOn(t, ns, fmt.Sprintf("id.segment.t%02d", maxWeightedTags)); n != 0 {
 		t.Fatalf("%d subscriptions for a tag beyond the bound", n)
+	}
+}
+
+// TestWeightLosesNoRequestWhenBehind: an owner whose weights' requests
+// pile up (its handler held) answers every one of them once it goes on:
+// nats.go would drop what does not fit in the weights' channel.
+func TestWeightLosesNoRequestWhenBehind(t *testing.T) {
+	ns, svc := orderedService(t, fixedOwners{}, 100)
+	w := &svc.orderedTags().weights
+	held := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(held) }) }
+	t.Cleanup(release)
+	w.mu.Lock()
+	w.handle = func(seg *endpoint, msg *nats.Msg, sc *scratch) { <-held; serveOne(seg, msg, sc) }
+	w.mu.Unlock()
+	nc := testenv.Connect(t, ns)
+	if _, err := nc.Request("id.segment.seq", nil, 5*time.Second); err != nil { // the endpoint's subscription: not held
+		t.Fatal(err)
+	}
+	wait.For(t, 15*time.Second, "the weight on the server", func() bool { return weightSubsOn(t, ns, "id.segment.seq") == weightSubs })
+
+	replies := testenv.Subscribe(t, nc, "_INBOX.held.*")
+	const requests = 5000 // about 4850 for the weight
+	for i := range requests {
+		if err := nc.PublishRequest("id.segment.seq", fmt.Sprintf("_INBOX.held.%d", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.conn().Flush(); err != nil { // the worker has read them all
+		t.Fatal(err)
+	}
+	release()
+	seen := map[string]bool{}
+	for len(seen) < requests {
+		msg, err := replies.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("%d of %d requests answered: %v", len(seen), requests, err)
+		}
+		if seen[msg.Subject] {
+			t.Fatalf("%s answered twice", msg.Subject)
+		}
+		seen[msg.Subject] = true
 	}
 }
