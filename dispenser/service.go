@@ -82,6 +82,10 @@ type Service struct {
 	// no owner was found within the wait (orderedStats), over every
 	// binding.
 	noOwner atomic.Uint64
+	// straight and received count the requests of ordered tags served
+	// as owner that came straight from the queue group and that another
+	// worker forwarded (orderedStats), over every binding.
+	straight, received atomic.Uint64
 	// own are the subject prefixes no reply goes to (CheckReply).
 	own []string
 	// noReply and badReply count requests refused for their reply subject
