@@ -404,7 +404,6 @@ func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool
 	return runs, nil
 }
 
-
 // send sends r's message and returns the reply with IDs, retrying what is
 // safe to retry (see WithoutRetries) until ctx ends, or the client's
 // timeout if ctx has no deadline. An error reply is returned as *Error. A

@@ -324,12 +324,7 @@ func (w *weigher) serve(ch chan *nats.Msg, seg *endpoint) {
 }
 
 // serveOne serves one request of a weight as seg's subscription does.
-func serveOne(seg *endpoint, msg *nats.Msg, sc *scratch) {
-	start := time.Now()
-	seg.handle(seg, msg, sc)
-	seg.requests.Add(1)
-	seg.processing.Add(int64(time.Since(start)))
-}
+func serveOne(seg *endpoint, msg *nats.Msg, sc *scratch) { seg.serve(msg, sc) }
 
 // quiet reports whether no subscription of a dropped weight can deliver
 // into ch any more.
