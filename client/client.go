@@ -192,10 +192,13 @@ type Client struct {
 	mu    sync.Mutex // protects pools
 	pools map[string]*pool
 
-	directMu sync.RWMutex // protects direct and directOff
+	directMu sync.Mutex // protects direct's writes and directOff
 	// direct is, per ordered tag, its owner's direct subject, from the
-	// last reply's protocol.DirectHeader.
-	direct map[string]string
+	// last reply that named it: a map never changed once stored (a write
+	// stores a new one, under directMu), so that every request reads it
+	// without a lock (a read lock's counter, shared by every caller, cost
+	// more than the lookup).
+	direct atomic.Pointer[map[string]string]
 	// directOff is, per tag, until when its direct subject is not used:
 	// one failed by timeout (a worker gone without a word, or a
 	// permissions violation, then for good).
@@ -224,7 +227,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 		return nil, errors.New("client: nil connection")
 	}
 	c := &Client{nc: nc, prefix: protocol.DefaultPrefix, timeout: 5 * time.Second, pools: map[string]*pool{},
-		direct: map[string]string{}, directOff: map[string]time.Time{}}
+		directOff: map[string]time.Time{}}
 	for _, o := range opts {
 		if err := o(c); err != nil {
 			return nil, err
@@ -419,10 +422,12 @@ func (c *Client) send(ctx context.Context, r *request, tag string) (answer, erro
 	// requests end at their first attempt, and a context with a timer
 	// for each would cost more than a NATS round trip's own work
 	// (BenchmarkClientCost).
+	// One reading of the clock for the deadline and the first attempt.
+	now := time.Now()
 	deadline, hasDeadline := ctx.Deadline()
 	own := !hasDeadline
 	if own {
-		deadline = time.Now().Add(c.timeout)
+		deadline = now.Add(c.timeout)
 	}
 	backoff := retryMin
 	var last error
@@ -431,12 +436,15 @@ func (c *Client) send(ctx context.Context, r *request, tag string) (answer, erro
 	if tag != "" {
 		msg.Subject, direct = c.directSubject(tag, segment)
 	}
-	for {
+	for first := true; ; first = false {
+		if !first {
+			now = time.Now()
+		}
 		// A new token for every attempt: an error reply shows its
 		// attempt's token to whoever can read the inbox.
 		inBody := c.tokensInBody()
 		r.newToken(inBody)
-		resp, err := c.attempt(ctx, r, deadline, own, !c.noRetry || direct)
+		resp, err := c.attempt(ctx, r, now, deadline, own, !c.noRetry || direct)
 		if err == nil {
 			var ans answer
 			switch ans, err = c.check(resp, r, inBody); {
@@ -520,16 +528,15 @@ func (r *request) attemptContext(now time.Time) context.Context {
 	return ctx
 }
 
-// attempt sends msg once and waits for the reply until deadline (ctx's
+// attempt sends r's message at now and waits for the reply until deadline (ctx's
 // own if not own) and, if bounded, for at most AttemptTimeout (see
 // attemptSlack). It makes no context of its own unless it must: when
 // ctx's deadline bounds the attempt, ctx is enough; when ctx is never
 // canceled (no Done channel), a shared attempt context (attemptContext) or,
 // near the deadline, a timer of nats.go's pool is. A timeout wraps
 // context.DeadlineExceeded.
-func (c *Client) attempt(ctx context.Context, r *request, deadline time.Time, own, bounded bool) (*nats.Msg, error) {
+func (c *Client) attempt(ctx context.Context, r *request, now, deadline time.Time, own, bounded bool) (*nats.Msg, error) {
 	msg := &r.msg
-	now := time.Now()
 	wait := deadline.Sub(now)
 	if wait <= 0 {
 		if err := ctx.Err(); err != nil {

@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"maps"
 	"strings"
 	"time"
 
@@ -23,32 +24,52 @@ func (c *Client) directSubject(tag, segment string) (string, bool) {
 	if c.noDirect {
 		return segment, false
 	}
-	c.directMu.RLock()
-	d, ok := c.direct[tag]
-	c.directMu.RUnlock()
-	if !ok {
-		return segment, false
+	if m := c.direct.Load(); m != nil {
+		if d, ok := (*m)[tag]; ok {
+			return d, true
+		}
 	}
-	return d, true
+	return segment, false
+}
+
+// setDirect stores direct with tag's subject d, or without tag if d is
+// empty: a new map (direct is read without a lock). Call with directMu.
+func (c *Client) setDirect(tag, d string) {
+	var m map[string]string
+	if old := c.direct.Load(); old != nil {
+		m = maps.Clone(*old)
+	}
+	if d == "" {
+		delete(m, tag)
+	} else {
+		if m == nil {
+			m = map[string]string{}
+		}
+		m[tag] = d
+	}
+	c.direct.Store(&m)
 }
 
 // learnDirect remembers the direct subject a reply for tag names, if it
 // is one of tag's (protocol.CheckDirect: a reply is untrusted) and tag's
 // direct subjects are not held off.
 func (c *Client) learnDirect(tag string, d string) {
-	if d == "" || c.noDirect || protocol.CheckDirect(d, c.prefix, tag) != nil {
+	if d == "" || c.noDirect {
 		return
 	}
-	c.directMu.RLock()
-	cur, off := c.direct[tag], c.directOff[tag]
-	c.directMu.RUnlock()
-	if cur == d || !off.IsZero() && time.Now().Before(off) {
+	if cur, _ := c.directSubject(tag, ""); cur == d {
+		return // known: the common case, without a lock or a check
+	}
+	if protocol.CheckDirect(d, c.prefix, tag) != nil {
 		return
 	}
 	c.directMu.Lock()
-	c.direct[tag] = d
+	defer c.directMu.Unlock()
+	if off := c.directOff[tag]; !off.IsZero() && time.Now().Before(off) {
+		return
+	}
+	c.setDirect(tag, d)
 	delete(c.directOff, tag)
-	c.directMu.Unlock()
 }
 
 // forgetDirect drops tag's direct subject d, which failed; timedOut holds
@@ -57,8 +78,8 @@ func (c *Client) learnDirect(tag string, d string) {
 func (c *Client) forgetDirect(tag, d string, timedOut bool) {
 	c.directMu.Lock()
 	defer c.directMu.Unlock()
-	if c.direct[tag] == d {
-		delete(c.direct, tag)
+	if cur, _ := c.directSubject(tag, ""); cur == d {
+		c.setDirect(tag, "")
 	}
 	if !timedOut {
 		return

@@ -204,6 +204,13 @@ func (t *orderedTags) dispatch(r replier, tag string, arrived bool) {
 		t.enqueueForward(r, rt.Subject, tag) // the common case without weights
 		return
 	}
+	t.routeAside(r, tag)
+}
+
+// routeAside routes r on a goroutine of its own (route may wait). A
+// function of its own, so that dispatch's replier stays on its stack: a
+// goroutine's closure there would move it to the heap on every request.
+func (t *orderedTags) routeAside(r replier, tag string) {
 	r = r.detach()
 	t.parked.Add(1)
 	go func() {
@@ -355,12 +362,7 @@ func (t *orderedTags) handleForwarded(msg *nats.Msg) {
 			// more), instead of failing as it would have at every
 			// owner move. Nothing was taken here; the request is
 			// held by one worker at a time and answered once.
-			r = r.detach()
-			t.parked.Add(1)
-			go func() {
-				defer t.parked.Done()
-				t.route(r, tag)
-			}()
+			t.routeAside(r, tag)
 		case !s.cfg.Owners.Owns(tag):
 			r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
 		default:

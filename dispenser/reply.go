@@ -92,9 +92,20 @@ func (r replier) forward() protocol.Forward {
 // on this worker's direct subject learns it.
 func (s *Service) replyOwned(r replier, runs []segment.Run) {
 	if r.wantDirect && !r.direct && s.cfg.OwnerID != "" {
-		r.owner = protocol.DirectSubject(s.cfg.Prefix, r.tag, s.cfg.OwnerID)
+		r.owner = s.directSubject(r.tag)
 	}
 	s.reply(&r, r.format, runs, r.n)
+}
+
+// directSubject is this worker's direct subject for tag
+// (protocol.DirectSubject), from directSubjects.
+func (s *Service) directSubject(tag string) string {
+	if v, ok := s.directSubjects.Load(tag); ok {
+		return v.(string)
+	}
+	d := protocol.DirectSubject(s.cfg.Prefix, tag, s.cfg.OwnerID)
+	s.directSubjects.Store(tag, d)
+	return d
 }
 
 // detach returns r for use off the handler's goroutine: answered by

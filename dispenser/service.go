@@ -86,6 +86,11 @@ type Service struct {
 	// as owner that came straight from the queue group and that another
 	// worker forwarded (orderedStats), over every binding.
 	straight, received atomic.Uint64
+	// directSubjects caches, per ordered tag, this worker's direct
+	// subject (protocol.DirectSubject), named in the owner's replies to
+	// every request that asks for it: built once, not a string a reply.
+	// At most one entry per ordered tag this worker answered as owner.
+	directSubjects sync.Map
 	// own are the subject prefixes no reply goes to (CheckReply).
 	own []string
 	// noReply and badReply count requests refused for their reply subject
