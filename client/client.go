@@ -10,9 +10,13 @@
 // reply that is not exactly the IDs asked for, well formed, fails with
 // ErrBadReply and none of its IDs is used. And anything that may publish to
 // the client's inbox can send it a reply it did not ask for: every request
-// carries a new, unpredictable token (128 random bits, protocol.TokenHeader),
-// the workers echo it, and a reply without it or with another one (an
-// older worker's, or a forgery) fails with ErrBadReply too, its IDs unused.
+// carries a new, unpredictable token (128 random bits) in its body, after
+// the count (protocol, "Tokens"), the workers echo it, and a reply without
+// it or with another one (a forgery, or a worker older than the token)
+// fails with ErrBadReply too, its IDs unused. A worker older than tokens
+// in the body answers one with a 400 that lacks it: the client then sends
+// the request again with the token in protocol.TokenHeader, and keeps to
+// the header for a minute.
 package client
 
 import (
@@ -50,8 +54,8 @@ var (
 	// asked for. Such a reply comes from something other than a worker (or
 	// a faulty one); none of its IDs are used.
 	// It is also the error of a reply that does not carry the request's
-	// token (protocol.TokenHeader): not a reply to this request, or one of
-	// a worker older than the token.
+	// token (in its first line, or protocol.TokenHeader): not a reply to
+	// this request, or one of a worker older than the token.
 	ErrBadReply = errors.New("client: bad reply")
 	// ErrClosed means the Client was closed.
 	ErrClosed = errors.New("client: closed")
