@@ -279,9 +279,8 @@ func testLeastPrivilege(t *testing.T, store string) {
 	}
 
 	// Requesters cannot reach tag administration: the worker listens only
-	// on the ID endpoints (and an owned ordered tag's ID subject, its
-	// weight), its subject for forwarded ID requests of ordered tags,
-	// micro's read-only $SRV subjects and its inboxes.
+	// on the ID endpoints, its subject for forwarded ID requests of ordered
+	// tags, micro's read-only $SRV subjects and its inboxes.
 	checkWorkerSubscriptions(t, ns, inbox("dispenser"), inbox("dispenser-js"))
 
 	// micro's discovery handlers answer any reply subject; asked by a
@@ -362,9 +361,8 @@ func tagSteps(list string) string {
 
 // checkWorkerSubscriptions fails the test if a connection of user dispenser
 // subscribes to anything but the ID endpoints, its subject for forwarded
-// requests, its direct subject (id.direct.*.<its own ID>), the weight of
-// an ordered tag it owns (id.segment.<tag>), $SRV.PING, INFO and STATS,
-// and its inboxes (under inbox, "" for _INBOX; jsInbox for the
+// requests, its direct subject (id.direct.*.<its own ID>), $SRV.PING, INFO
+// and STATS, and its inboxes (under inbox, "" for _INBOX; jsInbox for the
 // JetStream connection).
 func checkWorkerSubscriptions(t *testing.T, ns *server.Server, inbox, jsInbox string) {
 	t.Helper()
@@ -404,9 +402,6 @@ func checkWorkerSubscriptions(t *testing.T, ns *server.Server, inbox, jsInbox st
 				// ID requests for ordered tags forwarded by other workers
 			case len(tokens) == 4 && tokens[0] == "id" && tokens[1] == "direct" && tokens[2] == "*" && protocol.ValidTag(tokens[3]):
 				// its direct subject: requests for the ordered tags it owns
-			case len(tokens) == 3 && tokens[0] == "id" && tokens[1] == "segment" && protocol.ValidTag(tokens[2]):
-				// the owner's weight on an ordered tag's queue group:
-				// the tag's ID requests, as id.segment.> takes them
 			case tokens[0] == inbox:
 			default:
 				t.Errorf("worker connection %q subscribes to %q", c.Name, sub)
