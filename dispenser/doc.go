@@ -8,18 +8,14 @@
 // one mapping from errors to reply codes (errors.go: a table keyed by
 // sentinel error), and the ordered tags: routing to the owner, forwarding
 // in batches, the owner's side of forwarded requests and the direct
-// subject (ordered.go, forward.go), and the owner's weight in the queue
-// group (weight.go). The allocator (package segment), the
+// subject (ordered.go, forward.go). The allocator (package segment), the
 // snowflake generator (package snowflake) and the ownership leases
 // (package ownership) are given to it in Config.
 //
 // An ordered request is followed from the handler to the reply by plain
 // calls: handleSegment → orderedTags.serve → takeOwned (owner) or
 // enqueueForward → runForwarder → NATS → the owner's handleForwarded →
-// takeOwned → Service.replyOwned → Service.reply. Most requests skip the
-// forwarding: the owner holds extra queue subscriptions on the tag's
-// subject (weight.go), whose requests take the segment endpoint's path,
-// handleSegment → orderedTags.serve → takeOwned.
+// takeOwned → Service.replyOwned → Service.reply.
 //
 // # Invariants
 //
@@ -43,10 +39,7 @@
 //     docs/reliability.md, "A worker that cannot serve is not asked"): it
 //     joins the segment endpoint's queue group only once the tag list has
 //     loaded, and is in the snowflake endpoint's only while the generator
-//     can issue (watchSnowflake); the owner of an ordered tag holds its
-//     weight subscriptions on the tag's subject only while its segment
-//     endpoint is in the group, and drops them before the endpoint leaves
-//     (weight.go). A request it finds it cannot serve after
+//     can issue (watchSnowflake). A request it finds it cannot serve after
 //     all (no segment within the wait, the generator unable to issue) is
 //     handed on to another worker of the group (handOff), whose reply it
 //     passes on: still one answer.

@@ -71,10 +71,7 @@ type orderedTags struct {
 	// directPrefix is "<Prefix>.direct.", the subject before a tag.
 	directPrefix string
 	fwd          forwarder
-	// weights weight the queue group toward this worker for the tags it
-	// owns (weight.go).
-	weights weigher
-	parked  sync.WaitGroup // requests waiting, the forwarder and the weigher
+	parked       sync.WaitGroup // requests waiting, and the forwarder
 }
 
 // newOrderedTags subscribes to the requests forwarded to this worker and
@@ -105,21 +102,12 @@ func (s *Service) newOrderedTags(nc *nats.Conn, id string) (*orderedTags, error)
 	}
 	t.parked.Add(1)
 	go t.runForwarder()
-	// The weights of the binding this one replaces (Move) are wanted here
-	// too: they are added once this binding's segment endpoint serves.
-	var seed []string
-	if old := s.orderedTags(); old != nil {
-		seed = old.weights.weighted()
-	}
-	t.weights.start(t, seed)
 	return t, nil
 }
 
-// drain stops taking forwarded and direct requests, and drops the weights
-// (before the segment endpoint leaves: the callers close it next); the
-// requests received are still served.
+// drain stops taking forwarded and direct requests; those received are
+// still served.
 func (t *orderedTags) drain() error {
-	t.weights.close()
 	var errs []error
 	for _, sub := range []*nats.Subscription{t.sub, t.direct} {
 		if sub == nil {
@@ -162,53 +150,33 @@ type orderedStats struct {
 	// NoOwner counts the requests answered 503 because their tag had no
 	// owner that this worker could find or become within the wait.
 	NoOwner uint64 `json:"no_owner"`
-	// Straight and Received count the requests for ordered tags this
-	// worker served as their owner that reached it straight from the
-	// queue group (the segment endpoint or a weight), and that another
-	// worker forwarded to it: Straight/(Straight+Received) is the share
-	// the weights bring straight to the owner. Weighted are the tags whose
-	// queue group this worker weights now (weight.go).
-	Straight uint64   `json:"straight"`
-	Received uint64   `json:"received"`
-	Weighted []string `json:"weighted"`
 }
 
 // stats returns the ownership's stats and the requests forwarded.
 func (t *orderedTags) stats() orderedStats {
 	s := t.s
-	return orderedStats{s.cfg.Owners.Stats(), s.forwarded.Load(), s.direct.Load(), s.misdirected.Load(), s.noOwner.Load(),
-		s.straight.Load(), s.received.Load(), t.weights.weighted()}
+	return orderedStats{s.cfg.Owners.Stats(), s.forwarded.Load(), s.direct.Load(), s.misdirected.Load(), s.noOwner.Load()}
 }
 
 // serve serves a request for an ordered tag, on the handler's goroutine:
 // from this worker if it owns the tag, else by forwarding it to the owner
 // (who answers the requester directly), else by claiming the tag. Anything
 // that may wait goes to a goroutine of its own.
-func (t *orderedTags) serve(r replier, tag string) { t.dispatch(r, tag, true) }
-
-// dispatch is serve; arrived: the request has just reached this worker
-// from the queue group (counted in Straight if it owns the tag), not
-// routed again.
-func (t *orderedTags) dispatch(r replier, tag string, arrived bool) {
+func (t *orderedTags) serve(r replier, tag string) {
 	rt, ok := t.s.cfg.Owners.Cached(tag)
 	switch {
 	case ok && rt.Self:
-		if arrived {
-			t.s.straight.Add(1)
-		}
-		t.weights.note(tag)
 		t.takeOwned(r, tag)
 		return
 	case ok && rt.Subject != "":
-		t.weights.moved(tag)
-		t.enqueueForward(r, rt.Subject, tag) // the common case without weights
+		t.enqueueForward(r, rt.Subject, tag) // the common case
 		return
 	}
 	t.routeAside(r, tag)
 }
 
 // routeAside routes r on a goroutine of its own (route may wait). A
-// function of its own, so that dispatch's replier stays on its stack: a
+// function of its own, so that serve's replier stays on its stack: a
 // goroutine's closure there would move it to the heap on every request.
 func (t *orderedTags) routeAside(r replier, tag string) {
 	r = r.detach()
@@ -223,7 +191,6 @@ func (t *orderedTags) routeAside(r replier, tag string) {
 // tag turned out to be ordered while it waited as a plain one.
 func (t *orderedTags) reroute(r replier, tag string) {
 	if t.s.cfg.Owners.Owns(tag) {
-		t.weights.note(tag)
 		t.takeOwned(r, tag)
 	} else {
 		t.route(r, tag)
@@ -242,7 +209,7 @@ func (t *orderedTags) takeOwned(r replier, tag string) {
 	case !t.s.cfg.Owners.Owns(tag):
 		// Lost while taking: the IDs may come from a segment fetched
 		// after the loss (they are skipped). Route the request again.
-		t.dispatch(r, tag, false)
+		t.serve(r, tag)
 	default:
 		t.s.replyOwned(r, runs)
 	}
@@ -311,7 +278,6 @@ func (t *orderedTags) route(r replier, tag string) {
 		}
 		switch {
 		case err == nil && rt.Self:
-			t.weights.note(tag) // often the first request after a claim
 			t.takeOwned(r, tag)
 			return
 		case err == nil && rt.Subject != "":
@@ -366,8 +332,6 @@ func (t *orderedTags) handleForwarded(msg *nats.Msg) {
 		case !s.cfg.Owners.Owns(tag):
 			r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
 		default:
-			s.received.Add(1)
-			t.weights.note(tag) // its requests reach other workers: weight them here
 			t.takeOwned(r, tag)
 		}
 	}

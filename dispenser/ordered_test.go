@@ -57,8 +57,6 @@ type orderedOptions struct {
 	// the leases reset a tag (on acquiring and on losing it); it gets the
 	// Reset to call.
 	onReset func(tag string, reset func(string))
-	// conn, if set, is the service's connection.
-	conn *nats.Conn
 }
 
 // hookedReset is the allocator with the Reset of orderedOptions.onReset.
@@ -99,10 +97,7 @@ func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*ordered
 		tb.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()
-	if o.conn == nil {
-		o.conn = testenv.Connect(tb, st.ns)
-	}
-	svc, err := dispenser.New(dispenser.Config{Conn: o.conn, Segments: alloc, Logger: quiet,
+	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(tb, st.ns), Segments: alloc, Logger: quiet,
 		Owners: owners, OwnerSubject: subject, OwnerID: name, Registerer: reg})
 	if err != nil {
 		tb.Fatal(err)

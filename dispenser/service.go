@@ -82,10 +82,6 @@ type Service struct {
 	// no owner was found within the wait (orderedStats), over every
 	// binding.
 	noOwner atomic.Uint64
-	// straight and received count the requests of ordered tags served
-	// as owner that came straight from the queue group and that another
-	// worker forwarded (orderedStats), over every binding.
-	straight, received atomic.Uint64
 	// directSubjects caches, per ordered tag, this worker's direct
 	// subject (protocol.DirectSubject), named in the owner's replies to
 	// every request that asks for it: built once, not a string a reply.
