@@ -83,10 +83,14 @@ func (e *endpoint) join() error {
 // memory sc is, and counts it with its processing time: two readings of
 // the monotonic clock (mono), the first of which also starts the
 // request's metrics (scratch.start; they add one reading, the latency).
+// The request is counted before it is handled, so before its reply goes
+// out: a requester that got its reply finds it counted in $SRV.STATS (as
+// its error, counted by replier.fail before publishing); its processing
+// time follows when the handler returns.
 func (e *endpoint) serve(msg *nats.Msg, sc *scratch) {
 	sc.start = mono()
-	e.handle(e, msg, sc)
 	e.requests.Add(1)
+	e.handle(e, msg, sc)
 	e.processing.Add(int64(mono() - sc.start))
 }
 
