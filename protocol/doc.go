@@ -35,7 +35,8 @@
 //
 // A request may carry a token: 1 to MaxTokenLen characters of
 // [A-Za-z0-9_-] (ValidToken), after the count in the body ("1 <token>",
-// the count then required) or in TokenHeader; in both, or not valid, is
+// the count then required; <prefix>.snowflake.decode, whose body is an
+// ID, takes it in the header only) or in TokenHeader; in both, or not valid, is
 // answered 400 without a token. Every reply to the request, IDs or error,
 // from whichever worker answers it, carries the same token back, so that a
 // requester that sends a new unpredictable one with every request (the Go
