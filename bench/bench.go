@@ -302,12 +302,21 @@ func endpoints(ctx context.Context, c Config, url, prefix string, rep *Report) (
 	return eps, nil
 }
 
+// loadProfiles counts the load children that wrote a CPU profile (only
+// Run's goroutine starts them).
+var loadProfiles int
+
 // runGroup runs the load run g, showing it as label, and appends its results
 // to rep.
 func runGroup(ctx context.Context, c Config, e *env, g *group, url, prefix, label string, p *progress, rep *Report) error {
 	lc := LoadConfig{
 		URL: url, ChildArgs: c.ChildArgs, Inflight: g.inflight, Batch: g.batch, Format: g.format,
 		Warmup: c.Warmup, Duration: c.Duration, Slice: slice, Drain: 2 * time.Second, Verify: c.Smoke,
+	}
+	if c.CPUProfile != "" {
+		// Each load child profiles itself: the Go client's side.
+		loadProfiles++
+		lc.CPUProfile = fmt.Sprintf("%s.load-%d", c.CPUProfile, loadProfiles)
 	}
 	for _, r := range g.runs {
 		lc.Subjects = append(lc.Subjects, r.Subject)

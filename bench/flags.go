@@ -43,7 +43,7 @@ func Flags(fs *flag.FlagSet) Main {
 	fs.BoolVar(&c.JSON, "json", false, "print the report as JSON")
 	fs.BoolVar(&c.Smoke, "smoke", false, "a few seconds of every run, checking every ID; fails on errors or duplicates, never on speed")
 	fs.BoolVar(&c.SyncAlways, "sync-always", true, "the embedded nats-server writes every JetStream message to disk before acknowledging it, as dispenser serve's does; false measures JetStream's default periodic sync for comparison")
-	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (service, nats-server, baseline) during the runs to this file")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (service, nats-server, baseline) during the runs to this file, and one of each load generator (the clients) to this file with .load-N appended")
 	return func(ctx context.Context, pos []string, stdout, stderr io.Writer) error {
 		if len(pos) > 0 {
 			return fmt.Errorf("bench: unexpected argument %q", pos[0])

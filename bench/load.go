@@ -58,6 +58,9 @@ type LoadConfig struct {
 	Slice     time.Duration // how long one subject is loaded before the next
 	Drain     time.Duration // how long to wait for the replies still out
 	Verify    bool          // parse every ID and check for duplicates
+	// CPUProfile, if not empty, is the file of a CPU profile of the
+	// load generator (the child's own process: the Go client's side).
+	CPUProfile string
 }
 
 // LoadResult is what a load run measured for one subject. Requests and IDs

@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +34,9 @@ func (c LoadConfig) args() []string {
 	}
 	if c.Verify {
 		a = append(a, "--verify")
+	}
+	if c.CPUProfile != "" {
+		a = append(a, "--cpuprofile", c.CPUProfile)
 	}
 	return append(a, c.ChildArgs...)
 }
@@ -60,12 +65,24 @@ func (c *LoadConfig) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Slice, "slice", 250*time.Millisecond, "how long one subject is loaded before the next")
 	fs.DurationVar(&c.Drain, "drain", 2*time.Second, "how long to wait for the replies still out")
 	fs.BoolVar(&c.Verify, "verify", false, "parse every ID and count duplicates")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the load generator to this file")
 }
 
 // ServeLoad is a load child's side of the protocol: it runs c, writing
 // progress lines to stderr, then writes the results to stdout as a JSON
 // array, one per subject.
 func ServeLoad(ctx context.Context, c LoadConfig, stdout, stderr io.Writer) error {
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("load: CPU profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("load: CPU profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	r, err := RunLoad(ctx, c, stderr)
 	if err != nil {
 		return err
