@@ -17,6 +17,14 @@
 // in the body answers one with a 400 that lacks it: the client then sends
 // the request again with the token in protocol.TokenHeader, and keeps to
 // the header for a minute.
+//
+// Replies come to one subscription per connection, "<inbox>.*", made by
+// the first request of any Client on it and ended when the connection
+// closes; <inbox> is nc.NewInbox(), under the connection's inbox prefix
+// (nats.CustomInboxPrefix), so a client needs the same permissions as
+// nats.go's own requests. It is the client's, not nats.go's request
+// machinery, which costs more per request than the rest of the client
+// (replies.go says why, and why it is safe).
 package client
 
 import (
@@ -208,6 +216,9 @@ type Client struct {
 	// permissions violation, then for good).
 	directOff map[string]time.Time
 
+	// mux is the request-reply of nc (replies), once a request made it.
+	mux atomic.Pointer[replies]
+
 	// headerUntil is until when (unix nanoseconds) tokens go in
 	// protocol.TokenHeader rather than in the body: headerTokensFor after
 	// a worker older than body tokens answered one.
@@ -371,7 +382,11 @@ func (c *Client) newRequest(subject string, n int) (*request, error) {
 	if n < 1 || n > maxCount {
 		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
 	}
-	return getRequest(subject, n), nil
+	m, err := c.replies()
+	if err != nil {
+		return nil, err
+	}
+	return m.get(subject, n), nil
 }
 
 // Values of protocol.FormatHeader, shared by all requests (nats.go only
@@ -384,10 +399,10 @@ var (
 // requestRuns asks for n IDs of tag (snowflake IDs if tag is empty), each
 // at least lowest, and returns them as runs appended to dst.
 func (c *Client) requestRuns(ctx context.Context, tag string, n int, ranges bool, lowest int64, dst []protocol.Run) ([]protocol.Run, error) {
-	if n < 1 || n > maxCount {
-		return nil, fmt.Errorf("%w: count %d: want 1..%d", ErrBadRequest, n, maxCount)
+	r, err := c.newRequest("", n)
+	if err != nil {
+		return nil, err
 	}
-	r := getRequest("", n)
 	r.msg.Subject = r.subject(c.prefix, tag)
 	defer r.release()
 	msg := &r.msg
@@ -537,10 +552,8 @@ func (r *request) attemptContext(now time.Time) context.Context {
 // attemptSlack). It makes no context of its own unless it must: when
 // ctx's deadline bounds the attempt, ctx is enough; when ctx is never
 // canceled (no Done channel), a shared attempt context (attemptContext) or,
-// near the deadline, a timer of nats.go's pool is. A timeout wraps
-// context.DeadlineExceeded.
+// near the deadline, r's timer is. A timeout is context.DeadlineExceeded.
 func (c *Client) attempt(ctx context.Context, r *request, now, deadline time.Time, own, bounded bool) (*nats.Msg, error) {
-	msg := &r.msg
 	wait := deadline.Sub(now)
 	if wait <= 0 {
 		if err := ctx.Err(); err != nil {
@@ -555,22 +568,39 @@ func (c *Client) attempt(ctx context.Context, r *request, now, deadline time.Tim
 		// the deadline is more than AttemptTimeout+attemptSlack away.
 		wait, cut, shared = AttemptTimeout, true, wait > AttemptTimeout+attemptSlack
 	}
-	if !cut {
-		return c.nc.RequestMsgWithContext(ctx, msg)
-	}
-	if ctx.Done() == nil && shared {
-		return c.nc.RequestMsgWithContext(r.attemptContext(now), msg)
-	}
-	if ctx.Done() == nil {
-		resp, err := c.nc.RequestMsg(msg, wait)
-		if errors.Is(err, nats.ErrTimeout) {
+	var resp *nats.Msg
+	var err error
+	switch {
+	case !cut:
+		if resp, err = r.exchange(ctx.Done(), nil); err == errAttemptEnded {
+			err = ctx.Err()
+		}
+	case ctx.Done() == nil && shared:
+		if resp, err = r.exchange(r.attemptContext(now).Done(), nil); err == errAttemptEnded {
 			err = context.DeadlineExceeded
 		}
-		return resp, err
+	case ctx.Done() == nil:
+		if r.timer == nil {
+			r.timer = time.NewTimer(wait)
+		} else {
+			r.timer.Reset(wait)
+		}
+		resp, err = r.exchange(nil, r.timer.C)
+		r.timer.Stop()
+		if err == errAttemptEnded {
+			err = context.DeadlineExceeded
+		}
+	default:
+		actx, cancel := context.WithTimeout(ctx, wait)
+		resp, err = r.exchange(actx.Done(), nil)
+		cancel()
+		if err == errAttemptEnded {
+			if err = ctx.Err(); err == nil {
+				err = context.DeadlineExceeded
+			}
+		}
 	}
-	actx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	return c.nc.RequestMsgWithContext(actx, msg)
+	return resp, err
 }
 
 // retryable reports whether a request that failed with err may be sent

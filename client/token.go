@@ -6,7 +6,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"strconv"
-	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -23,8 +23,9 @@ import (
 // much as formatting an ID (BenchmarkNewToken).
 
 // request is one request's reusable parts: the message and its header
-// map, the token, a buffer for the body and a token generator. A call
-// takes one from requests and puts it back when it has returned: nats.go
+// map, the token, a buffer for the body, a token generator and the slot
+// its replies arrive in (replies). A call takes one from its connection's
+// replies and puts it back when it has returned: nats.go
 // encodes the message, headers included, into its buffer when it
 // publishes it and keeps no reference to it (the reply is a message of its
 // own), and nothing of a request is handed to the caller. Reusing them
@@ -47,6 +48,12 @@ type request struct {
 	// epoch is the attempt context of r's attempts without a deadline
 	// of their own (attemptContext).
 	epoch epoch
+	// timer bounds an attempt near its deadline (Client.attempt), made
+	// on first use.
+	timer *time.Timer
+	// slot is where the replies to r's attempts arrive, in replies.
+	slot    *slot
+	replies *replies
 }
 
 // subject returns prefix's subject for tag (snowflake IDs if tag is
@@ -63,27 +70,25 @@ func (r *request) subject(prefix, tag string) string {
 	return r.subjects
 }
 
-var requests = sync.Pool{New: func() any {
+// newRequestObject returns a request object without a slot (see
+// replies.newRequest, which gives it one).
+func newRequestObject() *request {
 	var seed [32]byte
 	if _, err := crand.Read(seed[:]); err != nil {
 		panic("client: crypto/rand: " + err.Error()) // crypto/rand.Read does not fail on supported systems
 	}
 	return &request{msg: nats.Msg{Header: nats.Header{}}, rng: rand.NewChaCha8(seed)}
-}}
-
-// getRequest returns an empty request for n IDs (1..protocol.MaxCount) on
-// subject; put it back with release.
-func getRequest(subject string, n int) *request {
-	r := requests.Get().(*request)
-	r.msg.Subject, r.n = subject, n
-	return r
 }
 
 // release empties r and puts it back for another call.
 func (r *request) release() {
-	clear(r.msg.Header)
+	if len(r.msg.Header) > 0 {
+		clear(r.msg.Header)
+	}
 	r.msg.Subject, r.msg.Data, r.tokenValue[0], r.direct = "", nil, "", false
-	requests.Put(r)
+	if r.replies != nil {
+		r.replies.reqs.Put(r)
+	}
 }
 
 // tokenLen is the length of a token: 16 bytes in unpadded base64url.
@@ -122,8 +127,8 @@ func (r *request) tokenIs(b []byte) bool { return string(b) == string(r.token[:]
 
 // newToken returns a fresh request token, as a request gets it.
 func newToken() string {
-	r := getRequest("", 1)
-	defer r.release()
+	r := newRequestObject()
+	r.n = 1
 	r.newToken(true)
 	return string(r.token[:])
 }
