@@ -98,7 +98,7 @@ func TestOrderedAndTagsReport(t *testing.T) {
 		got[strings.SplitN(tg.Name, ",", 2)[0]+" "+tg.Want] = tg.OK
 	}
 	for name, ok := range map[string]bool{
-		"ordered tag ≥ 0.7× baseline":                true,
+		"ordered tag ≥ 0.8× baseline":                true,
 		"new tags ≥ 0.5×":                            false,
 		"RSS per warm tag (100000 warm) < 1 KB":      true,
 		"worker with 100000 warm tags: RSS < 160 MB": true,
