@@ -7,10 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dispenser-dev/dispenser/ownership"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
 	"github.com/dispenser-dev/dispenser/segment/kv"
@@ -38,8 +41,10 @@ func BenchmarkServe(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := store.CreateTag(ctx, tagmodel.Tag{Name: "bench", Step: 1_000_000, MaxID: 1}); err != nil {
-		b.Fatal(err)
+	for _, t := range []tagmodel.Tag{{Name: "bench", Step: 1_000_000, MaxID: 1}, {Name: "bench_ord", Step: 1_000_000, MaxID: 1, Ordered: true}} {
+		if err := store.CreateTag(ctx, t); err != nil {
+			b.Fatal(err)
+		}
 	}
 	quiet := slog.New(slog.DiscardHandler)
 	alloc, err := segment.New(segment.Settings{Store: store, Logger: quiet})
@@ -132,5 +137,54 @@ func BenchmarkServe(b *testing.B) {
 				})
 			}
 		}
+	}
+	b.Run("owner", func(b *testing.B) { benchOwner(b, ns, js, alloc) })
+}
+
+// benchOwner is BenchmarkServe's ordered cases: a worker that owns the
+// ordered tag bench_ord (a real lease in the owners bucket, claimed by the
+// first request) serves a request for it that came on the segment
+// endpoint, as `dispenser bench --modes ordered` loads the owner alone;
+// beside it the plain tag bench on the same service. Compare with
+// baseline.
+func benchOwner(b *testing.B, ns *server.Server, js jetstream.JetStream, alloc *segment.Allocator) {
+	owners, err := ownership.Open(context.Background(), js, alloc, ownership.Settings{Owner: "bench-owner", Subject: "benchord.owner.bench",
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(owners.Close)
+	// A prefix of its own: the other cases' services are in the queue
+	// group of id.segment.*.
+	svc, err := New(Config{Conn: testenv.Connect(b, ns), Prefix: "benchord", Segments: alloc, Logger: slog.New(slog.DiscardHandler),
+		Owners: owners, OwnerSubject: "benchord.owner.bench", OwnerID: "benchowner"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = svc.Stop(context.Background()) })
+	nc := testenv.Connect(b, ns)
+	for _, tag := range []string{"bench", "bench_ord"} { // the claim, the first segments
+		if resp, err := nc.Request("benchord.segment."+tag, nil, 10*time.Second); err != nil {
+			b.Fatal(err)
+		} else if code := resp.Header.Get(micro.ErrorCodeHeader); code != "" {
+			b.Fatalf("%s: %s %s", tag, code, resp.Header.Get(micro.ErrorHeader))
+		}
+	}
+	if !owners.Owns("bench_ord") {
+		b.Fatal("bench_ord is not owned after its first request")
+	}
+	ep := svc.bound.Load().seg
+	for _, tag := range []string{"bench", "bench_ord"} {
+		b.Run(tag, func(b *testing.B) {
+			msg := &nats.Msg{Subject: "benchord.segment." + tag, Reply: "_INBOX.bench.nobody"}
+			sc := new(scratch)
+			b.ReportAllocs()
+			for b.Loop() {
+				ep.serve(msg, sc)
+			}
+			if got := ep.errs.Load(); got != 0 {
+				b.Fatalf("%d errors, last %s", got, *ep.lastError.Load())
+			}
+		})
 	}
 }
