@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,8 +29,8 @@ import (
 // baseline of `dispenser bench`, bench/local.go startBaseline) doing its
 // parse-add-format-publish on a connection to the same server: the
 // difference is what a request costs the service beyond NATS. Compare
-// ns/op and allocs/op within one run; the replies go to a subject nobody
-// subscribes to.
+// ns/op, cpu-ns/op and allocs/op within one run; the replies go to a
+// subject nobody subscribes to.
 func BenchmarkServe(b *testing.B) {
 	ns := testenv.NATS(b)
 	js, err := jetstream.New(testenv.Connect(b, ns))
@@ -93,10 +94,7 @@ func BenchmarkServe(b *testing.B) {
 			nc.Publish(m.Reply, buf)
 		}
 		msg := &nats.Msg{Subject: "bench.baseline", Reply: reply}
-		b.ReportAllocs()
-		for b.Loop() {
-			handle(msg)
-		}
+		loopCPU(b, func() { handle(msg) })
 	})
 	for _, metrics := range []bool{false, true} {
 		cfg := Config{Conn: testenv.Connect(b, ns), Segments: alloc, Snowflake: node, Logger: quiet}
@@ -127,10 +125,7 @@ func BenchmarkServe(b *testing.B) {
 					}
 					msg := &nats.Msg{Subject: subject, Reply: reply, Data: []byte(body)}
 					sc := new(scratch)
-					b.ReportAllocs()
-					for b.Loop() {
-						ep.serve(msg, sc)
-					}
+					loopCPU(b, func() { ep.serve(msg, sc) })
 					if got := ep.errs.Load(); got != 0 {
 						b.Fatalf("%d errors, last %s", got, *ep.lastError.Load())
 					}
@@ -178,13 +173,34 @@ func benchOwner(b *testing.B, ns *server.Server, js jetstream.JetStream, alloc *
 		b.Run(tag, func(b *testing.B) {
 			msg := &nats.Msg{Subject: "benchord.segment." + tag, Reply: "_INBOX.bench.nobody"}
 			sc := new(scratch)
-			b.ReportAllocs()
-			for b.Loop() {
-				ep.serve(msg, sc)
-			}
+			loopCPU(b, func() { ep.serve(msg, sc) })
 			if got := ep.errs.Load(); got != 0 {
 				b.Fatalf("%d errors, last %s", got, *ep.lastError.Load())
 			}
 		})
 	}
+}
+
+// loopCPU runs op in b's loop, reporting allocations and the process's
+// CPU time per op (cpu-ns/op: the embedded server's share included, which
+// is the same for every case), steadier than ns/op on a shared machine.
+func loopCPU(b *testing.B, op func()) {
+	b.ReportAllocs()
+	before, ok := processCPU()
+	for b.Loop() {
+		op()
+	}
+	if after, _ := processCPU(); ok {
+		b.ReportMetric(float64(after-before)/float64(b.N), "cpu-ns/op")
+	}
+}
+
+// processCPU is the CPU time this process used so far, user and system
+// (testenv's servers need a unix too).
+func processCPU() (time.Duration, bool) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, false
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
 }
