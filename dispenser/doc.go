@@ -65,11 +65,23 @@
 //     reporting it. A segment fetched under an earlier ownership is never
 //     installed (the allocator's generations), so every ID an owner hands
 //     out is above every ID any earlier owner handed out.
-//  3. IDs are taken only while owning. orderedTags takes IDs with
-//     segment.Allocator.TakeOwned (orderedTags.takeOwned) and
-//     checks Owns after taking them: IDs taken across a loss are skipped
-//     (never handed out) and the request is routed again. A request that
-//     waited for a segment is checked the same way when the wait ends.
+//  3. IDs are served only if taken while owning. orderedTags takes IDs
+//     with segment.Allocator.TakeOwned (orderedTags.takeOwned) and
+//     checks Owns after taking them, reading both clocks then: if it
+//     holds, the IDs were taken before a moment at which this worker
+//     owned the tag, so before any other worker could claim it (1), from
+//     buffers of this ownership (2); otherwise they are skipped (never
+//     handed out) and the request is routed again. A request that waited
+//     for a segment is checked the same way when the wait ends. This check
+//     after taking is the one the argument rests on; a pause anywhere
+//     before it changes nothing. The check that routes a request here
+//     before taking (Owners.Cached's Self) reads no clock: it says that
+//     this worker holds the lease and that no check found it run out, so
+//     it may still say so a moment after the lease ran out by the clocks;
+//     such a request takes IDs and skips them, and once a check found the
+//     lease run out Cached reads the clocks too (until a renewal), so only
+//     the requests before that check take any. A request with IDs is
+//     therefore one Owns, one reading of both clocks (lease.Clock.Read).
 //     Forwarded requests are served only while Owns holds; otherwise they
 //     fail with ErrOwnershipMoving (503), and the requester retries.
 //  4. Direct requests are served exactly like forwarded ones: only while

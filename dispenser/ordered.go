@@ -27,7 +27,9 @@ import (
 type Owners interface {
 	// Owns reports whether this worker may serve tag now.
 	Owns(tag string) bool
-	// Cached says where tag's requests go without I/O, if it knows.
+	// Cached says where tag's requests go without I/O, if it knows. Its
+	// Self may be said of a lease that ran out a moment ago: serve the
+	// IDs taken on it only if Owns holds after taking them.
 	Cached(tag string) (ownership.Route, bool)
 	// Route says where tag's requests go, from what this worker last saw.
 	Route(ctx context.Context, tag string) (ownership.Route, error)
@@ -197,7 +199,9 @@ func (t *orderedTags) reroute(r replier, tag string) {
 	}
 }
 
-// takeOwned serves an ordered tag this worker owns (safety argument, 3).
+// takeOwned serves an ordered tag this worker owns, or owned a moment ago
+// (Cached's Self): it serves the IDs it took only if Owns holds after it
+// took them (safety argument, 3).
 func (t *orderedTags) takeOwned(r replier, tag string) {
 	var arr [2]segment.Run
 	runs, pending, err := t.s.cfg.Segments.TakeOwned(tag, r.n, arr[:0])
@@ -207,8 +211,11 @@ func (t *orderedTags) takeOwned(r replier, tag string) {
 	case pending != nil:
 		t.park(r, tag, pending)
 	case !t.s.cfg.Owners.Owns(tag):
-		// Lost while taking: the IDs may come from a segment fetched
-		// after the loss (they are skipped). Route the request again.
+		// Lost while taking, or run out before: the IDs may come from
+		// a segment fetched after the loss (they are skipped). Route
+		// the request again: Cached reads the clocks now that Owns
+		// found the lease run out, so this does not come back here
+		// unless a renewal made Owns hold again.
 		t.serve(r, tag)
 	default:
 		t.s.replyOwned(r, runs)

@@ -202,6 +202,11 @@ type held struct {
 	rec record // under Leases.mu
 	// fence is the lease's validity on both clocks.
 	fence lease.Fence
+	// expired is set when a check found the fence run out (or revoked),
+	// and cleared when a renewal extends it: while it is set, Cached reads
+	// the clocks rather than trust the holding. A hint only: what is
+	// served rests on Owns.
+	expired atomic.Bool
 }
 
 // Route says where a tag's requests go.
