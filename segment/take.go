@@ -75,19 +75,26 @@ func (a *Allocator) TakeNow(tag string, n int, dst []Run) ([]Run, *Pending, erro
 // only segments fetched after every worker stopped serving the tag as
 // plain.
 func (a *Allocator) TakeOwned(tag string, n int, dst []Run) ([]Run, *Pending, error) {
-	if b := a.tags.get(tag); b != nil {
+	b := a.tags.get(tag)
+	if b != nil {
 		if end := b.refetchAt.Load(); end != 0 && a.now().UnixNano() >= end {
 			a.reset(tag, b)
+			b = a.tags.get(tag)
 		}
 	}
-	return a.takeNow(tag, n, dst, true)
+	return a.takeFrom(b, tag, n, dst, true)
 }
 
 func (a *Allocator) takeNow(tag string, n int, dst []Run, owned bool) ([]Run, *Pending, error) {
+	return a.takeFrom(a.tags.get(tag), tag, n, dst, owned)
+}
+
+// takeFrom is takeNow from b, tag's buffer as the tag map gave it (nil if
+// it had none).
+func (a *Allocator) takeFrom(b *buffer, tag string, n int, dst []Run, owned bool) ([]Run, *Pending, error) {
 	if n < 1 {
 		return dst, nil, fmt.Errorf("%w: %d", ErrInvalidCount, n)
 	}
-	b := a.tags.get(tag)
 	if b == nil {
 		return dst, &Pending{a: a, tag: tag, n: n, deadline: a.deadline(), owned: owned}, nil
 	}
