@@ -3,6 +3,7 @@ package dispenser
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -42,7 +43,8 @@ func BenchmarkServe(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, t := range []tagmodel.Tag{{Name: "bench", Step: 1_000_000, MaxID: 1}, {Name: "bench_ord", Step: 1_000_000, MaxID: 1, Ordered: true}} {
+	for _, t := range []tagmodel.Tag{{Name: "bench", Step: 1_000_000, MaxID: 1}, {Name: "bench_ord", Step: 1_000_000, MaxID: 1, Ordered: true},
+		{Name: "bench_ord_late", Step: 1_000_000, MaxID: 1, Ordered: true}} {
 		if err := store.CreateTag(ctx, t); err != nil {
 			b.Fatal(err)
 		}
@@ -133,45 +135,69 @@ func BenchmarkServe(b *testing.B) {
 			}
 		}
 	}
-	b.Run("owner", func(b *testing.B) { benchOwner(b, ns, js, alloc) })
+	// An owner serves from segments fetched before its switch window
+	// ended (segment.Allocator.SwitchWindow, about a minute by default
+	// from the first time it saw the tag ordered, as in `dispenser bench`)
+	// with one more reading of the wall clock per request; past the
+	// window, without it.
+	b.Run("owner", func(b *testing.B) { benchOwner(b, ns, js, store, "bench_ord", segment.Settings{}) })
+	b.Run("owner-past-window", func(b *testing.B) {
+		benchOwner(b, ns, js, store, "bench_ord_late", segment.Settings{RefreshInterval: 300 * time.Millisecond, FetchTimeout: 100 * time.Millisecond})
+	})
 }
 
 // benchOwner is BenchmarkServe's ordered cases: a worker that owns the
-// ordered tag bench_ord (a real lease in the owners bucket, claimed by the
-// first request) serves a request for it that came on the segment
-// endpoint, as `dispenser bench --modes ordered` loads the owner alone;
-// beside it the plain tag bench on the same service. Compare with
-// baseline.
-func benchOwner(b *testing.B, ns *server.Server, js jetstream.JetStream, alloc *segment.Allocator) {
-	owners, err := ownership.Open(context.Background(), js, alloc, ownership.Settings{Owner: "bench-owner", Subject: "benchord.owner.bench",
-		Logger: slog.New(slog.DiscardHandler)})
+// ordered tag ord (a real lease in the owners bucket, claimed by the first
+// request), with an allocator of settings as, serves a request for it that
+// came on the segment endpoint, as `dispenser bench --modes ordered` loads
+// the owner alone; beside it the plain tag bench on the same service.
+// Compare with baseline.
+func benchOwner(b *testing.B, ns *server.Server, js jetstream.JetStream, store tagmodel.Store, ord string, as segment.Settings) {
+	quiet := slog.New(slog.DiscardHandler)
+	as.Store, as.Logger = store, quiet
+	alloc, err := segment.New(as)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = alloc.Close(ctx)
+	})
+	prefix := "b" + strings.ReplaceAll(ord, "_", "") // a prefix of its own, out of the other cases' queue groups
+	owners, err := ownership.Open(context.Background(), js, alloc, ownership.Settings{Owner: prefix, Subject: prefix + ".owner.w",
+		Logger: quiet})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(owners.Close)
-	// A prefix of its own: the other cases' services are in the queue
-	// group of id.segment.*.
-	svc, err := New(Config{Conn: testenv.Connect(b, ns), Prefix: "benchord", Segments: alloc, Logger: slog.New(slog.DiscardHandler),
-		Owners: owners, OwnerSubject: "benchord.owner.bench", OwnerID: "benchowner"})
+	svc, err := New(Config{Conn: testenv.Connect(b, ns), Prefix: prefix, Segments: alloc, Logger: quiet,
+		Owners: owners, OwnerSubject: prefix + ".owner.w", OwnerID: "w"})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = svc.Stop(context.Background()) })
 	nc := testenv.Connect(b, ns)
-	for _, tag := range []string{"bench", "bench_ord"} { // the claim, the first segments
-		if resp, err := nc.Request("benchord.segment."+tag, nil, 10*time.Second); err != nil {
+	request := func(tag string) {
+		if resp, err := nc.Request(prefix+".segment."+tag, nil, 10*time.Second); err != nil {
 			b.Fatal(err)
 		} else if code := resp.Header.Get(micro.ErrorCodeHeader); code != "" {
 			b.Fatalf("%s: %s %s", tag, code, resp.Header.Get(micro.ErrorHeader))
 		}
 	}
-	if !owners.Owns("bench_ord") {
-		b.Fatal("bench_ord is not owned after its first request")
+	request("bench") // the first segments, the claim
+	request(ord)
+	if !owners.Owns(ord) {
+		b.Fatalf("%s is not owned after its first request", ord)
+	}
+	if w := alloc.SwitchWindow(); w < time.Second {
+		time.Sleep(w + 10*time.Millisecond)
+		request(ord) // past the window: drops the segment fetched before its end
 	}
 	ep := svc.bound.Load().seg
-	for _, tag := range []string{"bench", "bench_ord"} {
+	for _, tag := range []string{"bench", ord} {
 		b.Run(tag, func(b *testing.B) {
-			msg := &nats.Msg{Subject: "benchord.segment." + tag, Reply: "_INBOX.bench.nobody"}
+			msg := &nats.Msg{Subject: prefix + ".segment." + tag, Reply: "_INBOX.bench.nobody"}
 			sc := new(scratch)
 			loopCPU(b, func() { ep.serve(msg, sc) })
 			if got := ep.errs.Load(); got != 0 {
