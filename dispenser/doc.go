@@ -65,11 +65,33 @@
 //     reporting it. A segment fetched under an earlier ownership is never
 //     installed (the allocator's generations), so every ID an owner hands
 //     out is above every ID any earlier owner handed out.
-//  3. IDs are taken only while owning. orderedTags takes IDs with
-//     segment.Allocator.TakeOwned (orderedTags.takeOwned) and
-//     checks Owns after taking them: IDs taken across a loss are skipped
-//     (never handed out) and the request is routed again. A request that
-//     waited for a segment is checked the same way when the wait ends.
+//  3. IDs are served only if taken while owning. orderedTags takes IDs
+//     with segment.Allocator.TakeOwned (orderedTags.takeOwned) and then
+//     checks, in this order, that Owns holds (both clocks read then, at
+//     t2) and that the buffer the IDs came from is still current
+//     (segment.Source.Current, orderedTags.owns); otherwise the IDs are
+//     skipped (never handed out) and the request is routed again. A
+//     request that waited for a segment is checked the same way when the
+//     wait ends. If both hold, no Reset of the tag came between the take
+//     and the second check, so the IDs come from a buffer made after the
+//     Reset of the claim of the lease Owns found valid (2): from segments
+//     fetched after that claim, above every ID an earlier owner handed
+//     out; and since that lease was valid at t2, no other worker had
+//     claimed the tag by then (1), so every ID a later owner hands out is
+//     above them. The request, answered after t2, is therefore in order
+//     with every request that completed before it was sent and every one
+//     sent after its answer, whatever paused this worker before t2: a lease
+//     lost and claimed again between the take and the check is a later
+//     ownership than the one the IDs were taken under, and Current sees
+//     the Resets in between. This check after taking is the one the
+//     argument rests on. The check that routes a request here before
+//     taking (Owners.Cached's Self) reads no clock: it says that this
+//     worker holds the lease and that no check found it run out, so it
+//     may still say so a moment after the lease ran out by the clocks; such
+//     a request takes IDs and skips them, and once a check found the lease
+//     run out Cached reads the clocks too (until a renewal), so only the
+//     requests before that check take any. A request served from memory
+//     is therefore one reading of both clocks (lease.Clock.Read).
 //     Forwarded requests are served only while Owns holds; otherwise they
 //     fail with ErrOwnershipMoving (503), and the requester retries.
 //  4. Direct requests are served exactly like forwarded ones: only while

@@ -22,8 +22,8 @@ type resets struct {
 	leases *ownership.Leases
 }
 
-func (r *resets) TakeOwned(string, int, []segment.Run) ([]segment.Run, *segment.Pending, error) {
-	return nil, nil, nil
+func (r *resets) TakeOwned(string, int, []segment.Run) ([]segment.Run, segment.Source, *segment.Pending, error) {
+	return nil, segment.Source{}, nil, nil
 }
 func (r *resets) Plain(string) bool      { return false }
 func (r *resets) MaxWait() time.Duration { return time.Second }

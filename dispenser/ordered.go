@@ -27,7 +27,10 @@ import (
 type Owners interface {
 	// Owns reports whether this worker may serve tag now.
 	Owns(tag string) bool
-	// Cached says where tag's requests go without I/O, if it knows.
+	// Cached says where tag's requests go without I/O, if it knows. Its
+	// Self may be said of a lease that ran out a moment ago: serve the
+	// IDs taken on it only if Owns holds after taking them
+	// (orderedTags.owns).
 	Cached(tag string) (ownership.Route, bool)
 	// Route says where tag's requests go, from what this worker last saw.
 	Route(ctx context.Context, tag string) (ownership.Route, error)
@@ -197,22 +200,36 @@ func (t *orderedTags) reroute(r replier, tag string) {
 	}
 }
 
-// takeOwned serves an ordered tag this worker owns (safety argument, 3).
+// takeOwned serves an ordered tag this worker owns, or owned a moment ago
+// (Cached's Self): it serves the IDs it took only if owns holds after it
+// took them (safety argument, 3).
 func (t *orderedTags) takeOwned(r replier, tag string) {
 	var arr [2]segment.Run
-	runs, pending, err := t.s.cfg.Segments.TakeOwned(tag, r.n, arr[:0])
+	runs, src, pending, err := t.s.cfg.Segments.TakeOwned(tag, r.n, arr[:0])
 	switch {
 	case err != nil:
 		r.fail(err)
 	case pending != nil:
 		t.park(r, tag, pending)
-	case !t.s.cfg.Owners.Owns(tag):
-		// Lost while taking: the IDs may come from a segment fetched
-		// after the loss (they are skipped). Route the request again.
+	case !t.owns(tag, src):
+		// Lost while taking (perhaps claimed again since), or run out
+		// before: the IDs may come from a segment fetched after the
+		// loss, or from a buffer of an ownership that ended (they are
+		// skipped). Route the request again: Cached reads the clocks
+		// now that Owns found the lease run out, so this does not come
+		// back here unless Owns holds again (a renewal, a new claim).
 		t.serve(r, tag)
 	default:
 		t.s.replyOwned(r, runs)
 	}
+}
+
+// owns is the check after taking (safety argument, 3): this worker owns
+// tag now, and src, the buffer the IDs were taken from, was not dropped
+// since: so no Reset (a loss, a new claim) came between the take and now.
+// In this order: Current after Owns.
+func (t *orderedTags) owns(tag string, src segment.Source) bool {
+	return t.s.cfg.Owners.Owns(tag) && src.Current()
 }
 
 // park finishes an owned request that waits for a segment on a goroutine
@@ -223,11 +240,11 @@ func (t *orderedTags) park(r replier, tag string, p *segment.Pending) {
 	go func() {
 		defer t.parked.Done()
 		runs, err := p.Wait(context.Background())
-		if errors.Is(err, segment.ErrOrdered) || err == nil && !t.s.cfg.Owners.Owns(tag) {
+		if errors.Is(err, segment.ErrOrdered) || err == nil && !t.owns(tag, p.Source()) {
 			// The buffers were reset, or this worker stopped owning
-			// the tag while the request waited (its IDs may come from
-			// a segment fetched since: they are skipped). Route it
-			// again from here.
+			// the tag while the request waited, or after (its IDs may
+			// come from a segment fetched since: they are skipped).
+			// Route it again from here.
 			t.reroute(r, tag)
 			return
 		}

@@ -309,7 +309,7 @@ func loadNoFatal(st *stack, subject string, clients, total int) []check.Observat
 // for a segment if needed.
 func takeOwnedIDs(tb testing.TB, alloc *segment.Allocator, tag string, n int) []int64 {
 	tb.Helper()
-	runs, p, err := alloc.TakeOwned(tag, n, nil)
+	runs, _, p, err := alloc.TakeOwned(tag, n, nil)
 	if err == nil && p != nil {
 		runs, err = p.Wait(context.Background())
 	}

@@ -22,6 +22,9 @@
 //   - its monotonic clock is before that reading plus the lease, and
 //   - its wall clock is before the Expires it wrote.
 //
+// Each check reads both clocks, at once (Clock.Read: with the real clocks
+// one time.Now, which reads both).
+//
 // The monotonic clock alone is not enough: it stops while the machine is
 // suspended, so a holder resumed after a long suspension would still
 // trust a lease that expired meanwhile. The wall clock alone is not

@@ -57,6 +57,24 @@ type Clock struct {
 	// stops while the machine is suspended. Default: time since
 	// Settings.Check on the real monotonic clock.
 	Mono func() time.Duration
+	// Read, if set, reads both clocks at once: what Now and Mono would
+	// return if read one right after the other; set it only with both.
+	// Fence.Valid uses it.
+	// Settings.Check sets it when it fills in Now and Mono both: one
+	// time.Now, which reads the wall clock and the monotonic clock both
+	// (its monotonic reading, less the one of Mono's origin, is Mono),
+	// where Now then Mono read the monotonic clock twice. A clock read is
+	// a large part of what an ordered tag's owner adds to a request.
+	Read func() (time.Time, time.Duration)
+}
+
+// read reads both clocks: Read if set, else Mono then Now.
+func (c Clock) read() (time.Time, time.Duration) {
+	if c.Read != nil {
+		return c.Read()
+	}
+	mono := c.Mono()
+	return c.Now(), mono
 }
 
 // Settings are the terms one holder takes leases on. Zero values mean the
@@ -94,6 +112,18 @@ func (s Settings) Check() (Settings, error) {
 		return s, fmt.Errorf("%w: Lease %v not in %v..%s", ErrInvalidSettings, s.Lease, MinLease, limit)
 	case s.Heartbeat <= 0 || s.Heartbeat >= s.Lease:
 		return s, fmt.Errorf("%w: Heartbeat %v not in (0, Lease %v)", ErrInvalidSettings, s.Heartbeat, s.Lease)
+	case s.Read != nil && (s.Now == nil || s.Mono == nil):
+		return s, fmt.Errorf("%w: Clock.Read without Now and Mono", ErrInvalidSettings)
+	}
+	if s.Now == nil && s.Mono == nil {
+		// The real clocks, from one origin: time.Now's monotonic
+		// reading less base's is Mono (time.Since and Time.Sub use the
+		// monotonic readings when both times have one, as both have
+		// here).
+		base := time.Now()
+		s.Now = time.Now
+		s.Mono = func() time.Duration { return time.Since(base) }
+		s.Read = func() (time.Time, time.Duration) { now := time.Now(); return now, now.Sub(base) }
 	}
 	if s.Now == nil {
 		s.Now = time.Now
@@ -260,10 +290,11 @@ func (f *Fence) Revoke() {
 	f.expires.Store(0)
 }
 
-// Valid reports whether the lease is valid now on both of c's clocks: the
-// monotonic first; the wall clock is read only if that passes.
+// Valid reports whether the lease is valid now on both of c's clocks,
+// read at once (Clock.Read).
 func (f *Fence) Valid(c Clock) bool {
-	return int64(c.Mono()) < f.validUntil.Load() && c.Now().UnixNano() < f.expires.Load()
+	now, mono := c.read()
+	return int64(mono) < f.validUntil.Load() && now.UnixNano() < f.expires.Load()
 }
 
 // Stream is the bucket a holder started on: the creation time of its

@@ -85,6 +85,7 @@ func TestSettings(t *testing.T) {
 		{name: "negative MaxLease", s: lease.Settings{MaxLease: -1}},
 		{name: "heartbeat not below lease", s: lease.Settings{Lease: time.Second, Heartbeat: time.Second}},
 		{name: "negative heartbeat", s: lease.Settings{Lease: time.Second, Heartbeat: -1}},
+		{name: "Read without Now and Mono", s: lease.Settings{Clock: lease.Clock{Read: func() (time.Time, time.Duration) { return t0, 0 }}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -137,6 +138,32 @@ func TestDeletedMargin(t *testing.T) {
 	}
 }
 
+// TestDefaultClockReadsBothAtOnce checks the real clocks Check fills in:
+// Read gives what Now and Mono give, from the same origin, so a fence
+// extended from a Grant of Now and Mono is checked against both clocks by
+// one Read.
+func TestDefaultClockReadsBothAtOnce(t *testing.T) {
+	s, err := lease.Settings{}.Check()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Read == nil {
+		t.Fatal("Check left Read unset with the real clocks")
+	}
+	monoBefore, wallBefore := s.Mono(), s.Now()
+	wall, mono := s.Read()
+	monoAfter, wallAfter := s.Mono(), s.Now()
+	if mono < monoBefore || mono > monoAfter {
+		t.Fatalf("Read's monotonic reading %v not between Mono's %v and %v: another origin", mono, monoBefore, monoAfter)
+	}
+	if wall.Before(wallBefore) || wall.After(wallAfter) {
+		t.Fatalf("Read's wall reading %v not between Now's %v and %v", wall, wallBefore, wallAfter)
+	}
+	if s, err := (lease.Settings{Clock: lease.Clock{Mono: s.Mono}}).Check(); err != nil || s.Read != nil {
+		t.Fatalf("Check with a Mono of its own: Read set %v, %v; want unset (Now and Mono are read apart)", s.Read != nil, err)
+	}
+}
+
 // TestFenceBothClocks checks that a lease is valid only while both clocks
 // say so: a suspended machine's monotonic clock stood still, a stepped
 // wall clock is caught by the monotonic one.
@@ -159,6 +186,22 @@ func TestFenceBothClocks(t *testing.T) {
 			f.Extend(lease.Grant{Sent: c.Now(), Mono: c.Mono()}, l)
 			tt.after(c)
 			if got := f.Valid(c.Clock()); got != tt.want {
+				t.Fatalf("Valid() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	// A Clock with Read: Valid reads both clocks from it, at once, and
+	// still refuses when either one is past the lease.
+	for _, tt := range tests {
+		t.Run("read at once/"+tt.name, func(t *testing.T) {
+			c := &clock{wall: t0, mono: time.Hour}
+			var f lease.Fence
+			f.Extend(lease.Grant{Sent: c.Now(), Mono: c.Mono()}, l)
+			tt.after(c)
+			apart := func() { t.Error("Valid read the clocks apart, with Read set") }
+			both := lease.Clock{Now: func() time.Time { apart(); return c.Now() }, Mono: func() time.Duration { apart(); return c.Mono() },
+				Read: func() (time.Time, time.Duration) { return c.Now(), c.Mono() }}
+			if got := f.Valid(both); got != tt.want {
 				t.Fatalf("Valid() = %v, want %v", got, tt.want)
 			}
 		})

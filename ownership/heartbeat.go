@@ -138,6 +138,7 @@ func (l *Leases) renew(tag string) (retry bool) {
 			return false
 		}
 		h.fence.Extend(r.Grant, l.cfg.Lease)
+		h.expired.Store(false) // after Extend: Cached trusts the holding again
 		return false
 	case lease.Closing:
 		return false

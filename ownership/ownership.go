@@ -119,6 +119,9 @@ type Settings struct {
 	Logger *slog.Logger
 
 	mono func() time.Duration // tests
+	// read reads Now and mono at once (lease.Clock.Read); set by check
+	// with the real clocks.
+	read func() (time.Time, time.Duration)
 	// hooks are set by Open from its Serving; tests set their own.
 	hooks hooks
 }
@@ -199,6 +202,11 @@ type held struct {
 	rec record // under Leases.mu
 	// fence is the lease's validity on both clocks.
 	fence lease.Fence
+	// expired is set when a check found the fence run out (or revoked),
+	// and cleared when a renewal extends it: while it is set, Cached reads
+	// the clocks rather than trust the holding. A hint only: what is
+	// served rests on Owns.
+	expired atomic.Bool
 }
 
 // Route says where a tag's requests go.
@@ -317,7 +325,7 @@ func (s *Settings) check() error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidSettings, err)
 	}
-	s.Lease, s.Heartbeat, s.Now, s.mono = ls.Lease, ls.Heartbeat, ls.Now, ls.Mono
+	s.Lease, s.Heartbeat, s.Now, s.mono, s.read = ls.Lease, ls.Heartbeat, ls.Now, ls.Mono, ls.Read
 	if s.Logger == nil {
 		s.Logger = slog.Default()
 	}
@@ -326,7 +334,7 @@ func (s *Settings) check() error {
 
 // leaseSettings are s's terms for package lease.
 func (s *Settings) leaseSettings() lease.Settings {
-	return lease.Settings{Lease: s.Lease, Heartbeat: s.Heartbeat, MaxLease: MaxLease, Clock: lease.Clock{Now: s.Now, Mono: s.mono}}
+	return lease.Settings{Lease: s.Lease, Heartbeat: s.Heartbeat, MaxLease: MaxLease, Clock: lease.Clock{Now: s.Now, Mono: s.mono, Read: s.read}}
 }
 
 // start returns running Leases with checked settings over a checked

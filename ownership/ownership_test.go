@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -717,4 +718,40 @@ func TestReleaseAfterALandedRenewal(t *testing.T) {
 	if r := claim(t, b, "orders"); !r.Self {
 		t.Fatalf("b's claim right after a closed: %+v, want Self (a's release must land)", r)
 	}
+}
+
+// TestCachedTrustsTheHoldingUntilACheckFails: Cached says Self for a held
+// lease without reading a clock until a check (Owns) finds the lease run
+// out; from then on it reads the clocks, until a renewal extends the lease.
+// What is served rests on Owns, which package dispenser checks after
+// taking: Cached may say Self a moment after the lease ran out.
+func TestCachedTrustsTheHoldingUntilACheckFails(t *testing.T) {
+	kv := newBucket(t)
+	var reads atomic.Int64
+	a := newWorker(t, kv, "a", 0, func(s *Settings) {
+		now, mono := s.Now, s.mono
+		s.Now = func() time.Time { reads.Add(1); return now() }
+		s.mono = func() time.Duration { reads.Add(1); return mono() }
+	})
+	claim(t, a, "orders")
+	cached := func(when string, wantSelf bool, wantReads int64) {
+		t.Helper()
+		reads.Store(0)
+		r, _ := a.Cached("orders")
+		if got := reads.Load(); r.Self != wantSelf || got != wantReads {
+			t.Fatalf("%s: Cached Self %v after %d clock reads; want Self %v after %d", when, r.Self, got, wantSelf, wantReads)
+		}
+	}
+	cached("held", true, 0)
+	a.clock.Add(6 * time.Second) // past the 5 s lease, not renewed
+	cached("run out, not checked yet", true, 0)
+	if a.Owns("orders") {
+		t.Fatal("Owns past the lease")
+	}
+	cached("after Owns found the lease run out", false, 2)
+	a.renew("orders")
+	if !a.Owns("orders") {
+		t.Fatal("not Owns after a renewal")
+	}
+	cached("renewed", true, 0)
 }

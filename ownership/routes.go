@@ -95,11 +95,18 @@ func (l *Leases) Owns(tag string) bool {
 	l.mu.Lock()
 	h := l.owned[tag]
 	l.mu.Unlock()
-	if h == nil {
-		return false
-	}
+	return h != nil && l.valid(h)
+}
+
+// valid reports whether h's lease is valid now on both clocks; if not, it
+// marks h expired, so that Cached checks the clocks too until a renewal
+// extends the lease.
+func (l *Leases) valid(h *held) bool {
 	if h.fence.Valid(l.terms.Clock) {
 		return true
+	}
+	if !h.expired.Load() {
+		h.expired.Store(true)
 	}
 	l.fencedHits.Add(1)
 	return false
@@ -196,8 +203,22 @@ func seenOf(e jetstream.KeyValueEntry) seen {
 
 // Cached says where tag's requests go from what this worker already knows,
 // without I/O; ok is false when it knows of no live owner (then use Route).
+//
+// Self is not Owns: it says that this worker holds tag's lease (acquired
+// after the Serving's Reset, not lost since) and that no check found the
+// lease run out since it was last extended, and it reads no clock when
+// none did. So the lease may have run out by the clocks a moment ago: a
+// caller may take IDs on it, but may serve them only if Owns holds after
+// it took them (package dispenser's safety argument, step 3), and skips
+// them otherwise. Once Owns (or Cached) found the lease run out, Cached
+// reads the clocks too, until a renewal extends the lease: a worker whose
+// lease ran out takes (and skips) IDs only for the requests that came
+// before its first check after that.
 func (l *Leases) Cached(tag string) (r Route, ok bool) {
-	if l.Owns(tag) {
+	l.mu.Lock()
+	h := l.owned[tag]
+	l.mu.Unlock()
+	if h != nil && (!h.expired.Load() || l.valid(h)) {
 		return Route{Self: true}, true
 	}
 	s, ok := l.cached(tag)

@@ -40,7 +40,7 @@ func TestOrderedTagsOnlyForTheOwner(t *testing.T) {
 	}
 	owned := func(n int) []int64 {
 		t.Helper()
-		runs, p, err := a.TakeOwned("o", n, nil)
+		runs, _, p, err := a.TakeOwned("o", n, nil)
 		if err == nil && p != nil {
 			runs, err = p.Wait(ctx)
 		}
@@ -106,7 +106,7 @@ func TestResetDiscardsSegmentFetchedBefore(t *testing.T) {
 	fetched, hold := make(chan tagmodel.Allocation, 1), make(chan struct{})
 	st := &lateStore{memStore: mem, fetched: fetched, hold: hold}
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxWait: time.Minute})
-	_, p, err := a.TakeOwned("o", 1, nil)
+	_, _, p, err := a.TakeOwned("o", 1, nil)
 	if err != nil || p == nil {
 		t.Fatalf("TakeOwned of a new tag: pending %v, err %v; want a pending request", p, err)
 	}
@@ -124,7 +124,7 @@ func TestResetDiscardsSegmentFetchedBefore(t *testing.T) {
 	if err := <-waited; !errors.Is(err, ErrOrdered) {
 		t.Fatalf("the request waiting across the Reset: %v, want ErrOrdered (to be routed again)", err)
 	}
-	runs, p, err := a.TakeOwned("o", 1, nil)
+	runs, _, p, err := a.TakeOwned("o", 1, nil)
 	if err == nil && p != nil {
 		runs, err = p.Wait(ctx)
 	}
@@ -169,7 +169,7 @@ func TestSwitchWindowRefetch(t *testing.T) {
 	a.apply(tagmodel.Change{Tag: tagmodel.Tag{Name: "o", Step: 1000, Ordered: true}}) // this worker's refresh
 	owned := func() int64 {
 		t.Helper()
-		runs, p, err := a.TakeOwned("o", 1, nil)
+		runs, _, p, err := a.TakeOwned("o", 1, nil)
 		if err == nil && p != nil {
 			runs, err = p.Wait(ctx)
 		}
@@ -270,5 +270,36 @@ func TestWaitingPlainRequestOfTagTurnedOrdered(t *testing.T) {
 	close(hold)
 	if err := <-waited; !errors.Is(err, ErrOrdered) {
 		t.Fatalf("a plain request waiting when its tag turned ordered: %v, want ErrOrdered", err)
+	}
+}
+
+// TestSourceCurrent: the IDs TakeOwned (or its Pending) hands out carry
+// their buffer, which is no longer current once a Reset dropped it, so
+// that an owner can tell IDs of an ownership that ended from IDs of the
+// one it checked.
+func TestSourceCurrent(t *testing.T) {
+	ctx := context.Background()
+	a := newAllocator(t, Settings{Store: newMemStore(t, tagmodel.Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true}), MaxStep: 10})
+	_, src, p, err := a.TakeOwned("o", 1, nil) // a new tag: it waits for its first segment
+	if err != nil || p == nil {
+		t.Fatalf("TakeOwned of a new tag: pending %v, err %v; want a pending request", p, err)
+	}
+	if src.Current() {
+		t.Fatal("IDs of no buffer yet are current")
+	}
+	if _, err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waited := p.Source()
+	_, taken, p, err := a.TakeOwned("o", 1, nil)
+	if err != nil || p != nil {
+		t.Fatalf("TakeOwned from memory: pending %v, err %v", p, err)
+	}
+	if !waited.Current() || !taken.Current() {
+		t.Fatalf("before a Reset: current after waiting %v, from memory %v; want both", waited.Current(), taken.Current())
+	}
+	a.Reset("o")
+	if waited.Current() || taken.Current() {
+		t.Fatalf("after a Reset: current after waiting %v, from memory %v; want neither", waited.Current(), taken.Current())
 	}
 }

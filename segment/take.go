@@ -74,20 +74,47 @@ func (a *Allocator) TakeNow(tag string, n int, dst []Run) ([]Run, *Pending, erro
 // made before the window ended, once it has: from then on the owner serves
 // only segments fetched after every worker stopped serving the tag as
 // plain.
-func (a *Allocator) TakeOwned(tag string, n int, dst []Run) ([]Run, *Pending, error) {
-	if b := a.tags.get(tag); b != nil {
+//
+// The IDs come with their Source (for a Pending: Pending.Source, after
+// Wait): the caller serves them only if, after it checked again that it
+// owns the tag, Source.Current still holds. Ownership checked after the
+// take may be a later ownership than the one the IDs were taken under (the
+// tag lost and claimed again in between); the Resets of that loss and
+// claim dropped the buffer the IDs came from, which Current sees.
+func (a *Allocator) TakeOwned(tag string, n int, dst []Run) ([]Run, Source, *Pending, error) {
+	b := a.tags.get(tag)
+	if b != nil {
 		if end := b.refetchAt.Load(); end != 0 && a.now().UnixNano() >= end {
 			a.reset(tag, b)
+			b = a.tags.get(tag)
 		}
 	}
-	return a.takeNow(tag, n, dst, true)
+	runs, p, err := a.takeFrom(b, tag, n, dst, true)
+	return runs, Source{b}, p, err
 }
 
+// Source is the buffer an owner's IDs were taken from (TakeOwned,
+// Pending.Source).
+type Source struct{ b *buffer }
+
+// Current reports whether the IDs' buffer is still the tag's: no Reset
+// (nor the switch window's end, nor the idle loop) dropped it since it was
+// taken from. A buffer once dropped never serves again, so if Current
+// holds after a check that found the tag owned, the IDs come from a buffer
+// made after the Reset of that ownership's claim: from segments fetched
+// after the claim. False for IDs that came from no buffer.
+func (s Source) Current() bool { return s.b != nil && !s.b.dropped.Load() }
+
 func (a *Allocator) takeNow(tag string, n int, dst []Run, owned bool) ([]Run, *Pending, error) {
+	return a.takeFrom(a.tags.get(tag), tag, n, dst, owned)
+}
+
+// takeFrom is takeNow from b, tag's buffer as the tag map gave it (nil if
+// it had none).
+func (a *Allocator) takeFrom(b *buffer, tag string, n int, dst []Run, owned bool) ([]Run, *Pending, error) {
 	if n < 1 {
 		return dst, nil, fmt.Errorf("%w: %d", ErrInvalidCount, n)
 	}
-	b := a.tags.get(tag)
 	if b == nil {
 		return dst, &Pending{a: a, tag: tag, n: n, deadline: a.deadline(), owned: owned}, nil
 	}
@@ -107,7 +134,7 @@ func (a *Allocator) takeNow(tag string, n int, dst []Run, owned bool) ([]Run, *P
 // Pending is a request that TakeNow could not serve from memory.
 type Pending struct {
 	a    *Allocator
-	b    *buffer // nil: the tag is not known yet
+	b    *buffer // nil: the tag is not known yet (an owner's Wait sets it)
 	tag  string
 	n    int   // IDs still to take
 	runs []Run // IDs already taken
@@ -119,6 +146,10 @@ type Pending struct {
 	numbered bool
 	num      Numbering
 }
+
+// Source is the buffer the IDs Wait returned were taken from (see
+// TakeOwned); call it after Wait.
+func (p *Pending) Source() Source { return Source{p.b} }
 
 // Wait takes the rest of the request's IDs, waiting for a segment at most
 // MaxWait or until ctx ends, and returns all of them. Errors and skipped
@@ -147,6 +178,9 @@ func (a *Allocator) takeSlowFor(ctx context.Context, tag string, n int, dst []Ru
 	b, err := a.buffer(ctx, tag, deadline)
 	if err != nil {
 		return dst, err
+	}
+	if p != nil && owned {
+		p.b = b // Pending.Source
 	}
 	if !owned && b.ordered.Load() {
 		return dst, fmt.Errorf("%w %q", ErrOrdered, tag)
