@@ -301,7 +301,7 @@ func Open(ctx context.Context, js jetstream.JetStream, serving Serving, s Settin
 		Replicas:    s.Replicas,
 		Storage:     jetstream.FileStorage,
 		Placement:   kvbucket.Placement(s.Cluster),
-	})
+	}, s.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("ownership: %w", err)
 	}
