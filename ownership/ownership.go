@@ -50,6 +50,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/singleflight"
 
@@ -309,11 +310,11 @@ func Open(ctx context.Context, js jetstream.JetStream, serving Serving, s Settin
 		Replicas:    s.Replicas,
 		Storage:     jetstream.FileStorage,
 		Placement:   kvbucket.Placement(s.Cluster),
-	})
+	}, s.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("ownership: %w", err)
 	}
-	return start(ctx, kv, s)
+	return start(ctx, js.Conn(), kv, s)
 }
 
 // check fills in defaults and validates s.
@@ -338,8 +339,11 @@ func (s *Settings) leaseSettings() lease.Settings {
 }
 
 // start returns running Leases with checked settings over a checked
-// bucket, recording its stream's creation time.
-func start(ctx context.Context, kv jetstream.KeyValue, s Settings) (*Leases, error) {
+// bucket, recording its stream's creation time. Its watch waits out a
+// JetStream that is not ready yet (kvbucket.WaitReady): it needs a
+// consumer, so a meta leader, which reading the bucket does not; nc is
+// kv's connection (nil: not known, see kvbucket.Transient).
+func start(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, s Settings) (*Leases, error) {
 	stream, err := lease.NewStream(ctx, kv)
 	if err != nil {
 		return nil, fmt.Errorf("ownership: %w", err)
@@ -361,7 +365,11 @@ func start(ctx context.Context, kv jetstream.KeyValue, s Settings) (*Leases, err
 		Ours: func(e jetstream.KeyValueEntry) bool { s := seenOf(e); return s.put && s.rec.Session == l.session },
 	}
 	// Watch before serving, so that no change after Open is missed.
-	w, err := kv.WatchAll(l.ctx, jetstream.UpdatesOnly())
+	var w jetstream.KeyWatcher
+	err = kvbucket.WaitReady(ctx, nc, s.Logger, fmt.Sprintf("bucket %q: watch", kv.Bucket()), func() (err error) {
+		w, err = kv.WatchAll(l.ctx, jetstream.UpdatesOnly())
+		return err
+	})
 	if err != nil {
 		l.cancel()
 		return nil, fmt.Errorf("ownership: bucket %q: watch: %w", kv.Bucket(), err)

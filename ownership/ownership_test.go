@@ -84,7 +84,7 @@ func newWorker(tb testing.TB, kv jetstream.KeyValue, owner string, skew time.Dur
 	for _, o := range opts {
 		o(&st)
 	}
-	l, err := start(context.Background(), kv, st)
+	l, err := start(context.Background(), nil, kv, st)
 	if err != nil {
 		tb.Fatal(err)
 	}

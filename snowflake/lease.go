@@ -135,7 +135,7 @@ func openBucket(ctx context.Context, js jetstream.JetStream, s *NodeSettings) (j
 		Replicas:    s.Replicas,
 		Storage:     jetstream.FileStorage,
 		Placement:   kvbucket.Placement(s.Cluster),
-	})
+	}, s.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", s.Bucket, err)
 	}

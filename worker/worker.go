@@ -325,7 +325,8 @@ type Worker struct {
 
 // New validates cfg, starts the worker and returns once it serves. ctx
 // bounds the start only: the worker runs until Close. On an error
-// everything started is stopped again.
+// everything started is stopped again. A JetStream not ready yet is
+// waited for, at most kvbucket.StartWait per step (kvbucket.WaitReady).
 func New(ctx context.Context, cfg Config) (*Worker, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {

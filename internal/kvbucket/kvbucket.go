@@ -54,6 +54,11 @@ var (
 	// configuration asks for (Requirements.MinReplicas). More replicas than
 	// asked for are accepted.
 	ErrReplicas = errors.New("kvbucket: bucket has fewer replicas than configured")
+
+	// ErrNotReady means JetStream stayed not ready (Transient) for as long
+	// as a start-up step waits for it (WaitReady, StartWait); the error
+	// says what was waited for, for how long, and the last error.
+	ErrNotReady = errors.New("kvbucket: JetStream not ready")
 )
 
 // Requirements are what Check asks of a bucket besides keeping its values.
@@ -138,7 +143,22 @@ func Placement(cluster string) *jetstream.Placement {
 // it. An existing bucket is used as it is if it passes: CreateKeyValue never
 // changes a bucket of another configuration, and the checks, not the
 // server's objections to cfg, judge it.
-func Open(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+//
+// A JetStream that is not ready yet (Transient: a meta leader being
+// elected, a peer offline so that a replicated bucket cannot be placed) is
+// waited for, logged to logger (nil: slog.Default), for at most StartWait
+// (WaitReady); other errors, Check's among them, are returned at once.
+func Open(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, logger *slog.Logger) (jetstream.KeyValue, error) {
+	var kv jetstream.KeyValue
+	err := WaitReady(ctx, js.Conn(), logger, fmt.Sprintf("bucket %q: open", cfg.Bucket), func() (err error) {
+		kv, err = open(ctx, js, cfg)
+		return err
+	})
+	return kv, err
+}
+
+// open is one attempt of Open.
+func open(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, cfg)
@@ -156,13 +176,20 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueCon
 }
 
 // OpenGuarded is Open followed by NewGuard on the bucket, with the same
-// requirements; what and logger are NewGuard's.
+// requirements; what and logger are NewGuard's. NewGuard, too, waits out
+// a JetStream that is not ready yet (WaitReady): run again, it finds the
+// proof record an attempt that got no reply may have stored, as a second
+// worker starting at the same time would.
 func OpenGuarded(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig, what string, logger *slog.Logger) (jetstream.KeyValue, *Guard, error) {
-	kv, err := Open(ctx, js, cfg)
+	kv, err := Open(ctx, js, cfg, logger)
 	if err != nil {
 		return nil, nil, err
 	}
-	g, err := NewGuard(ctx, kv, requirements(cfg), what, logger)
+	var g *Guard
+	err = WaitReady(ctx, js.Conn(), logger, fmt.Sprintf("bucket %q: check", cfg.Bucket), func() (err error) {
+		g, err = NewGuard(ctx, kv, requirements(cfg), what, logger)
+		return err
+	})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -64,6 +64,7 @@ type Cluster struct {
 	Links   [][]*Link
 	Net     *Net
 	opts    []*server.Options // each server's options before it started (Restart)
+	down    map[int]bool      // servers stopped by Stop and not started again
 }
 
 // deadRoute is the cluster address every server advertises: nothing
