@@ -92,14 +92,22 @@
 //     run out Cached reads the clocks too (until a renewal), so only the
 //     requests before that check take any. A request served from memory
 //     is therefore one reading of both clocks (lease.Clock.Read).
-//     Forwarded requests are served only while Owns holds; otherwise they
-//     fail with ErrOwnershipMoving (503), and the requester retries.
+//     Forwarded requests are served only while Owns holds. One that
+//     comes while this worker's claim of the tag is under way (its write
+//     landed, so the sender saw this worker as the owner, but the Reset
+//     of 2 has not returned and Owns does not hold yet) waits for the
+//     claim's outcome, for at most the route wait (Owners' ClaimWaiter,
+//     orderedTags.awaitClaim), and is then served as any other, with the
+//     check after taking, if Owns holds, or routed from here if not.
+//     Otherwise forwarded requests fail with ErrOwnershipMoving (503), and
+//     the requester retries.
 //  4. Direct requests are served exactly like forwarded ones: only while
 //     Owns holds, through the same TakeOwned and check after taking. A
 //     worker's direct subject names the worker, not the tag's owner: a
 //     request on it reaching a worker that does not own the tag (it lost
 //     it, never had it, or the tag is not ordered) is refused with
-//     ErrNotOwner (protocol.CodeMisdirected) before anything is taken, and
+//     ErrNotOwner (protocol.CodeMisdirected) before anything is taken
+//     (after the claim's outcome, if its claim of the tag is under way), and
 //     the requester asks the queue group again. One lost while taking is
 //     routed again, as in 3. So a client that still sends to a former
 //     owner gets no ID from it: every ID still comes from the owner of the

@@ -48,6 +48,18 @@ type HandingOver interface {
 	HandingOver() bool
 }
 
+// ClaimWaiter is what an Owners implements if other workers may see its
+// claim of a tag before Owns holds here (*ownership.Leases: the claim's
+// write lands, then the buffers are reset, then the lease is in place):
+// a request forwarded here in that window waits for the claim's outcome
+// (orderedTags.awaitClaim) rather than fail.
+type ClaimWaiter interface {
+	// ClaimUnderway returns a channel closed when this worker's claim of
+	// tag under way ends, after a won lease is in place, or nil if no
+	// claim of tag is under way. It claims nothing.
+	ClaimUnderway(tag string) <-chan struct{}
+}
+
 // ownerQueue is the queue group of the subscriptions to forwarded and
 // direct requests.
 const ownerQueue = "owner"
@@ -347,7 +359,16 @@ func (t *orderedTags) handleForwarded(msg *nats.Msg) {
 			// held by one worker at a time and answered once.
 			t.routeAside(r, tag)
 		case !s.cfg.Owners.Owns(tag):
-			r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
+			if claim := t.claimUnderway(tag); claim != nil {
+				// This worker's claim of the tag is under way: its
+				// write landed (the sender saw it), its lease is not
+				// in place yet. Wait for it rather than fail.
+				t.awaitClaim(r, tag, claim, false)
+			} else if s.cfg.Owners.Owns(tag) {
+				t.takeOwned(r, tag) // a claim ended in between
+			} else {
+				r.fail(fmt.Errorf("%w: %q is not owned here any more", ErrOwnershipMoving, tag))
+			}
 		default:
 			t.takeOwned(r, tag)
 		}
@@ -357,6 +378,60 @@ func (t *orderedTags) handleForwarded(msg *nats.Msg) {
 func (t *orderedTags) handingOver() bool {
 	h, ok := t.s.cfg.Owners.(HandingOver)
 	return ok && h.HandingOver()
+}
+
+// claimUnderway is the Owners' ClaimWaiter.ClaimUnderway, or nil.
+func (t *orderedTags) claimUnderway(tag string) <-chan struct{} {
+	if c, ok := t.s.cfg.Owners.(ClaimWaiter); ok {
+		return c.ClaimUnderway(tag)
+	}
+	return nil
+}
+
+// awaitClaim serves a request forwarded to this worker (or sent to its
+// direct subject, direct) while its claim of tag is under way (done is
+// closed when the claim ends), on a goroutine of its own: if the claim is
+// won within the wait, as the owner (takeOwned, with its check after
+// taking: nothing is served on the claim's word alone). If it ended
+// otherwise, a forwarded request is routed from here (route) like one this
+// worker received itself, and a direct one is refused as misdirected
+// (ErrNotOwner), as it would have been without the claim. Nothing is
+// taken before Owns holds.
+//
+// No request goes round for ever. A worker routes a forwarded request on
+// only when it is handing over (it claims nothing any more) or here, after
+// a claim of its own that was under way when the request came ended
+// without the lease; any other worker that does not own the tag answers
+// 503. So a request makes a further hop only when the worker it reaches
+// is claiming the tag at that moment and then does not get it: another
+// worker holds a live lease or took the key first. Each hop waits at most
+// t.wait for the claim and route's wait after it.
+func (t *orderedTags) awaitClaim(r replier, tag string, done <-chan struct{}, direct bool) {
+	r = r.detach()
+	t.parked.Add(1)
+	go func() {
+		defer t.parked.Done()
+		timer := time.NewTimer(t.wait)
+		defer timer.Stop()
+		select {
+		case <-done:
+		case <-timer.C:
+			t.s.noOwner.Add(1)
+			r.fail(fmt.Errorf("%w: %q: this worker's claim did not end within %v", ErrOwnershipMoving, tag, t.wait))
+			return
+		}
+		switch {
+		case t.s.cfg.Owners.Owns(tag):
+			if direct {
+				t.s.direct.Add(1)
+			}
+			t.takeOwned(r, tag)
+		case direct:
+			t.misdirected(r, tag)
+		default:
+			t.route(r, tag)
+		}
+	}()
 }
 
 // handleDirect serves requests a requester sent to this worker's direct
@@ -380,10 +455,23 @@ func (t *orderedTags) handleDirect(msg *nats.Msg) {
 	case err != nil:
 		r.fail(err)
 	case !s.cfg.Owners.Owns(tag):
-		s.misdirected.Add(1)
-		r.fail(fmt.Errorf("%w: %q", ErrNotOwner, tag))
+		if claim := t.claimUnderway(tag); claim != nil {
+			t.awaitClaim(r, tag, claim, true) // as a forwarded request
+		} else if s.cfg.Owners.Owns(tag) {
+			s.direct.Add(1)
+			t.takeOwned(r, tag) // a claim ended in between
+		} else {
+			t.misdirected(r, tag)
+		}
 	default:
 		s.direct.Add(1)
 		t.takeOwned(r, tag)
 	}
+}
+
+// misdirected refuses a direct request for a tag this worker does not own,
+// nothing taken: the requester asks the queue group again.
+func (t *orderedTags) misdirected(r replier, tag string) {
+	t.s.misdirected.Add(1)
+	r.fail(fmt.Errorf("%w: %q", ErrNotOwner, tag))
 }

@@ -57,6 +57,8 @@ type orderedOptions struct {
 	// the leases reset a tag (on acquiring and on losing it); it gets the
 	// Reset to call.
 	onReset func(tag string, reset func(string))
+	// serve, if set, makes the Service's Owners of the leases.
+	serve func(*ownership.Leases) dispenser.Owners
 }
 
 // hookedReset is the allocator with the Reset of orderedOptions.onReset.
@@ -97,8 +99,12 @@ func (st *stack) orderedWorker(tb testing.TB, name string, opts ...func(*ordered
 		tb.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()
+	var served dispenser.Owners = owners
+	if o.serve != nil {
+		served = o.serve(owners)
+	}
 	svc, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(tb, st.ns), Segments: alloc, Logger: quiet,
-		Owners: owners, OwnerSubject: subject, OwnerID: name, Registerer: reg})
+		Owners: served, OwnerSubject: subject, OwnerID: name, Registerer: reg})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -608,4 +614,116 @@ func TestDeadOwnerLookupsBounded(t *testing.T) {
 		t.Fatalf("%d requests waiting about a second for a dead owner's tag read the bucket %d times, want a bounded few", requests, lookups)
 	}
 	t.Logf("%d requests, %d served, %d bucket reads", requests, served, lookups)
+}
+
+// waitingOwners are leases that say when a request asks for a claim under
+// way (dispenser.ClaimWaiter) and gets one to wait for.
+type waitingOwners struct {
+	*ownership.Leases
+	waiting chan<- struct{}
+}
+
+func (o waitingOwners) ClaimUnderway(tag string) <-chan struct{} {
+	ch := o.Leases.ClaimUnderway(tag)
+	if ch != nil {
+		select {
+		case o.waiting <- struct{}{}:
+		default:
+		}
+	}
+	return ch
+}
+
+// TestRequestDuringClaimWaitsForIt: a worker's claim of an ordered tag has
+// landed in the bucket (other workers see it as the owner and forward it
+// requests; a direct client may still send there) but is not complete yet
+// (its Reset is held up here, the window a loaded machine opens). A
+// request forwarded to it, or sent to its direct subject, in that window
+// waits for the claim and is served once it is won, instead of being
+// answered 503 (forwarded) or 421 (direct) at once: a worker that is about
+// to own the tag is asked, and answers.
+func TestRequestDuringClaimWaitsForIt(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		subject string // where the request goes
+		body    string
+		reply   string // its reply subject
+	}{
+		{name: "forwarded", subject: "id.owner.w2.seq", body: "_INBOX.claim.fwd 1 list 0\n", reply: "_INBOX.claim.fwd"},
+		{name: "direct", subject: "id.direct.seq.w2", body: "1", reply: "_INBOX.claim.direct"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := newStack(t, nil)
+			if err := st.store.CreateTag(context.Background(), tagmodel.Tag{Name: "seq", Step: 10, MaxID: 1, Ordered: true}); err != nil {
+				t.Fatal(err)
+			}
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			waiting := make(chan struct{}, 1)
+			w2 := st.orderedWorker(t, "w2", func(o *orderedOptions) {
+				o.onReset = func(tag string, reset func(string)) {
+					once.Do(func() { // the first Reset: the claim's
+						close(entered)
+						<-release
+					})
+					reset(tag)
+				}
+				o.serve = func(l *ownership.Leases) dispenser.Owners { return waitingOwners{l, waiting} }
+			})
+			claimed := make(chan error, 1)
+			go func() {
+				rt, err := w2.owners.Claim(context.Background(), "seq")
+				if err == nil && !rt.Self {
+					err = fmt.Errorf("route %+v, want Self", rt)
+				}
+				claimed <- err
+			}()
+			select {
+			case <-entered: // the claim's write landed; its Reset is held up
+			case err := <-claimed:
+				close(release)
+				t.Fatalf("the claim ended without a Reset on acquiring: %v", err)
+			}
+			nc := testenv.Connect(t, st.ns)
+			replies := make(chan *nats.Msg, 4)
+			if _, err := nc.ChanSubscribe(tc.reply, replies); err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			msg := &nats.Msg{Subject: tc.subject, Reply: tc.reply, Data: []byte(tc.body)}
+			if tc.name == "forwarded" {
+				msg.Reply = "" // the reply subject is in the line
+			}
+			if err := nc.PublishMsg(msg); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-waiting: // the request waits for the claim
+			case m := <-replies:
+				close(release)
+				t.Fatalf("answered while the claim was under way: %s %s %q",
+					m.Header.Get(micro.ErrorCodeHeader), m.Header.Get(micro.ErrorHeader), m.Data)
+			case <-time.After(10 * time.Second):
+				t.Fatal("the request neither waited for the claim nor was answered within 10 s")
+			}
+			close(release)
+			if err := <-claimed; err != nil {
+				t.Fatal(err)
+			}
+			var m *nats.Msg
+			select {
+			case m = <-replies:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no answer within 10 s after the claim was won")
+			}
+			if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
+				t.Fatalf("answered %s %s after the claim was won, want an ID", code, m.Header.Get(micro.ErrorHeader))
+			}
+			if ids := parseIDs(t, string(m.Data)); len(ids) != 1 {
+				t.Fatalf("got IDs %v, want 1", ids)
+			}
+		})
+	}
 }

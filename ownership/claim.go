@@ -65,6 +65,10 @@ func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 		}
 	}
 	ch := l.flights.DoChan("claim "+tag, func() (any, error) {
+		done := make(chan struct{})
+		l.mu.Lock()
+		l.claiming[tag] = done
+		l.mu.Unlock()
 		rt, err := l.claim(tag)
 		l.mu.Lock()
 		if err != nil && !errors.Is(err, ErrClosed) {
@@ -72,7 +76,9 @@ func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 		} else {
 			delete(l.failed, tag)
 		}
+		delete(l.claiming, tag)
 		l.mu.Unlock()
+		close(done)
 		return rt, err
 	})
 	select {
@@ -84,6 +90,20 @@ func (l *Leases) Claim(ctx context.Context, tag string) (Route, error) {
 	case <-ctx.Done():
 		return Route{}, ctx.Err()
 	}
+}
+
+// ClaimUnderway returns a channel closed when this worker's claim of tag
+// that is under way ends, won or not, or nil if none is. A claim's
+// compare-and-swap lands before Owns holds (the Serving's Reset comes
+// between, see Claim): other workers may see this worker's record, and
+// forward it requests, while its claim is still completing. Such a
+// request may wait for the channel and then ask Owns, rather than fail:
+// a won lease is in place, and Owns holds, before the channel is closed.
+// Nothing is claimed by asking.
+func (l *Leases) ClaimUnderway(tag string) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.claiming[tag] // nil if none
 }
 
 // settled reports whether s decides a claim at now without reading the

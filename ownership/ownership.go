@@ -249,7 +249,8 @@ type Leases struct {
 	// holder runs the heartbeats (on hbCtx) and logs their failures.
 	holder *lease.Holder
 
-	// mu protects owned, routes, failed, reread, closed and handingOver.
+	// mu protects owned, routes, failed, reread, claiming, closed and
+	// handingOver.
 	// Lock order: it is the only mutex of Leases (the counters are
 	// atomic), and it is never held across a request to the bucket or a
 	// call into the Serving (whose Reset takes the allocator's locks).
@@ -264,7 +265,10 @@ type Leases struct {
 	// reread holds, per tag, when (monotonic) Claim last read a key that
 	// the cache said was settled (rereadEvery).
 	reread map[string]time.Duration
-	closed bool
+	// claiming holds, per tag whose claim is under way (Claim's flight),
+	// a channel closed when it ends: after its lease is in owned, if won.
+	claiming map[string]chan struct{}
+	closed   bool
 	// handingOver is set by HandOver: no claim succeeds from then on,
 	// and no lease is held; the watcher keeps the routes current.
 	handingOver bool
@@ -356,7 +360,7 @@ func start(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, s Settings
 	l := &Leases{
 		kv: kv, cfg: s, terms: terms, log: s.Logger.With("bucket", kv.Bucket()), session: rand.Text(), stream: stream,
 		done: make(chan struct{}), owned: map[string]*held{}, routes: map[string]seen{}, failed: map[string]failure{},
-		reread: map[string]time.Duration{},
+		reread: map[string]time.Duration{}, claiming: map[string]chan struct{}{},
 	}
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.hbCtx, l.hbCancel = context.WithCancel(l.ctx)

@@ -328,6 +328,54 @@ func TestAcquireBeforeVisible(t *testing.T) {
 	}
 }
 
+// TestClaimUnderway: while a claim's write has landed but its lease is not
+// in place (the Reset on acquiring runs), ClaimUnderway gives a channel;
+// it is closed only once Owns holds, and afterwards, and for a claim that
+// does not win, there is none. Package dispenser's forwarded and direct
+// requests wait on it (dispenser.TestRequestDuringClaimWaitsForIt).
+func TestClaimUnderway(t *testing.T) {
+	kv := newBucket(t)
+	var a *worker
+	var underway <-chan struct{}
+	var ownedDuring bool
+	a = newWorker(t, kv, "a", 0, func(s *Settings) {
+		s.hooks.acquired = func(tag string) {
+			underway = a.ClaimUnderway(tag)
+			ownedDuring = a.Owns(tag)
+		}
+	})
+	b := newWorker(t, kv, "b", 0)
+	if ch := a.ClaimUnderway("orders"); ch != nil {
+		t.Fatal("a claim under way before any claim")
+	}
+	if r := claim(t, a, "orders"); !r.Self {
+		t.Fatalf("a's claim of a free tag: %+v, want Self", r)
+	}
+	switch {
+	case underway == nil:
+		t.Fatal("no claim under way while the claim's Reset ran")
+	case ownedDuring:
+		t.Fatal("Owns held while the claim's Reset ran")
+	}
+	select {
+	case <-underway:
+	default:
+		t.Fatal("the claim ended, its channel is still open")
+	}
+	if !a.Owns("orders") {
+		t.Fatal("no ownership after the claim")
+	}
+	if ch := a.ClaimUnderway("orders"); ch != nil {
+		t.Fatal("a claim under way after the claim ended")
+	}
+	if r := claim(t, b, "orders"); r.Self || r.Owner != "a" {
+		t.Fatalf("b's claim of a's tag: %+v, want a's route", r)
+	}
+	if ch := b.ClaimUnderway("orders"); ch != nil {
+		t.Fatal("b: a claim under way after its claim ended")
+	}
+}
+
 // TestDeletedKeyMarginCoversLongestLease is issue 21's point 3: two
 // workers with different leases. a holds a 50 s lease, its key is deleted
 // by hand; b, with a 5 s lease, must not claim before twice a's lease
