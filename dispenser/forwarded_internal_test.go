@@ -303,16 +303,8 @@ func TestForwardedToAWorkerHandingOver(t *testing.T) {
 			ns, _ := orderedService(t, &handingOverOwners{handing: tc.handing, newOwnerAfter: 3}, 100)
 			nc := testenv.Connect(t, ns)
 			// The request forwarded on, or an answer: one channel.
-			out := make(chan *nats.Msg, 8)
-			for _, subject := range []string{"id.owner.b.seq", "_INBOX.ho"} {
-				if _, err := nc.ChanSubscribe(subject, out); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := nc.Flush(); err != nil {
-				t.Fatal(err)
-			}
-			msg := &nats.Msg{Subject: "id.owner.a.seq", Data: []byte("_INBOX.ho 1 list 0\n"), Header: nats.Header{protocol.ForwardedHeader: []string{"c"}}}
+			out := forwardedOrAnswered(t, nc, "_INBOX.ho")
+			msg := forwardedToA("_INBOX.ho")
 			if err := nc.PublishMsg(msg); err != nil {
 				t.Fatal(err)
 			}
@@ -405,16 +397,8 @@ func TestRequestAfterClaim(t *testing.T) {
 			owners := &claimingOwners{wins: tc.wins, underway: tc.underway, stuck: tc.stuck}
 			ns, _ := orderedService(t, owners, 100, func(c *Config) { c.OwnerID = "a" })
 			nc := testenv.Connect(t, ns)
-			out := make(chan *nats.Msg, 8)
-			for _, subject := range []string{"id.owner.b.seq", "_INBOX.cw"} {
-				if _, err := nc.ChanSubscribe(subject, out); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := nc.Flush(); err != nil {
-				t.Fatal(err)
-			}
-			msg := &nats.Msg{Subject: "id.owner.a.seq", Data: []byte("_INBOX.cw 1 list 0\n"), Header: nats.Header{protocol.ForwardedHeader: []string{"c"}}}
+			out := forwardedOrAnswered(t, nc, "_INBOX.cw")
+			msg := forwardedToA("_INBOX.cw")
 			if tc.direct {
 				msg = &nats.Msg{Subject: protocol.DirectSubject("id", "seq", "a"), Reply: "_INBOX.cw", Data: []byte("1")}
 			}
@@ -440,4 +424,26 @@ func TestRequestAfterClaim(t *testing.T) {
 			}
 		})
 	}
+}
+
+// forwardedOrAnswered returns one channel of what reaches the owner b of
+// seq (a request forwarded on) and inbox (an answer).
+func forwardedOrAnswered(tb testing.TB, nc *nats.Conn, inbox string) chan *nats.Msg {
+	tb.Helper()
+	out := make(chan *nats.Msg, 8)
+	for _, subject := range []string{"id.owner.b.seq", inbox} {
+		if _, err := nc.ChanSubscribe(subject, out); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
+
+// forwardedToA is a request for one ID of seq, replied to inbox,
+// forwarded to worker a.
+func forwardedToA(inbox string) *nats.Msg {
+	return &nats.Msg{Subject: "id.owner.a.seq", Data: []byte(inbox + " 1 list 0\n"), Header: nats.Header{protocol.ForwardedHeader: []string{"c"}}}
 }
