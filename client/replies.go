@@ -30,16 +30,20 @@ import (
 // is taken once, to publish.
 //
 // Safety: a slot's reply subject is reused from one attempt to the next,
-// the attempt number (gen) is not. The subscription's handler delivers a
-// reply only to the attempt its subject names while it waits (want), and
-// the attempt takes only a reply on its own subject: a late reply to an
-// earlier attempt (one that timed out) never reaches a later one, of the
-// same call or of another that got the request object since. A slot
-// outlives its request objects (a request object dropped by the pool's
-// garbage collection gives its slot back, runtime.AddCleanup) and its
-// attempt numbers go on increasing, so a reused slot never repeats an
-// attempt number. What the reply holds is checked as before (check): the
-// token is the only thing that makes a reply this request's.
+// the attempt number (gen) is not: each attempt draws 63 random bits from
+// its request object's generator (the token's, a CSPRNG). The
+// subscription's handler delivers a reply only to the attempt its subject
+// names while it waits (want), and the attempt takes only a reply on its
+// own subject: a late reply to an earlier attempt (one that timed out),
+// of the same call or of another that got the request object or its slot
+// since (a request object dropped by the pool's garbage collection gives
+// its slot back, runtime.AddCleanup), reaches a later one only if their
+// numbers are equal, one chance in 2^63. Random, not counted: a subject
+// that can be guessed lets anything that may publish into the inbox, and
+// reads nothing, pre-empt the reply with its own, which then fails the
+// request (TestBlindForgerCannotPreemptAReply). What the reply holds is
+// checked as before (check): the token is the only thing that makes a
+// reply this request's, so even a matching number yields no ID.
 
 // replies is the request-reply of one connection.
 type replies struct {
@@ -61,10 +65,9 @@ type slot struct {
 	ch    chan *nats.Msg // capacity 1; a nil message: the connection closed
 	// want is the attempt that waits for its reply, 0 while none does.
 	want atomic.Uint64
-	// gen is the last attempt number given out and subject the reply
-	// subject's bytes up to the attempt (prefix, index, '-'), with room
-	// for it: only the slot's holder (one goroutine at a time) uses them.
-	gen     uint64
+	// subject is the reply subject's bytes up to the attempt (prefix,
+	// index, '-'), with room for it: only the slot's holder (one
+	// goroutine at a time) uses it.
 	subject []byte
 	base    int
 }
@@ -233,14 +236,14 @@ func (r *request) exchange(done <-chan struct{}, expired <-chan time.Time) (*nat
 	case <-s.ch: // a reply that came after its attempt gave up
 	default:
 	}
-	s.gen++
-	b := strconv.AppendUint(s.subject[:s.base], s.gen, 10)
+	gen := r.rng.Uint64()>>1 | 1 // 63 random bits, never 0 (no attempt)
+	b := strconv.AppendUint(s.subject[:s.base], gen, 10)
 	// nats.go copies the reply subject into its buffer before publish
 	// returns and keeps no reference to it: the bytes may be reused by
 	// the next attempt.
 	reply := unsafe.String(unsafe.SliceData(b), len(b))
 	r.msg.Reply = reply
-	s.want.Store(s.gen)
+	s.want.Store(gen)
 	err := m.nc.PublishMsg(&r.msg)
 	r.msg.Reply = ""
 	if err != nil {

@@ -1,15 +1,19 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -201,5 +205,52 @@ func TestSlotsOfCollectedRequestsAreReused(t *testing.T) {
 	}
 	if all := len(*m.slots.Load()); all > inUse {
 		t.Errorf("%d slots for %d request objects in use at once", all, inUse)
+	}
+}
+
+// A tenant that may publish into a client's inbox but reads nothing (the
+// case the token is for) cannot pre-empt a reply by guessing its subject:
+// an attempt's number is random, so a spray of <inbox>.<slot>-<n>
+// reaches no attempt, and the real reply does. Seen failing with attempt
+// numbers counted from 1: "client: bad reply from bare.segment.t: token
+// line \"forged\"...".
+func TestBlindForgerCannotPreemptAReply(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	c, err := New(nc, WithPrefix("bare"), WithoutRetries())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	m, err := c.replies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	forger := testenv.Connect(t, ns)
+	worker := testenv.Connect(t, ns)
+	var n atomic.Int64
+	if _, err := worker.Subscribe("bare.segment.*", func(req *nats.Msg) {
+		// Before each answer, the forger sprays every slot's first
+		// attempts with a reply of its own.
+		for slot := range len(*m.slots.Load()) {
+			for gen := 1; gen <= 64; gen++ {
+				_ = forger.Publish(fmt.Sprintf("%s%d-%d", m.prefix, slot, gen), []byte("forged\n1"))
+			}
+		}
+		if err := forger.Flush(); err != nil {
+			t.Error(err)
+		}
+		tok, _ := protocol.RequestToken(req.Header, req.Data)
+		_ = req.Respond(strconv.AppendInt(protocol.AppendTokenLine(nil, tok, ""), n.Add(1), 10))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := worker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if _, err := c.Segment(context.Background(), "t"); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
