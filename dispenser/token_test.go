@@ -267,11 +267,29 @@ func TestRepliesEchoToken(t *testing.T) {
 				t.Errorf("header %q, body %q: code %q, token %q; want 400 without a token", msg.Header, msg.Data, code, resp.Header.Get(protocol.TokenHeader))
 			}
 		}
-		// After: the first ID each worker hands out.
+		// After: the first ID each worker hands out. Between the two, no
+		// ID of the worker's own segments: the next one, or the first of
+		// a segment it fetched since (the step is 10, so the refused
+		// requests may end a segment even when they take nothing).
 		after := firstByWorker()
 		for w, id := range after {
-			if id != before[w]+1 {
-				t.Errorf("worker %s: IDs %d then %d: the refused requests took IDs", w, before[w], id)
+			var rec *recorder
+			for _, ow := range workers {
+				if ow.svc.ID() == w {
+					rec = ow.rec
+				}
+			}
+			if rec == nil {
+				t.Fatalf("no worker %s", w)
+			}
+			for skipped := before[w] + 1; skipped < id; skipped++ {
+				if rec.owns("plain", skipped) {
+					t.Errorf("worker %s: IDs %d then %d, and %d was its own: the refused requests took IDs", w, before[w], id, skipped)
+					break
+				}
+			}
+			if id <= before[w] {
+				t.Errorf("worker %s: IDs %d then %d", w, before[w], id)
 			}
 		}
 	})
