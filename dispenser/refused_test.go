@@ -82,3 +82,36 @@ func TestSegmentRefusesReplySubjects(t *testing.T) {
 		}
 	}
 }
+
+// TestSnowflakeRefusesReplySubjects: the snowflake and decode endpoints
+// keep the reply rule too. Each endpoint's subscription handles its
+// messages in order, and the worker publishes on one connection: once a
+// good request's answer came, every refused request before it was handled,
+// and anything it published would be pending on the watched subjects.
+func TestSnowflakeRefusesReplySubjects(t *testing.T) {
+	ns := testenv.NATS(t)
+	startSnowflake(t, ns, "w1")
+	nc := testenv.Connect(t, ns)
+	const purge, own = "$JS.API.STREAM.PURGE.KV_dispenser_snowflake", "id.snowflake.forged"
+	watch := []*nats.Subscription{testenv.Subscribe(t, nc, purge), testenv.Subscribe(t, nc, own)}
+	for _, tt := range []struct{ name, subject, body string }{
+		{"snowflake", "id.snowflake", ""},
+		{"decode", "id.snowflake.decode", "1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, reply := range []string{purge, own} {
+				if err := nc.PublishMsg(&nats.Msg{Subject: tt.subject, Reply: reply, Data: []byte(tt.body)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if body, code := request(t, nc, tt.subject, tt.body, nil); code != "" {
+				t.Fatalf("a good request: %s %s", code, body)
+			}
+			for _, sub := range watch {
+				if n, _, err := sub.Pending(); err != nil || n != 0 {
+					t.Fatalf("%d messages on %s (%v), want none: a refused request was answered", n, sub.Subject, err)
+				}
+			}
+		})
+	}
+}
