@@ -225,6 +225,40 @@ func TestFenceBothClocks(t *testing.T) {
 			t.Fatal("valid after Revoke")
 		}
 	})
+	// After Revoke, the next Extend alone says how long the fence is
+	// valid, on each clock: nothing of the revoked lease is left to keep
+	// it valid longer.
+	t.Run("revoke forgets the wall clock end", func(t *testing.T) {
+		// Claimed again after the wall clock was stepped back an hour,
+		// then suspended past the new lease: the monotonic clock stood
+		// still, only the new grant's wall end catches it.
+		c := &clock{wall: t0, mono: time.Hour}
+		var f lease.Fence
+		f.Extend(lease.Grant{Sent: c.Now(), Mono: c.Mono()}, l)
+		f.Revoke()
+		c.Suspend(-time.Hour)
+		f.Extend(lease.Grant{Sent: c.Now(), Mono: c.Mono()}, l)
+		c.Suspend(l)
+		if f.Valid(c.Clock()) {
+			t.Fatal("valid past the new grant's wall end: the revoked lease's wall end kept it valid")
+		}
+	})
+	t.Run("revoke forgets the monotonic end", func(t *testing.T) {
+		// A grant read before the Revoke (a renewal whose answer came
+		// after the loss) extends the fence to its own ends only.
+		c := &clock{wall: t0, mono: time.Hour}
+		var f lease.Fence
+		older := lease.Grant{Sent: c.Now(), Mono: c.Mono()}
+		c.Add(l / 2)
+		f.Extend(lease.Grant{Sent: c.Now(), Mono: c.Mono()}, l)
+		f.Revoke()
+		f.Extend(older, l)
+		c.Add(l / 2)
+		c.Suspend(-time.Hour) // the wall clock alone would still say valid
+		if f.Valid(c.Clock()) {
+			t.Fatal("valid past the older grant's monotonic end: the revoked lease's monotonic end kept it valid")
+		}
+	})
 }
 
 // TestClaimWritesOnlyWhenClaimable claims a real key with terms around

@@ -803,3 +803,111 @@ func TestCachedTrustsTheHoldingUntilACheckFails(t *testing.T) {
 	}
 	cached("renewed", true, 0)
 }
+
+// TestKeyChangedDuringClaim: the claim's write landed, and before its
+// lease is in place (the Serving's Reset runs) the key changes: here it is
+// deleted by hand, which the watcher reports while the lease is not yet
+// this worker's to drop. The claim must not put the lease in place: Owns
+// stays false and the lost hook runs, as it would for a key deleted a
+// moment later (TestDeletedKeyHolderStops).
+func TestKeyChangedDuringClaim(t *testing.T) {
+	kv := newBucket(t)
+	var a *worker
+	var deleted atomic.Bool
+	a = newWorker(t, kv, "a", 0, func(s *Settings) {
+		s.hooks.acquired = func(tag string) {
+			if deleted.Swap(true) {
+				return
+			}
+			a.Leases.mu.Lock()
+			mine := a.routes[tag].rev // the claim's own write
+			a.Leases.mu.Unlock()
+			if err := kv.Delete(context.Background(), tag); err != nil {
+				t.Error(err)
+				return
+			}
+			// Not wait.For: the claim runs on a goroutine of its own.
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+				a.Leases.mu.Lock()
+				seen := a.routes[tag].rev > mine
+				a.Leases.mu.Unlock()
+				if seen {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Error("the watcher did not report the delete within 10s")
+					return
+				}
+			}
+		}
+	})
+	if r := claim(t, a, "orders"); r.Self {
+		t.Fatalf("the claim of a key deleted before its lease was in place: %+v, want not Self", r)
+	}
+	if a.Owns("orders") {
+		t.Fatal("a owns a tag whose key was deleted after its claim's write, before its lease was in place")
+	}
+	a.mu.Lock()
+	lost := slices.Clone(a.lost)
+	a.mu.Unlock()
+	if !slices.Equal(lost, []string{"orders"}) {
+		t.Fatalf("lost hook calls %v, want [orders]", lost)
+	}
+}
+
+// TestTakenOverHolderStops: another worker's record under a key this
+// worker holds (a claimant whose wall clock ran far ahead took it over)
+// makes this worker stop serving at once, by the watcher, while its own
+// clocks still say its lease is valid.
+func TestTakenOverHolderStops(t *testing.T) {
+	kv := newBucket(t)
+	a := newWorker(t, kv, "a", 0)
+	b := newWorker(t, kv, "b", time.Hour) // b's wall clock an hour ahead
+	if r := claim(t, a, "orders"); !r.Self {
+		t.Fatalf("a's claim of a free tag: %+v, want Self", r)
+	}
+	if r := claim(t, b, "orders"); !r.Self {
+		t.Fatalf("b's claim an hour later by its clock: %+v, want Self", r)
+	}
+	wait.For(t, 10*time.Second, "a stops serving the tag b took over", func() bool { return !a.Owns("orders") })
+	a.mu.Lock()
+	lost := slices.Clone(a.lost)
+	a.mu.Unlock()
+	if !slices.Equal(lost, []string{"orders"}) {
+		t.Fatalf("lost hook calls %v, want [orders]", lost)
+	}
+}
+
+// TestHandOverDuringClaim: HandOver (or Close) runs while a claim's Reset
+// runs, after the claim's write landed and before its lease is in place,
+// so it finds no lease to release. The claim must release it itself: it
+// fails with ErrClosed, Owns stays false, and another worker takes the tag
+// over at once rather than a lease and more later.
+func TestHandOverDuringClaim(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		stop func(*worker)
+	}{
+		{"hand-over", func(w *worker) { w.HandOver() }},
+		{"close", func(w *worker) { w.Close() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			kv := newBucket(t)
+			var a *worker
+			var once sync.Once
+			a = newWorker(t, kv, "a", 0, func(s *Settings) {
+				s.hooks.acquired = func(string) { once.Do(func() { tt.stop(a) }) }
+			})
+			b := newWorker(t, kv, "b", 0)
+			if r, err := a.Claim(context.Background(), "orders"); !errors.Is(err, ErrClosed) {
+				t.Fatalf("a's claim, stopped during its Reset: %+v, %v; want ErrClosed", r, err)
+			}
+			if a.Owns("orders") {
+				t.Fatal("a owns the tag it claimed while it stopped")
+			}
+			if r := claim(t, b, "orders"); !r.Self {
+				t.Fatalf("b's claim after a stopped: %+v, want Self at once (a's claim released)", r)
+			}
+		})
+	}
+}

@@ -498,9 +498,14 @@ func TestLeasedGeneratorKeepsOrderAcrossWorkerIDs(t *testing.T) {
 	tests := []struct {
 		name  string
 		floor int64 // relative to the clock; -1: none
+		n     int   // IDs issued under the first worker ID
 	}{
-		{name: "never used worker ID", floor: -1},
-		{name: "floor below the borrowed timestamps", floor: 0},
+		{name: "never used worker ID", floor: -1, n: 3 * 4096},
+		{name: "floor below the borrowed timestamps", floor: 0, n: 3 * 4096},
+		// The last millisecond's sequence only partly used: the new
+		// worker ID's sequence starts in the next one, not after the
+		// old worker ID's last sequence number.
+		{name: "last millisecond partly used", floor: -1, n: 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -512,7 +517,7 @@ func TestLeasedGeneratorKeepsOrderAcrossWorkerIDs(t *testing.T) {
 			nowMs := t0.Sub(DefaultEpoch).Milliseconds()
 			const lease = 300 * time.Millisecond
 			g.assign(900, -1, nowMs+lease.Milliseconds(), c.Mono()+lease)
-			ids, err := g.NextN(3 * 4096) // two milliseconds borrowed
+			ids, err := g.NextN(tt.n) // 3*4096: two milliseconds borrowed
 			if err != nil {
 				t.Fatal(err)
 			}
