@@ -91,6 +91,20 @@ func startExchange(r *request, stop <-chan struct{}) <-chan exchanged {
 	return out
 }
 
+// result is what an exchange started by startExchange returned; a test
+// fails rather than hangs if a reply got lost (the deadline only bounds a
+// hang: a reply here takes a round trip on one machine).
+func result(tb testing.TB, out <-chan exchanged) exchanged {
+	tb.Helper()
+	select {
+	case e := <-out:
+		return e
+	case <-time.After(10 * time.Second):
+		tb.Fatal("the exchange returned nothing within 10s: its reply was lost")
+		return exchanged{}
+	}
+}
+
 // A reply to an attempt that gave up never reaches a later attempt of the
 // same request object, whose reply subject is the same but for the attempt.
 // Seen failing with deliver's CompareAndSwap replaced by a Load and
@@ -111,7 +125,7 @@ func TestLateReplyNeverReachesALaterAttempt(t *testing.T) {
 	first := startExchange(r, stop1)
 	req1 := next(t, got)
 	close(stop1) // the first attempt gives up
-	if e := <-first; !errors.Is(e.err, errAttemptEnded) {
+	if e := result(t, first); !errors.Is(e.err, errAttemptEnded) {
 		t.Fatalf("first attempt: %v, %v; want errAttemptEnded", e.msg, e.err)
 	}
 
@@ -128,7 +142,7 @@ func TestLateReplyNeverReachesALaterAttempt(t *testing.T) {
 	if err := req2.Respond([]byte("second")); err != nil {
 		t.Fatal(err)
 	}
-	if e := <-second; e.err != nil || string(e.msg.Data) != "second" {
+	if e := result(t, second); e.err != nil || string(e.msg.Data) != "second" {
 		t.Fatalf("second attempt: %v, %v; want the reply %q", e.msg, e.err, "second")
 	}
 }
@@ -160,7 +174,7 @@ func TestStaleReplyInTheSlotIsSkipped(t *testing.T) {
 	if err := req.Respond([]byte("fresh")); err != nil {
 		t.Fatal(err)
 	}
-	e := <-out
+	e := result(t, out)
 	if e.err != nil || string(e.msg.Data) != "fresh" {
 		t.Fatalf("attempt: %v, %v; want the reply %q", e.msg, e.err, "fresh")
 	}
