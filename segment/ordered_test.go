@@ -52,6 +52,16 @@ func TestOrderedTagsOnlyForTheOwner(t *testing.T) {
 	if got := owned(3); got[0] != 1 || got[2] != 3 {
 		t.Fatalf("TakeOwned: %v, want 1..3", got)
 	}
+	// Now its buffer holds 4..10: a plain request still gets none of them.
+	if runs, err := a.Take(ctx, "o", 1, nil); !errors.Is(err, ErrOrdered) {
+		t.Fatalf("Take of an ordered tag with IDs in memory: %v, %v; want ErrOrdered", runs, err)
+	}
+	if runs, _, err := a.TakeNow("o", 1, nil); !errors.Is(err, ErrOrdered) {
+		t.Fatalf("TakeNow of an ordered tag with IDs in memory: %v, %v; want ErrOrdered", runs, err)
+	}
+	if runs, _, _, err := a.TakeNowNumbered("o", 1, nil); !errors.Is(err, ErrOrdered) {
+		t.Fatalf("TakeNowNumbered of an ordered tag with IDs in memory: %v, %v; want ErrOrdered", runs, err)
+	}
 	// Another owner meanwhile took segments; this worker owns the tag
 	// again and resets it: it must not serve 4..10 any more.
 	st.Fetch(ctx, "o", 0)
