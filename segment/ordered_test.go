@@ -313,3 +313,20 @@ func TestSourceCurrent(t *testing.T) {
 		t.Fatalf("after a Reset: current after waiting %v, from memory %v; want neither", waited.Current(), taken.Current())
 	}
 }
+
+// TestResetFreezesTheOldGeneration: a request that got the tag's buffer
+// just before a Reset and takes from it just after (a race the tag map
+// cannot close) gets no ID of the old generation: Reset froze its
+// segments. (An owner's IDs would also fail Source.Current; a plain
+// request has no such check.)
+func TestResetFreezesTheOldGeneration(t *testing.T) {
+	a := newAllocator(t, Settings{Store: newMemStore(t, tagmodel.Tag{Name: "t", MaxID: 1, Step: 10}), MaxStep: 10})
+	if got := take(t, a, "t", 1); got[0] != 1 {
+		t.Fatalf("first ID %v, want 1", got)
+	}
+	b := a.tags.get("t") // the request looked the buffer up...
+	a.Reset("t")         // ...and the tag was reset before it took
+	if runs, rest := b.take(1, nil); len(runs) != 0 || rest != 1 {
+		t.Fatalf("take from the buffer of before the Reset = %v (%d missing), want no ID", runs, rest)
+	}
+}
