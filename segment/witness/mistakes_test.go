@@ -396,3 +396,25 @@ func TestLostWritesBelowAPartialGiveBackAreCaught(t *testing.T) {
 		t.Errorf("Rollbacks() = %d, want 1: the refused segment 11..14 had been served", got)
 	}
 }
+
+// TestSameMarkByAnotherWriterIsNoLandedWrite: a worker whose record of a
+// segment conflicts tells its own write from another's by the write's
+// token, not by the mark. Here the database loses A's fetch of 11..20 and
+// hands the same segment to B, which records it first (mark 21, the mark
+// A's record would set): A must refuse its segment, not take B's record
+// for its own.
+func TestSameMarkByAnotherWriterIsNoLandedWrite(t *testing.T) {
+	e := newEnv(t)
+	hookA := &fetchHooked{Store: postgres.New(e.pool)}
+	a, b := e.worker(t, hookA), e.worker(t, nil)
+	fetch(t, a, "t") // 1..10, mark 11, which A remembers
+	var fromB tagmodel.Allocation
+	hookA.after = func() {
+		e.setMaxID(t, "t", 11) // the database loses A's fetch of 11..20
+		fromB = fetch(t, b, "t")
+	}
+	fromA := fetch(t, a, "t")
+	if overlaps(fromA, fromB) {
+		t.Fatalf("A served %+v and B %+v", fromA, fromB)
+	}
+}
