@@ -2,6 +2,7 @@ package segment
 
 import (
 	"context"
+	"fmt"
 	"github.com/dispenser-dev/dispenser/tagmodel"
 	"math"
 	"slices"
@@ -178,5 +179,37 @@ func TestDepthAtTheEndOfTheRange(t *testing.T) {
 	}
 	if _, err := a.Take(context.Background(), "edge", 1, nil); err == nil {
 		t.Errorf("Take after the end: no error, want ErrExhausted")
+	}
+}
+
+// limitStore is a memStore that, as the real stores do, refuses a fetch
+// of more than tagmodel.MaxStepLimit IDs.
+type limitStore struct{ *memStore }
+
+func (s limitStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
+	if step > tagmodel.MaxStepLimit {
+		return tagmodel.Allocation{}, fmt.Errorf("limit: %w %d: want at most %d", tagmodel.ErrInvalidStep, step, tagmodel.MaxStepLimit)
+	}
+	return s.memStore.Fetch(ctx, tag, step)
+}
+
+// TestDepthKeepsAFetchWithinTheStepLimit: a deeper fetch never asks for
+// more than tagmodel.MaxStepLimit IDs, which every store refuses; for a
+// tag whose step is over half the limit the depth stays 1 and the tag
+// keeps being served.
+func TestDepthKeepsAFetchWithinTheStepLimit(t *testing.T) {
+	step := int64(tagmodel.MaxStepLimit/2 + 1)
+	st := limitStore{newMemStore(t, tagmodel.Tag{Name: "big", MaxID: 1, Step: step})}
+	a := newAllocator(t, Settings{Store: st, MaxStep: tagmodel.MaxStepLimit, MaxDepth: 4, MaxWait: 2 * time.Second})
+	runs, err := a.Take(t.Context(), "big", int(step), nil)
+	if err != nil || len(runs) != 1 || runs[0] != (Run{First: 1, Last: step}) {
+		t.Fatalf("Take of the first segment = %v, %v; want one run 1..%d", runs, err, step)
+	}
+	runs, err = a.Take(t.Context(), "big", 1, nil)
+	if err != nil {
+		t.Fatalf("Take after the first segment: %v (a fetch above the step limit?)", err)
+	}
+	if got := runs[0].First; got != step+1 {
+		t.Fatalf("next ID = %d, want %d", got, step+1)
 	}
 }

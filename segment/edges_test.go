@@ -6,6 +6,7 @@ import (
 	"github.com/dispenser-dev/dispenser/tagmodel"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -293,6 +294,45 @@ func TestRemovedTagMidBatch(t *testing.T) {
 				if id < maxID {
 					t.Fatalf("ID %d below the store's max_id %d", id, maxID)
 				}
+			}
+		})
+	}
+}
+
+// badAllocStore is a Store whose every fetch returns alloc: a store that
+// breaks its contract.
+type badAllocStore struct {
+	*memStore
+	alloc tagmodel.Allocation
+}
+
+func (s badAllocStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
+	return s.alloc, nil
+}
+
+// TestBadAllocationNeverServed: a segment a store returns that starts
+// below 1 or holds no ID is refused, never handed out: the request fails
+// with ErrUnavailable naming the bad allocation.
+func TestBadAllocationNeverServed(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		alloc tagmodel.Allocation
+	}{
+		{"starts at zero", tagmodel.Allocation{Start: 0, End: 10, TagStep: 10}},
+		{"starts below zero", tagmodel.Allocation{Start: -20, End: -10, TagStep: 10}},
+		{"ends at its start", tagmodel.Allocation{Start: 5, End: 5, TagStep: 10}},
+		{"ends below its start", tagmodel.Allocation{Start: 50, End: 40, TagStep: 10}},
+		{"no tag step", tagmodel.Allocation{Start: 1, End: 11, TagStep: 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := badAllocStore{newMemStore(t, tagmodel.Tag{Name: "a", MaxID: 1, Step: 10}), tc.alloc}
+			a := newAllocator(t, Settings{Store: st, MaxWait: 50 * time.Millisecond, ColdWait: 50 * time.Millisecond, RetryMin: time.Millisecond, RetryMax: 2 * time.Millisecond})
+			runs, err := a.Take(t.Context(), "a", 1, nil)
+			if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "bad allocation") {
+				t.Fatalf("Take = %v, %v; want ErrUnavailable for a bad allocation", runs, err)
+			}
+			if len(runs) != 0 {
+				t.Fatalf("Take handed out %v from a bad allocation", runs)
 			}
 		})
 	}

@@ -52,6 +52,16 @@ func TestOrderedTagsOnlyForTheOwner(t *testing.T) {
 	if got := owned(3); got[0] != 1 || got[2] != 3 {
 		t.Fatalf("TakeOwned: %v, want 1..3", got)
 	}
+	// Now its buffer holds 4..10: a plain request still gets none of them.
+	if runs, err := a.Take(ctx, "o", 1, nil); !errors.Is(err, ErrOrdered) {
+		t.Fatalf("Take of an ordered tag with IDs in memory: %v, %v; want ErrOrdered", runs, err)
+	}
+	if runs, _, err := a.TakeNow("o", 1, nil); !errors.Is(err, ErrOrdered) {
+		t.Fatalf("TakeNow of an ordered tag with IDs in memory: %v, %v; want ErrOrdered", runs, err)
+	}
+	if runs, _, _, err := a.TakeNowNumbered("o", 1, nil); !errors.Is(err, ErrOrdered) {
+		t.Fatalf("TakeNowNumbered of an ordered tag with IDs in memory: %v, %v; want ErrOrdered", runs, err)
+	}
 	// Another owner meanwhile took segments; this worker owns the tag
 	// again and resets it: it must not serve 4..10 any more.
 	st.Fetch(ctx, "o", 0)
@@ -301,5 +311,22 @@ func TestSourceCurrent(t *testing.T) {
 	a.Reset("o")
 	if waited.Current() || taken.Current() {
 		t.Fatalf("after a Reset: current after waiting %v, from memory %v; want neither", waited.Current(), taken.Current())
+	}
+}
+
+// TestResetFreezesTheOldGeneration: a request that got the tag's buffer
+// just before a Reset and takes from it just after (a race the tag map
+// cannot close) gets no ID of the old generation: Reset froze its
+// segments. (An owner's IDs would also fail Source.Current; a plain
+// request has no such check.)
+func TestResetFreezesTheOldGeneration(t *testing.T) {
+	a := newAllocator(t, Settings{Store: newMemStore(t, tagmodel.Tag{Name: "t", MaxID: 1, Step: 10}), MaxStep: 10})
+	if got := take(t, a, "t", 1); got[0] != 1 {
+		t.Fatalf("first ID %v, want 1", got)
+	}
+	b := a.tags.get("t") // the request looked the buffer up...
+	a.Reset("t")         // ...and the tag was reset before it took
+	if runs, rest := b.take(1, nil); len(runs) != 0 || rest != 1 {
+		t.Fatalf("take from the buffer of before the Reset = %v (%d missing), want no ID", runs, rest)
 	}
 }

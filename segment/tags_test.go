@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/dispenser-dev/dispenser/tagmodel"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -308,5 +309,38 @@ func BenchmarkNewTag(b *testing.B) {
 				m.add(names[i], func() *buffer { return &buffer{} })
 			}
 		})
+	}
+}
+
+// TestRefreshAppliesANewFormat: a refresh that sees a tag's format (or
+// reset period, or time zone) changed drops the tag's buffer, so that its
+// next request is looked up again and numbered by the new format.
+func TestRefreshAppliesANewFormat(t *testing.T) {
+	ctx := context.Background()
+	st := &changeStore{memStore: newMemStore(t, tagmodel.Tag{Name: "f", MaxID: 1, Step: 10, Format: "ORD-{seq}"})}
+	a := newAllocator(t, Settings{Store: st, MaxStep: 10, RefreshInterval: time.Hour})
+	wait.For(t, 10*time.Second, "the first refresh", a.Ready)
+	numbered := func() string {
+		t.Helper()
+		runs, num, p, err := a.TakeNowNumbered("f", 1, nil)
+		if err == nil && p != nil {
+			runs, err = p.Wait(ctx)
+			num = p.Numbering()
+		}
+		if err != nil {
+			t.Fatalf("TakeNowNumbered: %v", err)
+		}
+		return string(num.Append(nil, runs))
+	}
+	if got := numbered(); got != "ORD-1" {
+		t.Fatalf("before the change: %q, want ORD-1", got)
+	}
+	st.memStore.set(func(m *memStore) { m.tags["f"].Format = "INV-{seq}" })
+	st.change(tagmodel.Tag{Name: "f", Step: 10, Format: "INV-{seq}"})
+	if err := a.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := numbered(); !strings.HasPrefix(got, "INV-") {
+		t.Fatalf("after the format changed: %q, want INV-…", got)
 	}
 }

@@ -116,3 +116,27 @@ func TestSplitLayoutAgreesWithGo(t *testing.T) {
 		}
 	}
 }
+
+// TestProvePeriodsCoversTheCycle: the proof itself, without the refusal of
+// two-digit years that checkDateLayout makes first, tells apart the
+// periods of a whole 400-year cycle: a two-digit year reads back as 1969 from 2069
+// on (Go reads 69..99 as 19xx), which a proof over fewer years would miss.
+func TestProvePeriodsCoversTheCycle(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		layout string
+		reset  Reset
+	}{
+		{"daily", "060102", ResetDay},
+		{"daily with weekday", "Mon060102", ResetDay},
+		{"monthly", "0601", ResetMonth},
+		{"yearly", "06", ResetYear},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := provePeriods(tc.layout, tc.reset)
+			if err == nil || !strings.Contains(err.Error(), "2069-01-01") {
+				t.Fatalf("provePeriods(%q) = %v, want the period starting 2069-01-01 refused", tc.layout, err)
+			}
+		})
+	}
+}

@@ -119,3 +119,29 @@ func TestCachedWritesKeepEveryField(t *testing.T) {
 		t.Errorf("Tag(fmt) = %+v, %v; want its format", tag, err)
 	}
 }
+
+// TestPeriodInPurgedBucketTagPutBack: in a purged bucket whose tag key an
+// operator put back by hand (but not its periods' keys), a missing period
+// key is still not a new period: its numbers would start again at the
+// tag's max_id. The fetch is refused with ErrBucketPurged and no key is
+// written.
+func TestPeriodInPurgedBucketTagPutBack(t *testing.T) {
+	srv := testenv.NATS(t)
+	s := newStore(t, srv, kv.Settings{Logger: quiet})
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay}); err != nil {
+		t.Fatal(err)
+	}
+	today := tagmodel.PeriodName("daily", tagmodel.ResetDay.PeriodAt(time.Now(), time.UTC).Key)
+	if _, err := s.Fetch(ctx, today, 0); err != nil {
+		t.Fatal(err)
+	}
+	purge(t, srv)
+	b := bucket(t, srv, kv.DefaultBucket)
+	put(t, b, "daily", `{"max_id":1,"step":10,"reset":"day"}`)
+	if a, err := s.Fetch(ctx, today, 0); !errors.Is(err, kv.ErrBucketPurged) {
+		t.Errorf("Fetch(%s) after a purge and the tag put back = %+v, %v, want ErrBucketPurged", today, a, err)
+	}
+	if got := rawValueOrDeleted(t, b, today); got != "<deleted>" {
+		t.Errorf("period key %s after the purge holds %s, want nothing", today, got)
+	}
+}

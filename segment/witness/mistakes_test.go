@@ -367,3 +367,54 @@ func TestWitnessTTLAddedAfterStart(t *testing.T) {
 		t.Errorf("Fetch after a TTL was added = %+v, %v, want kvbucket.ErrTTL", a, err)
 	}
 }
+
+// TestLostWritesBelowAPartialGiveBackAreCaught: a give-back of part of
+// the segment that set the mark is not a whole give-back (its record is
+// not Empty), so IDs served from that segment below the mark still count
+// as served. Here 11..14 of 11..20 were served and 15..20 given back (mark
+// 15); the database then forgets that fetch (max_id 11) and hands out
+// 11..14 again, a segment ending exactly at the mark: refused, and counted
+// as lost writes.
+func TestLostWritesBelowAPartialGiveBackAreCaught(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	w := e.worker(t, nil)
+	fetch(t, w, "t")           // 1..10, mark 11
+	second := fetch(t, w, "t") // 11..20, mark 21; 11..14 served
+	if ok, err := w.GiveBack(ctx, "t", second.End, 15); err != nil || !ok {
+		t.Fatalf("GiveBack of 15..20 = %v, %v, want true", ok, err)
+	}
+	e.setMaxID(t, "t", second.Start) // the database forgets the fetch of 11..20
+	next, err := w.Fetch(ctx, "t", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if served := (tagmodel.Allocation{Start: second.Start, End: 15}); overlaps(next, served) {
+		t.Fatalf("segment %+v served again (served %+v)", next, served)
+	}
+	if got := w.Rollbacks(); got != 1 {
+		t.Errorf("Rollbacks() = %d, want 1: the refused segment 11..14 had been served", got)
+	}
+}
+
+// TestSameMarkByAnotherWriterIsNoLandedWrite: a worker whose record of a
+// segment conflicts tells its own write from another's by the write's
+// token, not by the mark. Here the database loses A's fetch of 11..20 and
+// hands the same segment to B, which records it first (mark 21, the mark
+// A's record would set): A must refuse its segment, not take B's record
+// for its own.
+func TestSameMarkByAnotherWriterIsNoLandedWrite(t *testing.T) {
+	e := newEnv(t)
+	hookA := &fetchHooked{Store: postgres.New(e.pool)}
+	a, b := e.worker(t, hookA), e.worker(t, nil)
+	fetch(t, a, "t") // 1..10, mark 11, which A remembers
+	var fromB tagmodel.Allocation
+	hookA.after = func() {
+		e.setMaxID(t, "t", 11) // the database loses A's fetch of 11..20
+		fromB = fetch(t, b, "t")
+	}
+	fromA := fetch(t, a, "t")
+	if overlaps(fromA, fromB) {
+		t.Fatalf("A served %+v and B %+v", fromA, fromB)
+	}
+}
