@@ -111,11 +111,17 @@ func (s *lateStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel
 // code installed it into the dropped buffer, from which that request took
 // 1 after another owner's segment had started at 11.
 func TestResetDiscardsSegmentFetchedBefore(t *testing.T) {
-	ctx := context.Background()
+	// The deadline bounds a hang (a request that waits across the Reset
+	// for a segment that never comes), nothing else.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	mem := newMemStore(t, tagmodel.Tag{Name: "o", MaxID: 1, Step: 10, Ordered: true})
 	fetched, hold := make(chan tagmodel.Allocation, 1), make(chan struct{})
 	st := &lateStore{memStore: mem, fetched: fetched, hold: hold}
 	a := newAllocator(t, Settings{Store: st, MaxStep: 10, MaxWait: time.Minute})
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(release) // before the allocator's Close, which waits for the loader
 	_, _, p, err := a.TakeOwned("o", 1, nil)
 	if err != nil || p == nil {
 		t.Fatalf("TakeOwned of a new tag: pending %v, err %v; want a pending request", p, err)
@@ -141,7 +147,7 @@ func TestResetDiscardsSegmentFetchedBefore(t *testing.T) {
 	if err != nil || expand(runs)[0] <= 20 {
 		t.Fatalf("after Reset: %v, %v; want an ID of a segment fetched after it (above 20)", expand(runs), err)
 	}
-	close(hold)                          // the stale segment arrives
+	release()                            // the stale segment arrives
 	if err := a.Close(ctx); err != nil { // waits for the loader
 		t.Fatal(err)
 	}
