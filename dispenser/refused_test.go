@@ -1,12 +1,10 @@
 package dispenser_test
 
 import (
-	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/internal/tests/wait"
@@ -36,31 +34,14 @@ func TestSegmentRefusesReplySubjects(t *testing.T) {
 	}
 	refused := func() (noReply, badReply uint64) {
 		t.Helper()
-		resp, err := nc.Request("$SRV.STATS."+dispenser.Name, nil, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
+		var data struct {
+			Refused struct {
+				NoReply  uint64 `json:"no_reply"`
+				BadReply uint64 `json:"reply_subject"`
+			} `json:"refused"`
 		}
-		var stats micro.Stats
-		if err := json.Unmarshal(resp.Data, &stats); err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range stats.Endpoints {
-			if e.Name != "segment" {
-				continue
-			}
-			var data struct {
-				Refused struct {
-					NoReply  uint64 `json:"no_reply"`
-					BadReply uint64 `json:"reply_subject"`
-				} `json:"refused"`
-			}
-			if err := json.Unmarshal(e.Data, &data); err != nil {
-				t.Fatalf("segment stats %s: %v", e.Data, err)
-			}
-			return data.Refused.NoReply, data.Refused.BadReply
-		}
-		t.Fatalf("no segment endpoint in %s", resp.Data)
-		return 0, 0
+		endpointData(t, nc, "$SRV.STATS."+dispenser.Name, "segment", &data)
+		return data.Refused.NoReply, data.Refused.BadReply
 	}
 	first := next()
 	for _, reply := range []string{purge, own, "_INBOX.*", "_INBOX.>", ""} {

@@ -2,13 +2,11 @@ package dispenser_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -113,30 +111,13 @@ func TestMicroStatsBounded(t *testing.T) {
 	}
 	stats := func() (totalTags, shown int, tags []segment.TagStats) {
 		t.Helper()
-		resp, err := nc.Request("$SRV.STATS.dispenser."+w.svc.ID(), nil, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
+		var data struct {
+			Totals segment.Totals     `json:"totals"`
+			Shown  int                `json:"shown"`
+			Tags   []segment.TagStats `json:"tags"`
 		}
-		var stats micro.Stats
-		if err := json.Unmarshal(resp.Data, &stats); err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range stats.Endpoints {
-			if e.Name != "segment" {
-				continue
-			}
-			var data struct {
-				Totals segment.Totals     `json:"totals"`
-				Shown  int                `json:"shown"`
-				Tags   []segment.TagStats `json:"tags"`
-			}
-			if err := json.Unmarshal(e.Data, &data); err != nil {
-				t.Fatal(err)
-			}
-			return data.Totals.Tags, data.Shown, data.Tags
-		}
-		t.Fatal("no segment endpoint in micro stats")
-		return 0, 0, nil
+		endpointData(t, nc, "$SRV.STATS.dispenser."+w.svc.ID(), "segment", &data)
+		return data.Totals.Tags, data.Shown, data.Tags
 	}
 	last := fmt.Sprintf("t%04d", n-1) // fetched last
 	total, shown, tags := stats()
