@@ -53,23 +53,40 @@ func TestPeriodsByTheStoresClock(t *testing.T) {
 }
 
 // TestPeriodInPurgedBucket: a missing period key is a new period only in a
-// bucket that still holds what it held.
+// bucket that still holds what it held; also when an operator put the
+// tag's key back by hand (but not its periods' keys), or its numbers would
+// start again at the tag's max_id. The fetch is refused with
+// ErrBucketPurged and no key is written.
 func TestPeriodInPurgedBucket(t *testing.T) {
-	srv := testenv.NATS(t)
-	s := newStore(t, srv, kv.Settings{Logger: quiet})
-	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay}); err != nil {
-		t.Fatal(err)
-	}
-	today := tagmodel.PeriodName("daily", tagmodel.ResetDay.PeriodAt(time.Now(), time.UTC).Key)
-	if _, err := s.Fetch(ctx, today, 0); err != nil {
-		t.Fatal(err)
-	}
-	purge(t, srv)
-	if a, err := s.Fetch(ctx, today, 0); !errors.Is(err, kv.ErrBucketPurged) {
-		t.Errorf("Fetch(%s) after a purge = %+v, %v, want ErrBucketPurged", today, a, err)
-	}
-	if got := rawValueOrDeleted(t, bucket(t, srv, kv.DefaultBucket), today); got != "<deleted>" {
-		t.Errorf("period key %s after the purge holds %s, want nothing", today, got)
+	for _, tt := range []struct {
+		name   string
+		putTag bool // the tag's key put back by hand after the purge
+	}{
+		{name: "purged"},
+		{name: "tag put back", putTag: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := testenv.NATS(t)
+			s := newStore(t, srv, kv.Settings{Logger: quiet})
+			if err := s.CreateTag(ctx, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay}); err != nil {
+				t.Fatal(err)
+			}
+			today := tagmodel.PeriodName("daily", tagmodel.ResetDay.PeriodAt(time.Now(), time.UTC).Key)
+			if _, err := s.Fetch(ctx, today, 0); err != nil {
+				t.Fatal(err)
+			}
+			purge(t, srv)
+			b := bucket(t, srv, kv.DefaultBucket)
+			if tt.putTag {
+				put(t, b, "daily", `{"max_id":1,"step":10,"reset":"day"}`)
+			}
+			if a, err := s.Fetch(ctx, today, 0); !errors.Is(err, kv.ErrBucketPurged) {
+				t.Errorf("Fetch(%s) after the purge = %+v, %v, want ErrBucketPurged", today, a, err)
+			}
+			if got := rawValueOrDeleted(t, b, today); got != "<deleted>" {
+				t.Errorf("period key %s after the purge holds %s, want nothing", today, got)
+			}
+		})
 	}
 }
 
@@ -117,31 +134,5 @@ func TestCachedWritesKeepEveryField(t *testing.T) {
 	fresh := newStore(t, srv, kv.Settings{Logger: quiet})
 	if tag, err := fresh.Tag(ctx, "fmt"); err != nil || tag.Format != "F{seq:4}" {
 		t.Errorf("Tag(fmt) = %+v, %v; want its format", tag, err)
-	}
-}
-
-// TestPeriodInPurgedBucketTagPutBack: in a purged bucket whose tag key an
-// operator put back by hand (but not its periods' keys), a missing period
-// key is still not a new period: its numbers would start again at the
-// tag's max_id. The fetch is refused with ErrBucketPurged and no key is
-// written.
-func TestPeriodInPurgedBucketTagPutBack(t *testing.T) {
-	srv := testenv.NATS(t)
-	s := newStore(t, srv, kv.Settings{Logger: quiet})
-	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "daily", Step: 10, MaxID: 1, Reset: tagmodel.ResetDay}); err != nil {
-		t.Fatal(err)
-	}
-	today := tagmodel.PeriodName("daily", tagmodel.ResetDay.PeriodAt(time.Now(), time.UTC).Key)
-	if _, err := s.Fetch(ctx, today, 0); err != nil {
-		t.Fatal(err)
-	}
-	purge(t, srv)
-	b := bucket(t, srv, kv.DefaultBucket)
-	put(t, b, "daily", `{"max_id":1,"step":10,"reset":"day"}`)
-	if a, err := s.Fetch(ctx, today, 0); !errors.Is(err, kv.ErrBucketPurged) {
-		t.Errorf("Fetch(%s) after a purge and the tag put back = %+v, %v, want ErrBucketPurged", today, a, err)
-	}
-	if got := rawValueOrDeleted(t, b, today); got != "<deleted>" {
-		t.Errorf("period key %s after the purge holds %s, want nothing", today, got)
 	}
 }
