@@ -869,12 +869,19 @@ func TestTakenOverHolderStops(t *testing.T) {
 	if r := claim(t, b, "orders"); !r.Self {
 		t.Fatalf("b's claim an hour later by its clock: %+v, want Self", r)
 	}
-	wait.For(t, 10*time.Second, "a stops serving the tag b took over", func() bool { return !a.Owns("orders") })
-	a.mu.Lock()
-	lost := slices.Clone(a.lost)
-	a.mu.Unlock()
-	if !slices.Equal(lost, []string{"orders"}) {
-		t.Fatalf("lost hook calls %v, want [orders]", lost)
+	// Wait for the lost hook itself: lose revokes the fence (Owns turns
+	// false) before it calls the hook.
+	lost := func() []string {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return slices.Clone(a.lost)
+	}
+	wait.For(t, 10*time.Second, "a stops serving the tag b took over", func() bool { return len(lost()) > 0 })
+	if got := lost(); !slices.Equal(got, []string{"orders"}) {
+		t.Fatalf("lost hook calls %v, want [orders]", got)
+	}
+	if a.Owns("orders") {
+		t.Fatal("a still owns the tag b took over after losing it")
 	}
 }
 
