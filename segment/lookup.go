@@ -37,6 +37,9 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 		case a.lookups <- struct{}{}:
 			defer func() { <-a.lookups }()
 		case <-lctx.Done():
+			if a.ctx.Err() != nil { // closing: not a busy store
+				return nil, ErrClosed
+			}
 			return nil, fmt.Errorf("%w: looking up tag %q: too many lookups at once", ErrUnavailable, tag)
 		}
 		t, err := a.store.Tag(lctx, tag)
