@@ -3,14 +3,18 @@ package leafhttp_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dispenser-dev/dispenser/leafhttp"
 	"github.com/dispenser-dev/dispenser/protocol"
 	"github.com/dispenser-dev/dispenser/segment"
+	"github.com/dispenser-dev/dispenser/snowflake"
 )
 
 // fakeSegments fails every Take with err and shows stats. A fake of the
@@ -161,5 +165,48 @@ func TestAllowListsTheMethodsThatAnswer(t *testing.T) {
 	}
 	for m := range allow {
 		t.Errorf("405's Allow lists %s, which answers 405", m)
+	}
+}
+
+// jsSnowflake is a Snowflake of snowflake.JSLayout (53 bits) that issues
+// nothing: /decodeSnowflakeId alone is under test.
+type jsSnowflake struct{}
+
+func (jsSnowflake) AppendIDs(dst []int64, _ int) ([]int64, error) {
+	return dst, errors.New("not issued")
+}
+func (jsSnowflake) Epoch() time.Time         { return snowflake.DefaultEpoch }
+func (jsSnowflake) Layout() snowflake.Layout { return snowflake.JSLayout }
+
+// TestDecodeAboveTheLayout: an ID above the largest of the worker's
+// layout is not one of its IDs; /decodeSnowflakeId refuses it (400)
+// rather than decode fields the layout never wrote. The default layout's
+// largest ID is math.MaxInt64, so only a smaller layout can show it.
+func TestDecodeAboveTheLayout(t *testing.T) {
+	h, err := leafhttp.New(leafhttp.Settings{Segments: &fakeSegments{}, Snowflake: jsSnowflake{}, Classify: classifyCode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxID := snowflake.JSLayout.MaxID()
+	for _, tt := range []struct {
+		name   string
+		id     int64
+		status int
+		desc   string
+	}{
+		{"largest", maxID, http.StatusOK, `"workerId":"31"`},
+		{"one above", maxID + 1, http.StatusBadRequest, fmt.Sprintf("at most %d", maxID)},
+		{"int64 max", math.MaxInt64, http.StatusBadRequest, "is not a snowflake ID of layout"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, fmt.Sprintf("/decodeSnowflakeId?snowflakeId=%d", tt.id), nil))
+			if got := rec.Code; got != tt.status {
+				t.Fatalf("decode %d: status %d, want %d; body %s", tt.id, got, tt.status, rec.Body)
+			}
+			if body := rec.Body.String(); !strings.Contains(body, tt.desc) {
+				t.Errorf("decode %d: body %s lacks %q", tt.id, body, tt.desc)
+			}
+		})
 	}
 }

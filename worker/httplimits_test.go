@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -137,4 +138,49 @@ func (c *countedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.done)
 	return err
+}
+
+// TestHTTPHeaderLimit: on both HTTP servers, a request whose headers pass
+// DefaultMaxHeaderBytes (net/http allows 4 kB of slack) is refused with
+// 431 before it reaches a handler; one of a few kB is answered.
+func TestHTTPHeaderLimit(t *testing.T) {
+	ns := testenv.StartNATS(t, testenv.NATSOptions(t.TempDir()))
+	t.Cleanup(ns.Shutdown)
+	w, err := New(context.Background(), Config{NATS: NATS{URL: ns.ClientURL()}, Logger: (&testenv.LogBuffer{}).Logger(),
+		NoSnowflake: true, MetricsAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	for _, srv := range []struct{ name, addr, path string }{
+		{"metrics", w.httpAddr, "/healthz"},
+		{"leaf", w.leafAddr, "/api/segment/get/nope"},
+	} {
+		for _, tt := range []struct {
+			name        string
+			headerBytes int
+			refused     bool
+		}{
+			{"small header", 4 << 10, false},
+			{"twice the limit", 2 * DefaultMaxHeaderBytes, true},
+		} {
+			t.Run(srv.name+"/"+tt.name, func(t *testing.T) {
+				c, err := net.Dial("tcp", srv.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(time.Minute)) // bounds a hang only
+				fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: x\r\nX-Big: %s\r\n\r\n", srv.path, strings.Repeat("a", tt.headerBytes))
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatalf("reading the response: %v", err)
+				}
+				resp.Body.Close()
+				if got := resp.StatusCode == http.StatusRequestHeaderFieldsTooLarge; got != tt.refused {
+					t.Errorf("%d bytes of header: status %d; want refused with 431: %v", tt.headerBytes, resp.StatusCode, tt.refused)
+				}
+			})
+		}
+	}
 }

@@ -50,6 +50,8 @@ func TestNewRejectsBadConfigBeforeStarting(t *testing.T) {
 		{"inbox prefix in JetStream", func(c *Config) { c.JSInboxPrefix = "$JS.API" }},
 		{"inbox prefix under the service's", func(c *Config) { c.InboxPrefix = "id.inbox" }},
 		{"inbox prefix with a space", func(c *Config) { c.JSInboxPrefix = "_INBOX d" }},
+		{"negative HTTP read timeout", func(c *Config) { c.HTTP.ReadTimeout = -time.Second }},
+		{"negative HTTP max conns", func(c *Config) { c.HTTP.MaxConns = -1 }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "data")
