@@ -57,8 +57,23 @@ func (l HTTPLimits) withDefaults() HTTPLimits {
 
 // check refuses negative limits.
 func (l HTTPLimits) check() error {
-	if l.ReadHeaderTimeout < 0 || l.ReadTimeout < 0 || l.WriteTimeout < 0 || l.IdleTimeout < 0 || l.MaxHeaderBytes < 0 || l.MaxConns < 0 {
-		return fmt.Errorf("--http-max-conns %d: want a positive number (HTTP limits must not be negative)", l.MaxConns)
+	if l.MaxConns < 0 {
+		return fmt.Errorf("--http-max-conns %d: want a positive number, or 0 for the default, %d", l.MaxConns, DefaultMaxConns)
+	}
+	for _, f := range []struct {
+		name     string
+		negative bool
+		value    any
+	}{
+		{"ReadHeaderTimeout", l.ReadHeaderTimeout < 0, l.ReadHeaderTimeout},
+		{"ReadTimeout", l.ReadTimeout < 0, l.ReadTimeout},
+		{"WriteTimeout", l.WriteTimeout < 0, l.WriteTimeout},
+		{"IdleTimeout", l.IdleTimeout < 0, l.IdleTimeout},
+		{"MaxHeaderBytes", l.MaxHeaderBytes < 0, l.MaxHeaderBytes},
+	} {
+		if f.negative {
+			return fmt.Errorf("HTTP limit %s %v: want a positive value, or 0 for the default", f.name, f.value)
+		}
 	}
 	return nil
 }

@@ -184,3 +184,35 @@ func TestHTTPHeaderLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTPLimitsNameTheBadOne: a negative HTTP limit is refused with its
+// own name (only MaxConns is a flag, --http-max-conns). Seen failing with
+// the old check, which named --http-max-conns for any of them:
+// "ReadHeaderTimeout: error \"--http-max-conns 0: want a positive number
+// (HTTP limits must not be negative)\", want it to name ReadHeaderTimeout".
+func TestHTTPLimitsNameTheBadOne(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		set   func(*HTTPLimits)
+		names string
+	}{
+		{"ReadHeaderTimeout", func(l *HTTPLimits) { l.ReadHeaderTimeout = -time.Second }, "ReadHeaderTimeout"},
+		{"ReadTimeout", func(l *HTTPLimits) { l.ReadTimeout = -time.Second }, "ReadTimeout"},
+		{"WriteTimeout", func(l *HTTPLimits) { l.WriteTimeout = -time.Second }, "WriteTimeout"},
+		{"IdleTimeout", func(l *HTTPLimits) { l.IdleTimeout = -time.Second }, "IdleTimeout"},
+		{"MaxHeaderBytes", func(l *HTTPLimits) { l.MaxHeaderBytes = -1 }, "MaxHeaderBytes"},
+		{"MaxConns", func(l *HTTPLimits) { l.MaxConns = -1 }, "--http-max-conns"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var l HTTPLimits
+			tt.set(&l)
+			err := l.check()
+			if err == nil || !strings.Contains(err.Error(), tt.names) {
+				t.Fatalf("%s: error %q, want it to name %s", tt.name, err, tt.names)
+			}
+		})
+	}
+	if err := (HTTPLimits{}).check(); err != nil {
+		t.Fatalf("the zero HTTPLimits (defaults): %v", err)
+	}
+}
