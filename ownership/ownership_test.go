@@ -819,9 +819,15 @@ func TestKeyChangedDuringClaim(t *testing.T) {
 			if deleted.Swap(true) {
 				return
 			}
-			a.Leases.mu.Lock()
-			mine := a.routes[tag].rev // the claim's own write
-			a.Leases.mu.Unlock()
+			// The claim's own write, read from the bucket: the watcher
+			// may not have reported it yet, and a revision past it can
+			// only be the delete's.
+			e, err := kv.Get(context.Background(), tag)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mine := e.Revision()
 			if err := kv.Delete(context.Background(), tag); err != nil {
 				t.Error(err)
 				return
