@@ -35,20 +35,9 @@ func TestHTTPLimits(t *testing.T) {
 		}}
 	}
 	t.Cleanup(func() { testListener = nil })
-	ns := testenv.StartNATS(t, testenv.NATSOptions(t.TempDir()))
-	t.Cleanup(ns.Shutdown)
 	const timeout = 200 * time.Millisecond
-	w, err := New(context.Background(), Config{NATS: NATS{URL: ns.ClientURL()}, Logger: (&testenv.LogBuffer{}).Logger(),
-		NoSnowflake: true, MetricsAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second,
-		HTTP: HTTPLimits{ReadHeaderTimeout: timeout, ReadTimeout: timeout, IdleTimeout: timeout, MaxConns: maxConns}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.Close() })
-	for _, srv := range []struct{ name, addr, path string }{
-		{"metrics", w.httpAddr, "/healthz"},
-		{"leaf", w.leafAddr, "/api/segment/get/nope"},
-	} {
+	w := httpWorker(t, HTTPLimits{ReadHeaderTimeout: timeout, ReadTimeout: timeout, IdleTimeout: timeout, MaxConns: maxConns})
+	for _, srv := range httpServers(w) {
 		t.Run(srv.name, func(t *testing.T) {
 			var wg sync.WaitGroup
 			var held, answered atomic.Int64
@@ -144,18 +133,8 @@ func (c *countedConn) Close() error {
 // DefaultMaxHeaderBytes (net/http allows 4 kB of slack) is refused with
 // 431 before it reaches a handler; one of a few kB is answered.
 func TestHTTPHeaderLimit(t *testing.T) {
-	ns := testenv.StartNATS(t, testenv.NATSOptions(t.TempDir()))
-	t.Cleanup(ns.Shutdown)
-	w, err := New(context.Background(), Config{NATS: NATS{URL: ns.ClientURL()}, Logger: (&testenv.LogBuffer{}).Logger(),
-		NoSnowflake: true, MetricsAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.Close() })
-	for _, srv := range []struct{ name, addr, path string }{
-		{"metrics", w.httpAddr, "/healthz"},
-		{"leaf", w.leafAddr, "/api/segment/get/nope"},
-	} {
+	w := httpWorker(t, HTTPLimits{})
+	for _, srv := range httpServers(w) {
 		for _, tt := range []struct {
 			name        string
 			headerBytes int
@@ -214,5 +193,28 @@ func TestHTTPLimitsNameTheBadOne(t *testing.T) {
 	}
 	if err := (HTTPLimits{}).check(); err != nil {
 		t.Fatalf("the zero HTTPLimits (defaults): %v", err)
+	}
+}
+
+// httpWorker starts a worker with both HTTP servers (metrics and Leaf's
+// API) under limits, on a nats-server of its own.
+func httpWorker(tb testing.TB, limits HTTPLimits) *Worker {
+	tb.Helper()
+	ns := testenv.StartNATS(tb, testenv.NATSOptions(tb.TempDir()))
+	tb.Cleanup(ns.Shutdown)
+	w, err := New(context.Background(), Config{NATS: NATS{URL: ns.ClientURL()}, Logger: (&testenv.LogBuffer{}).Logger(),
+		NoSnowflake: true, MetricsAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second, HTTP: limits})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { w.Close() })
+	return w
+}
+
+// httpServers are w's two HTTP servers, each with a path to ask.
+func httpServers(w *Worker) []struct{ name, addr, path string } {
+	return []struct{ name, addr, path string }{
+		{"metrics", w.httpAddr, "/healthz"},
+		{"leaf", w.leafAddr, "/api/segment/get/nope"},
 	}
 }
