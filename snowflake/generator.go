@@ -478,14 +478,20 @@ type genStats struct {
 func (g *Generator) stats() genStats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	nowMs, mono := g.readLocked()
 	fenced := g.fenced || g.refusal != nil
 	if g.leased && g.refusal == nil {
-		_, mono := g.readLocked()
 		fenced = fenced || mono >= g.validUntil
 	}
+	// Behind as AppendIDs would find it now, not g.backwards: that is
+	// set and cleared only by calls to AppendIDs, and a Node whose clock
+	// is behind gets none (its endpoint leaves the queue group, on
+	// Servable), so it would stay false while the clock is behind, and
+	// true after the clock caught up until a call came.
+	backwards := g.clockMs-nowMs > g.maxBackMs
 	return genStats{
 		lastMs: g.lastMs, boundMs: g.boundMs,
-		fenced: fenced, backwards: g.backwards,
+		fenced: fenced, backwards: backwards,
 		issued: g.issued, backEvents: g.backEvents, backWaits: g.backWaits,
 		fenceEvents: g.fenceEvents,
 	}

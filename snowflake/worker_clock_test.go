@@ -88,3 +88,44 @@ func TestWorkerEpochMismatch(t *testing.T) {
 		})
 	}
 }
+
+// TestStatsClockBehindWithoutRequests: Stats says the clock is behind
+// while AppendIDs would refuse for it, and no longer once it has caught
+// up, whether or not anything asked for IDs since: a worker whose
+// clock is behind gets no requests (its endpoint leaves the queue group
+// on Servable), and its readiness (/readyz) reads ClockBehind.
+func TestStatsClockBehindWithoutRequests(t *testing.T) {
+	tests := []struct {
+		name   string
+		behind time.Duration
+		want   bool
+	}{
+		{name: "an hour behind", behind: time.Hour, want: true},
+		{name: "3ms behind is waited out", behind: 3 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			js := newJetStream(t)
+			c := newFakeClock(t, t0)
+			w := startWorker(t, js, fakeSettings(t, c, "alpha"))
+			issue(t, w, 10)
+			c.SetWall(t0.Add(-tt.behind))
+			if got := w.Stats().(NodeStats).ClockBehind; got != tt.want {
+				t.Errorf("clock %s behind, no request since: ClockBehind %v, want %v", tt.behind, got, tt.want)
+			}
+			if got := w.Servable(); got == tt.want {
+				t.Errorf("clock %s behind: Servable() = %v, want %v", tt.behind, got, !tt.want)
+			}
+			// A request now starts an episode (an hour behind)...
+			if _, err := w.AppendIDs(nil, 1); tt.want != errors.Is(err, ErrClockBackwards) {
+				t.Errorf("clock %s behind: AppendIDs: %v", tt.behind, err)
+			}
+			// ...which ends with the clock's catching up, not with the
+			// next request.
+			c.SetWall(t0.Add(time.Second))
+			if st := w.Stats().(NodeStats); st.ClockBehind {
+				t.Errorf("clock caught up, no request since: ClockBehind true, want false")
+			}
+		})
+	}
+}

@@ -5,9 +5,14 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -88,4 +93,104 @@ func get(tb testing.TB, url string) (int, string) {
 		tb.Fatal(err)
 	}
 	return resp.StatusCode, string(body)
+}
+
+// TestReadyzSnowflakeLease: /readyz (and dispenser_ready) of a worker
+// whose snowflake generator cannot issue says 503 naming the snowflake
+// part, and 200 again once it can: its clock stepped an hour back (an
+// injected wall clock, Config.Snowflake.Now), then forward again; its
+// lease bucket deleted by an operator (nats kv rm), after which it stops
+// issuing for good.
+func TestReadyzSnowflakeLease(t *testing.T) {
+	tests := []struct {
+		name string
+		// fail puts the worker in the state; recover, if not nil, ends it.
+		fail, recover func(t *testing.T, js jetstream.JetStream, clock *offsetClock)
+	}{
+		{
+			name:    "clock an hour behind",
+			fail:    func(t *testing.T, _ jetstream.JetStream, c *offsetClock) { c.offset.Store(int64(-time.Hour)) },
+			recover: func(t *testing.T, _ jetstream.JetStream, c *offsetClock) { c.offset.Store(0) },
+		},
+		{
+			name: "lease bucket deleted",
+			fail: func(t *testing.T, js jetstream.JetStream, _ *offsetClock) {
+				if err := js.DeleteKeyValue(context.Background(), snowflake.DefaultBucket); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := testenv.StartNATS(t, testenv.NATSOptions(t.TempDir()))
+			t.Cleanup(ns.Shutdown)
+			clock := &offsetClock{}
+			logs := &testenv.LogBuffer{}
+			w, err := New(context.Background(), Config{NATS: NATS{URL: ns.ClientURL()}, Logger: logs.Logger(),
+				Snowflake:   snowflake.NodeSettings{Settings: snowflake.Settings{Now: clock.Now}},
+				MetricsAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				w.Close()
+				if t.Failed() {
+					t.Logf("worker's log:\n%s", logs)
+				}
+			})
+			nc, err := nats.Connect(ns.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := "http://" + w.httpAddr
+			waitReadyz(t, base, "", "a serving worker")
+			tt.fail(t, js, clock)
+			waitReadyz(t, base, "snowflake", tt.name)
+			if tt.recover != nil {
+				tt.recover(t, js, clock)
+				waitReadyz(t, base, "", tt.name+", then ended")
+			}
+		})
+	}
+}
+
+// offsetClock is a wall clock offset from time.Now by offset (ns).
+type offsetClock struct{ offset atomic.Int64 }
+
+func (c *offsetClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+
+// waitReadyz waits (at most 30 s) until /readyz under base answers 503
+// naming part, or 200 for part "", and dispenser_ready on /metrics says
+// the same; what describes the worker's state for the failure.
+func waitReadyz(tb testing.TB, base, part, what string) {
+	tb.Helper()
+	wantCode, wantBody, wantMetric := http.StatusOK, "ready\n", "dispenser_ready 1\n"
+	if part != "" {
+		wantCode, wantBody, wantMetric = http.StatusServiceUnavailable, "not ready: "+part+"\n", "dispenser_ready 0\n"
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := get(tb, base+"/readyz")
+		_, metrics := get(tb, base+"/metrics")
+		if code == wantCode && strings.HasPrefix(body, wantBody) && strings.Contains(metrics, wantMetric) {
+			return
+		}
+		if time.Now().After(deadline) {
+			line := "no dispenser_ready line"
+			for l := range strings.Lines(metrics) {
+				if strings.HasPrefix(l, "dispenser_ready ") {
+					line = strings.TrimSpace(l)
+				}
+			}
+			tb.Fatalf("%s: after 30 s /readyz still %d %q and %s; want %d %q and %s",
+				what, code, body, line, wantCode, wantBody, strings.TrimSpace(wantMetric))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
