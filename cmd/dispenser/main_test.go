@@ -468,29 +468,58 @@ func TestDecodeRejectsBadInput(t *testing.T) {
 	}
 }
 
+// TestServeRejectsBadSettingsBeforeStarting: serve refuses each bad
+// setting with an error that names its flag, before it starts anything
+// (no data directory). Each case runs under a deadline, with an embedded
+// nats-server that could start (a random port), so that a setting let
+// through ends the case with "ran until the deadline", not a hang.
 func TestServeRejectsBadSettingsBeforeStarting(t *testing.T) {
-	dir := t.TempDir()
-	t.Chdir(dir)
-	for _, args := range [][]string{
-		{"--max-batch", "0"},
-		{"--max-batch", "100000000"},
-		{"--prefetch-ratio", "0"},
-		{"--prefetch-ratio", "1.5"},
-		{"--max-step", "0"},
-		{"--max-depth", "0"},
-		{"--max-depth", "2000000"},
-		{"--max-wait", "0s"},
-		{"--snowflake-lease", "1s", "--snowflake-heartbeat", "2s"},
-		{"--snowflake-epoch", "2999-01-01T00:00:00Z"},
-		{"--snowflake-layout", "js53"},
-	} {
-		if _, err := runCmd(t, append([]string{"serve", "--nats-listen", "127.0.0.1:1"}, args...)...); err == nil {
-			t.Errorf("serve %v: want an error", args)
-		}
+	tests := []struct {
+		name string
+		args []string
+		flag string // the error must name it
+	}{
+		{name: "max batch 0", args: []string{"--max-batch", "0"}, flag: "--max-batch"},
+		{name: "max batch too large", args: []string{"--max-batch", "100000000"}, flag: "--max-batch"},
+		{name: "prefetch ratio 0", args: []string{"--prefetch-ratio", "0"}, flag: "--prefetch-ratio"},
+		{name: "prefetch ratio above 1", args: []string{"--prefetch-ratio", "1.5"}, flag: "--prefetch-ratio"},
+		{name: "max step 0", args: []string{"--max-step", "0"}, flag: "--max-step"},
+		{name: "max depth 0", args: []string{"--max-depth", "0"}, flag: "--max-depth"},
+		{name: "max depth too large", args: []string{"--max-depth", "2000000"}, flag: "--max-depth"},
+		{name: "max wait 0", args: []string{"--max-wait", "0s"}, flag: "--max-wait"},
+		{name: "fetch timeout 0", args: []string{"--fetch-timeout", "0s"}, flag: "--fetch-timeout"},
+		{name: "refresh interval 0", args: []string{"--refresh-interval", "0s"}, flag: "--refresh-interval"},
+		{name: "unknown tag ttl 0", args: []string{"--unknown-tag-ttl", "0s"}, flag: "--unknown-tag-ttl"},
+		{name: "shutdown timeout 0", args: []string{"--shutdown-timeout", "0s"}, flag: "--shutdown-timeout"},
+		{name: "witness replicas 0", args: []string{"--witness-replicas", "0"}, flag: "--witness-replicas"},
+		{name: "witness replicas 6", args: []string{"--witness-replicas", "6"}, flag: "--witness-replicas"},
+		{name: "http max conns 0", args: []string{"--http-max-conns", "0"}, flag: "--http-max-conns"},
+		{name: "ordered replicas 0", args: []string{"--ordered-replicas", "0"}, flag: "--ordered-replicas"},
+		{name: "ordered lease 0", args: []string{"--ordered-lease", "0s"}, flag: "--ordered-lease"},
+		{name: "snowflake heartbeat above the lease", args: []string{"--snowflake-lease", "1s", "--snowflake-heartbeat", "2s"}, flag: "--snowflake-heartbeat"},
+		{name: "snowflake epoch in the future", args: []string{"--snowflake-epoch", "2999-01-01T00:00:00Z"}, flag: "--snowflake-epoch"},
+		{name: "snowflake layout unknown", args: []string{"--snowflake-layout", "js53"}, flag: "--snowflake-layout"},
 	}
-	// Nothing was started: no data directory was created.
-	if _, err := os.Stat(filepath.Join(dir, "dispenser-data")); !os.IsNotExist(err) {
-		t.Fatalf("data directory exists after rejected settings: %v", err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			t.Chdir(dir)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			err := run(ctx, append([]string{"serve", "--nats-listen", "127.0.0.1:-1"}, tt.args...), io.Discard, io.Discard)
+			switch {
+			case ctx.Err() != nil:
+				t.Errorf("serve %v: ran until the deadline (returned %v), want it refused naming %s", tt.args, err, tt.flag)
+			case err == nil:
+				t.Errorf("serve %v: no error, want one naming %s", tt.args, tt.flag)
+			case !strings.Contains(err.Error(), tt.flag):
+				t.Errorf("serve %v: %v, want an error naming %s", tt.args, err, tt.flag)
+			}
+			// Nothing was started: no data directory was created.
+			if _, err := os.Stat(filepath.Join(dir, "dispenser-data")); !os.IsNotExist(err) {
+				t.Errorf("serve %v: data directory exists after rejected settings: %v", tt.args, err)
+			}
+		})
 	}
 	out, err := runCmd(t, "tags", "--help")
 	if err != nil || !strings.Contains(out, "tags create TAG") {
