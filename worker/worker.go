@@ -288,17 +288,18 @@ type Worker struct {
 	ns   *EmbeddedServer
 	nats NATS
 
-	jsnc      *nats.Conn // JetStream: store, witness and leases
-	store     *Store
-	leaseName string // snowflake lease bucket identity and epoch; "" without snowflake
-	alloc     *segment.Allocator
-	owners    *ownership.Leases
-	sf        *snowflake.Node
-	svc       *dispenser.Service
-	reg       *prometheus.Registry // nil without MetricsAddr
-	http      *http.Server         // metrics and health; nil without MetricsAddr
-	httpAddr  string               // the metrics server's address
-	httpDone  chan struct{}        // closed when the metrics server's goroutine returns
+	jsnc       *nats.Conn // JetStream: store, witness and leases
+	store      *Store
+	leaseName  string // snowflake lease bucket identity and epoch; "" without snowflake
+	ownersName string // owners bucket identity (BucketIdentity)
+	alloc      *segment.Allocator
+	owners     *ownership.Leases
+	sf         *snowflake.Node
+	svc        *dispenser.Service
+	reg        *prometheus.Registry // nil without MetricsAddr
+	http       *http.Server         // metrics and health; nil without MetricsAddr
+	httpAddr   string               // the metrics server's address
+	httpDone   chan struct{}        // closed when the metrics server's goroutine returns
 	// statusSnap is the status page's state, computed at most once a
 	// second for every viewer.
 	statusSnap htmlpage.Snapshot[*Status]
@@ -471,6 +472,7 @@ func (w *Worker) start(ctx context.Context) error {
 		Store:           w.store.Name,
 		StoreID:         w.store.ID,
 		SnowflakeLeases: w.leaseName,
+		OwnersBucket:    w.ownersName,
 		Region:          cfg.Region,
 		PeerCheck:       peerCheck,
 	}
@@ -551,5 +553,13 @@ func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (token,
 		Bucket: w.cfg.Owners.Bucket, Replicas: w.cfg.Owners.Replicas, Lease: w.cfg.Owners.Lease, Cluster: cluster,
 		Owner: w.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: w.log,
 	})
-	return ownerToken, ownerSubject, err
+	if err != nil {
+		return "", "", err
+	}
+	// Its identity for the peer check: workers of one queue group must
+	// record their owners in one bucket.
+	if w.ownersName, err = BucketIdentity(ctx, js, w.cfg.Owners.Bucket); err != nil {
+		return "", "", fmt.Errorf("owners of ordered tags: %w", err)
+	}
+	return ownerToken, ownerSubject, nil
 }
