@@ -339,6 +339,13 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 	if cfg.NATS, err = cfg.NATS.Resolve(); err != nil {
 		return nil, err
 	}
+	// A context's inbox prefix applies unless --nats-inbox-prefix is
+	// given: it may not lie under the service's prefix either.
+	if cfg.InboxPrefix == "" {
+		if err := CheckInboxPrefix(cfg.NATS.InboxPrefix, cfg.Prefix); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrConfig, cfg.NATS.inboxSource(), err)
+		}
+	}
 	w := &Worker{cfg: cfg, log: cfg.Logger}
 	w.statusSnap.Compute = func(context.Context) (*Status, error) { return w.fullStatus(), nil }
 	w.statusSnap.OnCompute = testStatusComputed
