@@ -274,6 +274,11 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 			map[string]string{"description": "body a snowflake ID; replies JSON with time, worker and sequence"},
 			s.handleDecode)
 	}
+	for _, e := range []*endpoint{b.seg, b.sf, b.decode} {
+		if e != nil {
+			e.timeAll = s.metrics != nil // the latency starts at scratch.start
+		}
+	}
 	b.disc = &discovery{
 		identity: micro.ServiceIdentity{Name: Name, ID: b.id, Version: cfg.Version,
 			Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases, OwnersMetadata: cfg.OwnersBucket,
