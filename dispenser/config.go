@@ -60,6 +60,13 @@ type Config struct {
 	// workers can refuse to share a queue group with a worker that leases
 	// its worker IDs elsewhere: both would issue the same IDs.
 	SnowflakeLeases string
+	// OwnersBucket names the bucket of the owners of ordered tags (e.g.
+	// "dispenser_owners@<bucket creation time>"), empty without Owners. It
+	// is published in the micro metadata under OwnersMetadata, so that
+	// workers can refuse to share a queue group with a worker whose owners
+	// are recorded elsewhere: each would own an ordered tag at once and
+	// serve it from its own segments, out of order.
+	OwnersBucket string
 	// Region is the worker's region; the zero value without regions. Peers of other regions may use other stores and
 	// lease buckets as Region says (checkPeers), but must have the same
 	// region settings.
@@ -90,7 +97,8 @@ type Config struct {
 	// PeerCheck, if positive, is how long New waits for the running
 	// dispenser workers to describe themselves before it serves: it
 	// refuses (ErrPeerMismatch) to join a queue group whose workers use
-	// another Store or other SnowflakeLeases. Zero: no check.
+	// another Store, other SnowflakeLeases or another OwnersBucket. Zero:
+	// no check.
 	PeerCheck time.Duration
 	// WarmTimeout bounds the warm-up of a starting service: with
 	// PeerCheck, before it joins the segment endpoint, it asks its peers

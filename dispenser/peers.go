@@ -25,9 +25,9 @@ const (
 
 // checkPeers asks the running dispenser workers for their info and refuses
 // (ErrPeerMismatch) if one of this worker's prefix and queue group uses
-// another store or other snowflake leases. New calls it after registering
-// the service, so that others see this worker, and before adding the
-// endpoints, so that it serves nothing yet: of two workers that start at
+// another store, other snowflake leases or another owners bucket. New
+// calls it after registering the service, so that others see this worker,
+// and before adding the endpoints, so that it serves nothing yet: of two workers that start at
 // the same instant, at least the one whose question reaches the server
 // second sees the other and refuses.
 func (s *Service) checkPeers(wait time.Duration, id string) error {
@@ -73,6 +73,16 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 				"workers of different lease buckets or epochs hand out the same IDs; use the same snowflake bucket "+
 				"(in the same JetStream domain) and epoch, or another queue group or prefix",
 				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.cfg.Prefix, other, s.cfg.SnowflakeLeases)
+		}
+		// Owners of ordered tags: one bucket for all regions but in
+		// per-region mode, where each region orders its tags alone
+		// (docs/regions.md).
+		if other := info.Metadata[OwnersMetadata]; other != "" && s.cfg.OwnersBucket != "" &&
+			!(otherRegion && s.cfg.Region.PerRegionStores()) && other != s.cfg.OwnersBucket {
+			return fmt.Errorf("%w: worker %s in queue group %q records the owners of ordered tags in %q, this one in %q: "+
+				"each would own an ordered tag at once and serve it from its own segments, out of order; use the same "+
+				"--ordered-bucket (in the same JetStream domain), or another queue group or prefix",
+				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, other, s.cfg.OwnersBucket)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package dispenser_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -184,6 +185,59 @@ func TestPeersOfRegions(t *testing.T) {
 			}
 			if refused := errors.Is(errs[1], dispenser.ErrPeerMismatch); refused != tt.wantRefused {
 				t.Fatalf("second worker: %v; want refused %v", errs[1], tt.wantRefused)
+			}
+		})
+	}
+}
+
+// TestPeerOfOtherOwnersRefused: workers of one queue group that record the
+// owners of ordered tags in different buckets would each own an ordered
+// tag at once and serve it from their own segments, out of order; the
+// second one refuses to start. Per-region mode has a bucket per region.
+func TestPeerOfOtherOwnersRefused(t *testing.T) {
+	perRegion := func(n int) dispenser.Region { return dispenser.Region{N: n, Bits: 1, Count: 2} }
+	shared := func(n int) dispenser.Region { return dispenser.Region{N: n, Bits: 1} }
+	type peer struct {
+		owners, group, store string
+		region               dispenser.Region
+	}
+	tests := []struct {
+		name        string
+		first, next peer
+		wantRefused bool
+	}{
+		{name: "another bucket", first: peer{owners: "owners@a"}, next: peer{owners: "owners@b"}, wantRefused: true},
+		{name: "the bucket recreated", first: peer{owners: "owners@2026-11-28T10:00:00Z"}, next: peer{owners: "owners@2026-11-28T11:00:00Z"},
+			wantRefused: true},
+		{name: "same bucket", first: peer{owners: "owners@a"}, next: peer{owners: "owners@a"}},
+		{name: "another queue group", first: peer{owners: "owners@a"}, next: peer{owners: "owners@b", group: "others"}},
+		{name: "a worker without ordered tags", first: peer{owners: "owners@a"}, next: peer{}},
+		{name: "beside a worker without ordered tags", first: peer{}, next: peer{owners: "owners@b"}},
+		{name: "shared mode, two regions", first: peer{owners: "owners@a", region: shared(0)},
+			next: peer{owners: "owners@b", region: shared(1)}, wantRefused: true},
+		{name: "per-region mode, two regions", first: peer{owners: "owners_r0@a", store: "kv:segments_r0", region: perRegion(0)},
+			next: peer{owners: "owners_r1@b", store: "kv:segments_r1", region: perRegion(1)}},
+		{name: "per-region mode, one region", first: peer{owners: "owners_r0@a", store: "kv:segments_r0", region: perRegion(0)},
+			next: peer{owners: "owners_r1@b", store: "kv:segments_r0", region: perRegion(0)}, wantRefused: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel() // each case on a server of its own
+			p := newPeerSetup(t)
+			var errs []error
+			for _, pr := range []peer{tt.first, tt.next} {
+				errs = append(errs, p.startWith(t, dispenser.Config{Store: cmp.Or(pr.store, "kv:segments"), OwnersBucket: pr.owners,
+					QueueGroup: pr.group, Region: pr.region}))
+			}
+			if errs[0] != nil {
+				t.Fatalf("the first worker was refused: %v", errs[0])
+			}
+			refused := errors.Is(errs[1], dispenser.ErrPeerMismatch)
+			if refused != tt.wantRefused {
+				t.Fatalf("second worker: %v; want refused %v", errs[1], tt.wantRefused)
+			}
+			if refused && !strings.Contains(errs[1].Error(), "--ordered-bucket") {
+				t.Errorf("refusal %q does not name --ordered-bucket", errs[1])
 			}
 		})
 	}

@@ -221,8 +221,12 @@ func (s *Service) reply(r *replier, format protocol.Format, runs []segment.Run, 
 // scratch is memory one endpoint's handler reuses from request to request.
 // Only that endpoint's handler goroutine touches it.
 type scratch struct {
-	start time.Duration // when the request being handled came (mono)
-	ids   []int64
-	runs  []segment.Run
-	buf   []byte
+	start time.Duration // when the request being handled came (mono); 0 if not timed
+	// counted is how many requests were timed one by one (up to
+	// timedExactly), rng the state that samples the others.
+	counted int
+	rng     uint64
+	ids     []int64
+	runs    []segment.Run
+	buf     []byte
 }

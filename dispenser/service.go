@@ -38,9 +38,10 @@ type Snowflake interface {
 var (
 	// ErrPeerMismatch means a running worker of the same prefix and queue
 	// group uses another segment store, or leases its snowflake worker IDs
-	// from another bucket or with another epoch: both would hand out the
-	// same IDs.
-	ErrPeerMismatch = errors.New("dispenser: a worker of this queue group would hand out the same IDs")
+	// from another bucket or with another epoch (both would hand out the
+	// same IDs), or records the owners of ordered tags in another bucket
+	// (both would own an ordered tag and serve it out of order).
+	ErrPeerMismatch = errors.New("dispenser: a worker of this queue group uses another store, snowflake leases or owners bucket")
 	// ErrStopped is Move's error after Stop.
 	ErrStopped = errors.New("dispenser: service stopped")
 	// ErrOwnershipMoving means no worker could be found to own an ordered
@@ -159,6 +160,10 @@ const StoreIDMetadata = "store_id"
 // lease bucket and epoch (Config.SnowflakeLeases).
 const SnowflakeMetadata = "snowflake"
 
+// OwnersMetadata is the micro metadata key naming the bucket of a worker's
+// owners of ordered tags (Config.OwnersBucket).
+const OwnersMetadata = "owners"
+
 // RegionMetadata and RegionSettingsMetadata are the micro metadata keys of
 // a region-aware worker's region and region settings (Config.Region);
 // empty without regions.
@@ -269,9 +274,14 @@ func (s *Service) bind(nc *nats.Conn, registered func(*binding) error) (*binding
 			map[string]string{"description": "body a snowflake ID; replies JSON with time, worker and sequence"},
 			s.handleDecode)
 	}
+	for _, e := range []*endpoint{b.seg, b.sf, b.decode} {
+		if e != nil {
+			e.timeAll = s.metrics != nil // the latency starts at scratch.start
+		}
+	}
 	b.disc = &discovery{
 		identity: micro.ServiceIdentity{Name: Name, ID: b.id, Version: cfg.Version,
-			Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases,
+			Metadata: map[string]string{StoreMetadata: cfg.Store, StoreIDMetadata: cfg.StoreID, SnowflakeMetadata: cfg.SnowflakeLeases, OwnersMetadata: cfg.OwnersBucket,
 				PrefixMetadata: cfg.Prefix, QueueGroupMetadata: cfg.QueueGroup,
 				RegionMetadata: regionN(cfg.Region), RegionSettingsMetadata: cfg.Region.Settings()}},
 		description: "Unique 64-bit IDs: segment (per-tag sequences) and snowflake",

@@ -107,6 +107,9 @@ func (n NATS) Resolve() (NATS, error) {
 			return NATS{}, err
 		}
 	}
+	if err := CheckInboxPrefix(n.InboxPrefix, ""); err != nil {
+		return NATS{}, fmt.Errorf("%w: %s: %w", ErrConfig, n.inboxSource(), err)
+	}
 	switch {
 	case n.Password != "" && n.User == "":
 		return NATS{}, fmt.Errorf("%w: a NATS password needs a user (--nats-user)", ErrConfig)
@@ -116,6 +119,14 @@ func (n NATS) Resolve() (NATS, error) {
 		return NATS{}, fmt.Errorf("%w: give a NATS user and password or a token, not both", ErrConfig)
 	}
 	return n, nil
+}
+
+// inboxSource names where n.InboxPrefix came from, for errors.
+func (n NATS) inboxSource() string {
+	if n.Context != "" {
+		return "inbox_prefix of --nats-context " + n.Context
+	}
+	return "NATS.InboxPrefix"
 }
 
 // readSecret reads a secret from the file path (flag names it in

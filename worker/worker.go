@@ -288,17 +288,18 @@ type Worker struct {
 	ns   *EmbeddedServer
 	nats NATS
 
-	jsnc      *nats.Conn // JetStream: store, witness and leases
-	store     *Store
-	leaseName string // snowflake lease bucket identity and epoch; "" without snowflake
-	alloc     *segment.Allocator
-	owners    *ownership.Leases
-	sf        *snowflake.Node
-	svc       *dispenser.Service
-	reg       *prometheus.Registry // nil without MetricsAddr
-	http      *http.Server         // metrics and health; nil without MetricsAddr
-	httpAddr  string               // the metrics server's address
-	httpDone  chan struct{}        // closed when the metrics server's goroutine returns
+	jsnc       *nats.Conn // JetStream: store, witness and leases
+	store      *Store
+	leaseName  string // snowflake lease bucket identity and epoch; "" without snowflake
+	ownersName string // owners bucket identity (BucketIdentity)
+	alloc      *segment.Allocator
+	owners     *ownership.Leases
+	sf         *snowflake.Node
+	svc        *dispenser.Service
+	reg        *prometheus.Registry // nil without MetricsAddr
+	http       *http.Server         // metrics and health; nil without MetricsAddr
+	httpAddr   string               // the metrics server's address
+	httpDone   chan struct{}        // closed when the metrics server's goroutine returns
 	// statusSnap is the status page's state, computed at most once a
 	// second for every viewer.
 	statusSnap htmlpage.Snapshot[*Status]
@@ -337,6 +338,13 @@ func New(ctx context.Context, cfg Config) (*Worker, error) {
 	var err error
 	if cfg.NATS, err = cfg.NATS.Resolve(); err != nil {
 		return nil, err
+	}
+	// A context's inbox prefix applies unless --nats-inbox-prefix is
+	// given: it may not lie under the service's prefix either.
+	if cfg.InboxPrefix == "" {
+		if err := CheckInboxPrefix(cfg.NATS.InboxPrefix, cfg.Prefix); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrConfig, cfg.NATS.inboxSource(), err)
+		}
 	}
 	w := &Worker{cfg: cfg, log: cfg.Logger}
 	w.statusSnap.Compute = func(context.Context) (*Status, error) { return w.fullStatus(), nil }
@@ -471,6 +479,7 @@ func (w *Worker) start(ctx context.Context) error {
 		Store:           w.store.Name,
 		StoreID:         w.store.ID,
 		SnowflakeLeases: w.leaseName,
+		OwnersBucket:    w.ownersName,
 		Region:          cfg.Region,
 		PeerCheck:       peerCheck,
 	}
@@ -551,5 +560,13 @@ func (w *Worker) openOwners(ctx context.Context, js jetstream.JetStream) (token,
 		Bucket: w.cfg.Owners.Bucket, Replicas: w.cfg.Owners.Replicas, Lease: w.cfg.Owners.Lease, Cluster: cluster,
 		Owner: w.cfg.Instance + "-" + ownerToken, Subject: ownerSubject, Logger: w.log,
 	})
-	return ownerToken, ownerSubject, err
+	if err != nil {
+		return "", "", err
+	}
+	// Its identity for the peer check: workers of one queue group must
+	// record their owners in one bucket.
+	if w.ownersName, err = BucketIdentity(ctx, js, w.cfg.Owners.Bucket); err != nil {
+		return "", "", fmt.Errorf("owners of ordered tags: %w", err)
+	}
+	return ownerToken, ownerSubject, nil
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -136,5 +139,82 @@ func TestNATSContextCreds(t *testing.T) {
 	}
 	if out, err := runCmd(t, "tags", "list", "--nats-context", "jwt"); err != nil || !strings.Contains(out, "jwt") {
 		t.Fatalf("tags list with a creds context: %v\n%s", err, out)
+	}
+}
+
+// TestNATSContextInboxPrefix: a context's inbox_prefix is used (a user who
+// may subscribe only under its own prefix reaches the store with it, not
+// without it) and is checked as --nats-inbox-prefix is: a prefix that is
+// not a plain subject is refused, and so is, for a worker, one under the
+// service's prefix, where requesters publish; --nats-inbox-prefix
+// replaces it. Before, a context's prefix was used unchecked.
+func TestNATSContextInboxPrefix(t *testing.T) {
+	const password = "inbox-s3cret"
+	opts := testenv.NATSOptions(t.TempDir())
+	opts.Users = []*server.User{
+		{Username: "alice", Password: password, Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{">"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_alice.>"}},
+		}},
+		{Username: "svc", Password: password},
+	}
+	ns := testenv.StartNATS(t, opts)
+	t.Cleanup(ns.Shutdown)
+	url := ns.ClientURL()
+	ctx := func(name, user, inbox string) {
+		fields := map[string]any{"url": url, "user": user, "password": password}
+		if inbox != "" {
+			fields["inbox_prefix"] = inbox
+		}
+		writeContext(t, name, fields)
+	}
+	ctx("scoped", "alice", "_INBOX_alice")
+	ctx("unscoped", "alice", "")
+	ctx("wildcard", "svc", "_INBOX_*")
+	ctx("system", "svc", "$SYS.replies")
+	ctx("service", "svc", "id.replies")
+
+	for _, tt := range []struct {
+		name    string
+		args    []string
+		wantErr string        // empty: success
+		wait    time.Duration // the run's deadline; default 20 s
+	}{
+		{name: "its own prefix", args: []string{"tags", "list", "--nats-context", "scoped"}},
+		// Its requests wait for replies the server does not deliver,
+		// until the deadline.
+		{name: "the default prefix, not allowed", args: []string{"tags", "list", "--nats-context", "unscoped"}, wantErr: "Permissions Violation",
+			wait: 3 * time.Second},
+		{name: "a wildcard", args: []string{"tags", "list", "--nats-context", "wildcard"}, wantErr: "inbox_prefix of --nats-context wildcard"},
+		{name: "a system subject", args: []string{"tags", "list", "--nats-context", "system"}, wantErr: "inbox_prefix of --nats-context system"},
+		{name: "a worker's inbox under its prefix", args: []string{"serve", "--nats-context", "service"}, wantErr: "inbox_prefix of --nats-context service"},
+		{name: "a worker's inbox with a wildcard", args: []string{"serve", "--nats-context", "wildcard"}, wantErr: "inbox_prefix of --nats-context wildcard"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// Bounded: a worker that were not refused would serve.
+			c, cancel := context.WithTimeout(context.Background(), cmp.Or(tt.wait, 20*time.Second))
+			defer cancel()
+			out, err := runCmdCtx(c, tt.args...)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("%v: %v\n%s", tt.args, err, out)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error()+out, tt.wantErr) {
+				t.Fatalf("%v: err = %v, want one containing %q\n%s", tt.args, err, tt.wantErr, out)
+			}
+		})
+	}
+
+	// --nats-inbox-prefix replaces the context's: the worker serves.
+	logs := startServe(t, "--nats-context", "service", "--nats-inbox-prefix", "_INBOX_svc", "--auto-create-tags")
+	app, err := nats.Connect(url, nats.UserInfo("svc", password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(app.Close)
+	if got := waitForID(t, app, "id.segment.inbox", logs); got != "1" {
+		t.Fatalf("a worker whose --nats-inbox-prefix replaces the context's: got %q, want 1", got)
 	}
 }
