@@ -389,7 +389,7 @@ func (s *Service) snowflakeServable() bool {
 const handOffWait = 2 * time.Second
 
 // maxHops is the most workers a request is handed through: each that could
-// not serve it names itself in protocol.HopHeader; once maxHops different
+// not serve it adds its hop token to protocol.HopHeader; once maxHops different
 // workers did, the last answers 503. With the snowflake endpoint's
 // unsubscription ahead of the request (handOff) a request never comes
 // back to a worker that left; a segment request may (its worker stays in
@@ -432,16 +432,31 @@ func (s *Service) unservable(endpoint string, err error) bool {
 }
 
 // handedBefore reports whether req was handed on by this very worker
-// before (its ID in protocol.HopHeader): the queue group gave it back. It
-// could not serve it a moment ago, so it hands it on again at once
-// (failOrHandOff with errHandedBefore) instead of waiting for what it did
-// not get then.
+// before (its hop token in protocol.HopHeader): the queue group gave it
+// back. It could not serve it a moment ago, so it hands it on again at
+// once (failOrHandOff with errHandedBefore) instead of waiting for what it
+// did not get then.
+//
+// The entry is the worker's hop token, a secret of its own (Service.hop),
+// not its service ID, which every requester may learn ($SRV.INFO,
+// protocol.WorkerHeader): a requester that named a worker in Id-Hop made
+// a worker that could serve hand its request on, up to maxHandOffs times
+// (a snowflake endpoint leaving its queue group each time). Entries a
+// worker does not recognise only count towards tooManyHops, which a
+// requester can use against its own request alone.
 func (s *Service) handedBefore(req *nats.Msg) bool {
 	if len(req.Header) == 0 {
 		return false
 	}
 	hops := req.Header.Get(protocol.HopHeader)
-	return hops != "" && strings.Contains(hops, s.ID())
+	for hops != "" {
+		var entry string
+		entry, hops, _ = strings.Cut(hops, ",")
+		if entry == s.hop {
+			return true
+		}
+	}
+	return false
 }
 
 // errHandedBefore is the error of a request handedBefore, per endpoint:
@@ -493,7 +508,7 @@ func (s *Service) handOff(r replier, err error) bool {
 	if hops != "" {
 		hops += ","
 	}
-	msg.Header.Set(protocol.HopHeader, hops+s.ID())
+	msg.Header.Set(protocol.HopHeader, hops+s.hop)
 	// A subscription of its own for the reply, gone once it came: a
 	// request's response subscription would stay on the connection, and
 	// Stop waits until the service's subscriptions there are gone.
@@ -507,7 +522,7 @@ func (s *Service) handOff(r replier, err error) bool {
 		return false
 	}
 	r = r.detach()
-	s.handedOff.Add(1)
+	s.handedOff[handOffIndex(r.endpoint)].Add(1)
 	s.parked.Add(1)
 	go func() {
 		defer s.parked.Done()

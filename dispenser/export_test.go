@@ -10,4 +10,4 @@ func SetClock(s *Service, now func() time.Time) {
 }
 
 // HandedOff returns how many snowflake requests s handed to another worker.
-func HandedOff(s *Service) uint64 { return s.handedOff.Load() }
+func HandedOff(s *Service) uint64 { return s.handedOff[0].Load() + s.handedOff[1].Load() }

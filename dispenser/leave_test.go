@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
 	"github.com/dispenser-dev/dispenser/protocol"
@@ -295,7 +296,8 @@ func TestSegmentRequestHandedOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sick, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, st.ns), Segments: alloc, Logger: quiet})
+	reg := prometheus.NewPedanticRegistry()
+	sick, err := dispenser.New(dispenser.Config{Conn: testenv.Connect(t, st.ns), Segments: alloc, Logger: quiet, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,6 +326,16 @@ func TestSegmentRequestHandedOn(t *testing.T) {
 			}
 			seen[tag][id] = true
 		}
+	}
+
+	// The metric counts them as the segment endpoint's (it said
+	// snowflake, and only for a worker with snowflake IDs).
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := metricValue(fams, "dispenser_requests_handed_off_total", map[string]string{"endpoint": "segment"}); !ok || got != float64(dispenser.HandedOff(sick)) {
+		t.Errorf("dispenser_requests_handed_off_total{endpoint=segment} = %v (found %v), want %d", got, ok, dispenser.HandedOff(sick))
 	}
 
 	// Alone, the worker without its store answers 503.

@@ -233,9 +233,21 @@ var (
 		"1 while the worker is in the endpoint's queue group, 0 while it has left it because it cannot serve it (snowflake: no valid lease or the clock behind; segment: before the tag list loaded).",
 		[]string{"endpoint"}, nil)
 	handedOffDesc = prometheus.NewDesc("dispenser_requests_handed_off_total",
-		"Requests this worker could not serve and handed to another worker of its queue group (snowflake, in the moment before it left the group).",
+		"Requests this worker could not serve and handed to another worker of its queue group (snowflake: in the moment before it left the group; segment: no segment within --max-wait).",
 		[]string{"endpoint"}, nil)
 )
+
+// handOffEndpoints are the endpoints whose requests may be handed on, by
+// their index in Service.handedOff.
+var handOffEndpoints = [2]string{"segment", "snowflake"}
+
+// handOffIndex is endpoint's index in Service.handedOff.
+func handOffIndex(endpoint string) int {
+	if endpoint == "snowflake" {
+		return 1
+	}
+	return 0
+}
 
 // servingCollector exports which endpoints the worker serves.
 type servingCollector struct{ s *Service }
@@ -256,8 +268,10 @@ func (c servingCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(servingDesc, prometheus.GaugeValue, v, name)
 	}
-	if c.s.cfg.Snowflake != nil {
-		ch <- prometheus.MustNewConstMetric(handedOffDesc, prometheus.CounterValue, float64(c.s.handedOff.Load()), "snowflake")
+	for i, name := range handOffEndpoints {
+		if i == 0 && c.s.cfg.Segments != nil || i == 1 && c.s.cfg.Snowflake != nil {
+			ch <- prometheus.MustNewConstMetric(handedOffDesc, prometheus.CounterValue, float64(c.s.handedOff[i].Load()), name)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package dispenser
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strconv"
@@ -94,9 +95,12 @@ type Service struct {
 	// (none, or one CheckReply refuses); refuseLog spaces their log lines.
 	noReply, badReply atomic.Uint64
 	refuseLog         rateLimit
-	// handedOff counts the snowflake requests this worker could not serve
-	// and handed to another worker (handOff).
-	handedOff atomic.Uint64
+	// handedOff counts the requests this worker could not serve and
+	// handed to another worker (handOff), by endpoint (handOffIndex).
+	handedOff [2]atomic.Uint64
+	// hop names this worker in protocol.HopHeader (handedBefore): random,
+	// known only to the workers a request is handed to.
+	hop string
 
 	// Lock order: mu before an endpoint's mu (endpoint.mu): mu is held
 	// while endpoints join their queue groups (addSegmentEndpoint, and
@@ -189,7 +193,7 @@ func New(cfg Config) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, own: []string{cfg.Prefix}, now: time.Now, done: make(chan struct{})}
+	s := &Service{cfg: cfg, own: []string{cfg.Prefix}, now: time.Now, done: make(chan struct{}), hop: rand.Text()}
 	if cfg.OwnerSubject != "" {
 		s.own = append(s.own, cfg.OwnerSubject)
 	}
