@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -38,8 +37,8 @@ func TestReadyMetricMirrorsReadyz(t *testing.T) {
 	base := "http://" + w.httpAddr
 	check := func(wantReady bool) (ok bool, got string) {
 		t.Helper()
-		code, _ := get(t, base+"/readyz")
-		_, metrics := get(t, base+"/metrics")
+		code, _ := testenv.HTTPGet(t, base+"/readyz")
+		_, metrics := testenv.HTTPGet(t, base+"/metrics")
 		want := "dispenser_ready 0\n"
 		if wantReady {
 			want = "dispenser_ready 1\n"
@@ -56,8 +55,8 @@ func TestReadyMetricMirrorsReadyz(t *testing.T) {
 		t.Fatalf("a serving worker: /readyz and %s, want 200 and dispenser_ready 1", line)
 	}
 	// Which endpoints it serves, on the page and in the metrics.
-	_, body := get(t, base+"/readyz")
-	_, metrics := get(t, base+"/metrics")
+	_, body := testenv.HTTPGet(t, base+"/readyz")
+	_, metrics := testenv.HTTPGet(t, base+"/metrics")
 	if want := "serving: segment snowflake snowflake_decode\n"; !strings.Contains(body, want) {
 		t.Errorf("/readyz of a serving worker:\n%s\nwant the line %q", body, want)
 	}
@@ -78,21 +77,6 @@ func TestReadyMetricMirrorsReadyz(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// get returns the status code and body of a GET of url.
-func get(tb testing.TB, url string) (int, string) {
-	tb.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return resp.StatusCode, string(body)
 }
 
 // TestReadyzSnowflakeLease: /readyz (and dispenser_ready) of a worker
@@ -176,8 +160,8 @@ func waitReadyz(tb testing.TB, base, part, what string) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		code, body := get(tb, base+"/readyz")
-		_, metrics := get(tb, base+"/metrics")
+		code, body := testenv.HTTPGet(tb, base+"/readyz")
+		_, metrics := testenv.HTTPGet(tb, base+"/metrics")
 		if code == wantCode && strings.HasPrefix(body, wantBody) && strings.Contains(metrics, wantMetric) {
 			return
 		}

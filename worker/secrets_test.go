@@ -39,7 +39,7 @@ func TestSecretsNotLogged(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, status := get(t, "http://"+w.httpAddr+"/status")
+			_, status := testenv.HTTPGet(t, "http://"+w.httpAddr+"/status")
 			w.Close()
 			out := logs.String()
 			if !strings.Contains(out, "serving") || !strings.Contains(out, "alice:xxxxx@") {
@@ -93,7 +93,7 @@ func TestReadyzHidesTheStoreError(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.Close() })
-	code, body := get(t, "http://"+w.httpAddr+"/readyz")
+	code, body := testenv.HTTPGet(t, "http://"+w.httpAddr+"/readyz")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "store") {
 		t.Fatalf("/readyz with a failing store: %d %q, want 503 naming the store", code, body)
 	}

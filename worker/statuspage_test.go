@@ -38,7 +38,7 @@ func TestStatusSnapshot(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 200 {
 		wg.Go(func() {
-			if code, body := get(t, base+"/status"); code != http.StatusOK {
+			if code, body := testenv.HTTPGet(t, base+"/status"); code != http.StatusOK {
 				t.Errorf("/status: %d %s", code, body)
 			}
 		})
@@ -49,7 +49,7 @@ func TestStatusSnapshot(t *testing.T) {
 		t.Errorf("200 concurrent /status in %v: computed %d times, want 1..%d", time.Since(start), got, allowed)
 	}
 	for _, q := range []string{"limit=0", "limit=x", "limit=10001", "after=a&after=b"} {
-		if code, _ := get(t, base+"/status?"+q); code != http.StatusBadRequest {
+		if code, _ := testenv.HTTPGet(t, base+"/status?"+q); code != http.StatusBadRequest {
 			t.Errorf("/status?%s: %d, want 400", q, code)
 		}
 	}
@@ -127,7 +127,7 @@ func TestStatusPaging(t *testing.T) {
 				if after != "" {
 					q.Set("after", after)
 				}
-				code, body := get(t, base+"?"+q.Encode())
+				code, body := testenv.HTTPGet(t, base+"?"+q.Encode())
 				if code != http.StatusOK {
 					t.Fatalf("/status?%s: %d %s", q.Encode(), code, body)
 				}
@@ -157,7 +157,7 @@ func TestStatusPaging(t *testing.T) {
 	}
 	for _, q := range []string{"limit=0", "limit=-1", "limit=x", "limit=", "limit=1e3", "limit=10001", "limit=1&limit=2",
 		"after=a&after=b", "limit=%zz", "after=%zz"} {
-		if code, body := get(t, base+"?"+q); code != http.StatusBadRequest {
+		if code, body := testenv.HTTPGet(t, base+"?"+q); code != http.StatusBadRequest {
 			t.Errorf("/status?%s: %d, want 400: %.200s", q, code, body)
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -336,17 +335,6 @@ func freeAddr(t *testing.T) string {
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
-func httpGet(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
-}
-
 func TestMetricsAndHealth(t *testing.T) {
 	url := testenv.Postgres(t)
 	ns := testenv.NATS(t)
@@ -371,13 +359,13 @@ func TestMetricsAndHealth(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if code, body := httpGet(t, "http://"+addr+"/healthz"); code != 200 {
+	if code, body := testenv.HTTPGet(t, "http://"+addr+"/healthz"); code != 200 {
 		t.Fatalf("/healthz: %d %s", code, body)
 	}
-	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != 200 {
+	if code, body := testenv.HTTPGet(t, "http://"+addr+"/readyz"); code != 200 {
 		t.Fatalf("/readyz: %d %s", code, body)
 	}
-	code, body := httpGet(t, "http://"+addr+"/metrics")
+	code, body := testenv.HTTPGet(t, "http://"+addr+"/metrics")
 	if code != 200 {
 		t.Fatalf("/metrics: %d", code)
 	}
@@ -455,7 +443,7 @@ func TestZeroSetup(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "dispenser-data", "jetstream")); err != nil {
 		t.Fatalf("data directory: %v", err)
 	}
-	if code, body := httpGet(t, "http://"+metrics+"/readyz"); code != 200 {
+	if code, body := testenv.HTTPGet(t, "http://"+metrics+"/readyz"); code != 200 {
 		t.Fatalf("/readyz in zero-setup mode: %d %s", code, body)
 	}
 }

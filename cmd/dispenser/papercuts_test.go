@@ -94,7 +94,7 @@ func TestVersionEverywhere(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	code, page := httpGet(t, "http://"+metrics+"/status")
+	code, page := testenv.HTTPGet(t, "http://"+metrics+"/status")
 	// html/template writes + as &#43;: compare the text, unescaped.
 	want := `<th class="name">version</th><td class="name">` + v + `</td>`
 	if code != 200 || !strings.Contains(html.UnescapeString(page), want) {

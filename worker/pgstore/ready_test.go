@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -70,7 +69,7 @@ func waitReadyz(tb testing.TB, base, part, what string) {
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
-		code, body := get(tb, base+"/readyz")
+		code, body := testenv.HTTPGet(tb, base+"/readyz")
 		if code == wantCode && strings.HasPrefix(body, wantBody) {
 			return
 		}
@@ -79,19 +78,4 @@ func waitReadyz(tb testing.TB, base, part, what string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// get returns the status code and body of a GET of url.
-func get(tb testing.TB, url string) (int, string) {
-	tb.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return resp.StatusCode, string(body)
 }
