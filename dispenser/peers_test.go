@@ -96,35 +96,47 @@ func TestPeerOfAnotherStoreRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()           // each case on a server of its own
-			for round := range 5 { // starting together is a race: run it a few times
-				p := newPeerSetup(t)
-				group := fmt.Sprintf("g%d", round)
-				otherGroup := group
-				if tt.group != "" {
-					otherGroup = tt.group
-				}
-				var errs [2]error
-				if tt.together {
-					var wg sync.WaitGroup
-					ready := make(chan struct{})
-					for i, st := range []string{tt.first, tt.other} {
-						g := []string{group, otherGroup}[i]
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							<-ready
-							errs[i] = p.start(t, st, g)
-						}()
+			t.Parallel() // each case on servers of its own
+			// Starting together is a race: run it a few times. The rounds
+			// run at the same time, each on a server of its own: a round
+			// mostly waits (a worker that is not refused waits PeerCheck
+			// twice, for its peers' info and for their tags).
+			const rounds = 5
+			setups := make([]*peerSetup, rounds)
+			for round := range setups {
+				setups[round] = newPeerSetup(t)
+			}
+			errs := make([][2]error, rounds)
+			var wg sync.WaitGroup
+			for round, p := range setups {
+				wg.Go(func() {
+					group := fmt.Sprintf("g%d", round)
+					otherGroup := group
+					if tt.group != "" {
+						otherGroup = tt.group
 					}
-					close(ready)
-					wg.Wait()
-				} else {
-					errs[0] = p.start(t, tt.first, group)
-					errs[1] = p.start(t, tt.other, otherGroup)
-				}
+					if tt.together {
+						var wg sync.WaitGroup
+						ready := make(chan struct{})
+						for i, st := range []string{tt.first, tt.other} {
+							g := []string{group, otherGroup}[i]
+							wg.Go(func() {
+								<-ready
+								errs[round][i] = p.start(t, st, g)
+							})
+						}
+						close(ready)
+						wg.Wait()
+					} else {
+						errs[round][0] = p.start(t, tt.first, group)
+						errs[round][1] = p.start(t, tt.other, otherGroup)
+					}
+				})
+			}
+			wg.Wait()
+			for round := range rounds {
 				refused := 0
-				for _, err := range errs {
+				for _, err := range errs[round] {
 					switch {
 					case errors.Is(err, dispenser.ErrPeerMismatch):
 						refused++
@@ -133,10 +145,10 @@ func TestPeerOfAnotherStoreRefused(t *testing.T) {
 					}
 				}
 				if got := refused > 0; got != tt.wantRefused {
-					t.Fatalf("round %d: errors %v; want a refusal: %v", round, errs, tt.wantRefused)
+					t.Fatalf("round %d: errors %v; want a refusal: %v", round, errs[round], tt.wantRefused)
 				}
-				if !tt.together && errs[0] != nil {
-					t.Fatalf("round %d: the worker that ran first was refused: %v", round, errs[0])
+				if !tt.together && errs[round][0] != nil {
+					t.Fatalf("round %d: the worker that ran first was refused: %v", round, errs[round][0])
 				}
 			}
 		})
@@ -173,18 +185,27 @@ func TestPeersOfRegions(t *testing.T) {
 		{"other region settings", peer{"kv:segments_r0", "", perRegion(0)}, peer{"kv:segments_r1", "", dispenser.Region{N: 1, Bits: 2, Count: 2}}, true},
 		{"regions and none", peer{"kv:segments", "", dispenser.Region{}}, peer{"kv:segments_r1", "", perRegion(1)}, true},
 	}
-	for _, tt := range tests {
+	// The cases run at the same time, each on a server of its own: a case
+	// mostly waits (a worker that is not refused waits PeerCheck twice).
+	// Then each case's subtest checks what its workers' New returned.
+	errs := make([][2]error, len(tests))
+	var wg sync.WaitGroup
+	for i, tt := range tests {
+		p := newPeerSetup(t)
+		wg.Go(func() {
+			for j, pr := range []peer{tt.first, tt.next} {
+				errs[i][j] = p.startWith(t, dispenser.Config{Store: pr.store, StoreID: pr.id, Region: pr.region})
+			}
+		})
+	}
+	wg.Wait()
+	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := newPeerSetup(t)
-			var errs []error
-			for _, pr := range []peer{tt.first, tt.next} {
-				errs = append(errs, p.startWith(t, dispenser.Config{Store: pr.store, StoreID: pr.id, Region: pr.region}))
+			if errs[i][0] != nil {
+				t.Fatalf("the first worker was refused: %v", errs[i][0])
 			}
-			if errs[0] != nil {
-				t.Fatalf("the first worker was refused: %v", errs[0])
-			}
-			if refused := errors.Is(errs[1], dispenser.ErrPeerMismatch); refused != tt.wantRefused {
-				t.Fatalf("second worker: %v; want refused %v", errs[1], tt.wantRefused)
+			if refused := errors.Is(errs[i][1], dispenser.ErrPeerMismatch); refused != tt.wantRefused {
+				t.Fatalf("second worker: %v; want refused %v", errs[i][1], tt.wantRefused)
 			}
 		})
 	}

@@ -249,6 +249,13 @@ func TestRollingRestarts(t *testing.T) {
 	}
 	l.cancel()
 	l.wg.Wait()
+	// The workers close while every server runs: the restarted servers'
+	// cleanups (c.Restart's, registered after the workers') would stop
+	// them first, and each worker's Close would then wait for NATS until
+	// its shutdown timeout.
+	for _, w := range workers {
+		w.Close()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for subject, fails := range l.fails {

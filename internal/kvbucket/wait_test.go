@@ -62,6 +62,7 @@ func finish(tb testing.TB, done <-chan result) error {
 // right after its cluster met "..., peer offline"): Open logs that it
 // waits, and once the server is back it creates the bucket.
 func TestOpenWaitsForPlacement(t *testing.T) {
+	t.Parallel() // waits out JetStream request timeouts, on servers of its own
 	c := faultnet.NewCluster(t, 3, faultnet.ClusterOptions{})
 	// A stopped server stays selectable for placement until the meta
 	// leader restarts: only a server it has never heard from since its
@@ -138,6 +139,7 @@ func alone(t *testing.T, c *faultnet.Cluster, bucket string) (js jetstream.JetSt
 // needs a consumer, which cannot be created then. OpenGuarded logs that it
 // waits, and once the servers are back it stores the record.
 func TestOpenGuardedWaitsForMetaLeader(t *testing.T) {
+	t.Parallel() // waits out JetStream request timeouts, on servers of its own
 	c := faultnet.NewCluster(t, 3, faultnet.ClusterOptions{})
 	js, others := alone(t, c, "guarded")
 	logs := &testenv.LogBuffer{}
@@ -164,6 +166,7 @@ func TestOpenGuardedWaitsForMetaLeader(t *testing.T) {
 // the context ends, with ErrNotReady and the last error, saying what was
 // waited for.
 func TestWaitReadyGivesUp(t *testing.T) {
+	t.Parallel() // waits out JetStream request timeouts, on servers of its own
 	c := faultnet.NewCluster(t, 3, faultnet.ClusterOptions{})
 	js, _ := alone(t, c, "unready")
 	kv, err := js.KeyValue(context.Background(), "unready")
@@ -197,6 +200,7 @@ func TestWaitReadyGivesUp(t *testing.T) {
 // TestOpenFailsAtOnce: errors that waiting cannot cure fail Open at its
 // first attempt, without a logged wait.
 func TestOpenFailsAtOnce(t *testing.T) {
+	t.Parallel() // waits out JetStream request timeouts, on servers of its own
 	ttlJS := newJetStream(t)
 	testenv.CreateKeyValue(t, ttlJS, jetstream.KeyValueConfig{Bucket: "ttl", History: 1, TTL: time.Hour})
 

@@ -108,6 +108,7 @@ func TestClusterIsolateStreamLeader(t *testing.T) {
 // it reaches that server, and a black hole on the link cuts it off while a
 // direct connection still works.
 func TestClientLink(t *testing.T) {
+	t.Parallel() // mostly waits (routes, pings, latency), on a cluster of its own
 	c := faultnet.NewCluster(t, 3, faultnet.ClusterOptions{NoAdvertise: true})
 	direct := testenv.Connect(t, c.Servers[0])
 	for i, s := range c.Servers {
@@ -154,6 +155,7 @@ func TestClientLink(t *testing.T) {
 // the routes go down: connections that die in a black hole make removing
 // it under a latency slow, see Link.Remove.)
 func TestHealCuts(t *testing.T) {
+	t.Parallel() // mostly waits (routes, pings, latency), on a cluster of its own
 	const delay = 200 * time.Millisecond
 	c := faultnet.NewCluster(t, 3, faultnet.ClusterOptions{})
 	var ncs []*nats.Conn
@@ -219,6 +221,7 @@ func TestHealCuts(t *testing.T) {
 // the silent one, so its subscription leaves the group and requests get
 // no responders, instead of going into the black hole for minutes.
 func TestClientPings(t *testing.T) {
+	t.Parallel() // mostly waits (routes, pings, latency), on a cluster of its own
 	c := faultnet.NewCluster(t, 3, faultnet.ClusterOptions{NoAdvertise: true})
 	l := c.ClientLink(t, "worker-n0", 0)
 	nc, err := nats.Connect("nats://"+l.Addr(), nats.Name("behind-the-link"), nats.NoReconnect())
