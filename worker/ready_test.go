@@ -22,18 +22,7 @@ import (
 func TestReadyMetricMirrorsReadyz(t *testing.T) {
 	ns := testenv.StartNATS(t, testenv.NATSOptions(t.TempDir()))
 	t.Cleanup(ns.Shutdown)
-	logs := &testenv.LogBuffer{}
-	w, err := New(context.Background(), Config{NATS: NATS{URL: ns.ClientURL()}, Logger: logs.Logger(),
-		MetricsAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		w.Close()
-		if t.Failed() {
-			t.Logf("worker's log:\n%s", logs)
-		}
-	})
+	w := readyWorker(t, ns.ClientURL(), snowflake.NodeSettings{})
 	base := "http://" + w.httpAddr
 	check := func(wantReady bool) (ok bool, got string) {
 		t.Helper()
@@ -110,19 +99,7 @@ func TestReadyzSnowflakeLease(t *testing.T) {
 			ns := testenv.StartNATS(t, testenv.NATSOptions(t.TempDir()))
 			t.Cleanup(ns.Shutdown)
 			clock := &offsetClock{}
-			logs := &testenv.LogBuffer{}
-			w, err := New(context.Background(), Config{NATS: NATS{URL: ns.ClientURL()}, Logger: logs.Logger(),
-				Snowflake:   snowflake.NodeSettings{Settings: snowflake.Settings{Now: clock.Now}},
-				MetricsAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				w.Close()
-				if t.Failed() {
-					t.Logf("worker's log:\n%s", logs)
-				}
-			})
+			w := readyWorker(t, ns.ClientURL(), snowflake.NodeSettings{Settings: snowflake.Settings{Now: clock.Now}})
 			nc, err := nats.Connect(ns.ClientURL())
 			if err != nil {
 				t.Fatal(err)
@@ -177,4 +154,23 @@ func waitReadyz(tb testing.TB, base, part, what string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// readyWorker starts a worker on url with its metrics server (/readyz)
+// and the snowflake settings sf; its log is shown if the test fails.
+func readyWorker(tb testing.TB, url string, sf snowflake.NodeSettings) *Worker {
+	tb.Helper()
+	logs := &testenv.LogBuffer{}
+	w, err := New(context.Background(), Config{NATS: NATS{URL: url}, Logger: logs.Logger(), Snowflake: sf,
+		MetricsAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		w.Close()
+		if tb.Failed() {
+			tb.Logf("worker's log:\n%s", logs)
+		}
+	})
+	return w
 }
