@@ -92,7 +92,7 @@ func (e *endpoint) join() error {
 // request's metrics (scratch.start; they add one reading, the latency).
 // Without metrics, only a sample of the requests is timed (scratch.timed):
 // the two readings cost about as much as the rest of what the service
-// adds to a bare responder (docs/performance.md, "Third round").
+// adds to a bare responder (docs/performance.md, "Fourth round").
 // The request is counted before it is handled, so before its reply goes
 // out: a requester that got its reply finds it counted in $SRV.STATS (as
 // its error, counted by replier.fail before publishing); its processing
