@@ -89,8 +89,12 @@ func ReadRequest(h map[string][]string, body []byte, l Limits) (Request, error) 
 // struct (the service's replier) spares the copies of a returned one.
 func (r *Request) Read(h map[string][]string, body []byte, l Limits) error {
 	*r = Request{}
-	if err := r.readHeaders(h); err != nil {
-		return err
+	// Most requests have no headers: nothing to look up in them.
+	hasHeaders := len(h) > 0
+	if hasHeaders {
+		if err := r.readHeaders(h); err != nil {
+			return err
+		}
 	}
 	count, token, tokened := SplitBody(body)
 	if tokened {
@@ -104,8 +108,10 @@ func (r *Request) Read(h map[string][]string, body []byte, l Limits) error {
 		r.Token, r.BodyToken, r.Direct = token, true, true
 	}
 	var err error
-	if r.Format, err = ParseFormat(HeaderValues(h, FormatHeader)); err != nil {
-		return err
+	if hasHeaders { // without, the format is FormatList, r.Format's zero
+		if r.Format, err = ParseFormat(HeaderValues(h, FormatHeader)); err != nil {
+			return err
+		}
 	}
 	if r.N, err = ParseCount(count, l.MaxBatch); err != nil {
 		return err
