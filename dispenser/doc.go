@@ -4,13 +4,14 @@
 // queue group so that many workers share the load. It holds the whole NATS
 // request path: the endpoints and their queue groups (endpoint.go), micro
 // discovery, the handlers (handlers.go), the reading of a request (one
-// call of protocol.ReadRequest per request), the replies (reply.go), the
-// one mapping from errors to reply codes (errors.go: a table keyed by
-// sentinel error), and the ordered tags: routing to the owner, forwarding
-// in batches, the owner's side of forwarded requests and the direct
-// subject (ordered.go, forward.go). The allocator (package segment), the
-// snowflake generator (package snowflake) and the ownership leases
-// (package ownership) are given to it in Config.
+// call of protocol.Request.Read, ReadRequest in place, per request), the
+// replies (reply.go), the one mapping from errors to reply codes
+// (errors.go: a table keyed by sentinel error), and the ordered tags:
+// routing to the owner, forwarding in batches, the owner's side of
+// forwarded requests and the direct subject (ordered.go, forward.go). The
+// allocator (package segment), the snowflake generator (package
+// snowflake) and the ownership leases (package ownership) are given to it
+// in Config.
 //
 // An ordered request is followed from the handler to the reply by plain
 // calls: handleSegment → orderedTags.serve → takeOwned (owner) or

@@ -19,9 +19,10 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	rq, rerr := protocol.ReadRequest(req.Header, req.Data, s.limits)
-	r := s.newReplier(ep, req, rq, sc.start)
-	if errors.Is(rerr, protocol.ErrBadToken) {
+	var r replier
+	r.init(s, ep, req, sc.start)
+	rerr := r.rq.Read(req.Header, req.Data, s.limits)
+	if rerr != nil && errors.Is(rerr, protocol.ErrBadToken) {
 		r.fail(rerr) // its replies carry no token
 		return
 	}
@@ -40,7 +41,7 @@ func (s *Service) handleSegment(ep *endpoint, req *nats.Msg, sc *scratch) {
 		r.fail(rerr)
 		return
 	}
-	n, format := rq.N, rq.Format
+	n, format := r.rq.N, r.rq.Format
 	var arr [2]segment.Run
 	if format == protocol.FormatFormatted {
 		s.takeNumbered(r, tag, n, arr[:0])
@@ -76,7 +77,7 @@ func (s *Service) park(r replier, p *segment.Pending) {
 			s.failOrHandOff(r, err)
 			return
 		}
-		s.reply(&r, r.format, runs, r.n)
+		s.reply(&r, r.rq.Format, runs, r.rq.N)
 	}()
 }
 
@@ -121,9 +122,10 @@ func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	rq, err := protocol.ReadRequest(req.Header, req.Data, s.limits)
-	r := s.newReplier(ep, req, rq, sc.start)
-	if errors.Is(err, protocol.ErrBadToken) {
+	var r replier
+	r.init(s, ep, req, sc.start)
+	err := r.rq.Read(req.Header, req.Data, s.limits)
+	if err != nil && errors.Is(err, protocol.ErrBadToken) {
 		r.fail(err) // its replies carry no token
 		return
 	}
@@ -131,14 +133,14 @@ func (s *Service) handleSnowflake(ep *endpoint, req *nats.Msg, sc *scratch) {
 		s.failOrHandOff(r, errHandedBefore(r.endpoint))
 		return
 	}
-	if err == nil && rq.Format == protocol.FormatFormatted {
+	if err == nil && r.rq.Format == protocol.FormatFormatted {
 		err = errFormattedSnowflake
 	}
 	if err != nil { // format, count or fit
 		r.fail(err)
 		return
 	}
-	n, format := rq.N, rq.Format
+	n, format := r.rq.N, r.rq.Format
 	ids, err := s.cfg.Snowflake.AppendIDs(sc.ids[:0], n)
 	sc.ids = ids
 	if err != nil {
@@ -158,9 +160,10 @@ func (s *Service) handleDecode(ep *endpoint, req *nats.Msg, sc *scratch) {
 	if !s.admit(req) {
 		return
 	}
-	rq, err := protocol.ReadHeaders(req.Header)
-	r := s.newReplier(ep, req, rq, sc.start)
-	if err != nil {
+	var r replier
+	r.init(s, ep, req, sc.start)
+	var err error
+	if r.rq, err = protocol.ReadHeaders(req.Header); err != nil {
 		r.fail(err)
 		return
 	}

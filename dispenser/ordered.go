@@ -217,7 +217,7 @@ func (t *orderedTags) reroute(r replier, tag string) {
 // took them (safety argument, 3).
 func (t *orderedTags) takeOwned(r replier, tag string) {
 	var arr [2]segment.Run
-	runs, src, pending, err := t.s.cfg.Segments.TakeOwned(tag, r.n, arr[:0])
+	runs, src, pending, err := t.s.cfg.Segments.TakeOwned(tag, r.rq.N, arr[:0])
 	switch {
 	case err != nil:
 		r.fail(err)

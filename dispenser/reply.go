@@ -26,39 +26,38 @@ type replier struct {
 	endpoint  string
 	tag       string        // metrics label
 	start     time.Duration // when it came (mono); zero without metrics
-	worker    bool          // the request asked for protocol.WorkerHeader
-	// direct: the request came on this worker's direct subject;
-	// wantDirect: it asked for protocol.DirectHeader.
-	direct, wantDirect bool
+	// direct: the request came on this worker's direct subject.
+	direct bool
 	// owner, if set, is this worker's direct subject for tag, for
 	// protocol.DirectHeader: set on the owner's replies with IDs to
 	// requests that did not come on it.
-	owner  string
-	n      int // IDs asked for, once parsed
-	format protocol.Format
-	// token is the request's token, echoed in every reply to it; "" if
-	// it had none. bodyToken: it came in the body, so a reply with IDs
-	// carries it (and owner) in the body's first line
-	// (protocol.AppendTokenLine), not in headers; an error reply carries
-	// it in protocol.TokenHeader either way.
-	token     string
-	bodyToken bool
+	owner string
+	// rq is what the request asks for, once read: rq.N IDs (0 until
+	// its count is read) in rq.Format; rq.Worker and rq.Direct, whether
+	// it asked for protocol.WorkerHeader and protocol.DirectHeader. Its
+	// token rq.Token ("" if none) is echoed in every reply to it;
+	// rq.BodyToken: it came in the body, so a reply with IDs carries it
+	// (and owner) in the body's first line (protocol.AppendTokenLine),
+	// not in headers; an error reply carries it in protocol.TokenHeader
+	// either way. The handlers read it in place (protocol.Request.Read):
+	// a Request returned and copied in costs more than the reading.
+	rq protocol.Request
 }
 
-// newReplier returns the replier of req, which came on ep at start (mono,
-// read by endpoint.serve), as rq reads it (protocol.ReadRequest or
-// ReadHeaders).
-func (s *Service) newReplier(ep *endpoint, req *nats.Msg, rq protocol.Request, start time.Duration) replier {
-	return replier{s: s, ep: ep, req: req, reply: req.Reply, inline: true, endpoint: ep.name,
-		worker: rq.Worker, wantDirect: rq.Direct, token: rq.Token, bodyToken: rq.BodyToken, n: rq.N, format: rq.Format, start: start}
+// init makes r, a zero replier, the replier of req, which came on ep at
+// start (mono, read by endpoint.serve); the caller then reads r.rq
+// (protocol.Request.Read, or ReadHeaders). In place, not returned: the
+// replier is large, and a copy of it costs on every request.
+func (r *replier) init(s *Service, ep *endpoint, req *nats.Msg, start time.Duration) {
+	r.s, r.ep, r.req, r.reply, r.inline, r.endpoint, r.start = s, ep, req, req.Reply, true, ep.name, start
 }
 
 // forwardedReplier returns the replier of a request for tag that another
 // worker forwarded to this one (its reply subject and token are slices of
 // the forwarded message).
 func (s *Service) forwardedReplier(f protocol.Forward, tag string) replier {
-	r := replier{s: s, forwarded: true, reply: f.Reply, endpoint: "segment", tag: tag, worker: f.Worker, wantDirect: f.Direct, n: f.N, format: f.Format,
-		token: f.Token, bodyToken: f.BodyToken}
+	r := replier{s: s, forwarded: true, reply: f.Reply, endpoint: "segment", tag: tag,
+		rq: protocol.Request{N: f.N, Format: f.Format, Worker: f.Worker, Direct: f.Direct, Token: f.Token, BodyToken: f.BodyToken}}
 	if s.metrics != nil {
 		r.start = mono()
 	}
@@ -71,12 +70,11 @@ func (s *Service) forwardedReplier(f protocol.Forward, tag string) replier {
 // by protocol.DirectHeader: it came on the direct subject.
 func (s *Service) directReplier(msg *nats.Msg, tag string) (replier, error) {
 	rq, err := protocol.ReadRequest(msg.Header, msg.Data, s.limits)
-	r := replier{s: s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true, worker: rq.Worker, token: rq.Token, bodyToken: rq.BodyToken,
-		n: rq.N, format: rq.Format}
+	r := replier{s: s, reply: msg.Reply, endpoint: "segment", tag: tag, direct: true, rq: rq}
 	if s.metrics != nil {
 		r.start = mono()
 	}
-	if err == nil && r.format == protocol.FormatFormatted {
+	if err == nil && r.rq.Format == protocol.FormatFormatted {
 		err = errFormattedOrdered
 	}
 	return r, err
@@ -84,17 +82,18 @@ func (s *Service) directReplier(msg *nats.Msg, tag string) (replier, error) {
 
 // forward is the request r as a forwarded line carries it.
 func (r replier) forward() protocol.Forward {
-	return protocol.Forward{Reply: r.reply, N: r.n, Format: r.format, Worker: r.worker, Direct: r.wantDirect, Token: r.token, BodyToken: r.bodyToken}
+	return protocol.Forward{Reply: r.reply, N: r.rq.N, Format: r.rq.Format, Worker: r.rq.Worker, Direct: r.rq.Direct, Token: r.rq.Token,
+		BodyToken: r.rq.BodyToken}
 }
 
-// replyOwned answers r as the owner of its ordered tag, with runs, r.n IDs
+// replyOwned answers r as the owner of its ordered tag, with runs, r.rq.N IDs
 // in all: a request that asked for protocol.DirectHeader and did not come
 // on this worker's direct subject learns it.
 func (s *Service) replyOwned(r replier, runs []segment.Run) {
-	if r.wantDirect && !r.direct && s.cfg.OwnerID != "" {
+	if r.rq.Direct && !r.direct && s.cfg.OwnerID != "" {
 		r.owner = s.directSubject(r.tag)
 	}
-	s.reply(&r, r.format, runs, r.n)
+	s.reply(&r, r.rq.Format, runs, r.rq.N)
 }
 
 // directSubject is this worker's direct subject for tag
@@ -115,7 +114,7 @@ func (r replier) detach() replier {
 	if r.forwarded {
 		// A forwarded request's reply subject and token are slices of
 		// its whole batch: do not keep the batch while the request waits.
-		r.reply, r.token = strings.Clone(r.reply), strings.Clone(r.token)
+		r.reply, r.rq.Token = strings.Clone(r.reply), strings.Clone(r.rq.Token)
 	}
 	return r
 }
@@ -124,8 +123,8 @@ func (r replier) detach() replier {
 // (protocol.AppendTokenLine) if the request's token came in its body,
 // nothing otherwise. The IDs are appended after it.
 func (r *replier) head(dst []byte) []byte {
-	if r.bodyToken {
-		return protocol.AppendTokenLine(dst, r.token, r.owner)
+	if r.rq.BodyToken {
+		return protocol.AppendTokenLine(dst, r.rq.Token, r.owner)
 	}
 	return dst
 }
@@ -137,7 +136,7 @@ func (r *replier) respond(data []byte, ids int) {
 	// IDs finds them counted.
 	r.s.metrics.observe(r.endpoint, r.tag, "200", ids, r.start)
 	var err error
-	if r.worker || !r.bodyToken && (r.owner != "" || r.token != "") {
+	if r.rq.Worker || !r.rq.BodyToken && (r.owner != "" || r.rq.Token != "") {
 		err = r.s.conn().PublishMsg(&nats.Msg{Subject: r.reply, Header: nats.Header(r.header()), Data: data})
 	} else { // a plain publish: a nats.Msg per reply costs
 		err = r.s.conn().Publish(r.reply, data)
@@ -154,10 +153,10 @@ func (r *replier) respond(data []byte, ids int) {
 // (head), and fail clears owner.
 func (r replier) header() micro.Headers {
 	h := make(micro.Headers, 3)
-	if r.token != "" && !r.bodyToken {
-		h[protocol.TokenHeader] = []string{r.token}
+	if r.rq.Token != "" && !r.rq.BodyToken {
+		h[protocol.TokenHeader] = []string{r.rq.Token}
 	}
-	if r.worker {
+	if r.rq.Worker {
 		h[protocol.WorkerHeader] = []string{r.s.ID()}
 	}
 	if r.owner != "" {
@@ -172,8 +171,8 @@ func (r replier) fail(err error) {
 	if r.ep != nil {
 		r.ep.failed(code + ":" + desc)
 	}
-	r.owner = ""        // an error names no direct subject
-	r.bodyToken = false // and carries the token in its header
+	r.owner = ""           // an error names no direct subject
+	r.rq.BodyToken = false // and carries the token in its header
 	msg := &nats.Msg{Subject: r.reply, Header: nats.Header(r.header())}
 	msg.Header[micro.ErrorHeader] = []string{desc}
 	msg.Header[micro.ErrorCodeHeader] = []string{code}

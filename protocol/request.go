@@ -50,14 +50,20 @@ func Fits(maxPayload int64, format Format) int {
 // only: its replies carry no token.
 func ReadHeaders(h map[string][]string) (Request, error) {
 	var r Request
+	err := r.readHeaders(h)
+	return r, err
+}
+
+// readHeaders is ReadHeaders into r, which is zero.
+func (r *Request) readHeaders(h map[string][]string) error {
 	if len(h) == 0 {
-		return r, nil
+		return nil
 	}
 	_, r.Worker = h[WorkerHeader]
 	_, r.Direct = h[DirectHeader]
 	var err error
 	r.Token, err = ParseToken(HeaderValues(h, TokenHeader))
-	return r, err
+	return err
 }
 
 // ReadRequest reads a request for IDs, before anything is taken for it:
@@ -73,39 +79,55 @@ func ReadHeaders(h map[string][]string) (Request, error) {
 // after its checks, as it did when it read them apart. It allocates nothing
 // but its error. A token from the body shares body's memory (SplitBody).
 func ReadRequest(h map[string][]string, body []byte, l Limits) (Request, error) {
-	r, err := ReadHeaders(h)
-	if err != nil {
-		return r, err
+	var r Request
+	err := r.Read(h, body, l)
+	return r, err
+}
+
+// Read is ReadRequest into r, in place: every field of r is set, as
+// ReadRequest would return it. A caller that keeps the Request in a larger
+// struct (the service's replier) spares the copies of a returned one.
+func (r *Request) Read(h map[string][]string, body []byte, l Limits) error {
+	*r = Request{}
+	// Most requests have no headers: nothing to look up in them.
+	hasHeaders := len(h) > 0
+	if hasHeaders {
+		if err := r.readHeaders(h); err != nil {
+			return err
+		}
 	}
 	count, token, tokened := SplitBody(body)
 	if tokened {
 		switch {
 		case r.Token != "":
 			r.Token = "" // which would a reply echo? neither
-			return r, fmt.Errorf("%w: a token in both %s and the body", ErrBadToken, TokenHeader)
+			return fmt.Errorf("%w: a token in both %s and the body", ErrBadToken, TokenHeader)
 		case !ValidToken(token):
-			return r, fmt.Errorf("%w: body token %q: want 1-%d characters of [A-Za-z0-9_-] after the count and one space", ErrBadToken, truncate(token, 80), MaxTokenLen)
+			return fmt.Errorf("%w: body token %q: want 1-%d characters of [A-Za-z0-9_-] after the count and one space", ErrBadToken, truncate(token, 80), MaxTokenLen)
 		}
 		r.Token, r.BodyToken, r.Direct = token, true, true
 	}
-	if r.Format, err = ParseFormat(HeaderValues(h, FormatHeader)); err != nil {
-		return r, err
+	var err error
+	if hasHeaders { // without, the format is FormatList, r.Format's zero
+		if r.Format, err = ParseFormat(HeaderValues(h, FormatHeader)); err != nil {
+			return err
+		}
 	}
 	if r.N, err = ParseCount(count, l.MaxBatch); err != nil {
-		return r, err
+		return err
 	}
 	// A batch whose reply may not fit in one message is refused: a reply
 	// in runs may need twice the bytes of a list.
 	if r.N*ListBytesPerID < ReplyHeaderRoom {
-		return r, nil // every server's max payload holds it: spare the call
+		return nil // every server's max payload holds it: spare the call
 	}
 	if mp := l.MaxPayload(); r.N > Fits(mp, r.Format) {
 		n := r.N
 		r.N = 0
-		return r, fmt.Errorf("%w %d: a reply of that many IDs may not fit in one message of this server (max payload %d bytes); at most %d (%s)",
+		return fmt.Errorf("%w %d: a reply of that many IDs may not fit in one message of this server (max payload %d bytes); at most %d (%s)",
 			ErrBadCount, n, mp, Fits(mp, r.Format), r.Format)
 	}
-	return r, nil
+	return nil
 }
 
 // SplitBody splits a request body into its count and its token: a body
