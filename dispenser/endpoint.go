@@ -56,6 +56,22 @@ type endpoint struct {
 // serve again ("false").
 const ServingMetadata = "serving"
 
+// pendingMsgs and pendingBytes bound the requests queued in the worker's
+// NATS client for one endpoint's handler (nats.go's defaults for a
+// subscription). Requests come as fast as requesters send them, a
+// hostile or careless one included, and the handler may answer them more
+// slowly: without a bound the queue, and the worker's memory, grows until
+// the worker is killed, and requests are answered long after their
+// requesters gave up (client.AttemptTimeout). Beyond the bound nats.go
+// drops the newest request (a slow consumer: the connection's error
+// handler logs it): it gets no reply and takes no ID, and its requester's
+// attempt times out and goes again, perhaps to another worker. Either
+// bound holds a few seconds of a worker's throughput at least.
+const (
+	pendingMsgs  = nats.DefaultSubPendingMsgsLimit
+	pendingBytes = nats.DefaultSubPendingBytesLimit
+)
+
 // newEndpoint returns an endpoint that handles each request with h, on its
 // subscription's goroutine, with that subscription's scratch memory.
 func newEndpoint(nc *nats.Conn, name, subject, queue string, metadata map[string]string, h func(*endpoint, *nats.Msg, *scratch)) *endpoint {
@@ -77,8 +93,8 @@ func (e *endpoint) join() error {
 	if err != nil {
 		return fmt.Errorf("dispenser: subscribing %s: %w", e.subject, err)
 	}
-	// micro's limits: a slow worker must not drop requests silently.
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
+	// Bounded (pendingMsgs): a flood must not grow the queue without end.
+	if err := sub.SetPendingLimits(pendingMsgs, pendingBytes); err != nil {
 		_ = sub.Unsubscribe()
 		return fmt.Errorf("dispenser: subscribing %s: %w", e.subject, err)
 	}
