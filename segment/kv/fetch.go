@@ -127,6 +127,7 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	if err != nil {
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}
+	base := s.guard.Seen()
 	rev, err := s.kv.Update(ctx, tag, b, e.rev)
 	if err != nil {
 		s.forget(tag)
@@ -135,7 +136,7 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 		}
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}
-	if err := s.guard.Check(ctx); err != nil {
+	if err := s.guard.CheckWrite(ctx, base, rev); err != nil {
 		s.forget(tag)
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
@@ -303,4 +305,84 @@ func TestGiveBackWithUnconfirmedWrite(t *testing.T) {
 	if b.Start != a.Start+3 {
 		t.Errorf("Fetch: %+v, want a segment from %d (the IDs given back)", b, a.Start+3)
 	}
+}
+
+// TestRestoredBucket: the server's store restored from an older backup of
+// its disk (a volume or VM snapshot; nats stream restore of a backup in the
+// format of servers before 2.15 does the same) while a worker runs. The
+// stream keeps the creation time it had when the backup was taken, and so
+// does the proof record in it, but its revisions and max_ids are the
+// backup's: the running Store's compare-and-swap on the key read again
+// succeeds, and would hand out again the IDs it fetched since the backup.
+// Seen failing before the Guard checked that a write's revision lies above
+// every sequence it had seen: Fetch after the restore returned 11..20,
+// already handed out; and, with that check but not kept after the first
+// refusal, the last Fetch of orders returned 11..20 again.
+func TestRestoredBucket(t *testing.T) {
+	n := testenv.StartNATSServer(t)
+	nc, err := nats.Connect(n.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &logBuffer{}
+	s, err := kv.New(ctx, js, kv.Settings{Logger: log.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restart := func(between func()) {
+		t.Helper()
+		n.Stop()
+		between()
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(time.Minute) // bounds a hang
+		for !nc.IsConnected() {
+			if time.Now().After(deadline) {
+				t.Fatal("the worker did not reconnect")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	mustCreate(t, s, "orders", 10)
+	mustCreate(t, s, "other", 10)
+	mustFetch(t, s, "orders")
+	backup := t.TempDir()
+	restart(func() {
+		if err := os.CopyFS(backup, os.DirFS(n.Opts.StoreDir)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	var served []tagmodel.Allocation
+	for range 3 {
+		served = append(served, mustFetch(t, s, "orders"))
+	}
+	restart(func() {
+		if err := os.RemoveAll(n.Opts.StoreDir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.CopyFS(n.Opts.StoreDir, os.DirFS(backup)); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// Every fetch is refused, also once the writes refused (they land)
+	// have carried the stream's sequence past what the worker had seen.
+	for _, tag := range []string{"orders", "other", "other", "other", "other", "orders"} {
+		a, err := s.Fetch(ctx, tag, 0)
+		for _, b := range served {
+			if err == nil && tag == "orders" && a.Start < b.End && b.Start < a.End {
+				t.Fatalf("Fetch(%q) after the restore = %+v, overlapping %+v handed out before it", tag, a, b)
+			}
+		}
+		if !errors.Is(err, kv.ErrBucketRecreated) {
+			t.Errorf("Fetch(%q) after the restore = %+v, %v, want ErrBucketRecreated", tag, a, err)
+		}
+	}
+	checkLogged(t, log, "restored from a backup")
 }
