@@ -179,8 +179,9 @@ func (g *Guard) Seen() uint64 { return g.seen.Load() }
 // that lands at or below a sequence the stream held before it was sent
 // went to a stream that went back: its server's store restored from an
 // older backup (a volume or VM snapshot), or nats stream restore of a
-// backup in a format that keeps the stream's creation time (servers before
-// 2.15). Such a stream passes Check (its creation time and proof record are
+// backup in a format that keeps the stream's creation time (nats-server
+// 2.15.2 keeps it for its first snapshot format, not for the backups it
+// takes itself). Such a stream passes Check (its creation time and proof record are
 // the backup's), but its values may be older than what was handed out and
 // a compare-and-swap on a key read from it succeeds. From the first such
 // write on, the Guard fails every check with ErrRecreated.

@@ -301,8 +301,8 @@ func TestGiveBackWithUnconfirmedWrite(t *testing.T) {
 }
 
 // TestRestoredBucket: the server's store restored from an older backup of
-// its disk (a volume or VM snapshot; nats stream restore of a backup in the
-// format of servers before 2.15 does the same) while a worker runs. The
+// its disk (a volume or VM snapshot; nats stream restore of a backup in
+// nats-server's first snapshot format does the same) while a worker runs. The
 // stream keeps the creation time it had when the backup was taken, and so
 // does the proof record in it, but its revisions and max_ids are the
 // backup's: the running Store's compare-and-swap on the key read again
