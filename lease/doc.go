@@ -75,6 +75,9 @@
 // whose wall clock then also steps back (both clocks wrong at once), and a
 // JetStream that
 // acknowledges a write it then loses (a bucket with fewer replicas than
-// failures), are outside the argument; kvbucket.Check refuses buckets
-// that drop values.
+// failures, or its server's store restored from an older backup while
+// workers run: the stream keeps its creation time, so Stream.Check passes,
+// and a key claimed since the backup may look released or expired again),
+// are outside the argument; kvbucket.Check refuses buckets that drop
+// values.
 package lease

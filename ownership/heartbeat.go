@@ -208,6 +208,18 @@ func (l *Leases) release(tag string, h *held) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Lease)
 	defer cancel()
+	// Before writing on a revision, make sure the bucket is the one that
+	// revision belongs to (lease.Holder's first rule, as for a renewal):
+	// in a bucket deleted and created again the compare-and-swap could
+	// land on another worker's live record and mark it released,
+	// claimable at once while that worker serves
+	// (TestReleaseIntoRecreatedBucket).
+	if err := l.checkStream(ctx); err != nil {
+		if !errors.Is(err, ErrBucketRecreated) {
+			l.log.Warn("ownership: release failed; the tag moves once the lease expires", "tag", tag, "err", err)
+		}
+		return
+	}
 	for adopted := 0; ; adopted++ {
 		g, err := l.terms.Write(ctx, l.kv, tag, rev, func(now time.Time) ([]byte, error) {
 			rec.Heartbeat, rec.Expires, rec.Released = now, now, true

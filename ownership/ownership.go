@@ -25,9 +25,9 @@
 // MaxLease. A purged bucket is recorded there (Lost) and a tag key without
 // any message counts as deleted when the loss was found.
 //
-// A bucket deleted and recreated since Open (lease.Stream) makes the worker
-// drop every lease and refuse to claim (ErrBucketRecreated) until
-// restarted.
+// A bucket deleted and recreated since Open (lease.Stream, checked before
+// every claim, renewal round and release) makes the worker drop every
+// lease and refuse to claim (ErrBucketRecreated) until restarted.
 //
 // # Serving
 //

@@ -924,3 +924,56 @@ func TestHandOverDuringClaim(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseIntoRecreatedBucket: the bucket is deleted and created again
+// while a holds a lease, b claims the tag in the new stream at the very
+// revision a holds, and a then hands its tags over (a worker's stop)
+// before any heartbeat of its found the bucket recreated. a's release is
+// a compare-and-swap on that revision: it must not land on b's record,
+// which would mark b's lease released, claimable at once while b serves.
+func TestReleaseIntoRecreatedBucket(t *testing.T) {
+	js, err := jetstream.New(testenv.Connect(t, testenv.NATS(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cfg := jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1}
+	kv, err := js.CreateKeyValue(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newWorker(t, kv, "a", 0)
+	claim(t, a, "orders")
+	rev, _ := heldRev(a.Leases, "orders")
+	if err := js.DeleteKeyValue(ctx, DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	kv2 := testenv.CreateKeyValue(t, js, cfg)
+	b := newWorker(t, kv2, "b", 0)
+	// Fill the new stream, as other keys would, so that b's claim (the
+	// longest-lease record, then the tag's) lands at a's revision.
+	for {
+		st, err := kv2.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq
+		if last+2 >= rev {
+			break
+		}
+		if _, err := kv2.Put(ctx, fmt.Sprintf("filler%d", last), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim(t, b, "orders")
+	e, err := kv2.Get(ctx, "orders")
+	if err != nil || e.Revision() != rev {
+		t.Fatalf("b's record at revision %v (%v), want a's %d: the test sets nothing up", e.Revision(), err, rev)
+	}
+	a.HandOver()
+	got, err := kv2.Get(ctx, "orders")
+	if err != nil || got.Revision() != e.Revision() {
+		t.Fatalf("b's record was overwritten by a's release: now %q at revision %v (%v), b wrote revision %d",
+			got.Value(), got.Revision(), err, e.Revision())
+	}
+}

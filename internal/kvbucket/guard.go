@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,7 +55,16 @@ type Guard struct {
 	what    string    // what the bucket holds, for messages
 	log     *slog.Logger
 
-	mu sync.Mutex // protects failing
+	// seen is the highest sequence of the stream known to exist: its
+	// last sequence at every read of the stream, and the revision of
+	// every write checked (CheckWrite).
+	seen atomic.Uint64
+
+	mu sync.Mutex // protects failing and rewound
+	// rewound is the error of the first write that landed at or below a
+	// sequence seen before it was sent (CheckWrite), nil until then; from
+	// then on every check fails with it.
+	rewound error
 	// failing holds, per part checked (partStream: the stream and its
 	// configuration; partProof: the proof record), the message of the
 	// last failed check, "" if the last check passed: a failure is logged
@@ -84,6 +94,7 @@ func NewGuard(ctx context.Context, kv jetstream.KeyValue, r Requirements, what s
 			return nil, err
 		}
 		g.created = info.Created
+		g.raise(info.State.LastSeq)
 		// The stream's last sequence is read before the key: a worker
 		// stores the record before it writes anything else, so if the
 		// bucket had held a value by now, the record would be found.
@@ -159,7 +170,64 @@ func (g *Guard) CheckHeld(ctx context.Context) error {
 	return g.verdict(partProof, g.checkProof(e))
 }
 
+// Seen returns the highest sequence of the stream known to exist: take it
+// before sending a write, for CheckWrite.
+func (g *Guard) Seen() uint64 { return g.seen.Load() }
+
+// CheckWrite is Check after a write that was sent when Seen returned base
+// and landed at revision rev. A stream's sequences only grow, so a write
+// that lands at or below a sequence the stream held before it was sent
+// went to a stream that went back: its server's store restored from an
+// older backup (a volume or VM snapshot), or nats stream restore of a
+// backup in a format that keeps the stream's creation time (nats-server
+// 2.15.2 keeps it for its first snapshot format, not for the backups it
+// takes itself). Such a stream passes Check (its creation time and proof record are
+// the backup's), but its values may be older than what was handed out and
+// a compare-and-swap on a key read from it succeeds. From the first such
+// write on, the Guard fails every check with ErrRecreated.
+//
+// Why base and not Seen at the check: another write of this process may
+// land after this one was sent and be seen first; only what was seen
+// before the write was sent lies below it.
+//
+// It sees only a rewind below what this process saw: a worker started
+// after the restore, or one that saw none of the sequences lost, cannot
+// tell (docs/reliability.md).
+func (g *Guard) CheckWrite(ctx context.Context, base, rev uint64) error {
+	if rev <= base {
+		err := fmt.Errorf("%w: a write to bucket %q (%s) landed at revision %d, but the stream held sequence %d before it "+
+			"was sent: the stream went back, restored from a backup (of its server's disk, or nats stream restore of a backup "+
+			"that keeps the creation time), and may hold values older than what was handed out. This worker stops using it: "+
+			"stop every worker, put the bucket's values back above every ID handed out, then restart them",
+			ErrRecreated, g.kv.Bucket(), g.what, rev, base)
+		g.mu.Lock()
+		if g.rewound == nil {
+			g.rewound = err
+		}
+		g.mu.Unlock()
+		return g.verdict(partStream, err)
+	}
+	g.raise(rev)
+	return g.Check(ctx)
+}
+
+// raise raises seen to seq.
+func (g *Guard) raise(seq uint64) {
+	for {
+		cur := g.seen.Load()
+		if cur >= seq || g.seen.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
+}
+
 func (g *Guard) checkInfo(info *jetstream.StreamInfo) error {
+	g.mu.Lock()
+	rewound := g.rewound
+	g.mu.Unlock()
+	if rewound != nil {
+		return rewound
+	}
 	if !info.Created.Equal(g.created) {
 		return fmt.Errorf("%w: the stream of bucket %q (%s) was created at %s, but the one this worker opened at %s: "+
 			"someone deleted the bucket (nats kv del / nats stream rm) and it was created again; its revisions started over "+
@@ -167,6 +235,9 @@ func (g *Guard) checkInfo(info *jetstream.StreamInfo) error {
 			"above every ID handed out, then restart them",
 			ErrRecreated, g.kv.Bucket(), g.what, info.Created.UTC().Format(time.RFC3339Nano), g.created.UTC().Format(time.RFC3339Nano))
 	}
+	// A member of a group without a leader may answer with a last
+	// sequence behind the leader's: raise only, never compare.
+	g.raise(info.State.LastSeq)
 	return CheckConfig(g.kv.Bucket(), info.Config, g.req)
 }
 

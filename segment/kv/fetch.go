@@ -112,6 +112,17 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	if !ok || e.v.MaxID != end {
 		return false, nil
 	}
+	// A give-back is the one write that lowers a value: it goes only to
+	// the stream this Store opened. A compare-and-swap on e.rev would also
+	// land in a bucket deleted and created again whose key stands at that
+	// revision, and lower a max_id put back above what was handed out
+	// (TestGiveBackIntoRecreatedBucket); the check after the write comes
+	// too late for that. A bucket re-created between this check and the
+	// write is not seen (one round trip).
+	if err := s.guard.Check(ctx); err != nil {
+		s.forget(tag)
+		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
+	}
 	v := e.v
 	v.MaxID = firstUnissued
 	// What this Store vouches for drops to firstUnissued before the write:
@@ -127,6 +138,7 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 	if err != nil {
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}
+	base := s.guard.Seen()
 	rev, err := s.kv.Update(ctx, tag, b, e.rev)
 	if err != nil {
 		s.forget(tag)
@@ -135,7 +147,7 @@ func (s *Store) GiveBack(ctx context.Context, tag string, end, firstUnissued int
 		}
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}
-	if err := s.guard.Check(ctx); err != nil {
+	if err := s.guard.CheckWrite(ctx, base, rev); err != nil {
 		s.forget(tag)
 		return false, fmt.Errorf("kv: give back %q: %w", tag, err)
 	}

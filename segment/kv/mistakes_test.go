@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dispenser-dev/dispenser/internal/kvbucket"
@@ -266,41 +268,147 @@ func TestMaxIDLoweredByHand(t *testing.T) {
 }
 
 // TestGiveBackWithUnconfirmedWrite: a give-back whose write lands but is
-// not confirmed (here the check after it fails: a max age was added to the
-// bucket meanwhile) must not make the Store take its own lowered value for
-// one lowered by hand once the bucket is healthy again. Seen failing while
-// the Store vouched for the old max_id until the write was confirmed: the
-// next Fetch was refused with ErrMaxIDLowered.
+// not confirmed (its reply is lost, as in a JetStream leader election) must
+// not make the Store take its own lowered value for one lowered by hand
+// once the bucket answers again. Seen failing while the Store vouched for
+// the old max_id until the write was confirmed: the next Fetch was refused
+// with ErrMaxIDLowered. (The write was made unconfirmed by a max age added
+// to the bucket meanwhile until the give-back checked the bucket before
+// writing.)
 func TestGiveBackWithUnconfirmedWrite(t *testing.T) {
 	srv := testenv.NATS(t)
 	s := newStore(t, srv, kv.Settings{Logger: quiet})
 	mustCreate(t, s, "orders", 10)
 	a := mustFetch(t, s, "orders") // 1..10, max_id 11
-	js := newJS(t, srv)
-	st, err := js.Stream(ctx, "KV_"+kv.DefaultBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	healthy := st.CachedInfo().Config
-	aged := healthy
-	aged.MaxAge = time.Hour
-	if _, err := js.UpdateStream(ctx, aged); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.GiveBack(ctx, "orders", a.End, a.Start+3); !errors.Is(err, kv.ErrBucketTTL) {
-		t.Fatalf("GiveBack into a bucket with a max age: %v, want %v", err, kv.ErrBucketTTL)
+	lossy := &testenv.UnansweredKV{}
+	kv.WrapKeyValue(s, func(k jetstream.KeyValue) jetstream.KeyValue { lossy.KeyValue = k; return lossy })
+	lossy.Drop("orders", 1, true)
+	gctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := s.GiveBack(gctx, "orders", a.End, a.Start+3); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("GiveBack with its reply lost: %v, want %v", err, context.DeadlineExceeded)
 	}
 	if got := rawValue(t, bucket(t, srv, kv.DefaultBucket), "orders"); !strings.Contains(got, `"max_id":4`) {
 		t.Fatalf("the give-back's write did not land (value %s): the test sets nothing up", got)
 	}
-	if _, err := js.UpdateStream(ctx, healthy); err != nil {
-		t.Fatal(err)
-	}
 	b, err := s.Fetch(ctx, "orders", 0)
 	if err != nil {
-		t.Fatalf("Fetch after the bucket was healthy again: %v", err)
+		t.Fatalf("Fetch after the unconfirmed give-back: %v", err)
 	}
 	if b.Start != a.Start+3 {
 		t.Errorf("Fetch: %+v, want a segment from %d (the IDs given back)", b, a.Start+3)
+	}
+}
+
+// TestRestoredBucket: the server's store restored from an older backup of
+// its disk (a volume or VM snapshot; nats stream restore of a backup in
+// nats-server's first snapshot format does the same) while a worker runs. The
+// stream keeps the creation time it had when the backup was taken, and so
+// does the proof record in it, but its revisions and max_ids are the
+// backup's: the running Store's compare-and-swap on the key read again
+// succeeds, and would hand out again the IDs it fetched since the backup.
+// Seen failing before the Guard checked that a write's revision lies above
+// every sequence it had seen: Fetch after the restore returned 11..20,
+// already handed out; and, with that check but not kept after the first
+// refusal, the last Fetch of orders returned 11..20 again.
+func TestRestoredBucket(t *testing.T) {
+	n := testenv.StartNATSServer(t)
+	nc, err := nats.Connect(n.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &logBuffer{}
+	s, err := kv.New(ctx, js, kv.Settings{Logger: log.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restart := func(between func()) {
+		t.Helper()
+		n.Stop()
+		between()
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(time.Minute) // bounds a hang
+		for !nc.IsConnected() {
+			if time.Now().After(deadline) {
+				t.Fatal("the worker did not reconnect")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	mustCreate(t, s, "orders", 10)
+	mustCreate(t, s, "other", 10)
+	mustFetch(t, s, "orders")
+	backup := t.TempDir()
+	restart(func() {
+		if err := os.CopyFS(backup, os.DirFS(n.Opts.StoreDir)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	var served []tagmodel.Allocation
+	for range 3 {
+		served = append(served, mustFetch(t, s, "orders"))
+	}
+	restart(func() {
+		if err := os.RemoveAll(n.Opts.StoreDir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.CopyFS(n.Opts.StoreDir, os.DirFS(backup)); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// Every fetch is refused, also once the writes refused (they land)
+	// have carried the stream's sequence past what the worker had seen.
+	for _, tag := range []string{"orders", "other", "other", "other", "other", "orders"} {
+		a, err := s.Fetch(ctx, tag, 0)
+		for _, b := range served {
+			if err == nil && tag == "orders" && a.Start < b.End && b.Start < a.End {
+				t.Fatalf("Fetch(%q) after the restore = %+v, overlapping %+v handed out before it", tag, a, b)
+			}
+		}
+		if !errors.Is(err, kv.ErrBucketRecreated) {
+			t.Errorf("Fetch(%q) after the restore = %+v, %v, want ErrBucketRecreated", tag, a, err)
+		}
+	}
+	checkLogged(t, log, "restored from a backup")
+}
+
+// TestGiveBackIntoRecreatedBucket: the bucket deleted and created again
+// while a worker runs, its values put back by hand as the recovery says
+// (docs/reliability.md), and the worker then stopped, which gives its
+// segments back. The give-back is a compare-and-swap on the revision the
+// worker remembers from the old stream; the new stream's key may stand at
+// that very revision, and the write then lowers the max_id put back, so
+// that a worker started afterwards hands out again what was handed out
+// before. The give-back must write nothing into a stream other than the
+// one the Store opened.
+func TestGiveBackIntoRecreatedBucket(t *testing.T) {
+	srv := testenv.NATS(t)
+	old := newStore(t, srv, kv.Settings{Logger: quiet})
+	mustCreate(t, old, "orders", 10) // revision 2, after the proof record
+	a := mustFetch(t, old, "orders") // 1..10, revision 3, remembered
+	if err := newJS(t, srv).DeleteKeyValue(ctx, kv.DefaultBucket); err != nil {
+		t.Fatal(err)
+	}
+	// Recovery: the value put back above every ID handed out, and a
+	// worker started on it (the proof record, then a fetch): orders
+	// stands at revision 3 again.
+	restored := newStore(t, srv, kv.Settings{Logger: quiet})
+	put(t, bucket(t, srv, kv.DefaultBucket), "orders", `{"max_id":1000,"step":10}`)
+	mustFetch(t, restored, "orders") // 1000..1009, revision 3
+
+	if _, err := old.GiveBack(ctx, "orders", a.End, a.Start+3); !errors.Is(err, kv.ErrBucketRecreated) {
+		t.Errorf("GiveBack into the re-created bucket: %v, want ErrBucketRecreated", err)
+	}
+	later := newStore(t, srv, kv.Settings{Logger: quiet})
+	if b := mustFetch(t, later, "orders"); b.Start < 1010 {
+		t.Errorf("Fetch by a worker started afterwards = %+v, want it above 1009 (the value put back, and the fetch since)", b)
 	}
 }

@@ -75,9 +75,10 @@ func (s *Store) fetchPeriod(ctx context.Context, name, tag, key string, step int
 		if err != nil {
 			return tagmodel.Allocation{}, err
 		}
+		base := s.guard.Seen()
 		rev, err := s.kv.Update(ctx, name, b, 0)
 		if err == nil {
-			if err := s.guard.Check(ctx); err != nil {
+			if err := s.guard.CheckWrite(ctx, base, rev); err != nil {
 				return tagmodel.Allocation{}, err
 			}
 			s.remember(name, entry{v, rev})

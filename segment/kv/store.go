@@ -29,6 +29,11 @@
 //   - a bucket deleted and created again while the Store runs: its
 //     stream's creation time changed (ErrBucketRecreated), checked after
 //     every write, so no segment written to another stream is returned;
+//   - a bucket that went back while the Store runs (its server's store
+//     restored from an older backup, or nats stream restore of a backup
+//     that keeps the creation time): a write landed at or below a sequence
+//     the Store saw before sending it (kvbucket.Guard.CheckWrite), and from
+//     then on nothing is returned (ErrBucketRecreated);
 //   - a TTL or limits that drop values added after start-up: the
 //     configuration is checked again after every write (ErrBucketTTL,
 //     ErrBucketLimits);
@@ -349,13 +354,15 @@ func (s *Store) modify(ctx context.Context, tag string, change func(v *value, re
 		if err != nil {
 			return err
 		}
+		base := s.guard.Seen()
 		uctx, cancel := context.WithTimeout(ctx, kvbucket.WriteAttempt)
 		newRev, err := s.kv.Update(uctx, tag, b, rev)
 		cancel()
 		if err == nil {
 			// The swap went to the bucket's stream of now; only if that
-			// is still the stream opened did it follow the value read.
-			if err := s.guard.Check(ctx); err != nil {
+			// is still the stream opened, and did not go back, did it
+			// follow the value read.
+			if err := s.guard.CheckWrite(ctx, base, newRev); err != nil {
 				s.forget(tag)
 				return err
 			}

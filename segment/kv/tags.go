@@ -79,14 +79,15 @@ func (s *Store) CreateTag(ctx context.Context, t tagmodel.Tag) error {
 	}
 	// Update on revision 0 fails if the key has any message, a delete
 	// marker included (Create would write over one).
-	_, err = s.kv.Update(ctx, t.Name, b, 0)
+	base := s.guard.Seen()
+	rev, err := s.kv.Update(ctx, t.Name, b, 0)
 	if kvbucket.Conflict(err) {
 		return s.createConflict(ctx, t.Name)
 	}
 	if err != nil {
 		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
-	if err := s.guard.Check(ctx); err != nil {
+	if err := s.guard.CheckWrite(ctx, base, rev); err != nil {
 		return fmt.Errorf("kv: create tag %q: %w", t.Name, err)
 	}
 	return nil
