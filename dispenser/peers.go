@@ -24,8 +24,9 @@ const (
 )
 
 // checkPeers asks the running dispenser workers for their info and refuses
-// (ErrPeerMismatch) if one of this worker's prefix and queue group uses
-// another store, other snowflake leases or another owners bucket. New
+// (ErrPeerMismatch) if one of this worker's prefix is in another queue
+// group, or one of its prefix and queue group uses another store, other
+// snowflake leases or another owners bucket. New
 // calls it after registering the service, so that others see this worker,
 // and before adding the endpoints, so that it serves nothing yet: of two workers that start at
 // the same instant, at least the one whose question reaches the server
@@ -50,9 +51,21 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 			return fmt.Errorf("dispenser: asking for peers: %w", err)
 		}
 		var info micro.Info
-		if json.Unmarshal(msg.Data, &info) != nil || info.ID == id ||
-			info.Metadata[PrefixMetadata] != s.cfg.Prefix || info.Metadata[QueueGroupMetadata] != s.cfg.QueueGroup {
+		if json.Unmarshal(msg.Data, &info) != nil || info.ID == id || info.Metadata[PrefixMetadata] != s.cfg.Prefix {
 			continue
+		}
+		// Queue groups do not divide subjects: NATS hands each request
+		// to one member of every queue group subscribed to its subject,
+		// so workers of two groups on one prefix both answer every
+		// request, each with IDs of its own, and the requester takes
+		// whichever comes first. From one store that wastes them; from
+		// two stores (or lease buckets), which the checks below compare
+		// only within a group, it hands out the same IDs.
+		if group := info.Metadata[QueueGroupMetadata]; group != "" && group != s.cfg.QueueGroup {
+			return fmt.Errorf("%w: worker %s serves %s<tag> in queue group %q, this one would join %q: "+
+				"NATS hands every request to a worker of each queue group, so both would answer it, each with IDs of its own "+
+				"(from two stores, the same IDs); use the same --queue-group, or another --prefix",
+				ErrPeerMismatch, info.ID, s.segPrefix, group, s.cfg.QueueGroup)
 		}
 		settings, region := info.Metadata[RegionSettingsMetadata], info.Metadata[RegionMetadata]
 		if settings != s.cfg.Region.Settings() {
@@ -64,14 +77,14 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 		if other := info.Metadata[StoreMetadata]; s.cfg.Segments != nil && other != "" && !(otherRegion && s.cfg.Region.PerRegionStores()) &&
 			!s.sameStore(other, info.Metadata[StoreIDMetadata]) {
 			return fmt.Errorf("%w: worker %s in queue group %q serves %s<tag> from store %q, this one would use %q: "+
-				"workers of different stores hand out the same IDs; use the same store or another queue group or prefix",
+				"workers of different stores hand out the same IDs; use the same store, or another --prefix",
 				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.segPrefix, other, s.cfg.Store)
 		}
 		if other := info.Metadata[SnowflakeMetadata]; s.cfg.Snowflake != nil && other != "" && s.cfg.SnowflakeLeases != "" &&
 			!(otherRegion && s.cfg.Region.PerRegionLeases()) && other != s.cfg.SnowflakeLeases {
 			return fmt.Errorf("%w: worker %s in queue group %q serves %s.snowflake with worker IDs leased from %q, this one from %q: "+
 				"workers of different lease buckets or epochs hand out the same IDs; use the same snowflake bucket "+
-				"(in the same JetStream domain) and epoch, or another queue group or prefix",
+				"(in the same JetStream domain) and epoch, or another --prefix",
 				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, s.cfg.Prefix, other, s.cfg.SnowflakeLeases)
 		}
 		// Owners of ordered tags: one bucket for all regions but in
@@ -81,7 +94,7 @@ func (s *Service) checkPeers(wait time.Duration, id string) error {
 			!(otherRegion && s.cfg.Region.PerRegionStores()) && other != s.cfg.OwnersBucket {
 			return fmt.Errorf("%w: worker %s in queue group %q records the owners of ordered tags in %q, this one in %q: "+
 				"each would own an ordered tag at once and serve it from its own segments, out of order; use the same "+
-				"--ordered-bucket (in the same JetStream domain), or another queue group or prefix",
+				"--ordered-bucket (in the same JetStream domain), or another --prefix",
 				ErrPeerMismatch, info.ID, s.cfg.QueueGroup, other, s.cfg.OwnersBucket)
 		}
 	}

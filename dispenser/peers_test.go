@@ -42,11 +42,12 @@ func newPeerSetup(t *testing.T) *peerSetup {
 	return &peerSetup{ns: ns, store: st}
 }
 
-// start starts a worker that says it uses store, in queue group; it returns
-// New's error. store is a name, or a name and an ID: "name|id".
-func (p *peerSetup) start(t *testing.T, store, group string) error {
+// start starts a worker that says it uses store, in queue group, on subject
+// prefix ("": the default); it returns New's error. store is a name, or a
+// name and an ID: "name|id".
+func (p *peerSetup) start(t *testing.T, store, group, prefix string) error {
 	store, id, _ := strings.Cut(store, "|")
-	return p.startWith(t, dispenser.Config{Store: store, StoreID: id, QueueGroup: group})
+	return p.startWith(t, dispenser.Config{Store: store, StoreID: id, QueueGroup: group, Prefix: prefix})
 }
 
 // startWith starts a worker with cfg's store, queue group and region over
@@ -71,13 +72,16 @@ func (p *peerSetup) startWith(t *testing.T, cfg dispenser.Config) error {
 
 // TestPeerOfAnotherStoreRefused: a worker does not join a queue group whose
 // workers use another store (both would hand out the same IDs), also when
-// both start at the same instant; the same store or another queue group is
-// fine.
+// both start at the same instant; the same store is fine. Nor does it start
+// in another queue group on the same prefix, whatever its store: NATS hands
+// every request to a worker of each group, so both answer it, each with
+// IDs of its own (from two stores, the same IDs). Another prefix is fine.
 func TestPeerOfAnotherStoreRefused(t *testing.T) {
 	tests := []struct {
 		name         string
 		first, other string // stores
 		group        string // the other's queue group
+		prefix       string // the other's subject prefix ("": the default)
 		together     bool   // started at the same instant
 		wantRefused  bool
 	}{
@@ -85,7 +89,11 @@ func TestPeerOfAnotherStoreRefused(t *testing.T) {
 		{name: "another store, started together", first: "kv:a", other: "kv:b", together: true, wantRefused: true},
 		{name: "same store", first: "kv:a", other: "kv:a"},
 		{name: "same store, started together", first: "kv:a", other: "kv:a", together: true},
-		{name: "another queue group", first: "kv:a", other: "kv:b", group: "others"},
+		{name: "another queue group", first: "kv:a", other: "kv:b", group: "others", wantRefused: true},
+		{name: "another queue group, started together", first: "kv:a", other: "kv:b", group: "others", together: true, wantRefused: true},
+		{name: "another queue group, same store", first: "kv:a", other: "kv:a", group: "others", wantRefused: true},
+		{name: "another queue group and prefix", first: "kv:a", other: "kv:b", group: "others", prefix: "other"},
+		{name: "another prefix", first: "kv:a", other: "kv:b", prefix: "other"},
 		// With both IDs known, the IDs decide; else the names do (a peer
 		// of an earlier version publishes no ID).
 		{name: "same ID, other name", first: "pg:host-a|db1", other: "pg:host-b|db1"},
@@ -119,17 +127,17 @@ func TestPeerOfAnotherStoreRefused(t *testing.T) {
 						var wg sync.WaitGroup
 						ready := make(chan struct{})
 						for i, st := range []string{tt.first, tt.other} {
-							g := []string{group, otherGroup}[i]
+							g, pf := []string{group, otherGroup}[i], []string{"", tt.prefix}[i]
 							wg.Go(func() {
 								<-ready
-								errs[round][i] = p.start(t, st, g)
+								errs[round][i] = p.start(t, st, g, pf)
 							})
 						}
 						close(ready)
 						wg.Wait()
 					} else {
-						errs[round][0] = p.start(t, tt.first, group)
-						errs[round][1] = p.start(t, tt.other, otherGroup)
+						errs[round][0] = p.start(t, tt.first, group, "")
+						errs[round][1] = p.start(t, tt.other, otherGroup, tt.prefix)
 					}
 				})
 			}
@@ -219,8 +227,8 @@ func TestPeerOfOtherOwnersRefused(t *testing.T) {
 	perRegion := func(n int) dispenser.Region { return dispenser.Region{N: n, Bits: 1, Count: 2} }
 	shared := func(n int) dispenser.Region { return dispenser.Region{N: n, Bits: 1} }
 	type peer struct {
-		owners, group, store string
-		region               dispenser.Region
+		owners, group, prefix, store string
+		region                       dispenser.Region
 	}
 	tests := []struct {
 		name        string
@@ -231,7 +239,7 @@ func TestPeerOfOtherOwnersRefused(t *testing.T) {
 		{name: "the bucket recreated", first: peer{owners: "owners@2026-11-28T10:00:00Z"}, next: peer{owners: "owners@2026-11-28T11:00:00Z"},
 			wantRefused: true},
 		{name: "same bucket", first: peer{owners: "owners@a"}, next: peer{owners: "owners@a"}},
-		{name: "another queue group", first: peer{owners: "owners@a"}, next: peer{owners: "owners@b", group: "others"}},
+		{name: "another queue group and prefix", first: peer{owners: "owners@a"}, next: peer{owners: "owners@b", group: "others", prefix: "others"}},
 		{name: "a worker without ordered tags", first: peer{owners: "owners@a"}, next: peer{}},
 		{name: "beside a worker without ordered tags", first: peer{}, next: peer{owners: "owners@b"}},
 		{name: "shared mode, two regions", first: peer{owners: "owners@a", region: shared(0)},
@@ -248,7 +256,7 @@ func TestPeerOfOtherOwnersRefused(t *testing.T) {
 			var errs []error
 			for _, pr := range []peer{tt.first, tt.next} {
 				errs = append(errs, p.startWith(t, dispenser.Config{Store: cmp.Or(pr.store, "kv:segments"), OwnersBucket: pr.owners,
-					QueueGroup: pr.group, Region: pr.region}))
+					QueueGroup: pr.group, Prefix: pr.prefix, Region: pr.region}))
 			}
 			if errs[0] != nil {
 				t.Fatalf("the first worker was refused: %v", errs[0])

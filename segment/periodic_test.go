@@ -27,6 +27,7 @@ func mustLoc(tb testing.TB, name string) *time.Location {
 // hours when the clocks change.
 func TestPeriodAt(t *testing.T) {
 	ny, sh := mustLoc(t, "America/New_York"), mustLoc(t, "Asia/Shanghai")
+	scl, cai := mustLoc(t, "America/Santiago"), mustLoc(t, "Africa/Cairo")
 	tests := []struct {
 		name     string
 		reset    tagmodel.Reset
@@ -45,6 +46,11 @@ func TestPeriodAt(t *testing.T) {
 		{"month in a leap year", tagmodel.ResetMonth, time.Date(2028, 2, 29, 23, 0, 0, 0, time.UTC), time.UTC, "202802", 29 * 24 * time.Hour},
 		{"year", tagmodel.ResetYear, time.Date(2026, 12, 31, 23, 59, 59, 0, time.UTC), time.UTC, "2026", 365 * 24 * time.Hour},
 		{"year with a DST change inside", tagmodel.ResetYear, time.Date(2026, 7, 1, 0, 0, 0, 0, ny), ny, "2026", 365 * 24 * time.Hour},
+		// Santiago's clocks go from 23:59:59 -04 to 01:00 -03: the day
+		// begins at the change, and is its own.
+		{"midnight skipped", tagmodel.ResetDay, time.Date(2026, 9, 6, 12, 0, 0, 0, scl), scl, "20260906", 23 * time.Hour},
+		{"the day before a skipped midnight", tagmodel.ResetDay, time.Date(2026, 9, 5, 23, 30, 0, 0, scl), scl, "20260905", 24 * time.Hour},
+		{"Cairo: midnight skipped forwards", tagmodel.ResetDay, time.Date(2026, 4, 23, 23, 30, 0, 0, cai), cai, "20260423", 24 * time.Hour},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,6 +188,27 @@ func TestPeriodsRestartAtTheirEnd(t *testing.T) {
 		if st.fetchCount(period) == 0 {
 			t.Errorf("no fetch of %s", period)
 		}
+	}
+}
+
+// TestSkippedMidnightServedAsItsDay: in America/Santiago, 2026-09-06
+// begins at 01:00 -03 (its midnight is skipped); a worker serves it as
+// its own day, from its own row, and prints its date, not the day
+// before's.
+func TestSkippedMidnightServedAsItsDay(t *testing.T) {
+	scl := mustLoc(t, "America/Santiago")
+	st := newMemStore(t, tagmodel.Tag{Name: "orders", MaxID: 1, Step: 10, Reset: tagmodel.ResetDay, TimeZone: "America/Santiago", Format: "ORD-{date:20060102}-{seq:4}"})
+	c := &clock{now: time.Date(2026, 9, 5, 22, 0, 0, 0, scl)}
+	a := newAllocator(t, Settings{Store: st, Now: c.Now, MaxWait: time.Minute})
+	if got, want := takeFormatted(t, a, "orders", 2), []string{"ORD-20260905-0001", "ORD-20260905-0002"}; !slices.Equal(got, want) {
+		t.Fatalf("the day before: %q, want %q", got, want)
+	}
+	c.set(time.Date(2026, 9, 6, 10, 0, 0, 0, scl))
+	if got, want := takeFormatted(t, a, "orders", 2), []string{"ORD-20260906-0001", "ORD-20260906-0002"}; !slices.Equal(got, want) {
+		t.Fatalf("the day whose midnight is skipped: %q, want %q", got, want)
+	}
+	if st.fetchCount("orders=20260906") == 0 {
+		t.Errorf("no fetch of orders=20260906")
 	}
 }
 

@@ -3,6 +3,7 @@ package snowflake
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Layout is the bit layout of IDs below the sign bit: TimeBits of
@@ -61,6 +62,22 @@ func ParseLayout(name string) (Layout, error) {
 		return JSLayout, nil
 	}
 	return Layout{}, fmt.Errorf("%w: layout %q: want %q or %q", ErrInvalidSettings, name, DefaultLayout.Name, JSLayout.Name)
+}
+
+// ParseEpoch reads an epoch as the commands take it (RFC 3339). Go's zero
+// time (0001-01-01T00:00:00Z, in any zone) is refused: Settings read a
+// zero Epoch as "not set" and count from DefaultEpoch, so it would mean
+// another epoch than it says. Errors wrap ErrInvalidSettings.
+func ParseEpoch(s string) (time.Time, error) {
+	e, err := time.Parse(time.RFC3339, s)
+	switch {
+	case err != nil:
+		return time.Time{}, fmt.Errorf("%w: %w", ErrInvalidSettings, err)
+	case e.IsZero():
+		return time.Time{}, fmt.Errorf("%w: the zero time stands for \"not set\" (the default epoch, %s), and it is far beyond any layout's range: give the epoch the workers use, e.g. %[2]s",
+			ErrInvalidSettings, DefaultEpoch.Format(time.RFC3339))
+	}
+	return e, nil
 }
 
 // orDefault returns DefaultLayout for the zero Layout, and l otherwise.

@@ -239,3 +239,31 @@ func TestLayoutDecodeRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestParseEpoch: an epoch is RFC 3339; Go's zero time, which Settings
+// read as "not set" (DefaultEpoch), is refused in any zone.
+func TestParseEpoch(t *testing.T) {
+	tests := []struct {
+		name, in string
+		want     time.Time
+		wantErr  error
+	}{
+		{name: "the default", in: "2026-01-01T00:00:00Z", want: DefaultEpoch},
+		{name: "Leaf's, in milliseconds", in: "2010-11-04T01:42:54.657Z", want: time.UnixMilli(1288834974657)},
+		{name: "another zone", in: "2026-01-01T08:00:00+08:00", want: DefaultEpoch},
+		{name: "the zero time", in: "0001-01-01T00:00:00Z", wantErr: ErrInvalidSettings},
+		{name: "the zero time in another zone", in: "0001-01-01T01:00:00+01:00", wantErr: ErrInvalidSettings},
+		{name: "not RFC 3339", in: "2026-01-01", wantErr: ErrInvalidSettings},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseEpoch(tt.in)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("ParseEpoch(%q) error = %v, want %v", tt.in, err, tt.wantErr)
+			}
+			if err == nil && !got.Equal(tt.want) {
+				t.Errorf("ParseEpoch(%q) = %v, want %v", tt.in, got, tt.want)
+			}
+		})
+	}
+}

@@ -15,8 +15,8 @@ import (
 //  1. The layout prints the period's date and nothing else: no element of
 //     the time of day (15, 3, 4, 5, PM, .000 …) and no time zone (MST,
 //     -0700, Z07:00 …), which splitLayout finds as Go's time package reads
-//     a layout. A period starts at local midnight (01:00 where a daylight
-//     saving change skips midnight), so the time of day and the zone add
+//     a layout. A period starts at local midnight (at the change where a
+//     daylight saving change skips midnight: PeriodAt), so the time of day and the zone add
 //     nothing that names the period, and they make its text depend on the
 //     tag's time zone and the zone's laws: a zone's abbreviation and offset
 //     change with daylight saving time and with politics, and a tag's zone

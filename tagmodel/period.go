@@ -72,27 +72,53 @@ type Period struct {
 
 // PeriodAt returns the period of r that holds t in loc. r must not be
 // ResetNone.
+//
+// A period is the instants whose date in loc is its date (day), or falls
+// in its month or year: it starts at the first instant of its first date
+// and ends at the first instant of the next period's (dayStart), and its
+// key is its date, not the date its start prints. Where a daylight saving
+// change skips midnight, time.Date's midnight is not the day's first
+// instant: America/Santiago goes from 23:59:59 -04 to 01:00 -03, and
+// time.Date gives 23:00 -04 of the day before, which named a whole day's
+// numbers after the day before (TestPeriodAtSkippedMidnight).
 func (r Reset) PeriodAt(t time.Time, loc *time.Location) Period {
 	t = t.In(loc)
 	y, m, d := t.Date()
 	var p Period
 	switch r {
 	case ResetDay:
-		p.Start = time.Date(y, m, d, 0, 0, 0, 0, loc)
-		p.End = p.Start.AddDate(0, 0, 1)
-		p.Key = p.Start.Format("20060102")
+		p.Start, p.End = dayStart(y, m, d, loc), dayStart(y, m, d+1, loc)
+		p.Key = time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Format("20060102")
 	case ResetMonth:
-		p.Start = time.Date(y, m, 1, 0, 0, 0, 0, loc)
-		p.End = p.Start.AddDate(0, 1, 0)
-		p.Key = p.Start.Format("200601")
+		p.Start, p.End = dayStart(y, m, 1, loc), dayStart(y, m+1, 1, loc)
+		p.Key = time.Date(y, m, 1, 0, 0, 0, 0, time.UTC).Format("200601")
 	case ResetYear:
-		p.Start = time.Date(y, 1, 1, 0, 0, 0, 0, loc)
-		p.End = p.Start.AddDate(1, 0, 0)
-		p.Key = p.Start.Format("2006")
+		p.Start, p.End = dayStart(y, 1, 1, loc), dayStart(y+1, 1, 1, loc)
+		p.Key = time.Date(y, 1, 1, 0, 0, 0, 0, time.UTC).Format("2006")
 	default:
 		panic("segment: PeriodAt of a tag without a reset period")
 	}
 	return p
+}
+
+// dayStart returns the first instant whose date in loc is y-m-d or later
+// (y-m-d normalized as time.Date does): its midnight, or, where a zone
+// change skips midnight, the change (01:00 of a day that begins with a
+// daylight saving hour; the next date's first instant for a date a zone
+// skipped, as Pacific/Apia skipped 2011-12-30). time.Date reads a missing
+// midnight with one of the zone's two offsets: with the old one it is the
+// change itself, with the new one an instant of the day before, whose
+// zone period ends at the change.
+func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
+	want := time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	ty, tm, td := t.Date()
+	if time.Date(ty, tm, td, 0, 0, 0, 0, time.UTC).Before(want) {
+		if _, end := t.ZoneBounds(); !end.IsZero() {
+			t = end
+		}
+	}
+	return t
 }
 
 // KeyLen is the length of r's period keys.

@@ -127,6 +127,11 @@ func ApplyUpdate(t Tag, u Update) (Tag, error) {
 	if err != nil {
 		return Tag{}, err
 	}
+	if u.Ordered != nil || u.Format != nil {
+		if err := checkOrderedFormat(t); err != nil {
+			return Tag{}, err
+		}
+	}
 	if err := formatChange(oldFormat, t.Format); err != nil {
 		return Tag{}, fmt.Errorf("%q: %w", t.Name, err)
 	}

@@ -179,3 +179,51 @@ func tzif(offset int32, abbr string) []byte {
 	b = append(b, 0, 0) // not daylight saving; abbreviation at 0
 	return append(append(b, abbr...), 0)
 }
+
+// TestPeriodAtSkippedMidnight checks that a period holds the instants of
+// its date and no others, and is named after that date, in zones whose
+// midnight a daylight saving change skips: America/Santiago goes from
+// 23:59:59 -04 to 01:00 -03, and time.Date normalizes the missing
+// midnight to 23:00 of the day before; Asia/Beirut and Africa/Cairo skip
+// 00:00 to 01:00 forwards; Pacific/Apia skipped 2011-12-30 entirely.
+func TestPeriodAtSkippedMidnight(t *testing.T) {
+	zones := []string{"America/Santiago", "America/Asuncion", "America/Havana", "America/Sao_Paulo",
+		"Asia/Beirut", "Africa/Cairo", "Asia/Tehran", "Pacific/Apia", "Australia/Lord_Howe", "Europe/Berlin"}
+	layouts := map[Reset]string{ResetDay: "20060102", ResetMonth: "200601", ResetYear: "2006"}
+	for _, z := range zones {
+		loc, err := time.LoadLocation(z)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for r, layout := range layouts {
+			t.Run(z+"/"+r.String(), func(t *testing.T) {
+				bad, lastKey := 0, ""
+				for at := time.Date(2011, 1, 1, 0, 0, 0, 0, time.UTC); at.Year() < 2026 && bad < 3; at = at.Add(30 * time.Minute) {
+					p := r.PeriodAt(at, loc)
+					want := at.In(loc).Format(layout)
+					if p.Key != want || at.Before(p.Start) || !at.Before(p.End) {
+						t.Errorf("PeriodAt(%s) = key %s [%s, %s), want key %s holding it", at.In(loc), p.Key, p.Start.In(loc), p.End.In(loc), want)
+						bad++
+						continue
+					}
+					if before := p.Start.Add(-time.Nanosecond).In(loc).Format(layout); before == want {
+						t.Errorf("PeriodAt(%s) starts at %s, after the first instant of %s", at.In(loc), p.Start.In(loc), want)
+						bad++
+					}
+					if last := p.End.Add(-time.Nanosecond).In(loc).Format(layout); last != want || p.End.In(loc).Format(layout) == want {
+						t.Errorf("PeriodAt(%s) of %s ends at %s, not at the first instant after %s", at.In(loc), want, p.End.In(loc), want)
+						bad++
+					}
+					if p.Key == lastKey {
+						continue
+					}
+					lastKey = p.Key
+					if q, err := r.PeriodOfKey(p.Key, loc); err != nil || !q.Start.Equal(p.Start) || !q.End.Equal(p.End) {
+						t.Errorf("PeriodOfKey(%s) = [%s, %s), %v; want PeriodAt's [%s, %s)", p.Key, q.Start.In(loc), q.End.In(loc), err, p.Start.In(loc), p.End.In(loc))
+						bad++
+					}
+				}
+			})
+		}
+	}
+}

@@ -111,3 +111,42 @@ func TestCheckGiveBack(t *testing.T) {
 		})
 	}
 }
+
+// TestOrderedFormat: an ordered tag has no formatted numbers (a worker
+// answers Id-Format: formatted for it with 400), so a format and the
+// order are refused together when written, by tags create and by a tags
+// update that sets either; a tag stored with both by an older version
+// still takes other changes, and may drop its order.
+func TestOrderedFormat(t *testing.T) {
+	plain := Tag{Name: "o", Step: 1, MaxID: 1}
+	ordered := Tag{Name: "o", Step: 1, MaxID: 1, Ordered: true}
+	formatted := Tag{Name: "o", Step: 1, MaxID: 1, Format: "ORD-{seq}"}
+	both := Tag{Name: "o", Step: 1, MaxID: 1, Ordered: true, Format: "ORD-{seq}"}
+	tests := []struct {
+		name string
+		tag  Tag
+		u    *Update // nil: create tag
+		want error
+	}{
+		{name: "create ordered", tag: ordered},
+		{name: "create formatted", tag: formatted},
+		{name: "create ordered with a format", tag: both, want: ErrInvalidArgument},
+		{name: "format an ordered tag", tag: ordered, u: &Update{Format: ptr("ORD-{seq}")}, want: ErrInvalidArgument},
+		{name: "order a formatted tag", tag: formatted, u: &Update{Ordered: ptr(true)}, want: ErrInvalidArgument},
+		{name: "order and format a plain tag", tag: plain, u: &Update{Ordered: ptr(true), Format: ptr("ORD-{seq}")}, want: ErrInvalidArgument},
+		{name: "step of a tag stored with both", tag: both, u: &Update{Step: ptr[int64](5)}},
+		{name: "a tag stored with both drops its order", tag: both, u: &Update{Ordered: ptr(false)}},
+		{name: "width of a tag stored with both", tag: both, u: &Update{Format: ptr("ORD-{seq:6}")}, want: ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			if tt.u == nil {
+				_, err = tt.tag.Check()
+			} else {
+				_, err = ApplyUpdate(tt.tag, *tt.u)
+			}
+			checkSentinel(t, err, tt.want)
+		})
+	}
+}

@@ -24,7 +24,24 @@ func (t Tag) Check() (Periodic, error) {
 	if t.MaxID < 1 {
 		return Periodic{}, fmt.Errorf("%q: %w: start %d, want at least 1", t.Name, ErrInvalidArgument, t.MaxID)
 	}
+	if err := checkOrderedFormat(t); err != nil {
+		return Periodic{}, err
+	}
 	return t.Periodic()
+}
+
+// checkOrderedFormat refuses a tag that is ordered and has a format: an
+// ordered tag has no formatted numbers (a worker answers Id-Format:
+// formatted for it with 400), so the format would be accepted and never
+// served. Tag.Check calls it, and ApplyUpdate for an update that sets
+// either (a tag stored with both by an older version keeps taking other
+// changes, and may drop its order). Errors wrap ErrInvalidArgument.
+func checkOrderedFormat(t Tag) error {
+	if t.Ordered && t.Format != "" {
+		return fmt.Errorf("%q: %w: an ordered tag has no formatted numbers, so format %s would never be served: "+
+			"give formats to plain tags (--ordered=false), and order to tags without a format", t.Name, ErrInvalidArgument, t.Format)
+	}
+	return nil
 }
 
 // Check checks the name of the tag u changes and the step and description

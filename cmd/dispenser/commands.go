@@ -339,7 +339,7 @@ func decode(args []string, stdout, stderr io.Writer) error {
 	if layout.RegionBits = *regionBits; *regionBits < 0 || *regionBits >= layout.WorkerBits {
 		return fmt.Errorf("--region-bits %d: want 0..%d for layout %s", *regionBits, layout.WorkerBits-1, layout.Name)
 	}
-	e, err := time.Parse(time.RFC3339, *epoch)
+	e, err := snowflake.ParseEpoch(*epoch)
 	if err != nil {
 		return fmt.Errorf("--snowflake-epoch %q: %w", *epoch, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/worker/mysqlstore"
 )
 
@@ -58,6 +59,14 @@ func importTags(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer closeStore()
 	if st.Admin == nil {
 		return errors.New("tags import: the store cannot create tags")
+	}
+	// As tags create: the store's region settings are recorded before its
+	// first tag, and a store of other settings is refused, before
+	// anything is written (tagmodel.CheckRegions).
+	if rs, ok := st.Admin.(tagmodel.RegionStore); ok {
+		if err := tagmodel.CheckRegions(ctx, rs, sf.Region.Segments()); err != nil {
+			return fmt.Errorf("tags import: %w; nothing imported", err)
+		}
 	}
 	var failed int
 	for _, r := range rows {

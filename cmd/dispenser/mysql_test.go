@@ -174,3 +174,33 @@ func TestTagsImport(t *testing.T) {
 		t.Errorf("a second import changed the store:\nbefore:\n%s\nafter:\n%s", after, again)
 	}
 }
+
+// TestTagsImportRegions: tags import takes the region flags as tags create
+// does: on a new store it records them before its first tag, so that the
+// region's workers and commands are accepted there, and a store of other
+// region settings is refused, unchanged.
+func TestTagsImportRegions(t *testing.T) {
+	dsn := testenv.MySQL(t)
+	pg := testenv.Postgres(t)
+	steps := []struct {
+		name    string
+		args    []string
+		wantErr bool
+		want    string
+	}{
+		{"migrate MySQL", []string{"migrate", "--mysql-url", dsn}, false, ""},
+		{"migrate PostgreSQL", []string{"migrate", "--postgres-url", pg}, false, ""},
+		{"a Leaf row", []string{"tags", "create", "orders", "--step", "100", "--start", "5000", "--mysql-url", dsn}, false, ""},
+		{"import into region 1 of 2", []string{"tags", "import", "--from-mysql-url", dsn, "--margin", "0", "--postgres-url", pg, "--regions", "2", "--region", "1"}, false, "orders: created"},
+		{"region 1 goes on", []string{"tags", "create", "users", "--step", "10", "--postgres-url", pg, "--regions", "2", "--region", "1"}, false, "created tag users"},
+		{"import as region 0", []string{"tags", "import", "--from-mysql-url", dsn, "--margin", "7000", "--postgres-url", pg, "--regions", "2", "--region", "0"}, true, "store belongs to another region"},
+		{"import as one region", []string{"tags", "import", "--from-mysql-url", dsn, "--margin", "7000", "--postgres-url", pg}, true, "store belongs to another region"},
+		{"unchanged", []string{"tags", "list", "--postgres-url", pg, "--regions", "2", "--region", "1"}, false, "orders  5000"},
+	}
+	for _, st := range steps {
+		out, err := runCmd(t, st.args...)
+		if (err != nil) != st.wantErr || !strings.Contains(out+errString(err), st.want) {
+			t.Fatalf("%s: %v: err %v, output:\n%s\nwant error %v and %q", st.name, st.args, err, out, st.wantErr, st.want)
+		}
+	}
+}

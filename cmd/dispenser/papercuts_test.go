@@ -118,6 +118,11 @@ func TestFlagErrors(t *testing.T) {
 		{"bad duration", []string{"--max-wait", "5"}, "--max-wait=5: want a duration such as 250ms, 2s or 1m\nrun 'dispenser serve --help' for its flags"},
 		{"missing value", []string{"decode", "--region-bits"}, "flag needs an argument: --region-bits\nrun 'dispenser decode --help' for its flags"},
 		{"unknown command", []string{"frobnicate"}, "unknown command \"frobnicate\"\nrun 'dispenser help' for the commands"},
+		// Go's zero time is the snowflake package's "unset": serve and
+		// decode silently counted from the default epoch (2026) instead.
+		{"zero epoch", []string{"--snowflake-epoch", "0001-01-01T00:00:00Z", "--nats-url", "nats://127.0.0.1:1"}, zeroEpoch},
+		{"zero epoch in another zone", []string{"--snowflake-epoch", "0001-01-01T01:00:00+01:00", "--nats-url", "nats://127.0.0.1:1"}, `--snowflake-epoch "0001-01-01T01:00:00+01:00": ` + zeroEpoch[len(`--snowflake-epoch "0001-01-01T00:00:00Z": `):]},
+		{"zero epoch of decode", []string{"decode", "1", "--snowflake-epoch", "0001-01-01T00:00:00Z"}, zeroEpoch},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
@@ -131,6 +136,9 @@ func TestFlagErrors(t *testing.T) {
 		})
 	}
 }
+
+// zeroEpoch is the refusal of --snowflake-epoch 0001-01-01T00:00:00Z.
+const zeroEpoch = `--snowflake-epoch "0001-01-01T00:00:00Z": snowflake: invalid settings: the zero time stands for "not set" (the default epoch, 2026-01-01T00:00:00Z), and it is far beyond any layout's range: give the epoch the workers use, e.g. 2026-01-01T00:00:00Z`
 
 // TestEnvironmentScope: environment variables are for what a deployment
 // sets. A command's own settings read none (an exported DISPENSER_STEP

@@ -132,7 +132,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if c.Segment.IdleTimeout <= 0 {
 		c.Segment.IdleTimeout = -1 // never
 	}
-	if c.Snowflake.Epoch, err = time.Parse(time.RFC3339, *epoch); err != nil {
+	if c.Snowflake.Epoch, err = snowflake.ParseEpoch(*epoch); err != nil {
 		return fmt.Errorf("--snowflake-epoch %q: %w", *epoch, err)
 	}
 	c.NoSnowflake = !*snowflakeOn

@@ -151,6 +151,26 @@ networkPolicy:
 		wantErr: "'MAX_WAIT' does not match pattern",
 	},
 	{
+		name:    "a database URL in config.env",
+		values:  `{config: {env: {DISPENSER_POSTGRES_URL: "postgres://ids:secret@db/ids"}}}`,
+		wantErr: "config.env.DISPENSER_POSTGRES_URL: the chart sets it from config.postgres.secretName",
+	},
+	{
+		name:    "a MySQL DSN in config.env",
+		values:  `{config: {env: {DISPENSER_MYSQL_URL: "ids:secret@tcp(db:3306)/ids"}}}`,
+		wantErr: "config.env.DISPENSER_MYSQL_URL: the DSN holds a password",
+	},
+	{
+		name:    "the NATS URL emptied in config.env",
+		values:  `{config: {env: {DISPENSER_NATS_URL: ""}}}`,
+		wantErr: "config.env.DISPENSER_NATS_URL: the chart sets it from config.nats.url",
+	},
+	{
+		name:    "the shutdown timeout past the grace period in container.env",
+		values:  `{container: {env: {DISPENSER_SHUTDOWN_TIMEOUT: 60s}}}`,
+		wantErr: "container.env.DISPENSER_SHUTDOWN_TIMEOUT: the chart sets it from config.shutdownTimeoutSeconds",
+	},
+	{
 		name:    "bucket replicas",
 		values:  `{config: {bucketReplicas: 7}}`,
 		wantErr: "'/config/bucketReplicas': maximum: got 7, want 5",

@@ -173,14 +173,35 @@ the PostgreSQL URL. */}}
   value: {{ $c.logFormat | quote }}
 - name: DISPENSER_LOG_LEVEL
   value: {{ $c.logLevel | quote }}
+{{- /* The variables the chart sets from its values: set again in
+config.env or container.env, the later entry would win and bypass the
+value's checks (the grace period above the shutdown timeout, bucket
+replicas 1..5, the NATS URL required) and the database URL's Secret. */}}
+{{- $owned := dict "DISPENSER_NATS_URL" "config.nats.url or config.nats.urlSecret" "DISPENSER_NATS_CREDS" "config.nats.credentials"
+  "DISPENSER_NATS_JS_URL" "config.nats.jetStream.urlSecret" "DISPENSER_NATS_JS_CREDS" "config.nats.jetStream.credentials"
+  "DISPENSER_NATS_TLS_CA" "config.nats.tls" "DISPENSER_NATS_TLS_CERT" "config.nats.tls" "DISPENSER_NATS_TLS_KEY" "config.nats.tls"
+  "DISPENSER_POSTGRES_URL" "config.postgres.secretName (the URL holds a password: from a Secret only)"
+  "DISPENSER_SEGMENT_REPLICAS" "config.bucketReplicas" "DISPENSER_ORDERED_REPLICAS" "config.bucketReplicas"
+  "DISPENSER_SNOWFLAKE_REPLICAS" "config.bucketReplicas" "DISPENSER_WITNESS_REPLICAS" "config.bucketReplicas"
+  "DISPENSER_SHUTDOWN_TIMEOUT" "config.shutdownTimeoutSeconds" "DISPENSER_METRICS_ADDR" "config.metricsPort"
+  "DISPENSER_LOG_FORMAT" "config.logFormat" "DISPENSER_LOG_LEVEL" "config.logLevel" }}
 {{- range $name, $value := $c.env }}
 {{- if not (hasPrefix "DISPENSER_" $name) }}
 {{- fail (printf "config.env.%s: config.env holds DISPENSER_* flags only (others go in container.env)" $name) }}
+{{- end }}
+{{- if hasKey $owned $name }}
+{{- fail (printf "config.env.%s: the chart sets it from %s; set that value instead" $name (get $owned $name)) }}
+{{- end }}
+{{- if eq $name "DISPENSER_MYSQL_URL" }}
+{{- fail (printf "config.env.%s: the DSN holds a password, which would stand in the Deployment's spec: give it from a Secret in container.env (DISPENSER_MYSQL_URL: {valueFrom: {secretKeyRef: ...}})" $name) }}
 {{- end }}
 - name: {{ $name }}
   value: {{ $value | toString | quote }}
 {{- end }}
 {{- range $name, $value := .Values.container.env }}
+{{- if hasKey $owned $name }}
+{{- fail (printf "container.env.%s: the chart sets it from %s; set that value instead" $name (get $owned $name)) }}
+{{- end }}
 - name: {{ $name }}
 {{- if kindIs "map" $value }}
   {{- toYaml $value | nindent 2 }}
