@@ -52,17 +52,29 @@ type nopServing struct{}
 func (nopServing) Reset(string)      {}
 func (nopServing) Plain(string) bool { return false }
 
+// bucketConfig is the owners bucket of newBucket and newJSBucket.
+var bucketConfig = jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1}
+
 func newBucket(tb testing.TB) jetstream.KeyValue {
+	tb.Helper()
+	_, kv := newJSBucket(tb)
+	return kv
+}
+
+// newJSBucket creates the owners bucket (bucketConfig) on a nats-server of
+// its own, and returns it with its JetStream, for tests that delete and
+// create it again.
+func newJSBucket(tb testing.TB) (jetstream.JetStream, jetstream.KeyValue) {
 	tb.Helper()
 	js, err := jetstream.New(testenv.Connect(tb, testenv.NATS(tb)))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	kv, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1})
+	kv, err := js.CreateKeyValue(context.Background(), bucketConfig)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return kv
+	return js, kv
 }
 
 var t0 = time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
@@ -531,16 +543,8 @@ func TestLateWatcherEvent(t *testing.T) {
 // at the revision a holds. a must not renew it (the old code's
 // compare-and-swap matched b's record) and must stop serving.
 func TestBucketRecreated(t *testing.T) {
-	js, err := jetstream.New(testenv.Connect(t, testenv.NATS(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	cfg := jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1}
-	kv, err := js.CreateKeyValue(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := newJSBucket(t)
+	ctx, cfg := context.Background(), bucketConfig
 	a := newWorker(t, kv, "a", 0)
 	claim(t, a, "orders")
 	a.mu.Lock()
@@ -932,16 +936,8 @@ func TestHandOverDuringClaim(t *testing.T) {
 // a compare-and-swap on that revision: it must not land on b's record,
 // which would mark b's lease released, claimable at once while b serves.
 func TestReleaseIntoRecreatedBucket(t *testing.T) {
-	js, err := jetstream.New(testenv.Connect(t, testenv.NATS(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	cfg := jetstream.KeyValueConfig{Bucket: DefaultBucket, History: 1}
-	kv, err := js.CreateKeyValue(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := newJSBucket(t)
+	ctx, cfg := context.Background(), bucketConfig
 	a := newWorker(t, kv, "a", 0)
 	claim(t, a, "orders")
 	rev, _ := heldRev(a.Leases, "orders")
