@@ -44,7 +44,7 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 		}
 		t, err := a.store.Tag(lctx, tag)
 		if errors.Is(err, tagmodel.ErrUnknownTag) && a.autoCreateStep > 0 {
-			err = a.autoCreate(lctx, tag)
+			t, err = a.autoCreate(lctx, tag)
 		}
 		if errors.Is(err, tagmodel.ErrUnknownTag) {
 			a.mu.Lock()
@@ -88,9 +88,13 @@ func (a *Allocator) buffer(ctx context.Context, tag string, deadline time.Time) 
 }
 
 // autoCreate creates tag on first use, unless this allocator has created
-// AutoCreateMax tags already (then ErrUnknownTag, logged once). A tag
-// another worker created first is no error.
-func (a *Allocator) autoCreate(ctx context.Context, tag string) error {
+// AutoCreateMax tags already (then ErrUnknownTag, logged once), and
+// returns it (empty: a tag of the defaults). A tag another worker created
+// first is no error: it is read again, with its settings. One the store
+// refuses as existing but does not know (a Leaf table whose collation
+// ignores case holds the name in another case) is ErrUnknownTag, so that
+// it is remembered as unknown rather than tried again on every request.
+func (a *Allocator) autoCreate(ctx context.Context, tag string) (tagmodel.Tag, error) {
 	bounded := a.autoCreateMax >= 0
 	if bounded && a.autoCreated.Add(1) > int64(a.autoCreateMax) {
 		a.autoCreated.Add(-1)
@@ -98,7 +102,7 @@ func (a *Allocator) autoCreate(ctx context.Context, tag string) error {
 			a.log.Warn("segment: not creating tags on first use any more: this worker created the most it may (--auto-create-max); create them with the admin commands",
 				"tag", tag, "max", a.autoCreateMax)
 		}
-		return fmt.Errorf("%w %q", tagmodel.ErrUnknownTag, tag)
+		return tagmodel.Tag{}, fmt.Errorf("%w %q", tagmodel.ErrUnknownTag, tag)
 	}
 	err := a.store.(tagmodel.Admin).CreateTag(ctx, tagmodel.Tag{Name: tag, Step: a.autoCreateStep, MaxID: 1, Description: "created on first use"})
 	if err != nil && bounded {
@@ -108,9 +112,9 @@ func (a *Allocator) autoCreate(ctx context.Context, tag string) error {
 	case err == nil:
 		a.log.Info("segment: created tag on first use", "tag", tag, "step", a.autoCreateStep)
 	case errors.Is(err, tagmodel.ErrTagExists):
-		return nil // another worker created it first
+		return a.store.Tag(ctx, tag) // another worker created it first
 	}
-	return err
+	return tagmodel.Tag{}, err
 }
 
 // addTag returns the buffer of tag, adding an empty one if there is none,

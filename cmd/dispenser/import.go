@@ -14,7 +14,8 @@ import (
 const importUsage = `dispenser tags import --from-mysql-url DSN --margin N [store flags]
 Imports every row of Leaf's leaf_alloc table at DSN into the store (usually
 --postgres-url): a tag missing there is created with Leaf's step and
-description, starting at Leaf's max_id + N; an existing one whose max_id is
+description, starting at Leaf's max_id (or, for a tag with a reset period
+served from this table, its periods' greatest) + N; an existing one whose max_id is
 lower is raised to at least that; one already higher is kept. Nothing is
 ever lowered. N covers what Leaf servers may still take after this reads
 the table: 0 only if every Leaf server is stopped; see
@@ -48,8 +49,8 @@ func importTags(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	// A margin that passes 2^63-1 for any row is a mistake: refuse it
 	// before anything is written.
 	for _, r := range rows {
-		if r.MaxID > math.MaxInt64-*margin {
-			return fmt.Errorf("tags import: --margin %d: Leaf's max_id %d of %q plus the margin is not in 1..2^63-1; nothing imported", *margin, r.MaxID, r.Name)
+		if m := max(r.MaxID, r.PeriodsMaxID); m > math.MaxInt64-*margin {
+			return fmt.Errorf("tags import: --margin %d: Leaf's max_id %d of %q plus the margin is not in 1..2^63-1; nothing imported", *margin, m, r.Name)
 		}
 	}
 	st, _, closeStore, err := sf.open(ctx)

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/dispenser-dev/dispenser/internal/leafsql"
+	"github.com/dispenser-dev/dispenser/segment/mysql"
+	"github.com/dispenser-dev/dispenser/segment/postgres"
+	"github.com/dispenser-dev/dispenser/tagmodel"
 	"github.com/dispenser-dev/dispenser/testenv"
 )
 
@@ -202,5 +205,82 @@ func TestTagsImportRegions(t *testing.T) {
 		if (err != nil) != st.wantErr || !strings.Contains(out+errString(err), st.want) {
 			t.Fatalf("%s: %v: err %v, output:\n%s\nwant error %v and %q", st.name, st.args, err, out, st.wantErr, st.want)
 		}
+	}
+}
+
+// TestTagsImportPeriods: a tag with a reset period served from MySQL
+// hands out its numbers from its periods' rows (dispenser_period), not
+// from its leaf_alloc row, whose max_id stays at the tag's start. tags
+// import with margin 0, everything stopped (exact, as the docs say), and
+// the reset period set again on the target as the docs say: the current
+// period's numbers on PostgreSQL start above every number MySQL handed out
+// in any period, so that no business number repeats.
+func TestTagsImportPeriods(t *testing.T) {
+	dsn := testenv.MySQL(t)
+	pg := testenv.Postgres(t)
+	for _, args := range [][]string{
+		{"migrate", "--mysql-url", dsn},
+		{"migrate", "--postgres-url", pg},
+		{"tags", "create", "inv", "--step", "10", "--reset", "month", "--format", "INV-{date:200601}-{seq:6}", "--mysql-url", dsn},
+	} {
+		if out, err := runCmd(t, args...); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	period := tagmodel.PeriodName("inv", time.Now().UTC().Format("200601"))
+	my, err := mysql.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer my.Close()
+	var served int64 // MySQL's period hands out [1, served)
+	for range 3 {
+		a, err := my.Fetch(ctx, period, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		served = a.End
+	}
+	for _, args := range [][]string{
+		{"tags", "import", "--from-mysql-url", dsn, "--margin", "0", "--postgres-url", pg},
+		{"tags", "update", "inv", "--reset", "month", "--format", "INV-{date:200601}-{seq:6}", "--postgres-url", pg},
+	} {
+		if out, err := runCmd(t, args...); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	ps, err := postgres.Open(ctx, pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ps.Close()
+	a, err := ps.Fetch(ctx, period, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Start < served {
+		t.Errorf("period %s on PostgreSQL after the import hands out [%d, %d), want above %d: MySQL handed out [1, %d) of it", period, a.Start, a.End, served, served)
+	}
+
+	// A table of Leaf alone (no dispenser_period) imports as before.
+	leafOnly := testenv.MySQL(t)
+	leafDB, err := sql.Open("mysql", leafOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leafDB.Close()
+	for _, q := range []string{
+		"CREATE TABLE leaf_alloc (biz_tag varchar(128) NOT NULL DEFAULT '', max_id bigint(20) NOT NULL DEFAULT '1', step int(11) NOT NULL, description varchar(256) DEFAULT NULL, update_time timestamp NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP, PRIMARY KEY (biz_tag)) ENGINE=InnoDB",
+		"INSERT INTO leaf_alloc (biz_tag, max_id, step) VALUES ('leafonly', 700, 10)",
+	} {
+		if _, err := leafDB.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := runCmd(t, "tags", "import", "--from-mysql-url", leafOnly, "--margin", "0", "--postgres-url", pg)
+	if want := "leafonly: created, first ID 700"; err != nil || !strings.Contains(out, want) {
+		t.Errorf("import of a table of Leaf alone: %v\n%s\nwant %q", err, out, want)
 	}
 }

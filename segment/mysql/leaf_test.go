@@ -3,6 +3,7 @@ package mysql_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -178,4 +179,61 @@ func (s countingStore) GiveBack(ctx context.Context, tag string, end, firstUniss
 		s.given.Add(1)
 	}
 	return ok, err
+}
+
+// callsStore counts the calls that reach the store.
+type callsStore struct {
+	*mysql.Store
+	calls *atomic.Int64
+}
+
+func (s callsStore) Tag(ctx context.Context, name string) (tagmodel.Tag, error) {
+	s.calls.Add(1)
+	return s.Store.Tag(ctx, name)
+}
+
+func (s callsStore) CreateTag(ctx context.Context, t tagmodel.Tag) error {
+	s.calls.Add(1)
+	return s.Store.CreateTag(ctx, t)
+}
+
+func (s callsStore) Fetch(ctx context.Context, tag string, step int64) (tagmodel.Allocation, error) {
+	s.calls.Add(1)
+	return s.Store.Fetch(ctx, tag, step)
+}
+
+// TestAutoCreateOtherCaseOfLeafTag: on a Leaf table whose collation
+// ignores case, a request for another case of a Leaf tag, with tags
+// created on first use, is an unknown tag that is remembered as unknown
+// like any other: the store refuses to create it (it exists, in the
+// table's eyes) and does not know it (byte for byte), so a flood of such
+// requests must not reach the store each time (a lookup, a failed INSERT
+// and a failed fetch per request, with no bound).
+func TestAutoCreateOtherCaseOfLeafTag(t *testing.T) {
+	s, db := newLegacyDB(t, "latin1")
+	if err := s.CreateTag(ctx, tagmodel.Tag{Name: "orders", Step: 10, MaxID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, db)
+	var calls atomic.Int64
+	a, err := segment.New(segment.Settings{Store: callsStore{s, &calls}, AutoCreateStep: 10, NegativeTTL: time.Hour, MaxWait: 10 * time.Second, IdleTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(ctx)
+	for i := range 3 {
+		n := calls.Load()
+		if _, err := a.Take(ctx, "ORDERS", 1, nil); !errors.Is(err, tagmodel.ErrUnknownTag) {
+			t.Errorf("request %d for ORDERS: %v, want %v", i+1, err, tagmodel.ErrUnknownTag)
+		}
+		if got := calls.Load() - n; i > 0 && got != 0 {
+			t.Errorf("request %d for ORDERS: %d store calls, want 0 (remembered as unknown)", i+1, got)
+		}
+	}
+	if after := snapshot(t, db); after != before {
+		t.Errorf("requests for ORDERS changed the tables:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if runs, err := a.Take(ctx, "orders", 1, nil); err != nil || len(runs) != 1 || runs[0].First != 1 {
+		t.Errorf("Take(orders) = %v, %v, want ID 1", runs, err)
+	}
 }
