@@ -1,10 +1,13 @@
 package snowflake
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRegionsLeaseApart: with 2 region bits, the workers of each region
@@ -98,4 +101,70 @@ func TestDecodeRegion(t *testing.T) {
 	if b, _ := DefaultLayout.Decode(id, DefaultEpoch).MarshalJSON(); strings.Contains(string(b), "region") {
 		t.Errorf("JSON of a layout without regions names one: %s", b)
 	}
+}
+
+// TestRegionBitsTurnedOnLater: a deployment that leased from DefaultBucket
+// turns region bits on; region 0's new bucket holds worker IDs that
+// DefaultBucket's workers held. Its creator records DefaultBucket's
+// highest bound (NodeSettings.Predecessor), and worker ID 0 of the new
+// bucket starts above it, although the new host's clock is behind the
+// last ID worker ID 0 issued without regions. (Without the floor, the
+// new worker claimed worker ID 0 and issued "duplicate ID … (worker 0,
+// timestamp …, sequence 0)".) A predecessor whose lease is still held is
+// refused.
+func TestRegionBitsTurnedOnLater(t *testing.T) {
+	noShuffle := func(int, func(i, j int)) {}
+	layout := DefaultLayout
+	layout.RegionBits = 1
+	start := time.Now()
+	t.Run("floor", func(t *testing.T) {
+		js := newJetStream(t)
+		ahead := newFakeClock(t, start.Add(time.Second)) // the old host's clock
+		old := fakeSettings(t, ahead, "old")
+		old.shuffle = noShuffle
+		w, err := Start(context.Background(), js, old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := issue(t, w, 100)
+		if err := w.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		behind := newFakeClock(t, start) // the new host's clock
+		s := fakeSettings(t, behind, "new")
+		s.shuffle, s.Bucket, s.Predecessor, s.Layout = noShuffle, DefaultBucket+"_r0", DefaultBucket, layout
+		nw := startWorker(t, js, s)
+		if id := workerID(t, nw); id != 0 {
+			t.Fatalf("worker ID %d, want 0 (the one the old worker held)", id)
+		}
+		if ids, err := nw.AppendIDs(nil, 100); !errors.Is(err, ErrClockBackwards) {
+			t.Fatalf("AppendIDs with the clock behind the old bound = %d IDs, %v; want %v", len(ids), err, ErrClockBackwards)
+		}
+		behind.Add(2 * time.Second)
+		// The jump outlasts the lease: the worker fences itself until its
+		// next heartbeat renews it.
+		var after []int64
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			if after, err = nw.AppendIDs(nil, 100); err == nil {
+				break
+			}
+			if !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
+				t.Fatalf("AppendIDs with the clock past the old bound: %v", err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		requireUnique(t, append(slices.Clone(before), after...))
+		if got, want := slices.Min(after), slices.Max(before); got <= want {
+			t.Errorf("new bucket's lowest ID %d, want above the old bucket's highest %d", got, want)
+		}
+	})
+	t.Run("predecessor held", func(t *testing.T) {
+		js := newJetStream(t)
+		startWorker(t, js, NodeSettings{Instance: "old", Settings: Settings{Logger: testLogger(t)}})
+		_, err := tryStartWorker(t, js, NodeSettings{Instance: "new", Bucket: DefaultBucket + "_r0", Predecessor: DefaultBucket,
+			Settings: Settings{Layout: layout, Logger: testLogger(t)}})
+		if !errors.Is(err, ErrPredecessorInUse) {
+			t.Fatalf("err = %v, want %v", err, ErrPredecessorInUse)
+		}
+	})
 }

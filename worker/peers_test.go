@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/dispenser-dev/dispenser/dispenser"
+	"github.com/dispenser-dev/dispenser/snowflake"
 	"github.com/dispenser-dev/dispenser/testenv"
 	"github.com/dispenser-dev/dispenser/worker"
 )
@@ -45,5 +46,29 @@ func TestWorkersOfOtherOwnersRefused(t *testing.T) {
 	}
 	if err := start("others", "other_owners"); err != nil {
 		t.Fatalf("another queue group and prefix with another bucket: %v", err)
+	}
+}
+
+// TestRegionBitsBesideWorkersWithout: a worker with --region-bits leases
+// from its region's bucket, whose worker IDs the bucket without region
+// bits holds too; beside a running worker without region bits (another
+// queue group and prefix, which the peer check does not compare) it is
+// refused, for the two could hold the same worker ID at once. (Before,
+// it started: both held worker ID candidates of 0..511, leased from
+// buckets that know nothing of each other.)
+func TestRegionBitsBesideWorkersWithout(t *testing.T) {
+	ns := testenv.NATS(t)
+	w, err := worker.New(context.Background(), worker.Config{NATS: worker.NATS{URL: ns.ClientURL()}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("worker without regions: %v", err)
+	}
+	t.Cleanup(func() { w.Close() })
+	r, err := worker.New(context.Background(), worker.Config{NATS: worker.NATS{URL: ns.ClientURL()}, Prefix: "r", QueueGroup: "r",
+		Region: worker.Region{Bits: 1}, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil {
+		r.Close()
+	}
+	if !errors.Is(err, snowflake.ErrPredecessorInUse) {
+		t.Fatalf("worker with --region-bits 1 beside one without: %v, want %v", err, snowflake.ErrPredecessorInUse)
 	}
 }
