@@ -68,6 +68,14 @@ type NodeSettings struct {
 	// (TestRegionBitsTurnedOnLater). Read only when this bucket is
 	// created; a missing predecessor is no floor.
 	Predecessor string
+	// Siblings, if not empty, is the name prefix of the other regions'
+	// buckets (DefaultBucket+"_r" for a region's default bucket): the
+	// worker that creates this bucket refuses (ErrLayoutMismatch) while a
+	// bucket named Siblings and a number records another layout, for
+	// other region bits would overlap the regions' worker IDs
+	// (TestRegionBitsDifferBetweenRegions). Read only when this bucket is
+	// created.
+	Siblings string
 	// Instance names this process in the leases. A restart with the same
 	// name prefers its previous worker ID once that is claimable: at once
 	// after a graceful Close, about two leases after a crash (meanwhile it
@@ -225,8 +233,16 @@ func Start(ctx context.Context, js jetstream.JetStream, s NodeSettings) (*Node, 
 		return nil, err
 	}
 	var floor func(context.Context) (time.Time, error)
-	if cfg.Predecessor != "" && cfg.Predecessor != cfg.Bucket {
+	if (cfg.Predecessor != "" && cfg.Predecessor != cfg.Bucket) || cfg.Siblings != "" {
 		floor = func(ctx context.Context) (time.Time, error) {
+			if cfg.Siblings != "" {
+				if err := checkSiblings(ctx, js, cfg.Siblings, cfg.Bucket, gen.layout); err != nil {
+					return time.Time{}, err
+				}
+			}
+			if cfg.Predecessor == "" || cfg.Predecessor == cfg.Bucket {
+				return time.Time{}, nil
+			}
 			return predecessorFloor(ctx, js, cfg.Predecessor, gen.layout.MaxWorkerID(), cfg.Now())
 		}
 	}

@@ -2,11 +2,16 @@ package snowflake
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dispenser-dev/dispenser/internal/kvbucket"
 )
 
 // predecessorFloor returns the highest bound recorded in the predecessor
@@ -56,4 +61,56 @@ func predecessorFloor(ctx context.Context, js jetstream.JetStream, bucket string
 		}
 	}
 	return floor, nil
+}
+
+// checkSiblings refuses (ErrLayoutMismatch) to create bucket while a
+// bucket named prefix+K (K a number: another region's bucket,
+// NodeSettings.Siblings) records another layout: with other region bits,
+// the regions' worker IDs overlap (region 0 of 1 bit holds 0..511, region
+// 1 of 2 bits 256..511), and their buckets know nothing of each other. A
+// sibling that records no layout yet has issued nothing.
+//
+// Safety argument: a region's layout is recorded when its bucket is
+// created and never changes (checkEpoch), and every region's bucket is
+// created after this check found the others' layouts equal to its own;
+// so all regions' buckets record one layout, and their worker IDs are
+// apart by their region bits. Two regions' first workers that create
+// their buckets at the same moment may both pass before either records
+// its layout: the peer check compares the region settings of running
+// peers (docs/regions.md).
+func checkSiblings(ctx context.Context, js jetstream.JetStream, prefix, bucket string, layout Layout) error {
+	names := js.KeyValueStoreNames(ctx)
+	var siblings []string
+	for name := range names.Name() {
+		k, ok := strings.CutPrefix(name, prefix)
+		if _, err := strconv.Atoi(k); ok && err == nil && name != bucket {
+			siblings = append(siblings, name)
+		}
+	}
+	if err := names.Error(); err != nil {
+		return fmt.Errorf("snowflake: list the other regions' lease buckets: %w", err)
+	}
+	for _, name := range siblings {
+		kv, err := js.KeyValue(ctx, name)
+		if err != nil {
+			return fmt.Errorf("snowflake: read the lease bucket %q of another region: %w", name, err)
+		}
+		e, err := kvbucket.Latest(ctx, kv, configKey)
+		if err != nil {
+			return fmt.Errorf("snowflake: read the lease bucket %q of another region: %w", name, err)
+		}
+		if e == nil || e.Operation() != jetstream.KeyValuePut {
+			continue
+		}
+		var c configRecord
+		if err := json.Unmarshal(e.Value(), &c); err != nil {
+			return fmt.Errorf("%w: bucket %q key %q: %v", ErrLayoutMismatch, name, configKey, err)
+		}
+		if got := c.Layout.layout(); !got.Same(layout) {
+			return fmt.Errorf("%w: bucket %q of region %d was created for snowflake layout %s, this region's %q would be %s: "+
+				"their worker IDs would overlap; every region must use the same --region-bits (docs/regions.md)",
+				ErrLayoutMismatch, name, c.Region, got, bucket, layout.orDefault())
+		}
+	}
+	return nil
 }

@@ -168,3 +168,30 @@ func TestRegionBitsTurnedOnLater(t *testing.T) {
 		}
 	})
 }
+
+// TestRegionBitsDifferBetweenRegions: region 0 leases with 1 region bit
+// (worker IDs 0..511); region 1's first worker, with 2 region bits
+// (256..511), is refused when it would create its bucket, for the two
+// buckets know nothing of each other. (Without NodeSettings.Siblings it
+// started, on worker IDs region 0 may hold.) With 1 bit, it starts.
+func TestRegionBitsDifferBetweenRegions(t *testing.T) {
+	js := newJetStream(t)
+	layout := func(bits int) Layout { l := DefaultLayout; l.RegionBits = bits; return l }
+	start := func(region, bits int) (*Node, error) {
+		return tryStartWorker(t, js, NodeSettings{Instance: fmt.Sprintf("r%d", region), Bucket: fmt.Sprintf("leases_r%d", region),
+			Siblings: "leases_r", Region: region, Settings: Settings{Layout: layout(bits), Logger: testLogger(t)}})
+	}
+	if _, err := start(0, 1); err != nil {
+		t.Fatalf("region 0: %v", err)
+	}
+	if w, err := start(1, 2); !errors.Is(err, ErrLayoutMismatch) {
+		if w != nil {
+			id, _ := w.WorkerID()
+			t.Fatalf("region 1 with 2 region bits started on worker ID %d, want %v", id, ErrLayoutMismatch)
+		}
+		t.Fatalf("region 1 with 2 region bits: %v, want %v", err, ErrLayoutMismatch)
+	}
+	if _, err := start(1, 1); err != nil {
+		t.Fatalf("region 1 with 1 region bit: %v", err)
+	}
+}

@@ -72,3 +72,25 @@ func TestRegionBitsBesideWorkersWithout(t *testing.T) {
 		t.Fatalf("worker with --region-bits 1 beside one without: %v, want %v", err, snowflake.ErrPredecessorInUse)
 	}
 }
+
+// TestRegionBitsDifferBetweenRegions: region 1's first worker with other
+// region bits than region 0's is refused, although the peer check does
+// not see region 0's workers (another queue group and prefix here; a cut
+// between the regions, or region 0 stopped, in a supercluster).
+func TestRegionBitsDifferBetweenRegions(t *testing.T) {
+	ns := testenv.NATS(t)
+	start := func(prefix string, r worker.Region) error {
+		w, err := worker.New(context.Background(), worker.Config{NATS: worker.NATS{URL: ns.ClientURL()}, Prefix: prefix, QueueGroup: prefix,
+			Region: r, Logger: slog.New(slog.DiscardHandler)})
+		if err == nil {
+			t.Cleanup(func() { w.Close() })
+		}
+		return err
+	}
+	if err := start("r0", worker.Region{N: 0, Bits: 1}); err != nil {
+		t.Fatalf("region 0: %v", err)
+	}
+	if err := start("r1", worker.Region{N: 1, Bits: 2}); !errors.Is(err, snowflake.ErrLayoutMismatch) {
+		t.Fatalf("region 1 with --region-bits 2 beside region 0 with 1: %v, want %v", err, snowflake.ErrLayoutMismatch)
+	}
+}

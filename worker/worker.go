@@ -453,6 +453,8 @@ func (w *Worker) start(ctx context.Context) error {
 				// turned on later: it starts above that bucket's bounds
 				// (snowflake.NodeSettings.Predecessor).
 				sfs.Predecessor = snowflake.DefaultBucket
+				// Every region must use the same region bits.
+				sfs.Siblings = snowflake.DefaultBucket + "_r"
 			}
 		}
 		if w.sf, err = snowflake.Start(ctx, js, sfs); err != nil {
