@@ -76,6 +76,13 @@ type NodeSettings struct {
 	// (TestRegionBitsDifferBetweenRegions). Read only when this bucket is
 	// created.
 	Siblings string
+	// RegionBuckets, if not empty, is the name prefix of the regions'
+	// buckets whose worker IDs this bucket's hold too (DefaultBucket+"_r"
+	// for DefaultBucket without region bits): Start refuses
+	// (ErrRegionBuckets) while one exists, for their workers may hold this
+	// bucket's worker IDs now, or have issued above its bounds
+	// (TestRegionBitsTurnedOff).
+	RegionBuckets string
 	// Instance names this process in the leases. A restart with the same
 	// name prefers its previous worker ID once that is claimable: at once
 	// after a graceful Close, about two leases after a crash (meanwhile it
@@ -248,6 +255,11 @@ func Start(ctx context.Context, js jetstream.JetStream, s NodeSettings) (*Node, 
 	}
 	if err := checkEpoch(ctx, kv, cfg.Epoch, gen.layout, cfg.Region, cfg.Lease, floor); err != nil {
 		return nil, err
+	}
+	if cfg.RegionBuckets != "" {
+		if err := checkNoRegionBuckets(ctx, js, cfg.RegionBuckets, cfg.Bucket); err != nil {
+			return nil, err
+		}
 	}
 	stream, err := lease.NewStream(ctx, kv)
 	if err != nil {

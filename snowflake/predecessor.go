@@ -114,3 +114,31 @@ func checkSiblings(ctx context.Context, js jetstream.JetStream, prefix, bucket s
 	}
 	return nil
 }
+
+// checkNoRegionBuckets refuses (ErrRegionBuckets) to lease from bucket, a
+// bucket without region bits, while a bucket named prefix and a number
+// exists (NodeSettings.RegionBuckets): a region's bucket, whose worker
+// IDs bucket holds too. Its workers may hold them now, or have issued
+// above bucket's bounds, which bucket does not know: region bits cannot
+// be turned off again, and a worker without them is no longer welcome
+// once a region's bucket was created (the other way round,
+// predecessorFloor).
+func checkNoRegionBuckets(ctx context.Context, js jetstream.JetStream, prefix, bucket string) error {
+	names := js.KeyValueStoreNames(ctx)
+	var found []string
+	for name := range names.Name() {
+		k, ok := strings.CutPrefix(name, prefix)
+		if _, err := strconv.Atoi(k); ok && err == nil && name != bucket {
+			found = append(found, name)
+		}
+	}
+	if err := names.Error(); err != nil {
+		return fmt.Errorf("snowflake: list the regions' lease buckets: %w", err)
+	}
+	if len(found) > 0 {
+		return fmt.Errorf("%w: %q (and %d more) holds worker IDs of bucket %q: "+
+			"configure this worker's --region and --region-bits as its region's (docs/regions.md)",
+			ErrRegionBuckets, found[0], len(found)-1, bucket)
+	}
+	return nil
+}

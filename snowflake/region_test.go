@@ -195,3 +195,22 @@ func TestRegionBitsDifferBetweenRegions(t *testing.T) {
 		t.Fatalf("region 1 with 1 region bit: %v", err)
 	}
 }
+
+// TestRegionBitsTurnedOff: once a region's bucket exists, a worker
+// without region bits on the bucket without them is refused: the
+// region's workers may hold its worker IDs now, or have issued above its
+// bounds. (Without NodeSettings.RegionBuckets it started.)
+func TestRegionBitsTurnedOff(t *testing.T) {
+	js := newJetStream(t)
+	layout := DefaultLayout
+	layout.RegionBits = 1
+	startWorker(t, js, NodeSettings{Instance: "r0", Bucket: "leases_r0", Settings: Settings{Layout: layout, Logger: testLogger(t)}})
+	w, err := tryStartWorker(t, js, NodeSettings{Instance: "plain", Bucket: "leases", RegionBuckets: "leases_r", Settings: Settings{Logger: testLogger(t)}})
+	if !errors.Is(err, ErrRegionBuckets) {
+		if w != nil {
+			id, _ := w.WorkerID()
+			t.Fatalf("a worker without region bits started on worker ID %d, want %v", id, ErrRegionBuckets)
+		}
+		t.Fatalf("a worker without region bits: %v, want %v", err, ErrRegionBuckets)
+	}
+}

@@ -94,3 +94,25 @@ func TestRegionBitsDifferBetweenRegions(t *testing.T) {
 		t.Fatalf("region 1 with --region-bits 2 beside region 0 with 1: %v, want %v", err, snowflake.ErrLayoutMismatch)
 	}
 }
+
+// TestNoRegionBitsBesideRegions: the other way round from
+// TestRegionBitsBesideWorkersWithout: once region 0 leases from its
+// bucket, a worker without region bits (another queue group and prefix)
+// is refused: it would lease worker IDs of region 0 from a bucket that
+// knows nothing of region 0's leases.
+func TestNoRegionBitsBesideRegions(t *testing.T) {
+	ns := testenv.NATS(t)
+	r, err := worker.New(context.Background(), worker.Config{NATS: worker.NATS{URL: ns.ClientURL()}, Prefix: "r", QueueGroup: "r",
+		Region: worker.Region{Bits: 1}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("region 0: %v", err)
+	}
+	t.Cleanup(func() { r.Close() })
+	w, err := worker.New(context.Background(), worker.Config{NATS: worker.NATS{URL: ns.ClientURL()}, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil {
+		w.Close()
+	}
+	if !errors.Is(err, snowflake.ErrRegionBuckets) {
+		t.Fatalf("worker without region bits beside region 0: %v, want %v", err, snowflake.ErrRegionBuckets)
+	}
+}

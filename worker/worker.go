@@ -456,6 +456,9 @@ func (w *Worker) start(ctx context.Context) error {
 				// Every region must use the same region bits.
 				sfs.Siblings = snowflake.DefaultBucket + "_r"
 			}
+		} else if cmp.Or(sfs.Bucket, snowflake.DefaultBucket) == snowflake.DefaultBucket {
+			// The regions' buckets hold this bucket's worker IDs too.
+			sfs.RegionBuckets = snowflake.DefaultBucket + "_r"
 		}
 		if w.sf, err = snowflake.Start(ctx, js, sfs); err != nil {
 			return err // snowflake's errors say "snowflake:" themselves
