@@ -256,11 +256,6 @@ func Start(ctx context.Context, js jetstream.JetStream, s NodeSettings) (*Node, 
 	if err := checkEpoch(ctx, kv, cfg.Epoch, gen.layout, cfg.Region, cfg.Lease, floor); err != nil {
 		return nil, err
 	}
-	if cfg.RegionBuckets != "" {
-		if err := checkNoRegionBuckets(ctx, js, cfg.RegionBuckets, cfg.Bucket); err != nil {
-			return nil, err
-		}
-	}
 	stream, err := lease.NewStream(ctx, kv)
 	if err != nil {
 		return nil, fmt.Errorf("snowflake: lease bucket %q: %w", cfg.Bucket, err)
@@ -282,6 +277,15 @@ func Start(ctx context.Context, js jetstream.JetStream, s NodeSettings) (*Node, 
 	c, err := w.claim(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.RegionBuckets != "" {
+		// After the claim, before the first ID: a region's bucket
+		// created before the claim is found here, and the worker that
+		// creates one after it finds the claim (predecessorFloor
+		// refuses a held lease). The claim left behind expires.
+		if err := checkNoRegionBuckets(ctx, js, cfg.RegionBuckets, cfg.Bucket); err != nil {
+			return nil, err
+		}
 	}
 	w.install(c)
 	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))
