@@ -33,6 +33,9 @@ type candidate struct {
 	// deleted: the key holds a delete or purge marker; prev is derived
 	// from it.
 	deleted bool
+	// floor is the bucket's floor (configRecord.Floor) for a never used
+	// key: its IDs may overlap a predecessor bucket's.
+	floor time.Time
 }
 
 // claimPasses bounds how often claim reads the bucket again after losing
@@ -83,7 +86,7 @@ func (w *Node) claimPass(ctx context.Context) (_ claim, lost int, _ error) {
 		s, ok := slots[id]
 		switch {
 		case !ok:
-			free = append(free, candidate{id: id})
+			free = append(free, candidate{id: id, floor: conf.Floor})
 			continue
 		case s.bad:
 			w.log.Warn("snowflake: skipping worker ID with an unreadable lease value", "worker", id, "bucket", w.cfg.Bucket)
@@ -157,6 +160,8 @@ func (w *Node) try(ctx context.Context, c candidate) (claim, error) {
 	if c.prev != nil {
 		floorMs = c.prev.Bound.UnixMilli() - w.gen.epochMs
 		prev = c.prev.terms()
+	} else if !c.floor.IsZero() {
+		floorMs = c.floor.UnixMilli() - w.gen.epochMs
 	}
 	var rec leaseRecord
 	g, err := w.terms.Claim(ctx, w.kv, workerKey(c.id), c.rev, prev, func(now time.Time) ([]byte, error) {

@@ -45,6 +45,10 @@
 // "max_lease_ms" is the longest lease any worker has claimed with: a worker
 // raises it (compare-and-swap) before it claims with a longer lease, and
 // nothing lowers it.
+// A bucket created with a predecessor (NodeSettings.Predecessor: the
+// bucket without region bits, for a region's bucket) also holds "floor",
+// the predecessor's highest bound then: a never used worker ID starts
+// above it, as a successor starts above the bound it takes over.
 // The value under a worker key is JSON:
 //
 //	{

@@ -16,7 +16,7 @@ import (
 //     ErrBucketDeleted.
 //   - 400: ErrInvalidCount.
 //   - 500 / refuse to start: ErrInvalidSettings, ErrInvalidWorkerID,
-//     ErrEpochInFuture, ErrEpochMismatch, ErrLayoutMismatch, ErrRegionMismatch, ErrEpochLost,
+//     ErrEpochInFuture, ErrEpochMismatch, ErrLayoutMismatch, ErrRegionMismatch, ErrPredecessorInUse, ErrRegionBuckets, ErrEpochLost,
 //     ErrOverTimeLimit,
 //     ErrBucketTTL, ErrBucketLimits, ErrBucketMemory, ErrBucketReplicas,
 //     and any error from NATS that wraps none of the above.
@@ -64,6 +64,16 @@ var (
 	// another region (NodeSettings.Region): each region leases from a
 	// bucket of its own.
 	ErrRegionMismatch = errors.New("snowflake: lease bucket belongs to another region")
+
+	// ErrPredecessorInUse means a new lease bucket's predecessor
+	// (NodeSettings.Predecessor) has a lease still held, or a key whose
+	// last bound is unknown: the new bucket cannot know where to start.
+	ErrPredecessorInUse = errors.New("snowflake: the lease bucket used before this one is in use")
+
+	// ErrRegionBuckets means a bucket without region bits has region
+	// buckets beside it (NodeSettings.RegionBuckets), whose worker IDs
+	// overlap its own.
+	ErrRegionBuckets = errors.New("snowflake: region lease buckets exist beside this one")
 
 	// ErrInvalidCount means a batch asked for fewer than 1 or more than
 	// MaxCount IDs.

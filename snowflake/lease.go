@@ -87,6 +87,10 @@ type configRecord struct {
 	// Region is the region of every worker of the bucket, recorded with
 	// the layout when it has region bits; absent: region 0.
 	Region int `json:"region,omitempty"`
+	// Floor is the highest bound of the predecessor bucket
+	// (NodeSettings.Predecessor) when this one was created: a never used
+	// worker ID of this bucket starts above it. Absent: none.
+	Floor time.Time `json:"floor,omitzero"`
 }
 
 func (c *configRecord) maxLease() time.Duration {
@@ -150,12 +154,11 @@ func openBucket(ctx context.Context, js jetstream.JetStream, s *NodeSettings) (j
 //
 // In a bucket that has never held a value, the stored record also holds
 // lease as the longest lease used (configRecord.MaxLeaseMS): no key can
-// have been deleted before.
-func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, layout Layout, region int, lease time.Duration) error {
-	data, err := json.Marshal(configRecord{Version: recordVersion, Epoch: epoch, Layout: newLayoutRecord(layout), MaxLeaseMS: lease.Milliseconds(), Region: region})
-	if err != nil {
-		return err
-	}
+// have been deleted before. If floor is not nil, it is called then, and
+// its time recorded as the bucket's floor (configRecord.Floor).
+func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, layout Layout, region int, lease time.Duration,
+	floor func(context.Context) (time.Time, error)) error {
+	rec := configRecord{Version: recordVersion, Epoch: epoch, Layout: newLayoutRecord(layout), MaxLeaseMS: lease.Milliseconds(), Region: region}
 	restore := restoreCommand(kv.Bucket(), epoch, layout, region)
 	behind := 0 // reads of the key that missed what the leader holds
 	for attempt := 1; ; attempt++ {
@@ -173,9 +176,18 @@ func checkEpoch(ctx context.Context, kv jetstream.KeyValue, epoch time.Time, lay
 		}
 		switch {
 		case e == nil && lastSeq == 0:
+			if floor != nil {
+				if rec.Floor, err = floor(ctx); err != nil {
+					return err
+				}
+			}
+			data, err := json.Marshal(rec)
+			if err != nil {
+				return err
+			}
 			// Update on revision 0 fails if the key has any message, a
 			// delete marker included (Create would write over one).
-			_, err := kv.Update(ctx, configKey, data, 0)
+			_, err = kv.Update(ctx, configKey, data, 0)
 			if err == nil {
 				return nil
 			}

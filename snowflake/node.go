@@ -54,6 +54,35 @@ type NodeSettings struct {
 	// layout; a node of another region is refused (ErrRegionMismatch),
 	// because each region leases from a bucket of its own. Default 0.
 	Region int
+	// Predecessor, if not empty, is the bucket the deployment leased
+	// from before this one, whose worker IDs this bucket's overlap: the
+	// bucket without region bits (DefaultBucket) for a region's bucket,
+	// when region bits are turned on later. The worker that creates this
+	// bucket records the highest bound found there as the bucket's floor,
+	// and every never used worker ID of this bucket starts above it, as a
+	// successor starts above the bound it takes over; a predecessor with
+	// a lease still held, deleted or unreadable is refused
+	// (ErrPredecessorInUse). Without the floor a region's fresh bucket
+	// would hand worker ID 0 to a host whose clock is behind the last ID
+	// worker ID 0 issued without regions: the same IDs again
+	// (TestRegionBitsTurnedOnLater). Read only when this bucket is
+	// created; a missing predecessor is no floor.
+	Predecessor string
+	// Siblings, if not empty, is the name prefix of the other regions'
+	// buckets (DefaultBucket+"_r" for a region's default bucket): the
+	// worker that creates this bucket refuses (ErrLayoutMismatch) while a
+	// bucket named Siblings and a number records another layout, for
+	// other region bits would overlap the regions' worker IDs
+	// (TestRegionBitsDifferBetweenRegions). Read only when this bucket is
+	// created.
+	Siblings string
+	// RegionBuckets, if not empty, is the name prefix of the regions'
+	// buckets whose worker IDs this bucket's hold too (DefaultBucket+"_r"
+	// for DefaultBucket without region bits): Start refuses
+	// (ErrRegionBuckets) while one exists, for their workers may hold this
+	// bucket's worker IDs now, or have issued above its bounds
+	// (TestRegionBitsTurnedOff).
+	RegionBuckets string
 	// Instance names this process in the leases. A restart with the same
 	// name prefers its previous worker ID once that is claimable: at once
 	// after a graceful Close, about two leases after a crash (meanwhile it
@@ -210,7 +239,21 @@ func Start(ctx context.Context, js jetstream.JetStream, s NodeSettings) (*Node, 
 	if err != nil {
 		return nil, err
 	}
-	if err := checkEpoch(ctx, kv, cfg.Epoch, gen.layout, cfg.Region, cfg.Lease); err != nil {
+	var floor func(context.Context) (time.Time, error)
+	if (cfg.Predecessor != "" && cfg.Predecessor != cfg.Bucket) || cfg.Siblings != "" {
+		floor = func(ctx context.Context) (time.Time, error) {
+			if cfg.Siblings != "" {
+				if err := checkSiblings(ctx, js, cfg.Siblings, cfg.Bucket, gen.layout); err != nil {
+					return time.Time{}, err
+				}
+			}
+			if cfg.Predecessor == "" || cfg.Predecessor == cfg.Bucket {
+				return time.Time{}, nil
+			}
+			return predecessorFloor(ctx, js, cfg.Predecessor, gen.layout.MaxWorkerID(), cfg.Now())
+		}
+	}
+	if err := checkEpoch(ctx, kv, cfg.Epoch, gen.layout, cfg.Region, cfg.Lease, floor); err != nil {
 		return nil, err
 	}
 	stream, err := lease.NewStream(ctx, kv)
@@ -234,6 +277,15 @@ func Start(ctx context.Context, js jetstream.JetStream, s NodeSettings) (*Node, 
 	c, err := w.claim(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.RegionBuckets != "" {
+		// After the claim, before the first ID: a region's bucket
+		// created before the claim is found here, and the worker that
+		// creates one after it finds the claim (predecessorFloor
+		// refuses a held lease). The claim left behind expires.
+		if err := checkNoRegionBuckets(ctx, js, cfg.RegionBuckets, cfg.Bucket); err != nil {
+			return nil, err
+		}
 	}
 	w.install(c)
 	w.ctx, w.cancel = context.WithCancel(context.WithoutCancel(ctx))

@@ -165,7 +165,7 @@ func TestCheckEpochFromAReplicaBehind(t *testing.T) {
 				}
 			}
 			kv := &keyBehindKV{KeyValue: w.kv, stale: tt.stale}
-			err := checkEpoch(ctx, kv, DefaultEpoch, s.Layout, s.Region, s.Lease)
+			err := checkEpoch(ctx, kv, DefaultEpoch, s.Layout, s.Region, s.Lease, nil)
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("checkEpoch: got %v, want %v", err, tt.wantErr)
 			}

@@ -447,6 +447,18 @@ func (w *Worker) start(ctx context.Context) error {
 				sfs.Layout = snowflake.DefaultLayout
 			}
 			sfs.Layout.RegionBits, sfs.Region, sfs.Cluster = cfg.Region.Bits, cfg.Region.N, env.Cluster
+			if sfs.Bucket == cfg.Region.Name("", snowflake.DefaultBucket, true) {
+				// The region's default bucket holds worker IDs the
+				// bucket without region bits held, if region bits were
+				// turned on later: it starts above that bucket's bounds
+				// (snowflake.NodeSettings.Predecessor).
+				sfs.Predecessor = snowflake.DefaultBucket
+				// Every region must use the same region bits.
+				sfs.Siblings = snowflake.DefaultBucket + "_r"
+			}
+		} else if cmp.Or(sfs.Bucket, snowflake.DefaultBucket) == snowflake.DefaultBucket {
+			// The regions' buckets hold this bucket's worker IDs too.
+			sfs.RegionBuckets = snowflake.DefaultBucket + "_r"
 		}
 		if w.sf, err = snowflake.Start(ctx, js, sfs); err != nil {
 			return err // snowflake's errors say "snowflake:" themselves
