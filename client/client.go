@@ -31,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -275,8 +276,8 @@ func (c *Client) SegmentN(ctx context.Context, tag string, n int) ([]int64, erro
 
 // Formatted returns n numbers of tag written out in the tag's format (such
 // as ORD-20261124-000123; Id-Format: formatted), in the order the service
-// took them. A tag without a format fails with ErrBadRequest. Prefetch does
-// not apply.
+// took them. A tag without a format fails with ErrBadRequest; a reply with
+// a number twice fails with ErrBadReply. Prefetch does not apply.
 func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, error) {
 	if err := checkTag(tag); err != nil {
 		return nil, err
@@ -299,6 +300,15 @@ func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, er
 	for _, s := range out {
 		if len(s) < 1 || len(s) > protocol.MaxFormattedBytes || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r > '~' }) {
 			return nil, fmt.Errorf("%w from %s: %q is no formatted number", ErrBadReply, msg.Subject, truncate(s, 64))
+		}
+	}
+	// No number twice: the service never hands one out twice, so a reply
+	// that repeats one (in any order: a batch may cross a period) comes
+	// from something other than a worker, like IDs that do not increase.
+	sorted := slices.Sorted(slices.Values(out))
+	for i := 1; i < len(sorted); i++ {
+		if sorted[i] == sorted[i-1] {
+			return nil, fmt.Errorf("%w from %s: %q twice", ErrBadReply, msg.Subject, truncate(sorted[i], 64))
 		}
 	}
 	return out, nil
