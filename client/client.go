@@ -66,7 +66,8 @@ var (
 	// token (in its first line, or protocol.TokenHeader): not a reply to
 	// this request, or one of a worker older than the token.
 	ErrBadReply = errors.New("client: bad reply")
-	// ErrClosed means the Client was closed.
+	// ErrClosed means the Client was closed: Segment of a prefetching
+	// client that has no ID at hand (Close).
 	ErrClosed = errors.New("client: closed")
 )
 
@@ -242,7 +243,10 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// Close stops background refills. Prefetched IDs not yet taken are lost.
+// Close stops background refills: Segment of a prefetching client still
+// hands out the IDs at hand, then fails with ErrClosed (the rest of a
+// range in flight is lost: a gap). Other requests, and those in flight,
+// go on: they end with their contexts, or when the connection closes.
 func (c *Client) Close() { c.cancel() }
 
 // checkTag rejects a tag the service would reject before it becomes a
