@@ -165,6 +165,16 @@ networkPolicy:
 		wantErr: "config.nats.url (or config.nats.urlSecret.name) is required",
 	},
 	{
+		name:    "a NATS password in config.nats.url",
+		values:  `{config: {nats: {url: "nats://ids:s3cret@nats.nats.svc:4222"}}}`,
+		wantErr: "config.nats.url holds a user, password or token",
+	},
+	{
+		name:    "a NATS token in the second URL of config.nats.url",
+		values:  `{config: {nats: {url: "nats://nats-0:4222,nats://s3cret@nats-1:4222"}}}`,
+		wantErr: "config.nats.url holds a user, password or token",
+	},
+	{
 		name:    "not a flag in config.env",
 		values:  `{config: {env: {MAX_WAIT: 1s}}}`,
 		wantErr: "'MAX_WAIT' does not match pattern",
