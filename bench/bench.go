@@ -285,7 +285,7 @@ func endpoints(ctx context.Context, c Config, url, prefix string, rep *Report) (
 	}
 	nc, err := nats.Connect(url, append(slices.Clip(c.NATSOptions), nats.Name("dispenser-bench"))...)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to %s: %w", url, err)
+		return nil, connectError("", url, err)
 	}
 	defer nc.Close()
 	seg := prefix + ".segment." + c.Tag

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	neturl "net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/dispenser-dev/dispenser/client"
+	"github.com/dispenser-dev/dispenser/internal/redact"
 	"github.com/dispenser-dev/dispenser/protocol"
 )
 
@@ -168,7 +170,7 @@ func RunLoad(ctx context.Context, cfg LoadConfig, progress io.Writer) ([]*LoadRe
 	}
 	nc, err := nats.Connect(cfg.URL, append(slices.Clip(cfg.NATSOptions), nats.Name("dispenser-bench-load"))...)
 	if err != nil {
-		return nil, fmt.Errorf("load: connecting to %s: %w", cfg.URL, err)
+		return nil, connectError("load: ", cfg.URL, err)
 	}
 	defer nc.Close()
 	l := &loader{
@@ -469,4 +471,14 @@ func (l *loader) reportProgress(w io.Writer) (stop func()) {
 		}
 	}()
 	return func() { close(done); wg.Wait() }
+}
+
+// connectError is the error of a failed connection to url: url masked
+// (redact.URL), and without nats.go's error for a URL it cannot parse,
+// which quotes the URL whole, password and all.
+func connectError(prefix, url string, err error) error {
+	if perr := (*neturl.Error)(nil); errors.As(err, &perr) {
+		return fmt.Errorf("%sconnecting to %s: the URL does not parse: percent-encode the special characters (%%, @, :, /, space) of its user and password", prefix, redact.URL(url))
+	}
+	return fmt.Errorf("%sconnecting to %s: %w", prefix, redact.URL(url), err)
 }

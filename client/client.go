@@ -31,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,7 +66,8 @@ var (
 	// token (in its first line, or protocol.TokenHeader): not a reply to
 	// this request, or one of a worker older than the token.
 	ErrBadReply = errors.New("client: bad reply")
-	// ErrClosed means the Client was closed.
+	// ErrClosed means the Client was closed: Segment of a prefetching
+	// client that has no ID at hand (Close).
 	ErrClosed = errors.New("client: closed")
 )
 
@@ -241,7 +243,10 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	return c, nil
 }
 
-// Close stops background refills. Prefetched IDs not yet taken are lost.
+// Close stops background refills: Segment of a prefetching client still
+// hands out the IDs at hand, then fails with ErrClosed (the rest of a
+// range in flight is lost: a gap). Other requests, and those in flight,
+// go on: they end with their contexts, or when the connection closes.
 func (c *Client) Close() { c.cancel() }
 
 // checkTag rejects a tag the service would reject before it becomes a
@@ -275,8 +280,8 @@ func (c *Client) SegmentN(ctx context.Context, tag string, n int) ([]int64, erro
 
 // Formatted returns n numbers of tag written out in the tag's format (such
 // as ORD-20261124-000123; Id-Format: formatted), in the order the service
-// took them. A tag without a format fails with ErrBadRequest. Prefetch does
-// not apply.
+// took them. A tag without a format fails with ErrBadRequest; a reply with
+// a number twice fails with ErrBadReply. Prefetch does not apply.
 func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, error) {
 	if err := checkTag(tag); err != nil {
 		return nil, err
@@ -299,6 +304,15 @@ func (c *Client) Formatted(ctx context.Context, tag string, n int) ([]string, er
 	for _, s := range out {
 		if len(s) < 1 || len(s) > protocol.MaxFormattedBytes || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r > '~' }) {
 			return nil, fmt.Errorf("%w from %s: %q is no formatted number", ErrBadReply, msg.Subject, truncate(s, 64))
+		}
+	}
+	// No number twice: the service never hands one out twice, so a reply
+	// that repeats one (in any order: a batch may cross a period) comes
+	// from something other than a worker, like IDs that do not increase.
+	sorted := slices.Sorted(slices.Values(out))
+	for i := 1; i < len(sorted); i++ {
+		if sorted[i] == sorted[i-1] {
+			return nil, fmt.Errorf("%w from %s: %q twice", ErrBadReply, msg.Subject, truncate(sorted[i], 64))
 		}
 	}
 	return out, nil

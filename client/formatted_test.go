@@ -13,8 +13,8 @@ import (
 
 // TestFormattedReplies: formatted numbers are untrusted input like IDs: a
 // reply with another number of lines, an empty line, a space, a control
-// character or an overlong line is ErrBadReply; a good one is returned as
-// sent.
+// character, an overlong line or a number twice is ErrBadReply; a good one
+// is returned as sent.
 func TestFormattedReplies(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -31,6 +31,8 @@ func TestFormattedReplies(t *testing.T) {
 		{"control character", 1, "A\x001", nil, client.ErrBadReply},
 		{"overlong", 1, strings.Repeat("9", 129), nil, client.ErrBadReply},
 		{"not ASCII", 1, "Ä1", nil, client.ErrBadReply},
+		{"repeated", 3, "A1\nA2\nA1", nil, client.ErrBadReply},
+		{"repeated next", 2, "A1\nA1", nil, client.ErrBadReply},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

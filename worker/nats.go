@@ -194,17 +194,22 @@ func (n NATS) Connect(name string, jetStream bool, extra ...nats.Option) (*nats.
 	if err != nil {
 		return nil, err
 	}
-	url := n.URL
+	addr := n.URL
 	if jetStream {
-		url = cmp.Or(n.JSURL, url)
+		addr = cmp.Or(n.JSURL, addr)
 	}
 	opts, err := n.Options(jetStream)
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(url, append(append(opts, nats.Name(name)), extra...)...)
+	nc, err := nats.Connect(addr, append(append(opts, nats.Name(name)), extra...)...)
+	if perr := (*url.Error)(nil); errors.As(err, &perr) {
+		// nats.go's parse error quotes the whole URL, password and all,
+		// and the part it could not read is often the password's.
+		return nil, fmt.Errorf("connecting to nats at %s: the URL does not parse: percent-encode the special characters (%%, @, :, /, space) of its user and password, and check its host and port", redact.URL(addr))
+	}
 	if err != nil {
-		return nil, fmt.Errorf("connecting to nats at %s: %w", redact.URL(url), err)
+		return nil, fmt.Errorf("connecting to nats at %s: %w", redact.URL(addr), err)
 	}
 	return nc, nil
 }

@@ -106,3 +106,29 @@ func TestReadyzHidesTheStoreError(t *testing.T) {
 		t.Errorf("the log does not say why the worker is not ready:\n%s", out)
 	}
 }
+
+// TestUnparsableURLHidesThePassword: a NATS URL that does not parse (a
+// password with a bare % or a space, as generated passwords hold) fails
+// with an error that shows no part of the password: nats.go's parse error
+// quotes the whole URL.
+func TestUnparsableURLHidesThePassword(t *testing.T) {
+	const secret = "s3cret"
+	tests := []struct {
+		name string
+		nats NATS
+	}{
+		{"bare percent", NATS{URL: "nats://alice:" + secret + "%zz@127.0.0.1:1"}},
+		{"space", NATS{URL: "nats://alice:" + secret + " pw@127.0.0.1:1"}},
+		{"token", NATS{URL: "nats://" + secret + "%zz@127.0.0.1:1"}},
+		{"second URL", NATS{URL: "nats://127.0.0.1:1,nats://alice:" + secret + "%zz@127.0.0.1:2"}},
+		{"JetStream URL", NATS{URL: "nats://127.0.0.1:1", JSURL: "nats://alice:" + secret + "%zz@127.0.0.1:1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := tt.nats.Connect("t", tt.nats.JSURL != "")
+			if err == nil || strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "%zz") {
+				t.Fatalf("err = %v, want an error without the password", err)
+			}
+		})
+	}
+}

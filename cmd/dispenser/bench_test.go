@@ -178,3 +178,27 @@ func TestBenchFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchHidesThePassword: bench against a deployment it cannot reach,
+// or whose URL does not parse, fails with an error that shows no part of
+// the URL's password.
+func TestBenchHidesThePassword(t *testing.T) {
+	const secret = "s3cret"
+	tests := []struct {
+		name, url string
+	}{
+		{"unreachable", "nats://alice:" + secret + "@127.0.0.1:1"},
+		{"unparsable", "nats://alice:" + secret + "%zz@127.0.0.1:1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), []string{"bench", "--nats-url", tt.url, "--tag", "orders", "--duration", "100ms"}, &out, &errOut)
+			for _, s := range []string{fmt.Sprint(err), out.String(), errOut.String()} {
+				if err == nil || strings.Contains(s, secret) || strings.Contains(s, "%zz") {
+					t.Fatalf("bench = %v (output %q, %q), want an error without the password", err, out.String(), errOut.String())
+				}
+			}
+		})
+	}
+}

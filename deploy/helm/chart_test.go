@@ -51,9 +51,12 @@ var valueSets = []struct {
 	wantErr string
 }{
 	{
+		// The metrics port (/status names every tenant's tags) admits
+		// nobody but the kubelet's probes.
 		name:   "defaults",
 		values: ``,
-		want:   []string{"Deployment/ids-dispenser", "PodDisruptionBudget/ids-dispenser", "ServiceAccount/ids-dispenser"},
+		want: []string{"Deployment/ids-dispenser", "NetworkPolicy/ids-dispenser", "PodDisruptionBudget/ids-dispenser",
+			"ServiceAccount/ids-dispenser"},
 	},
 	{
 		// The values docs/deploy.md shows next to the NATS chart.
@@ -74,9 +77,14 @@ config:
 serviceMonitor:
   enabled: true
   labels: {release: prometheus}
+networkPolicy:
+  metricsFrom:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}
+      podSelector: {matchLabels: {app.kubernetes.io/name: prometheus}}
 `,
-		want: []string{"Deployment/ids-dispenser", "Job/ids-dispenser-migrate", "PodDisruptionBudget/ids-dispenser",
-			"Service/ids-dispenser-metrics", "ServiceAccount/ids-dispenser", "ServiceMonitor/ids-dispenser"},
+		want: []string{"Deployment/ids-dispenser", "Job/ids-dispenser-migrate", "NetworkPolicy/ids-dispenser",
+			"PodDisruptionBudget/ids-dispenser", "Service/ids-dispenser-metrics", "ServiceAccount/ids-dispenser",
+			"ServiceMonitor/ids-dispenser"},
 	},
 	{
 		name: "postgres without the migrate hook",
@@ -85,6 +93,7 @@ config:
   postgres: {secretName: dispenser-postgres}
 migrate: {enabled: false}
 service: {enabled: true}
+networkPolicy: {enabled: false}
 `,
 		want: []string{"Deployment/ids-dispenser", "PodDisruptionBudget/ids-dispenser", "Service/ids-dispenser-metrics",
 			"ServiceAccount/ids-dispenser"},
@@ -115,7 +124,7 @@ container:
 podDisruptionBudget: {enabled: false}
 serviceAccount: {enabled: false}
 `,
-		want: []string{"Deployment/ids-workers"},
+		want: []string{"Deployment/ids-workers", "NetworkPolicy/ids-workers"},
 	},
 	{
 		name: "network policy",
@@ -136,6 +145,16 @@ networkPolicy:
 			"ServiceAccount/ids-dispenser"},
 	},
 	{
+		name:    "a ServiceMonitor the network policy keeps out",
+		values:  `{serviceMonitor: {enabled: true}}`,
+		wantErr: "serviceMonitor.enabled: networkPolicy admits no scraper",
+	},
+	{
+		name:    "a metrics Service the network policy keeps out",
+		values:  `{service: {enabled: true}}`,
+		wantErr: "service.enabled: networkPolicy admits no scraper",
+	},
+	{
 		name:    "grace period not above the shutdown timeout",
 		values:  `{config: {shutdownTimeoutSeconds: 20}, podTemplate: {terminationGracePeriodSeconds: 20}}`,
 		wantErr: "podTemplate.terminationGracePeriodSeconds 20 must exceed config.shutdownTimeoutSeconds 20",
@@ -144,6 +163,16 @@ networkPolicy:
 		name:    "no NATS URL",
 		values:  `{config: {nats: {url: ""}}}`,
 		wantErr: "config.nats.url (or config.nats.urlSecret.name) is required",
+	},
+	{
+		name:    "a NATS password in config.nats.url",
+		values:  `{config: {nats: {url: "nats://ids:s3cret@nats.nats.svc:4222"}}}`,
+		wantErr: "config.nats.url holds a user, password or token",
+	},
+	{
+		name:    "a NATS token in the second URL of config.nats.url",
+		values:  `{config: {nats: {url: "nats://nats-0:4222,nats://s3cret@nats-1:4222"}}}`,
+		wantErr: "config.nats.url holds a user, password or token",
 	},
 	{
 		name:    "not a flag in config.env",

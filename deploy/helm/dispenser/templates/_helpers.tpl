@@ -132,6 +132,9 @@ the PostgreSQL URL. */}}
 {{- if $c.nats.urlSecret.name }}
 {{ include "dispenser.secretEnv" (dict "env" "DISPENSER_NATS_URL" "name" $c.nats.urlSecret.name "key" $c.nats.urlSecret.key) }}
 {{- else }}
+{{- if contains "@" (toString $c.nats.url) }}
+{{- fail "config.nats.url holds a user, password or token, which would stand in the Deployment's spec: put the URL in a Secret (config.nats.urlSecret), or give a credentials file (config.nats.credentials)" }}
+{{- end }}
 - name: DISPENSER_NATS_URL
   value: {{ required "config.nats.url (or config.nats.urlSecret.name) is required: the workers need a NATS cluster" $c.nats.url | quote }}
 {{- end }}
