@@ -79,16 +79,9 @@ func predecessorFloor(ctx context.Context, js jetstream.JetStream, bucket string
 // its layout: the peer check compares the region settings of running
 // peers (docs/regions.md).
 func checkSiblings(ctx context.Context, js jetstream.JetStream, prefix, bucket string, layout Layout) error {
-	names := js.KeyValueStoreNames(ctx)
-	var siblings []string
-	for name := range names.Name() {
-		k, ok := strings.CutPrefix(name, prefix)
-		if _, err := strconv.Atoi(k); ok && err == nil && name != bucket {
-			siblings = append(siblings, name)
-		}
-	}
-	if err := names.Error(); err != nil {
-		return fmt.Errorf("snowflake: list the other regions' lease buckets: %w", err)
+	siblings, err := regionBuckets(ctx, js, prefix, bucket)
+	if err != nil {
+		return err
 	}
 	for _, name := range siblings {
 		kv, err := js.KeyValue(ctx, name)
@@ -124,6 +117,21 @@ func checkSiblings(ctx context.Context, js jetstream.JetStream, prefix, bucket s
 // once a region's bucket was created (the other way round,
 // predecessorFloor).
 func checkNoRegionBuckets(ctx context.Context, js jetstream.JetStream, prefix, bucket string) error {
+	found, err := regionBuckets(ctx, js, prefix, bucket)
+	if err != nil {
+		return err
+	}
+	if len(found) > 0 {
+		return fmt.Errorf("%w: %q (and %d more) holds worker IDs of bucket %q: "+
+			"configure this worker's --region and --region-bits as its region's (docs/regions.md)",
+			ErrRegionBuckets, found[0], len(found)-1, bucket)
+	}
+	return nil
+}
+
+// regionBuckets lists the key-value buckets named prefix followed by a
+// region number (the regions' lease buckets), bucket left out.
+func regionBuckets(ctx context.Context, js jetstream.JetStream, prefix, bucket string) ([]string, error) {
 	names := js.KeyValueStoreNames(ctx)
 	var found []string
 	for name := range names.Name() {
@@ -133,12 +141,7 @@ func checkNoRegionBuckets(ctx context.Context, js jetstream.JetStream, prefix, b
 		}
 	}
 	if err := names.Error(); err != nil {
-		return fmt.Errorf("snowflake: list the regions' lease buckets: %w", err)
+		return nil, fmt.Errorf("snowflake: list the regions' lease buckets: %w", err)
 	}
-	if len(found) > 0 {
-		return fmt.Errorf("%w: %q (and %d more) holds worker IDs of bucket %q: "+
-			"configure this worker's --region and --region-bits as its region's (docs/regions.md)",
-			ErrRegionBuckets, found[0], len(found)-1, bucket)
-	}
-	return nil
+	return found, nil
 }
