@@ -17,6 +17,12 @@
 // front with a first ID, a step and whether they are ordered. New stops
 // the worker and the server when the test ends.
 //
+// The embedded nats-server listens on a random port of 127.0.0.1 and has
+// no authorization: any process of the machine may connect to it, answer
+// its requests or change its buckets. It is for tests only; a deployment's
+// worker is dispenser serve (its zero-setup mode authenticates whoever may
+// serve or administer).
+//
 // It depends on nats-server, nats.go and dispenser's own packages, not on
 // PostgreSQL or its driver.
 package dispensertest
